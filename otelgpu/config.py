@@ -1,0 +1,213 @@
+"""Configuration: a frozen dataclass tree loaded from YAML, validated once at start.
+
+Unknown keys are rejected, every problem is reported together with its YAML path, and
+`${env:NAME}` references (the Collector's syntax) are expanded and checked at load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
+
+from otelgpu.errors import ConfigError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+TAG_NAMES = ("team", "project", "environment", "model", "cost_center")
+
+
+def _endpoint(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port, got {value!r}")
+    return value
+
+
+@dataclass(config=_STRICT)
+class GrpcReceiverConfig:
+    endpoint: str = "0.0.0.0:4317"
+    max_recv_msg_size_mib: int = Field(64, ge=1, le=1024)
+    max_concurrent_requests: int = Field(16, ge=10, le=256)
+
+    _check_endpoint = field_validator("endpoint")(_endpoint)
+
+
+@dataclass(config=_STRICT)
+class HttpReceiverConfig:
+    endpoint: str = "0.0.0.0:4318"
+    enabled: bool = True
+
+    _check_endpoint = field_validator("endpoint")(_endpoint)
+
+
+@dataclass(config=_STRICT)
+class ReceiverConfig:
+    grpc: GrpcReceiverConfig = GrpcReceiverConfig()
+    http: HttpReceiverConfig = HttpReceiverConfig()
+    queue_size: int = Field(64, ge=1, le=100_000)
+    retry_after_seconds: float = Field(5.0, gt=0, le=300)
+
+
+@dataclass(config=_STRICT)
+class PricesConfig:
+    """Explicit prices win over the shipped catalog; see docs/cost-model.md section 3."""
+
+    gpu_hour_by_gpu_model: dict[str, float] = Field(default_factory=dict)
+    gpu_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
+    instance_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
+    default_gpu_hour: Optional[float] = Field(None, ge=0)
+    instance_price_split: Literal["scad", "opencost", "gpu_only"] = "scad"
+    catalog: Optional[str] = None
+
+    @field_validator("gpu_hour_by_gpu_model", "gpu_hour_by_instance_type", "instance_hour_by_instance_type")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, v in value.items() if v < 0]
+        if bad:
+            raise ValueError(f"prices must be >= 0: {', '.join(bad)}")
+        return value
+
+
+@dataclass(config=_STRICT)
+class AttributionConfig:
+    interval_seconds: int = Field(60, ge=1, le=3600)
+    lateness_seconds: int = Field(30, ge=0, le=3600)
+    cost_model: Literal["request"] = "request"
+    mig_fraction_rule: Literal["compute", "max"] = "compute"
+    currency: str = "USD"
+    prices: PricesConfig = PricesConfig()
+
+
+@dataclass(config=_STRICT)
+class TagRule:
+    pod_labels: tuple[str, ...] = ()
+    namespace_labels: tuple[str, ...] = ()
+    default: str = "unallocated"
+
+
+def _default_tags() -> dict[str, TagRule]:
+    keys = {
+        "team": ("team",),
+        "project": ("project",),
+        "environment": ("environment", "env"),
+        "model": ("model",),
+        "cost_center": ("cost-center", "cost_center"),
+    }
+    return {name: TagRule(pod_labels=k, namespace_labels=k) for name, k in keys.items()}
+
+
+@dataclass(config=_STRICT)
+class OtlpExporterConfig:
+    endpoint: str
+    insecure: bool = True
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+    compression: Literal["gzip", "none"] = "gzip"
+
+
+@dataclass(config=_STRICT)
+class PrometheusConfig:
+    endpoint: str = "0.0.0.0:9464"
+    enabled: bool = True
+
+    _check_endpoint = field_validator("endpoint")(_endpoint)
+
+
+@dataclass(config=_STRICT)
+class ExporterConfig:
+    otlp: Optional[OtlpExporterConfig] = None
+    prometheus: PrometheusConfig = PrometheusConfig()
+
+
+@dataclass(config=_STRICT)
+class ClusterConfig:
+    name: str = Field("default", min_length=1)
+
+
+@dataclass(config=_STRICT)
+class Config:
+    cluster: ClusterConfig = ClusterConfig()
+    receiver: ReceiverConfig = ReceiverConfig()
+    attribution: AttributionConfig = AttributionConfig()
+    tags: dict[str, TagRule] = Field(default_factory=_default_tags)
+    exporter: ExporterConfig = ExporterConfig()
+
+    @field_validator("tags")
+    @classmethod
+    def _known_tags(cls, value: dict[str, TagRule]) -> dict[str, TagRule]:
+        unknown = sorted(set(value) - set(TAG_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tag(s) {', '.join(unknown)}; tags are {', '.join(TAG_NAMES)}")
+        defaults = _default_tags()
+        return {name: value.get(name, defaults[name]) for name in TAG_NAMES}
+
+
+_ADAPTER = TypeAdapter(Config)
+
+
+def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
+    if isinstance(node, dict):
+        return {k: _expand_env(v, f"{path}.{k}" if path else str(k), problems) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_expand_env(v, f"{path}[{i}]", problems) for i, v in enumerate(node)]
+    if isinstance(node, str):
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                problems.append(f"{path}: environment variable {name} is not set")
+                return ""
+            return os.environ[name]
+        return _ENV_REF.sub(sub, node)
+    return node
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif str(item).startswith("function-") or item in ("dict[str,float]",):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def parse_config(data: Any) -> Config:
+    """Validate an already-parsed YAML document. Raises ConfigError listing every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(["(top level): expected a mapping"])
+    problems: list[str] = []
+    data = _expand_env(data, "", problems)
+    try:
+        config = _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            msg = "unknown key" if err["type"] == "unexpected_keyword_argument" or err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{_format_loc(err['loc'])}: {msg}")
+        config = None
+    if problems:
+        raise ConfigError(problems)
+    assert config is not None
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"(file): cannot read {path}: {exc.strerror}"]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"(file): {path} is not valid YAML: {exc}"]) from exc
+    return parse_config(data)

@@ -1,0 +1,66 @@
+"""The series otelgpu consumes, and what each must carry. Everything else is ignored cheaply."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Metric(IntEnum):
+    """Codes of the consumed metrics; order is part of no wire format."""
+
+    GR_ENGINE_ACTIVE = 0
+    GPU_UTIL = 1
+    FB_USED = 2
+    FB_FREE = 3
+    POWER_USAGE = 4
+    ENERGY = 5
+    POD_LABELS = 10
+    NAMESPACE_LABELS = 11
+    POD_REQUESTS = 12
+    POD_INFO = 13
+    POD_PHASE = 14
+    NODE_LABELS = 15
+    NODE_CAPACITY = 16
+
+
+DCGM_METRICS = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": Metric.GR_ENGINE_ACTIVE,
+    "DCGM_FI_DEV_GPU_UTIL": Metric.GPU_UTIL,
+    "DCGM_FI_DEV_FB_USED": Metric.FB_USED,
+    "DCGM_FI_DEV_FB_FREE": Metric.FB_FREE,
+    "DCGM_FI_DEV_POWER_USAGE": Metric.POWER_USAGE,
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": Metric.ENERGY,
+}
+
+KSM_METRICS = {
+    "kube_pod_labels": Metric.POD_LABELS,
+    "kube_namespace_labels": Metric.NAMESPACE_LABELS,
+    "kube_pod_container_resource_requests": Metric.POD_REQUESTS,
+    "kube_pod_info": Metric.POD_INFO,
+    "kube_pod_status_phase": Metric.POD_PHASE,
+    "kube_node_labels": Metric.NODE_LABELS,
+    "kube_node_status_capacity": Metric.NODE_CAPACITY,
+}
+
+KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS}
+
+# Labels a point must carry to be usable; a point without them is rejected with this reason.
+REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
+    **{m: ("UUID",) for m in DCGM_METRICS.values()},
+    Metric.POD_LABELS: ("namespace", "pod"),
+    Metric.NAMESPACE_LABELS: ("namespace",),
+    Metric.POD_REQUESTS: ("namespace", "pod", "resource"),
+    Metric.POD_INFO: ("namespace", "pod"),
+    Metric.POD_PHASE: ("namespace", "pod", "phase"),
+    Metric.NODE_LABELS: ("node",),
+    Metric.NODE_CAPACITY: ("node", "resource"),
+}
+
+# Valid value ranges; DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage.
+VALUE_RANGE: dict[Metric, tuple[float, float]] = {
+    Metric.GR_ENGINE_ACTIVE: (0.0, 1.0 + 1e-6),
+    Metric.GPU_UTIL: (0.0, 100.0 + 1e-6),
+}
+
+# Activity values with these metrics describe the device, not the slice: never sum them across MIG instances.
+DEVICE_WIDE = frozenset({Metric.POWER_USAGE, Metric.ENERGY})
