@@ -1,0 +1,117 @@
+"""Pod, namespace and node facts from kube-state-metrics series, latest value wins.
+
+Facts are per Kubernetes object (a few per pod), not per GPU sample, so they live in small
+dicts keyed by name. A fact not refreshed within `ttl_ns` is forgotten; a deleted pod (its
+series went stale) is kept for the same grace so its last interval is still attributed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otelgpu.receiver.decode import PointBatch
+from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.schema import Metric
+
+
+@dataclass
+class PodFacts:
+    uid: str = ""
+    node: str = ""
+    phase: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    requests: dict[tuple[str, str], float] = field(default_factory=dict)  # (container, resource) -> qty
+    owner_kind: str = ""
+    owner_name: str = ""
+    seen_ns: int = 0
+
+    def requested(self, resource: str) -> float:
+        return sum(v for (_, r), v in self.requests.items() if r == resource)
+
+
+@dataclass
+class NodeFacts:
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, float] = field(default_factory=dict)
+    seen_ns: int = 0
+
+
+@dataclass
+class NamespaceFacts:
+    labels: dict[str, str] = field(default_factory=dict)
+    seen_ns: int = 0
+
+
+class KsmFacts:
+    def __init__(self, strings: Interner, ttl_ns: int) -> None:
+        self._s = strings
+        self.ttl_ns = ttl_ns
+        self.pods: dict[tuple[str, str], PodFacts] = {}
+        self.namespaces: dict[str, NamespaceFacts] = {}
+        self.nodes: dict[str, NodeFacts] = {}
+
+    def _labels(self, batch: PointBatch, row: int) -> dict[str, str]:
+        s = self._s.strings()
+        lo, hi = batch.attr_off[row], batch.attr_off[row + 1]
+        return {s[k]: s[v] for k, v in zip(batch.attr_key[lo:hi], batch.attr_val[lo:hi])}
+
+    def update(self, batch: PointBatch) -> int:
+        """Apply the kube-state-metrics rows of `batch`; returns how many rows were used."""
+        rows = np.flatnonzero(batch.metric >= Metric.POD_LABELS)
+        for row in rows:
+            self._apply(Metric(int(batch.metric[row])), self._labels(batch, row),
+                        float(batch.value[row]), bool(batch.stale[row]), int(batch.time_ns[row]))
+        return len(rows)
+
+    def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
+        if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
+            node = self.nodes.setdefault(attrs["node"], NodeFacts())
+            node.seen_ns = max(node.seen_ns, t)
+            if stale:
+                return
+            if metric == Metric.NODE_LABELS:
+                node.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+            else:
+                node.capacity[attrs["resource"]] = value
+            return
+        if metric == Metric.NAMESPACE_LABELS:
+            ns = self.namespaces.setdefault(attrs["namespace"], NamespaceFacts())
+            ns.seen_ns = max(ns.seen_ns, t)
+            if not stale:
+                ns.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+            return
+        key = (attrs["namespace"], attrs["pod"])
+        pod = self.pods.get(key)
+        if pod is None:
+            if stale:
+                return
+            pod = self.pods[key] = PodFacts()
+        if stale:
+            return  # the pod is going away: keep its facts for the grace period
+        pod.seen_ns = max(pod.seen_ns, t)
+        pod.uid = attrs.get("uid", pod.uid)
+        if metric == Metric.POD_LABELS:
+            pod.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+        elif metric == Metric.POD_INFO:
+            pod.node = attrs.get("node", "")
+            pod.owner_kind = attrs.get("created_by_kind", "")
+            pod.owner_name = attrs.get("created_by_name", "")
+        elif metric == Metric.POD_PHASE:
+            if value == 1.0:
+                pod.phase = attrs["phase"]
+        elif metric == Metric.POD_REQUESTS:
+            pod.requests[(attrs.get("container", ""), attrs["resource"])] = value
+            pod.node = pod.node or attrs.get("node", "")
+
+    def expire(self, now_ns: int) -> None:
+        """Forget facts older than the grace period."""
+        cutoff = now_ns - self.ttl_ns
+        for table in (self.pods, self.namespaces, self.nodes):
+            for key in [k for k, v in table.items() if v.seen_ns < cutoff]:
+                del table[key]
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        ns = self.namespaces.get(namespace)
+        return ns.labels if ns else {}

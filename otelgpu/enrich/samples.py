@@ -1,0 +1,70 @@
+"""DCGM rows of a PointBatch as named columns of label codes, ready for the interval join."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from otelgpu.receiver.decode import PointBatch
+from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.schema import Metric
+
+
+@dataclass
+class Samples:
+    metric: np.ndarray  # int16
+    time_ns: np.ndarray  # int64
+    value: np.ndarray  # float64
+    stale: np.ndarray  # bool
+    node: np.ndarray  # int32 codes below; -1 where absent
+    uuid: np.ndarray
+    gi: np.ndarray  # GPU_I_ID
+    profile: np.ndarray  # GPU_I_PROFILE
+    model: np.ndarray  # modelName
+    namespace: np.ndarray
+    pod: np.ndarray
+    container: np.ndarray
+    pod_uid: np.ndarray
+    vgpu: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.metric)
+
+    def take(self, idx: np.ndarray) -> "Samples":
+        return Samples(*(getattr(self, f.name)[idx] for f in fields(self)))
+
+    @staticmethod
+    def concat(parts: list["Samples"]) -> "Samples":
+        return Samples(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Samples)))
+
+
+def _first_present(*cols: np.ndarray) -> np.ndarray:
+    out = cols[-1].copy()
+    for col in reversed(cols[:-1]):
+        out = np.where(col >= 0, col, out)
+    return out
+
+
+def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
+    """Select the DCGM rows and lift the labels the join needs into columns.
+
+    The workload's pod arrives as `pod` when the Collector scrapes with honor_labels, or as
+    `exported_pod` (with `pod` then naming the exporter's own pod) when it does not. The node is
+    the exporter's `Hostname` (releases) or `hostname` (newer builds), else the resource's
+    `k8s.node.name`.
+    """
+    b = batch.select(batch.metric < Metric.POD_LABELS)
+
+    def col(key: str) -> np.ndarray:
+        return b.column(strings.find(key))
+
+    return Samples(
+        metric=b.metric, time_ns=b.time_ns, value=b.value, stale=b.stale,
+        node=_first_present(col("Hostname"), col("hostname"), b.resource_node),
+        uuid=col("UUID"), gi=col("GPU_I_ID"), profile=col("GPU_I_PROFILE"), model=col("modelName"),
+        namespace=_first_present(col("exported_namespace"), col("namespace")),
+        pod=_first_present(col("exported_pod"), col("pod")),
+        container=_first_present(col("exported_container"), col("container")),
+        pod_uid=col("pod_uid"), vgpu=col("vgpu"),
+    )

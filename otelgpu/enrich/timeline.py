@@ -1,0 +1,148 @@
+"""Who held each DCGM entity (whole GPU or MIG instance) for how long, and how active it was.
+
+Each entity's samples in an interval form a step function: the state seen at a timestamp holds
+until the entity's next timestamp, the first state also covers the start of the interval, and
+the last runs to its end. A holder is present in a step if a non-stale sample of the entity
+names it; a staleness marker ends a holder. Summing step durations gives each holder's held
+seconds and the time-weighted activity, all with array operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from otelgpu.enrich.samples import Samples
+from otelgpu.receiver.schema import Metric
+
+NONE = -1
+
+
+def _group(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of the distinct tuples of `cols` (row-wise) and the index of each tuple's first row."""
+    if not len(cols[0]):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keys = np.stack([c.astype(np.int64) for c in cols], axis=1)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
+
+
+def dedupe(s: Samples) -> Samples:
+    """Drop samples resent with the same series and timestamp (a retried batch)."""
+    _, first = _group(s.metric, s.time_ns, s.node, s.uuid, s.gi, s.namespace, s.pod,
+                      s.container, s.pod_uid, s.vgpu, s.stale)
+    return s.take(np.sort(first))
+
+
+@dataclass
+class Holdings:
+    """One row per (entity, holder). Holder NONE means the entity showed no pod."""
+
+    entity: np.ndarray  # entity id
+    holder_ns: np.ndarray  # namespace code or NONE
+    holder_pod: np.ndarray  # pod code or NONE
+    held_s: np.ndarray  # seconds of the interval the holder held the entity
+    act_s: np.ndarray  # seconds of that with an activity figure
+    act_integral: np.ndarray  # integral of unit activity over act_s
+    replicas: np.ndarray  # distinct vgpu indices seen for the holder (time-slicing), 0 if none
+    per_pod_activity: np.ndarray  # bool: activity came from the holder's own series
+
+
+@dataclass
+class Entities:
+    """One row per entity: the DCGM device or MIG instance, with its first sample's labels."""
+
+    node: np.ndarray
+    uuid: np.ndarray
+    gi: np.ndarray
+    profile: np.ndarray
+    model: np.ndarray
+
+
+def entities_of(s: Samples) -> tuple[np.ndarray, Entities]:
+    ent, first = _group(s.node, s.uuid, s.gi)
+    return ent, Entities(s.node[first], s.uuid[first], s.gi[first], s.profile[first], s.model[first])
+
+
+def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct (entity, time) steps sorted, each step's duration in seconds, and each row's step."""
+    keys = np.stack([ent, t], axis=1)
+    steps, row_step = np.unique(keys, axis=0, return_inverse=True)
+    row_step = row_step.reshape(-1)
+    st_ent, st_t = steps[:, 0], steps[:, 1]
+    nxt = np.empty_like(st_t)
+    nxt[:-1] = st_t[1:]
+    last = np.ones(len(st_t), dtype=bool)
+    last[:-1] = st_ent[1:] != st_ent[:-1]
+    nxt[last] = end
+    first = np.ones(len(st_t), dtype=bool)
+    first[1:] = st_ent[1:] != st_ent[:-1]
+    begin = np.where(first, start, st_t)
+    return st_ent, (nxt - begin) / 1e9, row_step
+
+
+def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Holdings:
+    """`shared[e]` marks time-sliced entities: several holders at once, activity per pod.
+
+    For shared entities `act_integral` integrates the holder's share of device time (its own
+    per-process GPU_UTIL series, else the device activity split equally among the holders
+    present); the caller turns that into activity of the replicas held.
+    """
+    st_ent, dur, row_step = _steps(ent, s.time_ns, start, end)
+    live = ~s.stale
+    has_pod = (s.pod >= 0) & live
+    # In a step where a pod is present, the entity's pod-less series name no holder of their own.
+    step_has_pod = np.zeros(len(dur), dtype=bool)
+    step_has_pod[row_step[has_pod]] = True
+    rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step]))
+    r_ent, r_step = ent[rows], row_step[rows]
+    r_ns = np.where(has_pod[rows], s.namespace[rows], NONE)
+    r_pod = np.where(has_pod[rows], s.pod[rows], NONE)
+    hold, hold_first = _group(r_ent, r_ns, r_pod)
+    pair, pair_first = _group(hold, r_step)
+    n_hold, n_pair = len(hold_first), len(pair_first)
+    pair_hold, pair_step = hold[pair_first], r_step[pair_first]
+    pair_dur = dur[pair_step]
+    pair_is_pod = r_pod[pair_first] >= 0
+
+    # Device activity per step: DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it, else GPU_UTIL/100.
+    metric = s.metric[rows]
+    is_gr = metric == Metric.GR_ENGINE_ACTIVE
+    is_util = metric == Metric.GPU_UTIL
+    ent_has_gr = np.zeros(int(ent.max()) + 1 if len(ent) else 0, dtype=bool)
+    ent_has_gr[r_ent[is_gr]] = True
+    value = np.where(is_util, s.value[rows] / 100.0, s.value[rows])
+    own = s.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
+    dev = (is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own
+    step_act = _mean_by(r_step[dev], value[dev], len(dur))
+    pod_act = _mean_by(pair[is_util & own], value[is_util & own], n_pair, reduce_sum=True)
+
+    holders_in_step = np.bincount(pair_step, weights=pair_is_pod, minlength=len(dur))
+    act = step_act[pair_step]
+    pair_shared = shared[r_ent[pair_first]] & pair_is_pod
+    split = act / np.maximum(holders_in_step[pair_step], 1)
+    act = np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act)
+    measured = ~np.isnan(act)
+
+    # Replicas held on shared devices: distinct vgpu indices per holding.
+    vg = s.vgpu[rows] >= 0
+    _, vfirst = _group(hold[vg], s.vgpu[rows][vg])
+    replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
+
+    return Holdings(
+        entity=r_ent[hold_first], holder_ns=r_ns[hold_first], holder_pod=r_pod[hold_first],
+        held_s=np.bincount(pair_hold, weights=pair_dur, minlength=n_hold),
+        act_s=np.bincount(pair_hold, weights=np.where(measured, pair_dur, 0.0), minlength=n_hold),
+        act_integral=np.bincount(pair_hold, weights=np.where(measured, act * pair_dur, 0.0), minlength=n_hold),
+        replicas=replicas,
+        per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
+    )
+
+
+def _mean_by(group: np.ndarray, value: np.ndarray, n: int, reduce_sum: bool = False) -> np.ndarray:
+    """Mean (or sum) of `value` per group id; NaN for groups without values."""
+    total = np.bincount(group, weights=value, minlength=n)
+    count = np.bincount(group, minlength=n)
+    out = total if reduce_sum else total / np.maximum(count, 1)
+    return np.where(count > 0, out, np.nan)

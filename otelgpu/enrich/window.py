@@ -1,0 +1,62 @@
+"""Intervals on data time: samples wait in their interval until the watermark passes its end
+plus the lateness allowance; a resent batch is deduplicated when the interval closes; a sample
+for an interval already closed is counted as late."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from otelgpu.enrich.samples import Samples
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Interval:
+    index: int
+    start_ns: int
+    end_ns: int
+    samples: Samples
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / NS
+
+
+class Windows:
+    def __init__(self, interval_s: int, lateness_s: int) -> None:
+        self.dt_ns = interval_s * NS
+        self.lateness_ns = lateness_s * NS
+        self.watermark_ns = 0
+        self.closed_through = -1  # highest interval index already closed
+        self._open: dict[int, list[Samples]] = {}
+
+    def add(self, samples: Samples, newest_ns: int) -> int:
+        """Buffer `samples`; `newest_ns` is the newest timestamp of the whole batch. Returns how
+        many samples were late (their interval had already closed)."""
+        self.watermark_ns = max(self.watermark_ns, newest_ns)
+        if not len(samples):
+            return 0
+        idx = samples.time_ns // self.dt_ns
+        on_time = idx > self.closed_through
+        late = int((~on_time).sum())
+        if late:
+            samples, idx = samples.take(np.flatnonzero(on_time)), idx[on_time]
+        for i in np.unique(idx):
+            self._open.setdefault(int(i), []).append(samples.take(np.flatnonzero(idx == i)))
+        return late
+
+    def due(self, flush: bool = False) -> list[Interval]:
+        """Intervals whose end plus lateness the watermark has passed (all of them when flushing)."""
+        ready = sorted(i for i in self._open if flush or (i + 1) * self.dt_ns + self.lateness_ns <= self.watermark_ns)
+        out = []
+        for i in ready:
+            out.append(Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns, Samples.concat(self._open.pop(i))))
+            self.closed_through = max(self.closed_through, i)
+        return out
+
+    @property
+    def open_intervals(self) -> int:
+        return len(self._open)

@@ -1,0 +1,62 @@
+"""The receivers' consumer: decode a request, then hand the batch to the pipeline through a
+bounded queue. A full queue answers "retry later" instead of blocking the sender."""
+
+from __future__ import annotations
+
+import queue
+from typing import Optional, Protocol
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otelgpu.errors import RetryableError
+from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
+from otelgpu.receiver.interner import Interner
+from otelgpu.telemetry import SelfMetrics
+
+
+class Consumer(Protocol):
+    def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
+        """Take one request. Returns (rejected points, reason text; empty when none).
+
+        Raises RetryableError when the sidecar cannot take it now.
+        """
+
+
+class Ingest:
+    def __init__(self, strings: Interner, queue_size: int, retry_after_s: float, metrics: SelfMetrics) -> None:
+        self.strings = strings
+        self.retry_after_s = retry_after_s
+        self.metrics = metrics
+        self._queue: queue.Queue[PointBatch] = queue.Queue(maxsize=queue_size)
+
+    def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
+        if self._queue.full():  # decide before decoding: an overloaded sidecar should not work more
+            raise RetryableError("otelgpu queue is full", self.retry_after_s)
+        batch = decode(request, self.strings)
+        for reason, n in batch.rejected.items():
+            self.metrics.count("points_rejected", reason, n)
+        self.metrics.add("points_ignored", batch.ignored)
+        if len(batch):
+            try:
+                self._queue.put_nowait(batch)
+            except queue.Full:
+                raise RetryableError("otelgpu queue is full", self.retry_after_s) from None
+            self.metrics.add("points_received", len(batch))
+        return batch.rejected_count, describe_rejections(batch.rejected)
+
+    def get(self, timeout: Optional[float]) -> Optional[PointBatch]:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def task_done(self) -> None:
+        self._queue.task_done()
+
+    def join(self) -> None:
+        """Wait until every queued batch has been processed."""
+        self._queue.join()
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()

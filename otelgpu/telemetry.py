@@ -1,0 +1,43 @@
+"""The sidecar's own counters: every point received, rejected (by reason), late or ignored, every
+request by outcome, every interval computed and every export failure. Thread-safe."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class SelfMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.points_received = 0  # points of consumed metrics, accepted by decode
+        self.points_ignored = 0  # points of metrics otelgpu does not consume
+        self.points_late = 0  # accepted, but their interval had already closed
+        self.points_rejected: Counter[str] = Counter()  # by reason
+        self.requests: Counter[tuple[str, str]] = Counter()  # (transport, outcome)
+        self.intervals_computed = 0
+        self.export_failures: Counter[str] = Counter()  # by exporter
+        self.exports: Counter[str] = Counter()  # successful exports by exporter
+        self.unpriced_gpu_seconds = 0.0  # GPU time for which no price was found
+
+    def add(self, name: str, amount: float = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + amount)
+
+    def count(self, name: str, key: object, amount: int = 1) -> None:
+        with self._lock:
+            getattr(self, name)[key] += amount
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "points_received": self.points_received,
+                "points_ignored": self.points_ignored,
+                "points_late": self.points_late,
+                "points_rejected": dict(self.points_rejected),
+                "requests": dict(self.requests),
+                "intervals_computed": self.intervals_computed,
+                "export_failures": dict(self.export_failures),
+                "exports": dict(self.exports),
+                "unpriced_gpu_seconds": self.unpriced_gpu_seconds,
+            }
