@@ -1,0 +1,1 @@
+"""otelgpu attribution stage."""

@@ -1,0 +1,1 @@
+"""otelgpu enrich stage."""

@@ -1,0 +1,193 @@
+"""The interval join: DCGM entities and their holders, plus pod, namespace and node facts, into
+the kernel's rows and the attributes of each row's cost series.
+
+A holder named by DCGM is the pod that holds the unit. Where DCGM names nobody, a Running pod
+that kube-state-metrics says requests that kind of unit on that node (and that DCGM shows
+nowhere) is placed on it, attributed `ksm_request` with activity unmeasured; a unit nobody holds
+but that shows activity is booked `active_without_pod`; the rest is idle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otelgpu.attribution.engine import UnitRows
+from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
+from otelgpu.attribution.prices import Pricer
+from otelgpu.enrich.facts import KsmFacts
+from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.nodes import GPU_RESOURCES, NodeInfo, mig_resource, node_info
+from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.timeline import Holdings, _group, dedupe, entities_of, holdings
+from otelgpu.exporter.store import Attrs
+from otelgpu.receiver.interner import Interner
+
+ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
+
+
+@dataclass
+class Joined:
+    rows: UnitRows
+    row_attrs: list[Attrs]
+    row_tags_found: list[tuple[bool, ...]]
+    gpu_attrs: list[Attrs]
+    unpriced_gpus: int = 0
+    notes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Row:
+    gpu: int
+    f: float
+    share: float
+    measured: float
+    activity: float
+    holder: tuple[str, str]  # (namespace, pod); ("", "") when unattributed
+    unit_kind: str
+    profile: str
+    attribution: str
+    basis: str
+
+
+class Joiner:
+    def __init__(self, strings: Interner, facts: KsmFacts, tags: TagResolver, mig: MigProfiles,
+                 pricer: Pricer, fraction_rule: str) -> None:
+        self.s, self.facts, self.tags, self.mig = strings, facts, tags, mig
+        self.pricer, self.rule = pricer, fraction_rule
+
+    def join(self, samples: Samples, start_ns: int, end_ns: int) -> Joined:
+        S = dedupe(samples)
+        dt = (end_ns - start_ns) / 1e9
+        st = self.s.string
+        ent, E = entities_of(S)
+        nodes = {int(c): node_info(self.facts.nodes.get(st(int(c)))) for c in np.unique(E.node)}
+        has_vgpu = np.zeros(len(E.node), dtype=bool)
+        has_vgpu[ent[S.vgpu >= 0]] = True
+        shared = np.array([nodes[int(n)].replicas > 1 for n in E.node], dtype=bool) | has_vgpu
+        H = holdings(S, ent, shared, start_ns, end_ns)
+
+        gpu_of_ent, gpu_first = _group(E.node, E.uuid)
+        base_f, kind = self._base_fractions(E, gpu_of_ent)
+        rows = self._holder_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
+        rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, rows, dt)
+        return self._finish(rows, E, gpu_first, nodes)
+
+    def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        st = self.s.string
+        f = np.ones(len(E.node))
+        kind = []
+        for e in range(len(E.node)):
+            if E.gi[e] >= 0:
+                f[e], _ = self.mig.fraction(st(int(E.model[e])), st(int(E.profile[e])), self.rule)
+                kind.append("mig")
+            else:
+                kind.append("gpu")
+        mig = np.array([k == "mig" for k in kind], dtype=bool)
+        f[mig] = normalise_per_gpu(gpu_of_ent[mig], f[mig])
+        return f, kind
+
+    def _holder_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, nodes, dt) -> list[_Row]:
+        st = self.s.string
+        out: list[_Row] = []
+        pods_per_ent = np.bincount(H.entity[H.holder_pod >= 0], minlength=len(E.node))
+        gpus_per_pod: dict[tuple[int, int], int] = {}
+        for e, n, p in zip(H.entity, H.holder_ns, H.holder_pod):
+            if p >= 0:
+                gpus_per_pod[(int(n), int(p))] = gpus_per_pod.get((int(n), int(p)), 0) + 1
+        for i in np.flatnonzero(H.holder_pod >= 0):
+            e = int(H.entity[i])
+            holder = (st(int(H.holder_ns[i])), st(int(H.holder_pod[i])))
+            f = float(base_f[e])
+            unit_kind, basis = kind[e], "device"
+            mean = H.act_integral[i] / H.act_s[i] if H.act_s[i] > 0 else np.nan
+            if shared[e]:
+                node = nodes[int(E.node[e])]
+                k = int(H.replicas[i]) or self._requested_replicas(holder, gpus_per_pod[(int(H.holder_ns[i]), int(H.holder_pod[i]))])
+                r = node.replicas if node.replicas > 1 else max(int(pods_per_ent[e]), 1)
+                f = f * min(k, r) / r
+                unit_kind = "replica"
+                basis = "per_pod" if H.per_pod_activity[i] else "equal_split"
+                mean = min(mean / f, 1.0) if f > 0 and not np.isnan(mean) else mean
+            out.append(_Row(int(gpu_of_ent[e]), f, min(H.held_s[i] / dt, 1.0),
+                            H.act_s[i] / H.held_s[i] if H.held_s[i] > 0 else 0.0, mean, holder,
+                            unit_kind, st(int(E.profile[e])), "pod", basis if not np.isnan(mean) else "none"))
+        return out
+
+    def _requested_replicas(self, holder: tuple[str, str], n_gpus: int) -> int:
+        pod = self.facts.pods.get(holder)
+        if pod is None:
+            return 1
+        k = sum(pod.requested(r) for r in GPU_RESOURCES)
+        return max(int(round(k / max(n_gpus, 1))), 1)
+
+    def _unheld_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, held_rows, dt) -> list[_Row]:
+        """Place kube-state-metrics claims on unheld units; book active unheld units; the rest is idle."""
+        st = self.s.string
+        seen = {(st(int(E.node[int(H.entity[i])])), r.holder) for i, r in zip(np.flatnonzero(H.holder_pod >= 0), held_rows)}
+        claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, resource) -> pods, one per unit
+        for key, pod in self.facts.pods.items():
+            if pod.phase != "Running" or not pod.node or (pod.node, key) in seen:
+                continue
+            for (_, resource), qty in pod.requests.items():
+                if resource in GPU_RESOURCES or resource.startswith("nvidia_com_mig_"):
+                    claims.setdefault((pod.node, resource), []).extend([key] * int(qty))
+        out: list[_Row] = []
+        for i in np.flatnonzero(H.holder_pod < 0):
+            e = int(H.entity[i])
+            if shared[e]:
+                continue  # unheld replicas are idle; claims on shared GPUs are not placed (no unit identity)
+            node, profile = st(int(E.node[e])), st(int(E.profile[e]))
+            resource = mig_resource(profile) if kind[e] == "mig" else "nvidia_com_gpu"
+            queue = claims.get((node, resource)) or (claims.get((node, "nvidia_com_gpu")) if kind[e] == "mig" else None)
+            share = min(H.held_s[i] / dt, 1.0)
+            mean = H.act_integral[i] / H.act_s[i] if H.act_s[i] > 0 else np.nan
+            if queue:
+                out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, 0.0, np.nan, queue.pop(0),
+                                kind[e], profile, "ksm_request", "none"))
+            elif not np.isnan(mean) and mean > ACTIVE_WITHOUT_POD:
+                out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, H.act_s[i] / H.held_s[i], mean,
+                                ("", ""), kind[e], profile, "active_without_pod", "device"))
+        return out
+
+    def _finish(self, rows: list[_Row], E, gpu_first: np.ndarray, nodes: dict[int, NodeInfo]) -> Joined:
+        st = self.s.string
+        gpus_on_node: dict[int, int] = {}
+        for g in gpu_first:
+            gpus_on_node[int(E.node[g])] = gpus_on_node.get(int(E.node[g]), 0) + 1
+        prices, gpu_attrs, unpriced = [], [], 0
+        for g in gpu_first:
+            node = nodes[int(E.node[g])]
+            model = st(int(E.model[g]))
+            price = self.pricer.gpu_hour(node.instance_type, (model, node.gpu_product),
+                                         gpus_on_node[int(E.node[g])], node.vcpus, node.memory_gib)
+            unpriced += price.source == "none"
+            prices.append(price.per_gpu_hour)
+            gpu_attrs.append((("capacity_type", node.capacity_type), ("gpu_model", model),
+                              ("instance_type", node.instance_type), ("node", st(int(E.node[g]))),
+                              ("price_source", price.source)))
+        row_attrs, found = [], []
+        for r in rows:
+            tags = self._tags(r.holder)
+            base = dict(gpu_attrs[r.gpu])
+            attrs = dict(zip(("team", "project", "environment", "model", "cost_center"), tags.values))
+            attribution = r.attribution
+            if attribution == "pod" and r.holder not in self.facts.pods:
+                attribution = "pod_unknown"
+            attrs.update(base, namespace=r.holder[0], pod=r.holder[1], unit_kind=r.unit_kind,
+                         mig_profile=r.profile, attribution=attribution, activity_basis=r.basis)
+            row_attrs.append(tuple(sorted((k, v) for k, v in attrs.items() if v != "")))
+            found.append(tags.from_labels)
+        unit_rows = UnitRows(
+            np.array(prices, dtype=np.float64), np.array([r.gpu for r in rows], dtype=np.int64),
+            np.array([r.f for r in rows]), np.array([r.share for r in rows]),
+            np.array([r.measured for r in rows]), np.array([r.activity for r in rows]),
+        )
+        return Joined(unit_rows, row_attrs, found, gpu_attrs, unpriced)
+
+    def _tags(self, holder: tuple[str, str]):
+        if holder == ("", ""):
+            return self.tags.resolve({}, {})
+        pod = self.facts.pods.get(holder)
+        return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]))

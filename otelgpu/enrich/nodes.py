@@ -1,0 +1,52 @@
+"""What a node's kube-state-metrics facts say about its GPUs, instance and price."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otelgpu.enrich import labels as L
+from otelgpu.enrich.facts import NodeFacts
+
+_CAPACITY_TYPES = {"on_demand": "on-demand", "on-demand": "on-demand", "spot": "spot", "reserved": "reserved"}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    instance_type: str
+    capacity_type: str  # on-demand | spot | reserved | unknown
+    gpu_product: str  # GFD's nvidia.com/gpu.product
+    replicas: int  # time-slicing / MPS replicas per GPU (1: not shared)
+    sharing: str  # none | time-slicing | mps
+    vcpus: float
+    memory_gib: float
+    known: bool  # kube-state-metrics reported the node
+
+
+def node_info(facts: NodeFacts | None) -> NodeInfo:
+    if facts is None:
+        return NodeInfo("", "unknown", "", 1, "none", 0.0, 0.0, False)
+    lab = facts.labels
+    raw_cap = (lab.get(L.EKS_CAPACITY_TYPE) or lab.get(L.KARPENTER_CAPACITY_TYPE) or "").lower()
+    try:
+        replicas = max(int(lab.get(L.GPU_REPLICAS, "1") or 1), 1)
+    except ValueError:
+        replicas = 1
+    sharing = lab.get(L.GPU_SHARING, "") or ("time-slicing" if replicas > 1 else "none")
+    return NodeInfo(
+        instance_type=lab.get(L.INSTANCE_TYPE) or lab.get(L.INSTANCE_TYPE_BETA) or "",
+        capacity_type=_CAPACITY_TYPES.get(raw_cap, "unknown"),
+        gpu_product=lab.get(L.GPU_PRODUCT, ""),
+        replicas=replicas,
+        sharing=sharing,
+        vcpus=facts.capacity.get("cpu", 0.0),
+        memory_gib=facts.capacity.get("memory", 0.0) / 2**30,
+        known=True,
+    )
+
+
+def mig_resource(profile: str) -> str:
+    """`1g.10gb+me` -> `nvidia_com_mig_1g_10gb_me`, the resource name as kube-state-metrics writes it."""
+    return "nvidia_com_mig_" + profile.replace(".", "_").replace("+", "_").replace("-", "_")
+
+
+GPU_RESOURCES = ("nvidia_com_gpu", "nvidia_com_gpu_shared")

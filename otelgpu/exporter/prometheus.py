@@ -1,0 +1,183 @@
+"""Expose the cost store and the sidecar's own counters for a Prometheus scrape.
+
+Series carry the same names the Collector's prometheusremotewrite exporter would produce from the
+OTLP path (`MetricSpec.prometheus`), so dashboards work against either. A custom collector reads
+the store at scrape time: nothing is copied between intervals and no state can drift.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Iterable, Iterator, Optional
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from otelgpu.config import PrometheusConfig
+from otelgpu.exporter.otlp import is_cost_sum
+from otelgpu.exporter.store import CostStore
+from otelgpu.telemetry import SelfMetrics
+
+_INVALID_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def label_name(key: str) -> str:
+    """A valid Prometheus label name: the translation the Collector applies (`k8s.pod` -> `k8s_pod`)."""
+    name = _INVALID_LABEL_CHARS.sub("_", key) or "_"
+    return "key_" + name if name[0].isdigit() else name
+
+
+def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+    # CounterMetricFamily appends `_total` to the samples itself; strip ours so it is not doubled.
+    return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
+
+
+class CostCollector(Collector):
+    """Cost families from the store plus `otelgpu_*` self-metrics, on a registry of its own."""
+
+    def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str, cost_model: str) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._cluster = cluster
+        self._cost_model = cost_model
+        # Own registry: the global one would mix in process metrics and break a second instance.
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield from self._cost_families()
+        yield from self._self_families()
+
+    def _cost_families(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        by_metric: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for p in self._store.points():
+            labels = {label_name(k): v for k, v in p.attrs}
+            labels["cluster"] = self._cluster
+            by_metric.setdefault(p.metric, []).append((labels, p.value))
+        for key, spec in self._store.specs.items():
+            extra = {"cost_model": self._cost_model} if is_cost_sum(spec) else {}
+            family: CounterMetricFamily | GaugeMetricFamily
+            if spec.kind == "sum":
+                family = _counter(spec.prometheus, spec.description)
+            else:
+                family = GaugeMetricFamily(spec.prometheus, spec.description)
+            for labels, value in by_metric.get(key, []):
+                # Samples of one family may carry different label sets (idle has no team), which
+                # the exposition format allows; add_sample takes a per-sample label dict.
+                sample = family.name + "_total" if spec.kind == "sum" else family.name
+                family.add_sample(sample, {**labels, **extra}, value)
+            yield family
+
+    def _self_families(self) -> Iterator[CounterMetricFamily]:
+        s = self._metrics.snapshot()
+        for name, field, doc in (
+            ("otelgpu_points_received_total", "points_received", "Data points of consumed metrics accepted"),
+            ("otelgpu_points_ignored_total", "points_ignored", "Data points of metrics otelgpu does not consume"),
+            ("otelgpu_points_late_total", "points_late", "Accepted points whose interval had already closed"),
+            ("otelgpu_intervals_computed_total", "intervals_computed", "Attribution intervals computed"),
+            ("otelgpu_unpriced_gpu_seconds_total", "unpriced_gpu_seconds", "GPU-seconds for which no price was found"),
+        ):
+            family = _counter(name, doc)
+            family.add_metric([], float(s[field]))  # type: ignore[arg-type]
+            yield family
+        yield self._by_label("otelgpu_points_rejected_total", "Data points rejected, by reason",
+                             ["reason"], s["points_rejected"])
+        yield self._by_label("otelgpu_requests_total", "Export requests received, by transport and outcome",
+                             ["transport", "outcome"], s["requests"])
+        yield self._by_label("otelgpu_exports_total", "Successful cost exports, by exporter",
+                             ["exporter"], s["exports"])
+        yield self._by_label("otelgpu_export_failures_total", "Failed cost exports, by exporter",
+                             ["exporter"], s["export_failures"])
+
+    @staticmethod
+    def _by_label(name: str, doc: str, labels: list[str], counts: object) -> CounterMetricFamily:
+        family = _counter(name, doc, labels)
+        for key, value in sorted(dict(counts).items()):  # type: ignore[call-overload]
+            values = list(key) if isinstance(key, tuple) else [key]
+            family.add_metric([str(v) for v in values], float(value))
+        return family
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a slow scraper must not hold up shutdown
+
+
+class TelemetryServer:
+    """GET /metrics, /healthz and /readyz on one port. Binds in start() so port 0 works."""
+
+    def __init__(self, config: PrometheusConfig, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
+        host, _, port = config.endpoint.rpartition(":")
+        self._host = host.strip("[]")
+        self._port = int(port)
+        self._registry = registry
+        self._ready = ready
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1] if self._server else self._port
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self._host in ("0.0.0.0", "") else ("::1" if self._host == "::" else self._host)
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/metrics"
+
+    def start(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                return
+            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) \
+                if ":" in self._host else _Server
+            self._server = server_class((self._host, self._port), self._handler())
+            self._thread = threading.Thread(target=self._server.serve_forever, name="otelgpu-telemetry",
+                                            daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            server, thread = self._server, self._thread
+            if server is None or thread is None:
+                return
+            self._server = self._thread = None
+        server.shutdown()
+        server.server_close()
+        thread.join()
+        self._port = server.server_address[1]  # keep .port meaningful after shutdown
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        registry, ready = self._registry, self._ready
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._reply(200, b"ok\n")
+                elif path == "/readyz":
+                    try:
+                        ok = bool(ready())
+                    except Exception:  # a failing check means not ready, never a 500 loop
+                        ok = False
+                    self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                else:
+                    self._reply(404, b"not found\n")
+
+            def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # one line per scrape would drown the sidecar's real logs
+
+        return Handler
