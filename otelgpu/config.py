@@ -24,7 +24,7 @@ TAG_NAMES = ("team", "project", "environment", "model", "cost_center")
 
 def _endpoint(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port
         raise ValueError(f"expected host:port, got {value!r}")
     return value
 

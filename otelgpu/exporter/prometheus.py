@@ -109,10 +109,13 @@ class _Server(ThreadingHTTPServer):
 class TelemetryServer:
     """GET /metrics, /healthz and /readyz on one port. Binds in start() so port 0 works."""
 
-    def __init__(self, config: PrometheusConfig, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
-        host, _, port = config.endpoint.rpartition(":")
+    def __init__(self, config: PrometheusConfig, registry: CollectorRegistry, ready: Callable[[], bool],
+                 *, port: Optional[int] = None) -> None:
+        # `port` overrides the configured one: config validation rightly refuses port 0 (nothing
+        # could scrape it), but tests and embedders want an ephemeral port.
+        host, _, configured = config.endpoint.rpartition(":")
         self._host = host.strip("[]")
-        self._port = int(port)
+        self._port = int(configured) if port is None else port
         self._registry = registry
         self._ready = ready
         self._server: Optional[_Server] = None
@@ -136,8 +139,9 @@ class TelemetryServer:
             server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) \
                 if ":" in self._host else _Server
             self._server = server_class((self._host, self._port), self._handler())
-            self._thread = threading.Thread(target=self._server.serve_forever, name="otelgpu-telemetry",
-                                            daemon=True)
+            # A short poll interval: shutdown() blocks until serve_forever's next poll.
+            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                            name="otelgpu-telemetry", daemon=True)
             self._thread.start()
 
     def shutdown(self) -> None:

@@ -61,14 +61,28 @@ TEAM_A = (("namespace", "ml"), ("pod", "train-0"), ("team", "a"))
 IDLE = (("gpu_model", "H100"), ("node", "n1"))
 
 
-def record_interval(store: CostStore, i: int, cost: float = 1.5) -> None:
-    """Interval i (one minute): allocated/held for team a, idle on n1, an activity gauge."""
-    start, end = T0 + i * MIN, T0 + (i + 1) * MIN
-    store.record(start, end,
-                 sums={"allocated": {TEAM_A: cost}, "held": {TEAM_A: 60.0}, "idle": {IDLE: 0.25}},
-                 gauges={"activity": {TEAM_A: 0.5 + 0.1 * i}})
+class Intervals:
+    """Feeds one-minute intervals into a store the way the attribution stage does."""
+
+    T0, MIN = T0, MIN
+
+    def __init__(self, store: CostStore) -> None:
+        self.store = store
+
+    def record(self, i: int, cost: float = 1.5) -> None:
+        """Interval i: allocated/held for team a, idle on node n1, an activity gauge."""
+        self.store.record(T0 + i * MIN, T0 + (i + 1) * MIN,
+                          sums={"allocated": {TEAM_A: cost}, "held": {TEAM_A: 60.0}, "idle": {IDLE: 0.25}},
+                          gauges={"activity": {TEAM_A: 0.5 + 0.1 * i}})
 
 
 @pytest.fixture
 def store() -> CostStore:
     return CostStore()
+
+
+@pytest.fixture
+def intervals(store: CostStore) -> Intervals:
+    # Fixtures rather than `from conftest import ...`: that import breaks under
+    # --import-mode=importlib and when another test directory has a conftest of its own.
+    return Intervals(store)

@@ -11,10 +11,8 @@ from otelgpu.exporter.otlp import OtlpCostExporter
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 
-from conftest import MIN, T0, MetricsSink, record_interval
 
-
-def _metrics(sink: MetricsSink, i: int) -> dict[str, Metric]:
+def _metrics(sink, i: int) -> dict[str, Metric]:
     rm = sink.received[i].request.resource_metrics
     assert len(rm) == 1 and len(rm[0].scope_metrics) == 1
     assert rm[0].scope_metrics[0].scope.name == "otelgpu"
@@ -32,13 +30,13 @@ def _exporter(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> Ot
     return OtlpCostExporter(config, store, metrics, cluster="prod-eu", cost_model="request")
 
 
-def test_cumulative_sums_keep_start_and_advance(otlp_sink: MetricsSink, store: CostStore) -> None:
+def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
     exp = _exporter(otlp_sink.endpoint, store, metrics, headers={"Authorization": "Bearer t"})
     try:
-        record_interval(store, 0)
+        intervals.record(0)
         assert exp.export() is True
-        record_interval(store, 1)
+        intervals.record(1)
         assert exp.export() is True
     finally:
         exp.shutdown()
@@ -60,6 +58,7 @@ def test_cumulative_sums_keep_start_and_advance(otlp_sink: MetricsSink, store: C
     assert first["gpu.held"].unit == "s"
     assert first["gpu.activity"].WhichOneof("data") == "gauge"
 
+    T0, MIN = intervals.T0, intervals.MIN
     (a1,), (a2,) = alloc.sum.data_points, second["gpu.cost.allocated"].sum.data_points
     assert a1.start_time_unix_nano == a2.start_time_unix_nano == T0
     assert (a1.time_unix_nano, a2.time_unix_nano) == (T0 + MIN, T0 + 2 * MIN)
@@ -72,15 +71,15 @@ def test_cumulative_sums_keep_start_and_advance(otlp_sink: MetricsSink, store: C
     assert g2.time_unix_nano > g1.time_unix_nano and abs(g2.as_double - 0.6) < 1e-9
 
 
-def test_no_compression_when_configured(otlp_sink: MetricsSink, store: CostStore) -> None:
+def test_no_compression_when_configured(otlp_sink, store: CostStore, intervals) -> None:
     exp = _exporter(otlp_sink.endpoint, store, SelfMetrics(), compression="none")
-    record_interval(store, 0)
+    intervals.record(0)
     assert exp.export()
     exp.shutdown()
     assert [r.gzipped for r in otlp_sink.received] == [False]
 
 
-def test_empty_store_sends_nothing(otlp_sink: MetricsSink, store: CostStore) -> None:
+def test_empty_store_sends_nothing(otlp_sink, store: CostStore) -> None:
     metrics = SelfMetrics()
     exp = _exporter(otlp_sink.endpoint, store, metrics)
     assert exp.export() is True
@@ -88,10 +87,10 @@ def test_empty_store_sends_nothing(otlp_sink: MetricsSink, store: CostStore) -> 
     assert otlp_sink.received == [] and not metrics.exports and not metrics.export_failures
 
 
-def test_dead_endpoint_fails_fast_and_counts(store: CostStore) -> None:
+def test_dead_endpoint_fails_fast_and_counts(store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
     exp = _exporter("127.0.0.1:1", store, metrics, timeout_seconds=1.0)
-    record_interval(store, 0)
+    intervals.record(0)
     began = time.monotonic()
     assert exp.export() is False
     assert time.monotonic() - began < 3.0
@@ -99,10 +98,10 @@ def test_dead_endpoint_fails_fast_and_counts(store: CostStore) -> None:
     exp.shutdown()
 
 
-def test_lifecycle_shutdown_twice_then_export_fails(otlp_sink: MetricsSink, store: CostStore) -> None:
+def test_lifecycle_shutdown_twice_then_export_fails(otlp_sink, store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
     exp = _exporter(otlp_sink.endpoint, store, metrics)
-    record_interval(store, 0)
+    intervals.record(0)
     exp.shutdown()
     exp.shutdown()
     assert exp.export() is False

@@ -1,0 +1,5 @@
+import sys
+
+from otelgpu.cli import main
+
+sys.exit(main())

@@ -1,0 +1,62 @@
+"""`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from otelgpu.config import load_config
+from otelgpu.errors import ConfigError
+
+
+def _serve(path: str) -> int:
+    from otelgpu.pipeline import Pipeline
+
+    config = load_config(path)
+    pipeline = Pipeline(config)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    pipeline.start()
+    logging.getLogger("otelgpu").info(
+        "serving: OTLP/gRPC %s, OTLP/HTTP %s, metrics %s", config.receiver.grpc.endpoint,
+        config.receiver.http.endpoint if config.receiver.http.enabled else "off",
+        pipeline.telemetry.url if pipeline.telemetry else "off")
+    stop.wait()
+    pipeline.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otelgpu", description="GPU cost attribution sidecar")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the sidecar")
+    serve.add_argument("--config", required=True, help="YAML configuration file")
+    check = sub.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("config")
+    demo = sub.add_parser("demo", help="run the sidecar on a simulated 3-node GPU cluster")
+    demo.add_argument("--keep-running", action="store_true", help="keep serving until interrupted")
+    demo.add_argument("--metrics-port", type=int, default=None, help="port of the /metrics page (default 9464)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            return _serve(args.config)
+        if args.command == "check-config":
+            load_config(args.config)
+            print(f"{args.config}: ok")
+            return 0
+        from otelgpu.demo.run import run_demo
+
+        run_demo(keep_running=args.keep_running, metrics_port=args.metrics_port)
+        return 0
+    except ConfigError as err:
+        print(f"otelgpu: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

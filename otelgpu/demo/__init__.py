@@ -1,0 +1,1 @@
+"""`otelgpu demo`: the real sidecar, fed a realistic cluster through a real OTLP client."""

@@ -1,0 +1,109 @@
+"""Run the demo: start the sidecar, replay an hour of the demo cluster, print who paid for what."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from dataclasses import replace
+from importlib import resources
+from typing import TextIO
+
+import grpc
+import yaml
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+
+from otelgpu.config import Config, PrometheusConfig, parse_config
+from otelgpu.demo import scenario, scrapes
+from otelgpu.demo.otlp import request
+from otelgpu.enrich.window import NS
+from otelgpu.pipeline import Pipeline
+
+SCRAPE_S = 60
+
+
+def demo_config(metrics_port: int | None = None) -> Config:
+    config = parse_config(yaml.safe_load(resources.files("otelgpu.demo").joinpath("config.yaml").read_text()))
+    port = metrics_port if metrics_port is not None else (9464 if _free(9464) else 0)
+    return replace(config, exporter=replace(config.exporter, prometheus=PrometheusConfig(endpoint=f"127.0.0.1:{port}")))
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _send(stub, req) -> None:  # noqa: ANN001
+    for attempt in range(20):
+        try:
+            stub.Export(req, timeout=10)
+            return
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 1.0))  # the sidecar said "retry later"
+    raise RuntimeError("the sidecar stayed unavailable")
+
+
+def replay(pipeline: Pipeline, start_ns: int, seconds: int) -> None:
+    """Scrape the demo cluster every minute from start_ns for `seconds`, through a real gRPC client."""
+    nodes, ns_labels = scenario.build()
+    with grpc.insecure_channel(f"127.0.0.1:{pipeline.grpc.port}", compression=grpc.Compression.Gzip) as channel:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(channel)
+        for k in range(seconds // SCRAPE_S):
+            t = start_ns + (30 + SCRAPE_S * k) * NS
+            hour = ((t - start_ns) / NS % 3600) / 3600
+            _send(stub, request(scrapes.ksm(nodes, ns_labels, t), *(scrapes.dcgm(n, t, hour) for n in nodes)))
+
+
+def report(pipeline: Pipeline, out: TextIO) -> None:
+    store, cur = pipeline.store, pipeline.config.attribution.currency
+    by = {m: store.totals(m, ("team",)) for m in ("allocated", "effective", "waste", "unmeasured")}
+    teams = sorted(by["allocated"], key=lambda k: -by["allocated"][k])
+    out.write(f"\n{'team':<16}{'allocated':>12}{'effective':>12}{'waste':>12}{'unmeasured':>12}   ({cur})\n")
+    for team in teams:
+        out.write(f"{team[0]:<16}" + "".join(f"{by[m].get(team, 0.0):>12.6f}" for m in by) + "\n")
+    allocated = sum(by["allocated"].values())
+    idle = sum(store.totals("idle").values())
+    capacity = sum(store.totals("capacity").values())
+    out.write(f"{'(idle)':<16}{idle:>12.6f}\n")
+    out.write(f"{'cluster total':<16}{allocated + idle:>12.6f}   = GPU capacity cost {capacity:.6f}\n")
+    coverage = {dict(p.attrs)["tag"]: p.value for p in store.points() if p.metric == "tag_coverage"}
+    if coverage:
+        out.write(f"tag coverage (last interval): all five tags {coverage.get('all', 0):.0%}; " +
+                  ", ".join(f"{k} {v:.0%}" for k, v in coverage.items() if k != "all") + "\n")
+
+
+def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: TextIO = sys.stdout) -> Pipeline:
+    started = time.monotonic()
+    pipeline = Pipeline(demo_config(metrics_port))
+    pipeline.start()
+    dt = pipeline.config.attribution.interval_seconds
+    start_ns = (time.time_ns() // NS - 3600 - dt) // dt * dt * NS  # the last full hour, interval-aligned
+    out.write(f"otelgpu demo: sidecar listening on OTLP/gRPC 127.0.0.1:{pipeline.grpc.port}; "
+              f"replaying one hour of a 3-node GPU cluster in {dt // 60}-minute intervals\n")
+    replay(pipeline, start_ns, 3600)
+    pipeline.drain()
+    pipeline.close_due(flush=True)
+    report(pipeline, out)
+    out.write(f"intervals computed: {pipeline.metrics.intervals_computed}, points received: "
+              f"{pipeline.metrics.points_received}, in {time.monotonic() - started:.1f} s\n")
+    if pipeline.telemetry:
+        out.write(f"metrics: {pipeline.telemetry.url}\n")
+    if keep_running:
+        out.write("running until interrupted (Ctrl-C); the cluster keeps reporting every minute\n")
+        out.flush()
+        try:
+            while True:
+                t_ns = time.time_ns()
+                replay_one = t_ns - (30 * NS)
+                replay(pipeline, replay_one, SCRAPE_S)
+                time.sleep(SCRAPE_S)
+        except KeyboardInterrupt:
+            out.write("\n")
+    pipeline.shutdown()
+    return pipeline

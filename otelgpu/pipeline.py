@@ -1,0 +1,143 @@
+"""Wiring: receivers -> ingest queue -> facts and interval windows -> join -> kernel -> cost store
+-> exporters. One worker thread owns every stage after the queue, so stages need no locks."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+from otelgpu.attribution.aggregate import interval_series
+from otelgpu.attribution.engine import attribute_request, warm_up
+from otelgpu.attribution.fractions import MigProfiles
+from otelgpu.attribution.prices import Pricer
+from otelgpu.config import Config
+from otelgpu.enrich.facts import KsmFacts
+from otelgpu.enrich.join import Joiner
+from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.samples import dcgm_samples
+from otelgpu.enrich.window import NS, Interval, Windows
+from otelgpu.exporter.otlp import OtlpCostExporter
+from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
+from otelgpu.exporter.store import CostStore
+from otelgpu.receiver.decode import PointBatch
+from otelgpu.receiver.grpc_server import GrpcReceiver
+from otelgpu.receiver.http_server import HttpReceiver
+from otelgpu.receiver.ingest import Ingest
+from otelgpu.receiver.interner import Interner
+from otelgpu.telemetry import SelfMetrics
+
+log = logging.getLogger("otelgpu")
+
+FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgotten
+
+
+class Pipeline:
+    def __init__(self, config: Config, *, serve_receivers: bool = True) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.config = config
+        a = config.attribution
+        self.strings = Interner()
+        self.metrics = SelfMetrics()
+        self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds, self.metrics)
+        self.facts = KsmFacts(self.strings, ttl_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
+        self.windows = Windows(a.interval_seconds, a.lateness_seconds)
+        self.joiner = Joiner(self.strings, self.facts, TagResolver(config.tags), MigProfiles.load(),
+                             Pricer(a.prices), a.mig_fraction_rule)
+        self.store = CostStore(a.currency)
+        self.on_interval: list[Callable[[Interval], None]] = []
+        self.otlp = (OtlpCostExporter(config.exporter.otlp, self.store, self.metrics, config.cluster.name, a.cost_model)
+                     if config.exporter.otlp else None)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name, a.cost_model))
+        self.telemetry = (TelemetryServer(config.exporter.prometheus, self.registry, lambda: self.ready)
+                          if config.exporter.prometheus.enabled else None)
+        r = config.receiver
+        self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics) if serve_receivers else None
+        self.http = (HttpReceiver(r.http, self.ingest, self.metrics, r.grpc.max_recv_msg_size_mib * 2**20)
+                     if serve_receivers and r.http.enabled else None)
+        self.ready = False
+        self._stop = threading.Event()
+        self._worker: Optional[threading.Thread] = None
+        self._export_lock = threading.Lock()
+
+    def start(self) -> None:
+        warm_up()  # the first request must never wait for the JIT
+        if self.telemetry:
+            self.telemetry.start()
+        self._worker = threading.Thread(target=self._run, name="otelgpu-pipeline", daemon=True)
+        self._worker.start()
+        for receiver in (self.grpc, self.http):
+            if receiver:
+                receiver.start()
+        self.ready = True
+
+    def _run(self) -> None:
+        while not self._stop.is_set() or self.ingest.depth:
+            batch = self.ingest.get(timeout=0.2)
+            if batch is None:
+                continue
+            try:
+                self.process(batch)
+            except Exception:  # a bad batch must not stop attribution of the next ones
+                log.exception("batch processing failed")
+                self.metrics.count("points_rejected", "internal error while processing", len(batch))
+            finally:
+                self.ingest.task_done()
+
+    def process(self, batch: PointBatch) -> None:
+        """Apply one decoded batch and close every interval it makes due."""
+        self.facts.update(batch)
+        samples = dcgm_samples(batch, self.strings)
+        late = self.windows.add(samples, int(batch.time_ns.max()) if len(batch) else 0)
+        if late:
+            self.metrics.add("points_late", late)
+        self.close_due()
+
+    def close_due(self, flush: bool = False) -> int:
+        closed = self.windows.due(flush=flush)
+        for interval in closed:
+            self._close(interval)
+        if closed:
+            self.export()
+        return len(closed)
+
+    def _close(self, interval: Interval) -> None:
+        joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns)
+        att = attribute_request(joined.rows, interval.seconds)
+        sums, gauges = interval_series(joined, att)
+        self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
+        unpriced = float(np.sum(joined.rows.gpu_price_hour == 0)) * interval.seconds if joined.unpriced_gpus else 0.0
+        self.metrics.add("unpriced_gpu_seconds", unpriced)
+        self.metrics.add("intervals_computed")
+        self.facts.expire(interval.end_ns)
+        for callback in self.on_interval:
+            callback(interval)
+
+    def export(self) -> None:
+        if self.otlp:
+            with self._export_lock:
+                self.otlp.export()
+
+    def drain(self) -> None:
+        """Wait until every batch queued so far has been processed."""
+        self.ingest.join()
+
+    def shutdown(self) -> None:
+        """Stop taking traffic, process what is queued, close every open interval, export, stop."""
+        self.ready = False
+        for receiver in (self.grpc, self.http):
+            if receiver:
+                receiver.shutdown()
+        if self._worker and self._worker.is_alive():
+            self.drain()
+            self._stop.set()
+            self._worker.join(timeout=10)
+        self.close_due(flush=True)
+        if self.otlp:
+            self.otlp.shutdown()
+        if self.telemetry:
+            self.telemetry.shutdown()

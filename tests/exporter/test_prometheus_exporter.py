@@ -1,0 +1,104 @@
+"""CostCollector and TelemetryServer over real HTTP."""
+
+from __future__ import annotations
+
+import requests
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from otelgpu.config import PrometheusConfig
+from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, label_name
+from otelgpu.exporter.store import CostStore
+from otelgpu.telemetry import SelfMetrics
+
+
+def _samples(text: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def _server(collector: CostCollector, ready=lambda: True) -> TelemetryServer:
+    return TelemetryServer(PrometheusConfig(endpoint="127.0.0.1:9464"), collector.registry, ready, port=0)
+
+
+def test_metrics_over_http(store: CostStore, intervals) -> None:
+    metrics = SelfMetrics()
+    metrics.add("points_received", 7)
+    metrics.count("points_rejected", "bad_value", 2)
+    metrics.count("requests", ("grpc", "ok"))
+    metrics.count("exports", "otlp", 3)
+    metrics.count("export_failures", "otlp")
+    intervals.record(0)
+    intervals.record(1)
+    server = _server(CostCollector(store, metrics, cluster="prod-eu", cost_model="request"))
+    server.start()
+    try:
+        resp = requests.get(server.url, timeout=5)
+    finally:
+        server.shutdown()
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/plain")
+    samples = _samples(resp.text)
+
+    (alloc,) = samples["gpu_cost_allocated_total"]
+    assert alloc.value == 3.0
+    assert alloc.labels == {"namespace": "ml", "pod": "train-0", "team": "a",
+                            "cluster": "prod-eu", "cost_model": "request"}
+    (held,) = samples["gpu_held_seconds_total"]
+    assert held.value == 120.0 and "cost_model" not in held.labels and held.labels["cluster"] == "prod-eu"
+    assert samples["gpu_cost_idle_total"][0].labels["node"] == "n1"
+    (activity,) = samples["gpu_activity_ratio"]
+    assert abs(activity.value - 0.6) < 1e-9 and "cost_model" not in activity.labels
+    # Every spec's family is declared, even with no series yet.
+    for spec in store.specs.values():
+        assert f"# TYPE {spec.prometheus} " in resp.text
+
+    assert samples["otelgpu_points_received_total"][0].value == 7
+    assert samples["otelgpu_points_late_total"][0].value == 0
+    assert samples["otelgpu_unpriced_gpu_seconds_total"][0].value == 0
+    assert samples["otelgpu_intervals_computed_total"][0].value == 0
+    assert samples["otelgpu_points_ignored_total"][0].value == 0
+    assert [(s.labels, s.value) for s in samples["otelgpu_points_rejected_total"]] == [({"reason": "bad_value"}, 2)]
+    assert samples["otelgpu_requests_total"][0].labels == {"transport": "grpc", "outcome": "ok"}
+    assert samples["otelgpu_exports_total"][0].labels == {"exporter": "otlp"}
+    assert samples["otelgpu_export_failures_total"][0].value == 1
+
+
+def test_label_names_are_sanitised(store: CostStore) -> None:
+    store.record(0, 10, sums={"allocated": {(("k8s.pod-name", "p"), ("9lives", "x")): 1.0}}, gauges={})
+    collector = CostCollector(store, SelfMetrics(), cluster="c", cost_model="request")
+    (alloc,) = _samples(generate_latest(collector.registry).decode())["gpu_cost_allocated_total"]
+    assert alloc.labels == {"k8s_pod_name": "p", "key_9lives": "x", "cluster": "c", "cost_model": "request"}
+    assert label_name("a.b/c") == "a_b_c"
+
+
+def test_health_readiness_and_lifecycle(store: CostStore) -> None:
+    ready = {"v": False}
+    server = _server(CostCollector(store, SelfMetrics(), "c", "request"), ready=lambda: ready["v"])
+    server.shutdown()  # before start: a no-op
+    server.start()
+    server.start()  # idempotent
+    base = server.url.removesuffix("/metrics")
+    assert server.port != 0 and base.startswith("http://127.0.0.1:")
+    try:
+        assert requests.get(base + "/healthz", timeout=5).text == "ok\n"
+        assert requests.get(base + "/readyz", timeout=5).status_code == 503
+        ready["v"] = True
+        assert requests.get(base + "/readyz", timeout=5).status_code == 200
+        assert requests.get(base + "/nope", timeout=5).status_code == 404
+    finally:
+        server.shutdown()
+        server.shutdown()
+    try:
+        requests.get(base + "/healthz", timeout=1)
+        raise AssertionError("server still answering after shutdown")
+    except requests.ConnectionError:
+        pass
+
+
+def test_display_url_for_wildcard_bind() -> None:
+    server = TelemetryServer(PrometheusConfig(endpoint="0.0.0.0:9464"), CostCollector(
+        CostStore(), SelfMetrics(), "c", "request").registry, lambda: True)
+    assert server.url == "http://127.0.0.1:9464/metrics"
