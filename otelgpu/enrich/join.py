@@ -71,7 +71,7 @@ class Joiner:
         gpu_of_ent, gpu_first = _group(E.node, E.uuid)
         base_f, kind = self._base_fractions(E, gpu_of_ent)
         rows = self._holder_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
-        rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, rows, dt)
+        rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
         return self._finish(rows, E, gpu_first, nodes)
 
     def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -122,13 +122,16 @@ class Joiner:
         k = sum(pod.requested(r) for r in GPU_RESOURCES)
         return max(int(round(k / max(n_gpus, 1))), 1)
 
-    def _unheld_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, held_rows, dt) -> list[_Row]:
+    def _unheld_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, nodes, dt) -> list[_Row]:
         """Place kube-state-metrics claims on unheld units; book active unheld units; the rest is idle."""
         st = self.s.string
-        seen = {(st(int(E.node[int(H.entity[i])])), r.holder) for i, r in zip(np.flatnonzero(H.holder_pod >= 0), held_rows)}
+        # Where dcgm-exporter maps devices to pods on a node, it is the authority there: a pod it
+        # does not show holds nothing (it ended, or has not started). Claims fill in only on nodes
+        # whose exporter maps no pods at all (pod mapping off or broken).
+        mapped = {st(int(E.node[int(e)])) for e in H.entity[H.holder_pod >= 0]}
         claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, resource) -> pods, one per unit
         for key, pod in self.facts.pods.items():
-            if pod.phase != "Running" or not pod.node or (pod.node, key) in seen:
+            if pod.phase != "Running" or not pod.node or pod.node in mapped:
                 continue
             for (_, resource), qty in pod.requests.items():
                 if resource in GPU_RESOURCES or resource.startswith("nvidia_com_mig_"):
@@ -139,8 +142,9 @@ class Joiner:
             if shared[e]:
                 continue  # unheld replicas are idle; claims on shared GPUs are not placed (no unit identity)
             node, profile = st(int(E.node[e])), st(int(E.profile[e]))
-            resource = mig_resource(profile) if kind[e] == "mig" else "nvidia_com_gpu"
-            queue = claims.get((node, resource)) or (claims.get((node, "nvidia_com_gpu")) if kind[e] == "mig" else None)
+            single = nodes[int(E.node[e])].mig_strategy == "single"
+            resource = mig_resource(profile) if kind[e] == "mig" and not single else "nvidia_com_gpu"
+            queue = claims.get((node, resource))
             share = min(H.held_s[i] / dt, 1.0)
             mean = H.act_integral[i] / H.act_s[i] if H.act_s[i] > 0 else np.nan
             if queue:

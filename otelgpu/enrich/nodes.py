@@ -17,6 +17,7 @@ class NodeInfo:
     gpu_product: str  # GFD's nvidia.com/gpu.product
     replicas: int  # time-slicing / MPS replicas per GPU (1: not shared)
     sharing: str  # none | time-slicing | mps
+    mig_strategy: str  # none | single | mixed (single: MIG instances are requested as nvidia.com/gpu)
     vcpus: float
     memory_gib: float
     known: bool  # kube-state-metrics reported the node
@@ -24,7 +25,7 @@ class NodeInfo:
 
 def node_info(facts: NodeFacts | None) -> NodeInfo:
     if facts is None:
-        return NodeInfo("", "unknown", "", 1, "none", 0.0, 0.0, False)
+        return NodeInfo("", "unknown", "", 1, "none", "mixed", 0.0, 0.0, False)
     lab = facts.labels
     raw_cap = (lab.get(L.EKS_CAPACITY_TYPE) or lab.get(L.KARPENTER_CAPACITY_TYPE) or "").lower()
     try:
@@ -38,6 +39,7 @@ def node_info(facts: NodeFacts | None) -> NodeInfo:
         gpu_product=lab.get(L.GPU_PRODUCT, ""),
         replicas=replicas,
         sharing=sharing,
+        mig_strategy=lab.get(L.MIG_STRATEGY, "") or "mixed",
         vcpus=facts.capacity.get("cpu", 0.0),
         memory_gib=facts.capacity.get("memory", 0.0) / 2**30,
         known=True,

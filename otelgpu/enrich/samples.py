@@ -50,7 +50,8 @@ def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
     """Select the DCGM rows and lift the labels the join needs into columns.
 
     The workload's pod arrives as `pod` when the Collector scrapes with honor_labels, or as
-    `exported_pod` (with `pod` then naming the exporter's own pod) when it does not. The node is
+    `exported_pod` when it does not; `pod` then names the exporter's own pod (the resource's
+    `k8s.pod.name`), which holds no GPU. The node is
     the exporter's `Hostname` (releases) or `hostname` (newer builds), else the resource's
     `k8s.node.name`.
     """
@@ -64,7 +65,7 @@ def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
         node=_first_present(col("Hostname"), col("hostname"), b.resource_node),
         uuid=col("UUID"), gi=col("GPU_I_ID"), profile=col("GPU_I_PROFILE"), model=col("modelName"),
         namespace=_first_present(col("exported_namespace"), col("namespace")),
-        pod=_first_present(col("exported_pod"), col("pod")),
+        pod=_first_present(col("exported_pod"), np.where(col("pod") == b.resource_pod, -1, col("pod"))),
         container=_first_present(col("exported_container"), col("container")),
         pod_uid=col("pod_uid"), vgpu=col("vgpu"),
     )

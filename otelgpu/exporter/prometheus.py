@@ -11,10 +11,11 @@ import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from otelgpu.config import PrometheusConfig
@@ -37,22 +38,20 @@ def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFa
 
 
 class CostCollector(Collector):
-    """Cost families from the store plus `otelgpu_*` self-metrics, on a registry of its own."""
+    """Cost families from the store plus `otelgpu_*` self-metrics. Register it on a registry of its
+    own (`cost_registry`): the global one would mix in process metrics and refuse a second instance."""
 
     def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str, cost_model: str) -> None:
         self._store = store
         self._metrics = metrics
         self._cluster = cluster
         self._cost_model = cost_model
-        # Own registry: the global one would mix in process metrics and break a second instance.
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         yield from self._cost_families()
         yield from self._self_families()
 
-    def _cost_families(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def _cost_families(self) -> Iterator[Metric]:
         by_metric: dict[str, list[tuple[dict[str, str], float]]] = {}
         for p in self._store.points():
             labels = {label_name(k): v for k, v in p.attrs}
@@ -73,7 +72,7 @@ class CostCollector(Collector):
             yield family
 
     def _self_families(self) -> Iterator[CounterMetricFamily]:
-        s = self._metrics.snapshot()
+        s = self._metrics.snapshot()  # one consistent view; the values are typed by field below
         for name, field, doc in (
             ("otelgpu_points_received_total", "points_received", "Data points of consumed metrics accepted"),
             ("otelgpu_points_ignored_total", "points_ignored", "Data points of metrics otelgpu does not consume"),
@@ -82,7 +81,7 @@ class CostCollector(Collector):
             ("otelgpu_unpriced_gpu_seconds_total", "unpriced_gpu_seconds", "GPU-seconds for which no price was found"),
         ):
             family = _counter(name, doc)
-            family.add_metric([], float(s[field]))  # type: ignore[arg-type]
+            family.add_metric([], float(cast(float, s[field])))
             yield family
         yield self._by_label("otelgpu_points_rejected_total", "Data points rejected, by reason",
                              ["reason"], s["points_rejected"])
@@ -96,26 +95,34 @@ class CostCollector(Collector):
     @staticmethod
     def _by_label(name: str, doc: str, labels: list[str], counts: object) -> CounterMetricFamily:
         family = _counter(name, doc, labels)
-        for key, value in sorted(dict(counts).items()):  # type: ignore[call-overload]
+        for key, value in sorted(cast(Mapping[object, float], counts).items(), key=str):
             values = list(key) if isinstance(key, tuple) else [key]
             family.add_metric([str(v) for v in values], float(value))
         return family
+
+
+def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str, cost_model: str) -> CollectorRegistry:
+    """A fresh registry holding one CostCollector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CostCollector(store, metrics, cluster, cost_model))
+    return registry
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a slow scraper must not hold up shutdown
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6  # for endpoints such as `[::]:9464`
+
+
 class TelemetryServer:
     """GET /metrics, /healthz and /readyz on one port. Binds in start() so port 0 works."""
 
-    def __init__(self, config: PrometheusConfig, registry: CollectorRegistry, ready: Callable[[], bool],
-                 *, port: Optional[int] = None) -> None:
-        # `port` overrides the configured one: config validation rightly refuses port 0 (nothing
-        # could scrape it), but tests and embedders want an ephemeral port.
-        host, _, configured = config.endpoint.rpartition(":")
+    def __init__(self, config: PrometheusConfig, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
+        host, _, port = config.endpoint.rpartition(":")
         self._host = host.strip("[]")
-        self._port = int(configured) if port is None else port
+        self._port = int(port)
         self._registry = registry
         self._ready = ready
         self._server: Optional[_Server] = None
@@ -136,8 +143,7 @@ class TelemetryServer:
         with self._lock:
             if self._server is not None:
                 return
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) \
-                if ":" in self._host else _Server
+            server_class = _Server6 if ":" in self._host else _Server
             self._server = server_class((self._host, self._port), self._handler())
             # A short poll interval: shutdown() blocks until serve_forever's next poll.
             self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),

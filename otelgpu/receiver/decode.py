@@ -30,6 +30,7 @@ class PointBatch:
     value: np.ndarray  # float64, NaN for staleness markers
     stale: np.ndarray  # bool, flags & NO_RECORDED_VALUE
     resource_node: np.ndarray  # int32, code of the resource's k8s.node.name, or -1
+    resource_pod: np.ndarray  # int32, code of the resource's k8s.pod.name (the scraped exporter), or -1
     attr_off: np.ndarray  # int64, row i's labels are attr_key/attr_val[attr_off[i]:attr_off[i+1]]
     attr_key: np.ndarray  # int32
     attr_val: np.ndarray  # int32
@@ -63,7 +64,7 @@ class PointBatch:
         np.cumsum(counts[rows], out=off[1:])
         return PointBatch(
             self.metric[rows], self.time_ns[rows], self.value[rows], self.stale[rows],
-            self.resource_node[rows], off, self.attr_key[keep_attr], self.attr_val[keep_attr],
+            self.resource_node[rows], self.resource_pod[rows], off, self.attr_key[keep_attr], self.attr_val[keep_attr],
         )
 
 
@@ -84,16 +85,18 @@ def _any_value_str(v) -> str:  # noqa: ANN001 - protobuf AnyValue
 def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatch:
     metric, stale = array("h"), array("b")
     time_ns, value = array("q"), array("d")
-    res_node, attr_off = array("i"), array("q", [0])
+    res_node, res_pod, attr_off = array("i"), array("i"), array("q", [0])
     attr_key, attr_val = array("i"), array("i")
     rejected: Counter[str] = Counter()
     ignored = 0
     code = strings.code
     for rm in request.resource_metrics:
-        node = -1
+        node = own_pod = -1
         for kv in rm.resource.attributes:
             if kv.key == "k8s.node.name":
                 node = code(_any_value_str(kv.value))
+            elif kv.key == "k8s.pod.name":
+                own_pod = code(_any_value_str(kv.value))
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 which = m.WhichOneof("data")
@@ -139,6 +142,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatc
                     time_ns.append(p.time_unix_nano)
                     value.append(v)
                     res_node.append(node)
+                    res_pod.append(own_pod)
                     attr_off.append(len(attr_key))
     return PointBatch(
         metric=np.frombuffer(metric, dtype=np.int16).copy(),
@@ -146,6 +150,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatc
         value=np.frombuffer(value, dtype=np.float64).copy(),
         stale=np.frombuffer(stale, dtype=np.int8).astype(bool),
         resource_node=np.frombuffer(res_node, dtype=np.int32).copy(),
+        resource_pod=np.frombuffer(res_pod, dtype=np.int32).copy(),
         attr_off=np.frombuffer(attr_off, dtype=np.int64).copy(),
         attr_key=np.frombuffer(attr_key, dtype=np.int32).copy(),
         attr_val=np.frombuffer(attr_val, dtype=np.int32).copy(),

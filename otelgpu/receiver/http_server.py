@@ -10,6 +10,7 @@ body is JSON, since the sender's format is unknown.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -62,7 +63,11 @@ def _parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
     request = ExportMetricsServiceRequest()
     try:
         if media == JSON:
-            json_format.Parse(body, request, ignore_unknown_fields=True)
+            doc = json.loads(body)
+            if not isinstance(doc, dict):  # json_format would take `[]` for an empty request
+                raise PermanentError("OTLP/JSON body must be an object")
+            # Unknown fields are ignored, as the OTLP/JSON specification asks of receivers.
+            json_format.ParseDict(doc, request, ignore_unknown_fields=True)
         else:
             request.ParseFromString(body)
     except (DecodeError, json_format.ParseError, ValueError, RecursionError) as exc:
@@ -77,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path.split("?")[0] != PATH:
-            return self._finish("invalid", 404, JSON, _NOT_FOUND)
+            return self._other_method()
         media = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
         outcome, body, err = self.receiver.handle_export(self, media)
         if err is None:
@@ -90,6 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._finish(outcome, status.http_status, media if media in (PROTOBUF, JSON) else JSON, msg, headers)
 
     def _other_method(self) -> None:
+        self.close_connection = True  # the body, if any, stays unread and must not pass for a request
         if self.path.split("?")[0] != PATH:
             return self._finish("invalid", 404, JSON, _NOT_FOUND)
         self._finish("invalid", 405, JSON, _NOT_POST, {"Allow": "POST"})
@@ -102,7 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _finish(self, outcome: str, code: int, media: str, msg: Message, headers: Optional[dict] = None) -> None:
         self.receiver.metrics.count("requests", ("http", outcome))
-        data = json_format.MessageToJson(msg).encode() if media == JSON else msg.SerializeToString()
+        data = json_format.MessageToJson(msg, indent=None).encode() if media == JSON else msg.SerializeToString()
         self.send_response(code)
         self.send_header("Content-Type", media)
         self.send_header("Content-Length", str(len(data)))
@@ -146,7 +152,8 @@ class HttpReceiver:
         except OSError as exc:
             raise ConfigError([f"receiver.http.endpoint: cannot listen on {self.config.endpoint}: {exc}"]) from exc
         self._server, self.port = server, server.server_address[1]
-        self._thread = threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True)
+        # serve_forever notices shutdown() only between polls: keep the poll short so stopping is quick.
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="otlp-http", daemon=True)
         self._thread.start()
         log.info("OTLP/HTTP receiver listening on port %d", self.port)
 
@@ -169,6 +176,8 @@ class HttpReceiver:
             return "unavailable", empty, err
         except PermanentError as err:
             return "invalid", empty, err
+        except (ConnectionError, TimeoutError):
+            raise  # the client hung up or stalled mid-body: the stdlib drops the connection
         except Exception as exc:  # never let one bad request take the server down
             log.exception("OTLP/HTTP export failed")
             return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")

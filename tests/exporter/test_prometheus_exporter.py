@@ -5,9 +5,10 @@ from __future__ import annotations
 import requests
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from otelgpu.config import PrometheusConfig
-from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, label_name
+from otelgpu.exporter.prometheus import TelemetryServer, cost_registry, label_name
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 
@@ -20,8 +21,8 @@ def _samples(text: str) -> dict[str, list]:
     return out
 
 
-def _server(collector: CostCollector, ready=lambda: True) -> TelemetryServer:
-    return TelemetryServer(PrometheusConfig(endpoint="127.0.0.1:9464"), collector.registry, ready, port=0)
+def _server(registry: CollectorRegistry, ready=lambda: True) -> TelemetryServer:
+    return TelemetryServer(PrometheusConfig(endpoint="127.0.0.1:0"), registry, ready)
 
 
 def test_metrics_over_http(store: CostStore, intervals) -> None:
@@ -33,7 +34,7 @@ def test_metrics_over_http(store: CostStore, intervals) -> None:
     metrics.count("export_failures", "otlp")
     intervals.record(0)
     intervals.record(1)
-    server = _server(CostCollector(store, metrics, cluster="prod-eu", cost_model="request"))
+    server = _server(cost_registry(store, metrics, cluster="prod-eu", cost_model="request"))
     server.start()
     try:
         resp = requests.get(server.url, timeout=5)
@@ -68,15 +69,15 @@ def test_metrics_over_http(store: CostStore, intervals) -> None:
 
 def test_label_names_are_sanitised(store: CostStore) -> None:
     store.record(0, 10, sums={"allocated": {(("k8s.pod-name", "p"), ("9lives", "x")): 1.0}}, gauges={})
-    collector = CostCollector(store, SelfMetrics(), cluster="c", cost_model="request")
-    (alloc,) = _samples(generate_latest(collector.registry).decode())["gpu_cost_allocated_total"]
+    registry = cost_registry(store, SelfMetrics(), cluster="c", cost_model="request")
+    (alloc,) = _samples(generate_latest(registry).decode())["gpu_cost_allocated_total"]
     assert alloc.labels == {"k8s_pod_name": "p", "key_9lives": "x", "cluster": "c", "cost_model": "request"}
     assert label_name("a.b/c") == "a_b_c"
 
 
 def test_health_readiness_and_lifecycle(store: CostStore) -> None:
     ready = {"v": False}
-    server = _server(CostCollector(store, SelfMetrics(), "c", "request"), ready=lambda: ready["v"])
+    server = _server(cost_registry(store, SelfMetrics(), "c", "request"), ready=lambda: ready["v"])
     server.shutdown()  # before start: a no-op
     server.start()
     server.start()  # idempotent
@@ -99,6 +100,6 @@ def test_health_readiness_and_lifecycle(store: CostStore) -> None:
 
 
 def test_display_url_for_wildcard_bind() -> None:
-    server = TelemetryServer(PrometheusConfig(endpoint="0.0.0.0:9464"), CostCollector(
-        CostStore(), SelfMetrics(), "c", "request").registry, lambda: True)
+    registry = cost_registry(CostStore(), SelfMetrics(), "c", "request")
+    server = TelemetryServer(PrometheusConfig(endpoint="0.0.0.0:9464"), registry, lambda: True)
     assert server.url == "http://127.0.0.1:9464/metrics"

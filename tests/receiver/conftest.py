@@ -15,7 +15,7 @@ from otelgpu.receiver.ingest import Consumer, Ingest
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics
 
-from .helpers import free_port, otel_fixtures_dir
+from .helpers import otel_fixtures_dir
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def grpc_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., GrpcReceiver]]
     started: list[GrpcReceiver] = []
 
     def start(consumer: Consumer, **config: object) -> GrpcReceiver:
-        receiver = GrpcReceiver(GrpcReceiverConfig(endpoint=f"127.0.0.1:{free_port()}", **config), consumer, metrics)
+        receiver = GrpcReceiver(GrpcReceiverConfig(endpoint="127.0.0.1:0", **config), consumer, metrics)
         receiver.start()
         started.append(receiver)
         return receiver
@@ -64,7 +64,7 @@ def http_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., HttpReceiver]]
     started: list[HttpReceiver] = []
 
     def start(consumer: Consumer, max_body_bytes: int = 64 * 1024 * 1024) -> HttpReceiver:
-        receiver = HttpReceiver(HttpReceiverConfig(endpoint=f"127.0.0.1:{free_port()}"), consumer, metrics, max_body_bytes)
+        receiver = HttpReceiver(HttpReceiverConfig(endpoint="127.0.0.1:0"), consumer, metrics, max_body_bytes)
         receiver.start()
         started.append(receiver)
         return receiver

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,6 @@ def otel_fixtures_dir() -> Path:
         if candidate.is_dir():
             return candidate
     pytest.skip(f"shared OTLP fixtures not found beside {REPO_ROOT}")
-
-
-def free_port() -> int:
-    """A port free a moment ago. config.py's endpoint check refuses port 0, so tests cannot ask the
-    receivers to pick one; the window between closing this socket and the bind is tiny."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Exploding:

@@ -25,7 +25,7 @@ from otelgpu.config import GrpcReceiverConfig
 from otelgpu.errors import ConfigError
 from otelgpu.receiver.grpc_server import RETRY_INFO_TRAILER, SERVICE, GrpcReceiver
 
-from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, free_port, padded, spoil_dcgm
+from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, padded, spoil_dcgm
 
 MiB = 1024 * 1024
 
@@ -173,13 +173,13 @@ def test_sdk_exporter_honours_retry_info_then_fails_on_a_full_queue(grpc_receive
 
 
 def test_lifecycle_and_shutdown_twice(make_ingest, metrics, otel_request):
-    receiver = GrpcReceiver(GrpcReceiverConfig(endpoint=f"127.0.0.1:{free_port()}"), make_ingest(), metrics)
+    receiver = GrpcReceiver(GrpcReceiverConfig(endpoint="127.0.0.1:0"), make_ingest(), metrics)
     receiver.start()
     assert receiver.port
     assert stub(receiver.port).Export(otel_request(VLLM), timeout=5) == ExportMetricsServiceResponse()
     receiver.shutdown(grace=0.5)
     receiver.shutdown(grace=0.5)
-    never_started = GrpcReceiver(GrpcReceiverConfig(endpoint=f"127.0.0.1:{free_port()}"), make_ingest(), metrics)
+    never_started = GrpcReceiver(GrpcReceiverConfig(endpoint="127.0.0.1:0"), make_ingest(), metrics)
     never_started.shutdown()
     never_started.shutdown()
 

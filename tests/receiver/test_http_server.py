@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otelgpu.config import HttpReceiverConfig
 from otelgpu.receiver.http_server import HttpReceiver
 
-from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, free_port, spoil_dcgm
+from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, spoil_dcgm
 
 PB, JSON = "application/x-protobuf", "application/json"
 
@@ -143,7 +143,7 @@ def test_twelve_concurrent_clients_all_succeed(http_receiver, make_ingest, otel_
 
 
 def test_lifecycle_and_shutdown_twice(make_ingest, metrics, otel_request):
-    config = HttpReceiverConfig(endpoint=f"127.0.0.1:{free_port()}")
+    config = HttpReceiverConfig(endpoint="127.0.0.1:0")
     receiver = HttpReceiver(config, make_ingest(), metrics, max_body_bytes=1024 * 1024)
     receiver.start()
     assert post(receiver, otel_request(VLLM).SerializeToString()).status_code == 200
@@ -160,3 +160,13 @@ def test_json_error_body_is_json(http_receiver, make_ingest):
     response = post(http_receiver(make_ingest()), b"[]", JSON)
     assert response.status_code == 400
     assert set(json.loads(response.content)) >= {"code", "message"}
+
+
+def test_client_hanging_up_mid_body_does_not_hurt_the_server(http_receiver, make_ingest, otel_request):
+    import socket
+
+    receiver = http_receiver(make_ingest())
+    with socket.create_connection(("127.0.0.1", receiver.port), timeout=5) as conn:
+        conn.sendall(b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                     b"Content-Length: 1000\r\n\r\n0123456789")
+    assert post(receiver, otel_request(VLLM).SerializeToString()).status_code == 200

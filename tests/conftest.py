@@ -1,0 +1,6 @@
+"""Shared test setup: make tests/support.py importable everywhere."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))

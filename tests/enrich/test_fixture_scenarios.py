@@ -1,0 +1,178 @@
+"""Whole-pipeline behaviour on the shared real-world fixtures (Collector-shaped OTLP and
+dcgm-exporter exposition), with expected figures worked out by hand from cost-model.md."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from support import feed, offline_pipeline, otlp_fixture, prom_fixture_request, make_config
+
+from otelgpu.attribution.prices import Pricer
+from otelgpu.config import PricesConfig
+
+H100 = "NVIDIA H100 80GB HBM3"
+P5_NODE = "ip-10-20-3-41.us-west-2.compute.internal"
+G5_NODE = "ip-10-20-7-12.us-west-2.compute.internal"
+T_SCRAPE1 = 1779350430 * 10**9  # scrape 1; scrape 2 is 30 s later, in the next 60 s interval
+PER_GPU_INTERVAL = 12.0 * 60 / 3600  # $12/GPU-h for one 60 s interval
+SLICE = PER_GPU_INTERVAL / 7  # a 1g.10gb instance under the compute rule
+
+
+def run(*requests, **config):
+    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}, **config))
+    feed(p, *requests)
+    p.close_due(flush=True)
+    return p
+
+
+def by_pod(p, metric="allocated"):
+    return {k[0]: v for k, v in p.store.totals(metric, ("pod",)).items()}
+
+
+def ksm():
+    return otlp_fixture("otlp_ksm_scrape_collector_v0.142.json")
+
+
+@pytest.fixture(scope="module")
+def fixture_run():
+    return run(ksm(), otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"),
+               otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
+
+
+def test_fixture_costs_by_pod(fixture_run):
+    alloc = by_pod(fixture_run)
+    assert alloc["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(2 * PER_GPU_INTERVAL)
+    assert alloc["finetune-job-7xk2p"] == pytest.approx(2 * PER_GPU_INTERVAL)
+    # The ollama pod held MIG instance 11 for the first interval only (its series went stale).
+    assert alloc["ollama-76f687f4cd-xcvvp"] == pytest.approx(SLICE)
+    eff = by_pod(fixture_run, "effective")
+    assert eff["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(0.87321 * 2 * PER_GPU_INTERVAL)
+    assert eff["ollama-76f687f4cd-xcvvp"] == pytest.approx(0.412345 * SLICE)
+
+
+def test_fixture_money_adds_up(fixture_run):
+    allocated = sum(fixture_run.store.totals("allocated").values())
+    idle = sum(fixture_run.store.totals("idle").values())
+    capacity = sum(fixture_run.store.totals("capacity").values())
+    assert capacity == pytest.approx(8 * 2 * PER_GPU_INTERVAL)
+    assert allocated + idle == pytest.approx(capacity, rel=1e-12)
+    # In interval 2 instance 11 shows activity but no pod: booked, not idle, with its reason.
+    reasons = fixture_run.store.totals("allocated", ("attribution",))
+    assert reasons[("active_without_pod",)] == pytest.approx(SLICE)
+    assert idle == pytest.approx(capacity - 4 * PER_GPU_INTERVAL - 2 * SLICE)
+
+
+def test_fixture_tags_from_pod_then_namespace_labels(fixture_run):
+    teams = fixture_run.store.totals("allocated", ("pod", "team", "cost_center", "instance_type", "capacity_type"))
+    assert teams[("vllm-llama3-8b-5c9d7b8f6d-k2x7q", "team-a", "cc-2001", "p5.48xlarge", "on-demand")] > 0
+    assert teams[("ollama-76f687f4cd-xcvvp", "platform", "cc-1001", "p5.48xlarge", "on-demand")] > 0
+
+
+def test_legacy_collector_shape_gives_the_same_costs(fixture_run):
+    legacy = run(ksm(), otlp_fixture("otlp_dcgm_scrape1_legacy_v0.125_adjusted.json"),
+                 otlp_fixture("otlp_dcgm_scrape2_legacy_v0.125_adjusted.json"))
+    # The legacy scrape 2 has no staleness marker: ollama keeps instance 11 for both intervals.
+    a, b = by_pod(fixture_run), by_pod(legacy)
+    assert b["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(a["vllm-llama3-8b-5c9d7b8f6d-k2x7q"])
+    assert b["finetune-job-7xk2p"] == pytest.approx(a["finetune-job-7xk2p"])
+    assert sum(legacy.store.totals("capacity").values()) == pytest.approx(sum(fixture_run.store.totals("capacity").values()))
+
+
+def test_resent_batches_are_not_counted_twice(fixture_run):
+    s1 = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+    s2 = otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json")
+    again = run(ksm(), s1, s1, ksm(), s2, s1, s2)
+    assert by_pod(again) == pytest.approx(by_pod(fixture_run))
+    assert by_pod(again, "effective") == pytest.approx(by_pod(fixture_run, "effective"))
+
+
+def test_order_of_sources_within_lateness_does_not_matter(fixture_run):
+    late_ksm = run(otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"), ksm(),
+                   otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
+    assert fixture_run.store.totals("allocated", ("pod", "team")) == pytest.approx(
+        late_ksm.store.totals("allocated", ("pod", "team")))
+
+
+def test_data_later_than_the_allowance_is_counted_late_not_used():
+    s1 = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+    p = offline_pipeline(make_config(attribution__lateness_seconds=0,
+                                     attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
+    feed(p, ksm(), s1, otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
+    assert p.metrics.intervals_computed == 1  # scrape 2 moved the watermark past interval 1
+    before = dict(by_pod(p))
+    feed(p, s1)  # a resend of scrape 1 after its interval closed
+    assert p.metrics.points_late == 36
+    assert by_pod(p) == before
+
+
+def test_exported_labels_when_the_collector_does_not_honor_labels(fixture_run):
+    req = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+    for rm in req.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for pt in (m.gauge.data_points if m.HasField("gauge") else m.sum.data_points):
+                    for kv in pt.attributes:
+                        if kv.key in ("pod", "namespace", "container"):
+                            kv.key = "exported_" + kv.key
+                    own = pt.attributes.add()  # the exporter's own pod, as target labels add it
+                    own.key, own.value.string_value = "pod", "nvidia-dcgm-exporter-x7k2p"
+    p = run(ksm(), req)
+    alloc = by_pod(p)
+    assert "nvidia-dcgm-exporter-x7k2p" not in alloc
+    assert alloc["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(PER_GPU_INTERVAL)
+
+
+@pytest.mark.parametrize("name", ["dcgm/h100x8_mig_mixed_k8s_v4.prom",
+                                  "dcgm/h100x8_mig_mixed_k8s_head_hostname_lowercase.prom",
+                                  "dcgm/h100x8_mig_mixed_k8s_v4_pod_labels.prom"])
+def test_dcgm_exposition_variants(name):
+    p = run(ksm(), prom_fixture_request(name, T_SCRAPE1, node="some-other-resource-node"))
+    alloc = p.store.totals("allocated", ("node", "pod", "unit_kind", "mig_profile"))
+    assert alloc[(P5_NODE, "ollama-76f687f4cd-xcvvp", "mig", "1g.10gb")] == pytest.approx(SLICE)
+    assert alloc[(P5_NODE, "finetune-job-7xk2p", "gpu", "")] == pytest.approx(PER_GPU_INTERVAL)
+    assert sum(p.store.totals("capacity").values()) == pytest.approx(8 * PER_GPU_INTERVAL)
+
+
+def test_time_sliced_a10g_bills_replicas_not_gpus():
+    p = run(ksm(), prom_fixture_request("dcgm/a10g_timesliced_virtual_gpus_v4.8.prom", T_SCRAPE1, node=G5_NODE))
+    price = Pricer(PricesConfig()).gpu_hour("g5.2xlarge", (), 1)
+    assert price.source == "catalog:scad"
+    gpu_interval = price.per_gpu_hour * 60 / 3600
+    rows = p.store.totals("allocated", ("pod", "unit_kind", "activity_basis", "capacity_type"))
+    assert rows[("chat-api-6f7d9c8b7-4xq2m", "replica", "per_pod", "spot")] == pytest.approx(gpu_interval / 4)
+    assert rows[("embedder-85b4d6f9c-wz8pl", "replica", "per_pod", "spot")] == pytest.approx(gpu_interval / 4)
+    idle = p.store.totals("idle", ("node",))[(G5_NODE,)]
+    assert idle == pytest.approx(gpu_interval / 2)  # 2 of 4 replicas unheld
+    # chat-api used 52 % of the device while holding a quarter of it: effective is capped at allocated.
+    eff = by_pod(p, "effective")
+    assert eff["chat-api-6f7d9c8b7-4xq2m"] == pytest.approx(gpu_interval / 4)
+
+
+def test_holders_placed_from_kube_state_metrics_when_dcgm_names_no_pod():
+    req = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+    for rm in req.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for pt in (m.gauge.data_points if m.HasField("gauge") else m.sum.data_points):
+                    keep = [copy.deepcopy(kv) for kv in pt.attributes if kv.key not in ("pod", "namespace", "container")]
+                    del pt.attributes[:]
+                    pt.attributes.extend(keep)
+    p = run(ksm(), req)
+    rows = p.store.totals("allocated", ("pod", "attribution"))
+    assert rows[("vllm-llama3-8b-5c9d7b8f6d-k2x7q", "ksm_request")] == pytest.approx(PER_GPU_INTERVAL)
+    assert rows[("finetune-job-7xk2p", "ksm_request")] == pytest.approx(PER_GPU_INTERVAL)
+    assert rows[("ollama-76f687f4cd-xcvvp", "ksm_request")] == pytest.approx(SLICE)
+    # Succeeded and Pending pods hold nothing.
+    assert not any(k[0] in ("finetune-job-old-9z8y7", "mig-pending-5d8c7b6a9-qq2ws") for k in rows)
+    # Where the device is unknown, activity is not invented.
+    unmeasured = p.store.totals("unmeasured", ("attribution",))[("ksm_request",)]
+    assert unmeasured == pytest.approx(2 * PER_GPU_INTERVAL + SLICE)
+
+
+def test_pod_unknown_to_kube_state_metrics_is_kept_with_a_reason():
+    p = run(otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"))  # no KSM at all
+    rows = p.store.totals("allocated", ("pod", "attribution", "team"))
+    assert rows[("vllm-llama3-8b-5c9d7b8f6d-k2x7q", "pod_unknown", "unallocated")] == pytest.approx(PER_GPU_INTERVAL)
+    coverage = {dict(pt.attrs)["tag"]: pt.value for pt in p.store.points() if pt.metric == "tag_coverage"}
+    assert coverage["all"] == 0.0

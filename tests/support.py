@@ -1,0 +1,73 @@
+"""Test helpers: the shared fixtures (../shared/fixtures beside the repository), OTLP requests
+built from them, and a pipeline wired for tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from prometheus_client.parser import text_string_to_metric_families
+
+from otelgpu.config import Config, parse_config
+from otelgpu.demo.otlp import request, scrape
+from otelgpu.pipeline import Pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fixtures_dir() -> Path:
+    """`OTELGPU_FIXTURES`, else ../shared/fixtures beside the repository root."""
+    env = os.environ.get("OTELGPU_FIXTURES")
+    path = Path(env) if env else REPO.parent / "shared" / "fixtures"
+    if not path.is_dir():
+        raise FileNotFoundError(f"shared fixtures not found at {path} (set OTELGPU_FIXTURES)")
+    return path
+
+
+def otlp_fixture(name: str) -> ExportMetricsServiceRequest:
+    text = (fixtures_dir() / "otel" / name).read_text(encoding="utf-8")
+    return json_format.Parse(text, ExportMetricsServiceRequest(), ignore_unknown_fields=True)
+
+
+def prom_fixture_request(rel_path: str, time_ns: int, node: str, job: str = "dcgm-exporter",
+                         instance: str = "10.0.0.1:9400") -> ExportMetricsServiceRequest:
+    """A Prometheus exposition fixture as the Collector's prometheus receiver would forward one scrape
+    of it: every sample a gauge point at `time_ns`, labels as attributes (parsed by prometheus_client)."""
+    text = (fixtures_dir() / rel_path).read_text(encoding="utf-8")
+    gauges: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            gauges.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return request(scrape(job, instance, node, time_ns, gauges))
+
+
+def make_config(**overrides: Any) -> Config:
+    """Loopback-only config with no listening telemetry and no OTLP export unless asked."""
+    doc: dict[str, Any] = {
+        "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+        "exporter": {"prometheus": {"enabled": False, "endpoint": "127.0.0.1:0"}},
+    }
+    for path, value in overrides.items():
+        node = doc
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return parse_config(doc)
+
+
+def offline_pipeline(config: Optional[Config] = None) -> Pipeline:
+    """A pipeline fed by calling ingest.consume() and process() directly (no sockets)."""
+    return Pipeline(config or make_config(), serve_receivers=False)
+
+
+def feed(pipeline: Pipeline, *requests: ExportMetricsServiceRequest) -> None:
+    for req in requests:
+        pipeline.ingest.consume(req)
+        batch = pipeline.ingest.get(timeout=0)
+        if batch is not None:
+            pipeline.process(batch)
+            pipeline.ingest.task_done()
