@@ -187,12 +187,16 @@ def parse_config(data: Any) -> Config:
         raise ConfigError(["(top level): expected a mapping"])
     problems: list[str] = []
     data = _expand_env(data, "", problems)
+    unset = {p.split(":", 1)[0] for p in problems}  # their follow-on validation errors say nothing new
     try:
         config = _ADAPTER.validate_python(data)
     except ValidationError as exc:
         for err in exc.errors():
-            msg = "unknown key" if err["type"] == "unexpected_keyword_argument" or err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{_format_loc(err['loc'])}: {msg}")
+            path = _format_loc(err["loc"])
+            if path in unset:
+                continue
+            msg = "unknown key" if err["type"] in ("unexpected_keyword_argument", "extra_forbidden") else err["msg"]
+            problems.append(f"{path}: {msg}")
         config = None
     if problems:
         raise ConfigError(problems)

@@ -71,3 +71,50 @@ def feed(pipeline: Pipeline, *requests: ExportMetricsServiceRequest) -> None:
         if batch is not None:
             pipeline.process(batch)
             pipeline.ingest.task_done()
+
+
+class CollectorSink:
+    """A real in-process OTLP/gRPC MetricsService standing in for the Collector's otlp/cost receiver."""
+
+    def __init__(self) -> None:
+        import threading
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+        sink = self
+        self.requests: list = []
+        self._lock = threading.Lock()
+
+        class Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):  # noqa: N802 - gRPC method name
+                with sink._lock:
+                    sink.requests.append(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.endpoint = f"127.0.0.1:{self.port}"
+
+    def latest(self, name: str) -> dict:
+        """The newest point of each series of metric `name`: attrs (frozenset) -> point."""
+        out: dict = {}
+        with self._lock:
+            for req in self.requests:
+                for rm in req.resource_metrics:
+                    for sm in rm.scope_metrics:
+                        for m in sm.metrics:
+                            if m.name != name:
+                                continue
+                            pts = m.sum.data_points if m.HasField("sum") else m.gauge.data_points
+                            for p in pts:
+                                key = frozenset((kv.key, kv.value.string_value) for kv in p.attributes)
+                                if key not in out or out[key].time_unix_nano <= p.time_unix_nano:
+                                    out[key] = p
+        return out
+
+    def stop(self) -> None:
+        self.server.stop(grace=None)

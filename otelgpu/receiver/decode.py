@@ -122,7 +122,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatc
                             rejected[f"{m.name} non-finite value"] += 1
                             continue
                         if not lo <= v <= hi:
-                            rejected[f"{m.name} value {v:g} outside [{lo:g}, {hi:g}]"] += 1
+                            rejected[f"{m.name} value outside [{lo:g}, {hi:g}]"] += 1  # fixed key: bounded self-metric
                             continue
                     if p.time_unix_nano == 0:
                         rejected[f"{m.name} point without a timestamp"] += 1

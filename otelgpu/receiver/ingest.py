@@ -33,15 +33,15 @@ class Ingest:
         if self._queue.full():  # decide before decoding: an overloaded sidecar should not work more
             raise RetryableError("otelgpu queue is full", self.retry_after_s)
         batch = decode(request, self.strings)
-        for reason, n in batch.rejected.items():
-            self.metrics.count("points_rejected", reason, n)
-        self.metrics.add("points_ignored", batch.ignored)
         if len(batch):
             try:
                 self._queue.put_nowait(batch)
-            except queue.Full:
+            except queue.Full:  # the sender retries the whole request: count nothing of it yet
                 raise RetryableError("otelgpu queue is full", self.retry_after_s) from None
             self.metrics.add("points_received", len(batch))
+        for reason, n in batch.rejected.items():
+            self.metrics.count("points_rejected", reason, n)
+        self.metrics.add("points_ignored", batch.ignored)
         return batch.rejected_count, describe_rejections(batch.rejected)
 
     def get(self, timeout: Optional[float]) -> Optional[PointBatch]:

@@ -1,0 +1,88 @@
+"""Configuration: defaults, the documented example, and named invalid cases with their YAML paths."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from support import REPO
+
+from otelgpu.config import load_config, parse_config
+from otelgpu.errors import ConfigError
+
+
+def problems(doc) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc)
+    return err.value.problems
+
+
+def test_defaults():
+    c = parse_config({})
+    assert c.receiver.grpc.max_recv_msg_size_mib == 64
+    assert c.attribution.cost_model == "request" and c.attribution.interval_seconds == 60
+    assert c.tags["team"].pod_labels == ("team",) and c.tags["team"].default == "unallocated"
+    assert c.exporter.otlp is None
+
+
+def test_example_config_loads(monkeypatch):
+    monkeypatch.setenv("CLUSTER_NAME", "eks-prod-1")
+    c = load_config(REPO / "examples" / "otelgpu.yaml")
+    assert c.cluster.name == "eks-prod-1"
+    assert c.attribution.prices.gpu_hour_by_gpu_model["NVIDIA H100 80GB HBM3"] == 6.88
+    assert c.exporter.otlp is not None and c.exporter.otlp.endpoint == "localhost:4319"
+
+
+def test_example_config_names_missing_environment_variable(monkeypatch):
+    monkeypatch.delenv("CLUSTER_NAME", raising=False)
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "examples" / "otelgpu.yaml")
+    assert err.value.problems == ["cluster.name: environment variable CLUSTER_NAME is not set"]
+
+
+@pytest.mark.parametrize("doc, expected", [
+    ({"recever": {}}, "recever: unknown key"),
+    ({"receiver": {"grpc": {"endpont": "x"}}}, "receiver.grpc.endpont: unknown key"),
+    ({"receiver": {"grpc": {"endpoint": "4317"}}}, "receiver.grpc.endpoint: Value error, expected host:port, got '4317'"),
+    ({"receiver": {"grpc": {"max_concurrent_requests": 2}}}, "receiver.grpc.max_concurrent_requests: Input should be greater than or equal to 10"),
+    ({"attribution": {"cost_model": "magic"}}, "attribution.cost_model: Input should be 'request'"),
+    ({"attribution": {"mig_fraction_rule": "memory"}}, "attribution.mig_fraction_rule: Input should be 'compute' or 'max'"),
+    ({"attribution": {"interval_seconds": 0}}, "attribution.interval_seconds: Input should be greater than or equal to 1"),
+    ({"attribution": {"prices": {"gpu_hour_by_instance_type": {"p5.48xlarge": -1}}}},
+     "attribution.prices.gpu_hour_by_instance_type: Value error, prices must be >= 0: p5.48xlarge"),
+    ({"attribution": {"prices": {"instance_price_split": "half"}}},
+     "attribution.prices.instance_price_split: Input should be 'scad', 'opencost' or 'gpu_only'"),
+    ({"tags": {"squad": {}}}, "tags: Value error, unknown tag(s) squad; tags are team, project, environment, model, cost_center"),
+    ({"tags": {"team": {"pod_label": ["team"]}}}, "tags.team.pod_label: unknown key"),
+    ({"exporter": {"otlp": {"insecure": True}}}, "exporter.otlp.endpoint: Field required"),
+    ([1, 2], "(top level): expected a mapping"),
+])
+def test_invalid_configs_name_the_path(doc, expected):
+    assert expected in problems(doc)
+
+
+def test_every_problem_is_reported_together():
+    found = problems({"recever": {}, "attribution": {"interval_seconds": -5, "currency": 3}})
+    assert len(found) == 3
+    assert {p.split(":")[0] for p in found} == {"recever", "attribution.interval_seconds", "attribution.currency"}
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("receiver: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_check_config_command(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("cluster: {name: c1}\n")
+    ok = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster: {nme: c1}\n")
+    res = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2 and "cluster.nme: unknown key" in res.stderr

@@ -1,0 +1,95 @@
+"""The two user entry points, run as a user would: `otelgpu demo` and `otelgpu serve --config`."""
+
+from __future__ import annotations
+
+import io
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+import requests
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from support import CollectorSink, otlp_fixture
+
+from otelgpu.demo.run import run_demo
+
+
+def test_demo_reproduces_the_recipe_and_adds_up():
+    out = io.StringIO()
+    p = run_demo(metrics_port=0, out=out)
+    alloc = p.store.totals("allocated", ("team",))
+    eff = p.store.totals("effective", ("team",))
+    # The AWS recipe's MIG scenario (cost-model.md section 7), rounded only here at the end.
+    assert round(alloc[("bu-a",)], 6) == 5.142857
+    assert round(alloc[("bu-b",)], 6) == round(alloc[("bu-c",)], 6) == 3.428571
+    assert round(eff[("bu-a",)], 6) == 1.285714
+    assert round(eff[("bu-b",)], 6) == 0.857143
+    idle = p.store.totals("idle", ("instance_type",))
+    assert round(idle[("p4d.24xlarge",)], 6) == 84.0
+    capacity = sum(p.store.totals("capacity").values())
+    assert sum(alloc.values()) + sum(idle.values()) == pytest.approx(capacity, rel=1e-12)
+    # The time-sliced node bills replicas, never whole GPUs; the spot node says so.
+    replica = p.store.totals("allocated", ("unit_kind", "capacity_type"))
+    assert replica[("replica", "spot")] < capacity
+    assert p.metrics.intervals_computed == 4
+    text = out.getvalue()
+    assert "bu-a" in text and "(idle)" in text and "cluster total" in text and "/metrics" in text
+
+
+def test_demo_command_runs():
+    res = subprocess.run([sys.executable, "-m", "otelgpu", "demo", "--metrics-port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "5.142857" in res.stdout and "cluster total" in res.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_takes_traffic_and_flushes_on_sigterm(tmp_path):
+    sink = CollectorSink()
+    grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
+    cfg = tmp_path / "otelgpu.yaml"
+    cfg.write_text(f"""
+cluster: {{name: serve-test}}
+receiver:
+  grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}
+  http: {{endpoint: "127.0.0.1:{http_port}"}}
+attribution:
+  prices: {{gpu_hour_by_gpu_model: {{"NVIDIA H100 80GB HBM3": 12.0}}}}
+exporter:
+  otlp: {{endpoint: "{sink.endpoint}", insecure: true}}
+  prometheus: {{endpoint: "127.0.0.1:{metrics_port}"}}
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "sidecar did not become ready"
+            time.sleep(0.2)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+            stub = metrics_service_pb2_grpc.MetricsServiceStub(ch)
+            for name in ("otlp_ksm_scrape_collector_v0.142.json", "otlp_dcgm_scrape1_collector_v0.142.json"):
+                stub.Export(otlp_fixture(name), timeout=5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        allocated = sink.latest("gpu.cost.allocated")
+        by_pod = {dict(k).get("pod"): p.as_double for k, p in allocated.items()}
+        assert by_pod["finetune-job-7xk2p"] == pytest.approx(12.0 * 60 / 3600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sink.stop()
