@@ -1,0 +1,88 @@
+"""Measure decode, join and kernel speed on a synthetic cluster of demo-shaped nodes.
+
+Usage: python benchmarks/bench_pipeline.py [--nodes 50] [--scrapes 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import numpy as np
+
+from otelgpu.attribution.engine import UnitRows, attribute_request, warm_up
+from otelgpu.attribution.reference import attribute_request_reference
+from otelgpu.demo import scenario, scrapes
+from otelgpu.demo.otlp import request
+from otelgpu.enrich.samples import dcgm_samples
+from otelgpu.enrich.window import NS
+from otelgpu.pipeline import Pipeline
+from otelgpu.receiver.decode import decode
+
+COLLECTOR_BUDGET = 10_000 / 0.60  # points per second of a whole core, from the Collector's CI budget
+
+
+def cluster(n_nodes: int):
+    nodes, ns = scenario.build()
+    out = []
+    for i in range(n_nodes):
+        for n in nodes:
+            copy = scenario.Node(f"{n.name}-{i}", n.ip, n.labels, n.capacity, list(n.devices), list(n.shared))
+            out.append(copy)
+    return out, ns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=50, help="copies of the 3-node demo cluster")
+    ap.add_argument("--scrapes", type=int, default=20)
+    args = ap.parse_args()
+    nodes, ns = cluster(args.nodes)
+    t0 = 1_779_350_400 * NS
+    reqs = [request(scrapes.ksm(nodes, ns, t0 + k * 30 * NS), *(scrapes.dcgm(n, t0 + k * 30 * NS, 0.5) for n in nodes))
+            for k in range(args.scrapes)]
+    payload = sum(len(r.SerializeToString()) for r in reqs)
+
+    p = Pipeline(_config(), serve_receivers=False)
+    warm_up()
+    start = time.process_time()
+    batches = [decode(r, p.strings) for r in reqs]
+    decode_s = time.process_time() - start
+    points = sum(len(b) + b.ignored for b in batches)
+    start = time.process_time()
+    for b in batches:
+        p.facts.update(b)
+        p.windows.add(dcgm_samples(b, p.strings), int(b.time_ns.max()))
+    p.close_due(flush=True)
+    join_s = time.process_time() - start
+
+    print(f"cluster: {len(nodes)} nodes, {args.scrapes} scrapes, {points} points, {payload / 2**20:.1f} MiB of OTLP")
+    print(f"decode: {points / decode_s:,.0f} points/s of CPU = {points / decode_s / COLLECTOR_BUDGET:.2f}x "
+          f"the Collector's budget rate per core")
+    print(f"facts + windows + join + kernel + store for {p.metrics.intervals_computed} intervals: {join_s:.3f} s CPU")
+
+    rng = np.random.default_rng(1)
+    n_gpu, n_row = 8000, 40000
+    rows = UnitRows(rng.uniform(0, 12, n_gpu), rng.integers(0, n_gpu, n_row), np.full(n_row, 1 / 7),
+                    rng.uniform(0, 1, n_row), rng.uniform(0, 1, n_row), rng.uniform(0, 1, n_row))
+    start = time.perf_counter()
+    for _ in range(20):
+        attribute_request(rows, 60.0)
+    kernel = (time.perf_counter() - start) / 20
+    start = time.perf_counter()
+    attribute_request_reference(rows, 60.0)
+    ref = time.perf_counter() - start
+    print(f"kernel: {n_row} rows on {n_gpu} GPUs in {kernel * 1e3:.2f} ms; reference {ref * 1e3:.1f} ms; "
+          f"ratio {ref / kernel:.0f}x")
+    print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+def _config():
+    from otelgpu.config import parse_config
+
+    return parse_config({"exporter": {"prometheus": {"enabled": False}}, "attribution": {"interval_seconds": 60}})
+
+
+if __name__ == "__main__":
+    main()
