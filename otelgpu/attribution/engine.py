@@ -50,6 +50,8 @@ def validate(rows: UnitRows) -> None:
 
 
 def attribute_request(rows: UnitRows, dt_s: float) -> Attribution:
+    if not (dt_s > 0 and np.isfinite(dt_s)):
+        raise ValueError(f"interval length must be a positive number of seconds, got {dt_s}")
     validate(rows)
     n, n_gpu = len(rows.row_gpu), len(rows.gpu_price_hour)
     out = Attribution(*(np.zeros(n) for _ in range(5)), np.zeros(n_gpu), np.zeros(n_gpu))

@@ -15,7 +15,11 @@ from typing import Optional
 import numpy as np
 import yaml
 
-_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb")
+_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 
 
 @dataclass(frozen=True)
@@ -37,23 +41,25 @@ class MigProfiles:
             text = resources.files("otelgpu.attribution").joinpath("data/mig_profiles.yaml").read_text()
         doc = yaml.safe_load(text)
         return cls([
-            MigFamily(g["family"], tuple(m.lower() for m in g["match"]), int(g["compute_slices"]),
+            MigFamily(g["family"], tuple(_norm(m) for m in g["match"]), int(g["compute_slices"]),
                       int(g["memory_slices"]), {p: (int(c), int(m)) for p, (c, m) in g["profiles"].items()})
             for g in doc["gpus"]
         ])
 
     @lru_cache(maxsize=256)
     def family_for(self, model_name: str) -> Optional[MigFamily]:
-        name = model_name.lower()
+        name = _norm(model_name)  # DCGM "NVIDIA H100 80GB HBM3" and GFD "NVIDIA-H100-80GB-HBM3" alike
         return next((f for f in self.families if any(m in name for m in f.match)), None)
 
     def slices(self, model_name: str, profile: str) -> Optional[tuple[int, int, int, int]]:
         """(compute, memory, compute slices of the GPU, memory slices of the GPU), or None if unknown.
 
-        `+me`/`+gfx` variants take the slices of their base profile.
+        `+me`/`+gfx` variants (and resource-name forms such as `mig-1g.10gb`) take the slices of
+        their base profile.
         """
         family = self.family_for(model_name)
-        base = profile.split("+", 1)[0]
+        m = _PROFILE.search(profile)
+        base = m.group(0) if m else profile
         if family is not None:
             cm = family.profiles.get(profile) or family.profiles.get(base)
             if cm is not None:
@@ -67,8 +73,10 @@ class MigProfiles:
         """
         found = self.slices(model_name, profile)
         if found is None:
-            m = _PROFILE.match(profile)
-            return (min(int(m.group(1)) / 7.0, 1.0) if m else 1.0), False
+            m = _PROFILE.search(profile)
+            family = self.family_for(model_name)
+            slices = family.compute_slices if family else 7
+            return (min(int(m.group(1)) / slices, 1.0) if m else 1.0), False
         c, mem, cs, ms = found
         f = c / cs
         if rule == "max":

@@ -183,3 +183,15 @@ def test_catalog_gpu_models_resolve_consistently(mig) -> None:
             "p5en.48xlarge": "H200-141GB", "p6-b200.48xlarge": "B200"}
     for itype, family in want.items():
         assert mig.family_for(cat[itype].gpu_model).family == family, itype
+
+
+def test_resource_and_suffix_forms_reduce_to_their_base_profile() -> None:
+    mig = MigProfiles.load()
+    assert mig.fraction("NVIDIA H100 80GB HBM3", "mig-1g.10gb", "compute") == (1 / 7, True)
+    assert mig.fraction("NVIDIA H100 80GB HBM3", "1g.20gb-me", "max") == (2 / 8, True)
+    assert mig.family_for("NVIDIA-H100-80GB-HBM3").family == "H100-80GB"  # GFD product label form
+
+
+def test_unknown_profile_of_a_known_family_uses_that_family_s_slices() -> None:
+    f, found = MigProfiles.load().fraction("NVIDIA A30", "3g.18gb", "compute")
+    assert (f, found) == (3 / 4, False)

@@ -254,3 +254,10 @@ def test_activity_outside_unit_interval_is_clamped() -> None:
     assert out.effective[0] == pytest.approx(out.alloc[0]) and out.waste[0] == 0.0
     assert out.effective[1] == 0.0 and out.waste[1] == pytest.approx(out.alloc[1])
     assert math.isclose(out.effective[2], 0.1 * out.alloc[2])
+
+
+@pytest.mark.parametrize("dt", [0.0, -60.0, float("nan"), float("inf")])
+def test_interval_length_must_be_positive(dt: float) -> None:
+    rows = UnitRows(np.array([10.0]), np.array([0]), np.array([0.5]), np.array([1.0]), np.array([1.0]), np.array([0.5]))
+    with pytest.raises(ValueError, match="interval length"):
+        attribute_request(rows, dt)
