@@ -97,11 +97,13 @@ def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: T
     if keep_running:
         out.write("running until interrupted (Ctrl-C); the cluster keeps reporting every minute\n")
         out.flush()
+        pipeline.on_interval.append(lambda iv: (out.write(
+            f"interval ending {time.strftime('%H:%M:%S', time.gmtime(iv.end_ns / NS))} UTC closed: cluster totals now "
+            f"allocated {sum(pipeline.store.totals('allocated').values()):.6f}, "
+            f"idle {sum(pipeline.store.totals('idle').values()):.6f}\n"), out.flush()))
         try:
             while True:
-                t_ns = time.time_ns()
-                replay_one = t_ns - (30 * NS)
-                replay(pipeline, replay_one, SCRAPE_S)
+                replay(pipeline, time.time_ns() - 30 * NS, SCRAPE_S)  # one scrape, now
                 time.sleep(SCRAPE_S)
         except KeyboardInterrupt:
             out.write("\n")
