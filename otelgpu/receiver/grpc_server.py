@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otelgpu.config import GrpcReceiverConfig
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
-from otelgpu.receiver.ingest import Consumer
+from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -124,16 +124,4 @@ class GrpcReceiver:
             request = ExportMetricsServiceRequest.FromString(raw)
         except DecodeError as exc:
             return "invalid", empty, PermanentError(f"undecodable ExportMetricsServiceRequest: {exc}")
-        try:
-            rejected, message = self.consumer.consume(request)
-        except RetryableError as err:
-            return "unavailable", empty, err
-        except PermanentError as err:
-            return "invalid", empty, err
-        except Exception as exc:  # never let one bad request take the server down
-            log.exception("OTLP/gRPC Export failed")
-            return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")
-        if rejected > 0:
-            partial = ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=message)
-            return "partial", ExportMetricsServiceResponse(partial_success=partial), None
-        return "ok", empty, None
+        return answer(self.consumer, request, "gRPC")

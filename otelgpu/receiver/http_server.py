@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otelgpu.config import HttpReceiverConfig
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
-from otelgpu.receiver.ingest import Consumer
+from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -171,20 +171,9 @@ class HttpReceiver:
         empty = ExportMetricsServiceResponse()
         try:
             request = _parse(self._read_body(req, media), media)
-            rejected, message = self.consumer.consume(request)
-        except RetryableError as err:
-            return "unavailable", empty, err
         except PermanentError as err:
             return "invalid", empty, err
-        except (ConnectionError, TimeoutError):
-            raise  # the client hung up or stalled mid-body: the stdlib drops the connection
-        except Exception as exc:  # never let one bad request take the server down
-            log.exception("OTLP/HTTP export failed")
-            return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")
-        if rejected > 0:
-            partial = ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=message)
-            return "partial", ExportMetricsServiceResponse(partial_success=partial), None
-        return "ok", empty, None
+        return answer(self.consumer, request, "HTTP")
 
     def _read_body(self, req: BaseHTTPRequestHandler, media: str) -> bytes:
         length = req.headers.get("Content-Length")

@@ -3,12 +3,18 @@ bounded queue. A full queue answers "retry later" instead of blocking the sender
 
 from __future__ import annotations
 
+import logging
 import queue
 from typing import Optional, Protocol
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.errors import RetryableError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsPartialSuccess,
+    ExportMetricsServiceResponse,
+)
+
+from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
 from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics
@@ -20,6 +26,30 @@ class Consumer(Protocol):
 
         Raises RetryableError when the sidecar cannot take it now.
         """
+
+
+log = logging.getLogger(__name__)
+
+Answer = tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]
+
+
+def answer(consumer: Consumer, request: ExportMetricsServiceRequest, transport: str) -> Answer:
+    """Hand `request` to `consumer`: (outcome, response, error to answer with instead), shared by
+    both transports so they keep one contract."""
+    empty = ExportMetricsServiceResponse()
+    try:
+        rejected, message = consumer.consume(request)
+    except RetryableError as err:
+        return "unavailable", empty, err
+    except PermanentError as err:
+        return "invalid", empty, err
+    except Exception as exc:  # never let one bad request take the server down
+        log.exception("OTLP/%s export failed", transport)
+        return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")
+    if rejected > 0:
+        partial = ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=message)
+        return "partial", ExportMetricsServiceResponse(partial_success=partial), None
+    return "ok", empty, None
 
 
 class Ingest:
