@@ -16,7 +16,7 @@ import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.schema import KNOWN_METRICS, REQUIRED_LABELS, VALUE_RANGE, Metric
+from otelgpu.receiver.schema import KNOWN_METRICS, REQUIRED_LABELS, VALUE_RANGE
 
 NO_RECORDED_VALUE = 1
 

@@ -21,7 +21,6 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsPartialSuccess,
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )

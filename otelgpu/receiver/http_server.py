@@ -23,7 +23,6 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsPartialSuccess,
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
