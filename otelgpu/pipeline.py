@@ -112,6 +112,7 @@ class Pipeline:
         self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
         unpriced = float(np.sum(joined.rows.gpu_price_hour == 0)) * interval.seconds if joined.unpriced_gpus else 0.0
         self.metrics.add("unpriced_gpu_seconds", unpriced)
+        self.metrics.add("gpu_seconds_without_device_data", joined.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
         self.facts.expire(interval.end_ns)
         for callback in self.on_interval:

@@ -19,6 +19,7 @@ class SelfMetrics:
         self.export_failures: Counter[str] = Counter()  # by exporter
         self.exports: Counter[str] = Counter()  # successful exports by exporter
         self.unpriced_gpu_seconds = 0.0  # GPU time for which no price was found
+        self.gpu_seconds_without_device_data = 0.0  # GPU nodes known only from kube-state-metrics
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -40,4 +41,5 @@ class SelfMetrics:
                 "export_failures": dict(self.export_failures),
                 "exports": dict(self.exports),
                 "unpriced_gpu_seconds": self.unpriced_gpu_seconds,
+                "gpu_seconds_without_device_data": self.gpu_seconds_without_device_data,
             }

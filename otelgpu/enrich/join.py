@@ -10,6 +10,7 @@ but that shows activity is booked `active_without_pod`; the rest is idle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -18,7 +19,15 @@ from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import Pricer
 from otelgpu.enrich.facts import KsmFacts
 from otelgpu.enrich.labels import TagResolver
-from otelgpu.enrich.nodes import GPU_RESOURCES, NodeInfo, mig_resource, node_info
+from otelgpu.enrich.nodes import (
+    GPU_RESOURCES,
+    MIG_PREFIX,
+    NodeInfo,
+    gpu_count,
+    mig_resource,
+    node_info,
+    profile_of_resource,
+)
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.timeline import Holdings, _group, dedupe, entities_of, holdings
 from otelgpu.exporter.store import Attrs
@@ -34,6 +43,7 @@ class Joined:
     row_tags_found: list[tuple[bool, ...]]
     gpu_attrs: list[Attrs]
     unpriced_gpus: int = 0
+    gpus_without_device_data: int = 0  # GPUs of nodes known only from kube-state-metrics
     notes: dict[str, int] = field(default_factory=dict)
 
 
@@ -72,7 +82,11 @@ class Joiner:
         base_f, kind = self._base_fractions(E, gpu_of_ent)
         rows = self._holder_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
         rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
-        return self._finish(rows, E, gpu_first, nodes)
+        gpus = [(st(int(E.node[g])), st(int(E.model[g])), nodes[int(E.node[g])]) for g in gpu_first]
+        blind_gpus, blind_rows = self._nodes_without_device_data({g[0] for g in gpus}, len(gpus))
+        joined = self._finish(rows + blind_rows, gpus + blind_gpus)
+        joined.gpus_without_device_data = len(blind_gpus)
+        return joined
 
     def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
         st = self.s.string
@@ -134,7 +148,7 @@ class Joiner:
             if pod.phase != "Running" or not pod.node or pod.node in mapped:
                 continue
             for (_, resource), qty in pod.requests.items():
-                if resource in GPU_RESOURCES or resource.startswith("nvidia_com_mig_"):
+                if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
                     claims.setdefault((pod.node, resource), []).extend([key] * int(qty))
         out: list[_Row] = []
         for i in np.flatnonzero(H.holder_pod < 0):
@@ -155,21 +169,55 @@ class Joiner:
                                 ("", ""), kind[e], profile, "active_without_pod", "device"))
         return out
 
-    def _finish(self, rows: list[_Row], E, gpu_first: np.ndarray, nodes: dict[int, NodeInfo]) -> Joined:
-        st = self.s.string
-        gpus_on_node: dict[int, int] = {}
-        for g in gpu_first:
-            gpus_on_node[int(E.node[g])] = gpus_on_node.get(int(E.node[g]), 0) + 1
+    def _nodes_without_device_data(self, seen: set[str], first: int) -> tuple[list[tuple[str, str, NodeInfo]], list[_Row]]:
+        """GPU nodes kube-state-metrics reports but with no DCGM series this interval (exporter down,
+        scrape lost): their capacity still costs money. Running pods' GPU requests are placed on it
+        (attribution `ksm_request`, activity unmeasured); the rest is idle."""
+        gpus: list[tuple[str, str, NodeInfo]] = []
+        rows: list[_Row] = []
+        for name, facts in self.facts.nodes.items():
+            info = node_info(facts)
+            count = gpu_count(facts, info)
+            if name in seen or count == 0:
+                continue
+            model = info.gpu_product.split("-SHARED")[0].split("-MIG-")[0]  # GFD's product label
+            base, free = first + len(gpus), [1.0] * count
+            gpus += [(name, model, info)] * count
+            for key, pod in self.facts.pods.items():
+                if pod.phase != "Running" or pod.node != name:
+                    continue
+                for (_, resource), qty in sorted(pod.requests.items()):
+                    unit = self._unit_of_resource(resource, model, info)
+                    for _ in range(int(qty) if unit else 0):
+                        g = next((i for i in range(count) if free[i] >= unit[0] - 1e-9), None)
+                        if g is None:
+                            break  # more requested than the node has: never sell a GPU twice
+                        free[g] -= unit[0]
+                        rows.append(_Row(base + g, unit[0], 1.0, 0.0, np.nan, key, unit[1], unit[2],
+                                         "ksm_request", "none"))
+        return gpus, rows
+
+    def _unit_of_resource(self, resource: str, model: str, info: NodeInfo) -> Optional[tuple[float, str, str]]:
+        """(fraction, unit kind, MIG profile) of one unit of a requested resource, None if not a GPU."""
+        if resource in GPU_RESOURCES:
+            return (1.0 / info.replicas, "replica", "") if info.replicas > 1 else (1.0, "gpu", "")
+        if resource.startswith(MIG_PREFIX):
+            profile = profile_of_resource(resource)
+            return self.mig.fraction(model, profile, self.rule)[0], "mig", profile
+        return None
+
+    def _finish(self, rows: list[_Row], gpus: list[tuple[str, str, NodeInfo]]) -> Joined:
+        gpus_on_node: dict[str, int] = {}
+        for node_name, _, _ in gpus:
+            gpus_on_node[node_name] = gpus_on_node.get(node_name, 0) + 1
         prices, gpu_attrs, unpriced = [], [], 0
-        for g in gpu_first:
-            node = nodes[int(E.node[g])]
-            model = st(int(E.model[g]))
+        for node_name, model, node in gpus:
             price = self.pricer.gpu_hour(node.instance_type, (model, node.gpu_product),
-                                         gpus_on_node[int(E.node[g])], node.vcpus, node.memory_gib)
+                                         gpus_on_node[node_name], node.vcpus, node.memory_gib)
             unpriced += price.source == "none"
             prices.append(price.per_gpu_hour)
             gpu_attrs.append((("capacity_type", node.capacity_type), ("gpu_model", model),
-                              ("instance_type", node.instance_type), ("node", st(int(E.node[g]))),
+                              ("instance_type", node.instance_type), ("node", node_name),
                               ("price_source", price.source)))
         row_attrs, found = [], []
         for r in rows:

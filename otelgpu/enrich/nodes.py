@@ -46,9 +46,27 @@ def node_info(facts: NodeFacts | None) -> NodeInfo:
     )
 
 
+GPU_RESOURCES = ("nvidia_com_gpu", "nvidia_com_gpu_shared")
+MIG_PREFIX = "nvidia_com_mig_"
+
+
 def mig_resource(profile: str) -> str:
     """`1g.10gb+me` -> `nvidia_com_mig_1g_10gb_me`, the resource name as kube-state-metrics writes it."""
-    return "nvidia_com_mig_" + profile.replace(".", "_").replace("+", "_").replace("-", "_")
+    return MIG_PREFIX + profile.replace(".", "_").replace("+", "_").replace("-", "_")
 
 
-GPU_RESOURCES = ("nvidia_com_gpu", "nvidia_com_gpu_shared")
+def profile_of_resource(resource: str) -> str:
+    """`nvidia_com_mig_1g_10gb_me` -> `1g.10gb+me` (the inverse of mig_resource)."""
+    core, _, suffix = resource[len(MIG_PREFIX):].partition("gb")
+    return core.replace("_", ".", 1) + "gb" + suffix.replace("_", "+", 1)
+
+
+def gpu_count(facts: NodeFacts, info: NodeInfo) -> int:
+    """Physical GPUs of a node: GFD's nvidia.com/gpu.count, else the advertised nvidia.com/gpu
+    capacity over the time-slicing replicas (MIG nodes without the label cannot be counted)."""
+    try:
+        return int(facts.labels.get(L.GPU_COUNT, ""))
+    except ValueError:
+        if any(r.startswith(MIG_PREFIX) for r in facts.capacity):
+            return 0
+        return int(facts.capacity.get("nvidia_com_gpu", 0) // info.replicas)

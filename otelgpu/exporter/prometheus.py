@@ -79,6 +79,8 @@ class CostCollector(Collector):
             ("otelgpu_points_late_total", "points_late", "Accepted points whose interval had already closed"),
             ("otelgpu_intervals_computed_total", "intervals_computed", "Attribution intervals computed"),
             ("otelgpu_unpriced_gpu_seconds_total", "unpriced_gpu_seconds", "GPU-seconds for which no price was found"),
+            ("otelgpu_gpu_seconds_without_device_data_total", "gpu_seconds_without_device_data",
+             "GPU-seconds of nodes known only from kube-state-metrics (no DCGM series in the interval)"),
         ):
             family = _counter(name, doc)
             family.add_metric([], float(cast(float, s[field])))

@@ -52,15 +52,28 @@ def test_fixture_costs_by_pod(fixture_run):
 
 
 def test_fixture_money_adds_up(fixture_run):
-    allocated = sum(fixture_run.store.totals("allocated").values())
-    idle = sum(fixture_run.store.totals("idle").values())
-    capacity = sum(fixture_run.store.totals("capacity").values())
-    assert capacity == pytest.approx(8 * 2 * PER_GPU_INTERVAL)
-    assert allocated + idle == pytest.approx(capacity, rel=1e-12)
+    allocated = fixture_run.store.totals("allocated", ("node",))
+    idle = fixture_run.store.totals("idle", ("node",))
+    capacity = fixture_run.store.totals("capacity", ("node",))
+    assert capacity[(P5_NODE,)] == pytest.approx(8 * 2 * PER_GPU_INTERVAL)
+    for node in capacity:
+        assert allocated.get(node, 0.0) + idle[node] == pytest.approx(capacity[node], rel=1e-12)
     # In interval 2 instance 11 shows activity but no pod: booked, not idle, with its reason.
-    reasons = fixture_run.store.totals("allocated", ("attribution",))
-    assert reasons[("active_without_pod",)] == pytest.approx(SLICE)
-    assert idle == pytest.approx(capacity - 4 * PER_GPU_INTERVAL - 2 * SLICE)
+    reasons = fixture_run.store.totals("allocated", ("node", "attribution"))
+    assert reasons[(P5_NODE, "active_without_pod")] == pytest.approx(SLICE)
+    assert idle[(P5_NODE,)] == pytest.approx(capacity[(P5_NODE,)] - 4 * PER_GPU_INTERVAL - 2 * SLICE)
+
+
+def test_gpu_node_without_dcgm_data_still_costs_its_capacity(fixture_run):
+    # kube-state-metrics reports the time-sliced g5.2xlarge, but no DCGM series of it arrived.
+    price = Pricer(PricesConfig()).gpu_hour("g5.2xlarge", (), 1).per_gpu_hour * 60 / 3600
+    capacity = fixture_run.store.totals("capacity", ("node", "gpu_model"))
+    assert capacity[(G5_NODE, "NVIDIA-A10G")] == pytest.approx(2 * price)
+    rows = fixture_run.store.totals("allocated", ("pod", "attribution", "unit_kind"))
+    assert rows[("chat-api-6f7d9c8b7-4xq2m", "ksm_request", "replica")] == pytest.approx(2 * price / 4)
+    assert rows[("embedder-85b4d6f9c-wz8pl", "ksm_request", "replica")] == pytest.approx(2 * price / 4)
+    assert fixture_run.store.totals("idle", ("node",))[(G5_NODE,)] == pytest.approx(price)
+    assert fixture_run.metrics.gpu_seconds_without_device_data == pytest.approx(2 * 60)
 
 
 def test_fixture_tags_from_pod_then_namespace_labels(fixture_run):
@@ -76,7 +89,7 @@ def test_legacy_collector_shape_gives_the_same_costs(fixture_run):
     a, b = by_pod(fixture_run), by_pod(legacy)
     assert b["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(a["vllm-llama3-8b-5c9d7b8f6d-k2x7q"])
     assert b["finetune-job-7xk2p"] == pytest.approx(a["finetune-job-7xk2p"])
-    assert sum(legacy.store.totals("capacity").values()) == pytest.approx(sum(fixture_run.store.totals("capacity").values()))
+    assert legacy.store.totals("capacity", ("node",)) == pytest.approx(fixture_run.store.totals("capacity", ("node",)))
 
 
 def test_resent_batches_are_not_counted_twice(fixture_run):
@@ -131,7 +144,7 @@ def test_dcgm_exposition_variants(name):
     alloc = p.store.totals("allocated", ("node", "pod", "unit_kind", "mig_profile"))
     assert alloc[(P5_NODE, "ollama-76f687f4cd-xcvvp", "mig", "1g.10gb")] == pytest.approx(SLICE)
     assert alloc[(P5_NODE, "finetune-job-7xk2p", "gpu", "")] == pytest.approx(PER_GPU_INTERVAL)
-    assert sum(p.store.totals("capacity").values()) == pytest.approx(8 * PER_GPU_INTERVAL)
+    assert p.store.totals("capacity", ("node",))[(P5_NODE,)] == pytest.approx(8 * PER_GPU_INTERVAL)
 
 
 def test_time_sliced_a10g_bills_replicas_not_gpus():
@@ -166,7 +179,7 @@ def test_holders_placed_from_kube_state_metrics_when_dcgm_names_no_pod():
     # Succeeded and Pending pods hold nothing.
     assert not any(k[0] in ("finetune-job-old-9z8y7", "mig-pending-5d8c7b6a9-qq2ws") for k in rows)
     # Where the device is unknown, activity is not invented.
-    unmeasured = p.store.totals("unmeasured", ("attribution",))[("ksm_request",)]
+    unmeasured = p.store.totals("unmeasured", ("node", "attribution"))[(P5_NODE, "ksm_request")]
     assert unmeasured == pytest.approx(2 * PER_GPU_INTERVAL + SLICE)
 
 
