@@ -8,6 +8,7 @@ used is rejected with a reason, counted, and never stops the rest of the request
 from __future__ import annotations
 
 import math
+import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import KNOWN_METRICS, REQUIRED_LABELS, VALUE_RANGE
 
 NO_RECORDED_VALUE = 1
+# A point stamped further ahead of this clock would drag the interval watermark into the future
+# and make every later point "late": it is rejected instead.
+MAX_FUTURE_NS = 600 * 1_000_000_000
 
 
 @dataclass
@@ -90,6 +94,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatc
     rejected: Counter[str] = Counter()
     ignored = 0
     code = strings.code
+    horizon = time.time_ns() + MAX_FUTURE_NS
     for rm in request.resource_metrics:
         node = own_pod = -1
         for kv in rm.resource.attributes:
@@ -126,6 +131,9 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatc
                             continue
                     if p.time_unix_nano == 0:
                         rejected[f"{m.name} point without a timestamp"] += 1
+                        continue
+                    if p.time_unix_nano > horizon:
+                        rejected[f"{m.name} timestamp more than 10 minutes in the future"] += 1
                         continue
                     start = len(attr_key)
                     for kv in p.attributes:

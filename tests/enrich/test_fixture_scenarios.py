@@ -189,3 +189,16 @@ def test_pod_unknown_to_kube_state_metrics_is_kept_with_a_reason():
     assert rows[("vllm-llama3-8b-5c9d7b8f6d-k2x7q", "pod_unknown", "unallocated")] == pytest.approx(PER_GPU_INTERVAL)
     coverage = {dict(pt.attrs)["tag"]: pt.value for pt in p.store.points() if pt.metric == "tag_coverage"}
     assert coverage["all"] == 0.0
+
+
+def test_a_point_from_the_future_is_rejected_and_does_not_move_the_watermark():
+    import time
+
+    req = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+    rogue = req.resource_metrics[0].scope_metrics[0].metrics[3].gauge.data_points[0]
+    rogue.time_unix_nano = time.time_ns() + 3600 * 10**9
+    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
+    rejected, message = p.ingest.consume(req)
+    assert rejected == 1 and "in the future" in message
+    feed(p, ksm(), otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
+    assert p.metrics.points_late == 0 and p.windows.watermark_ns < time.time_ns()
