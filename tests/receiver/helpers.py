@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otelgpu.receiver.ingest import Ingest
@@ -16,12 +15,10 @@ VLLM = "otlp_vllm_scrape_text004_collector_v0.142.json"
 
 
 def otel_fixtures_dir() -> Path:
-    """The shared fixtures live in ../shared beside the repo root (or shared/ inside a checkout)."""
-    for base in (REPO_ROOT.parent, REPO_ROOT):
-        candidate = base / "shared" / "fixtures" / "otel"
-        if candidate.is_dir():
-            return candidate
-    pytest.skip(f"shared OTLP fixtures not found beside {REPO_ROOT}")
+    """The shared OTLP fixtures (see tests/support.py for where they are looked for)."""
+    from support import fixtures_dir
+
+    return fixtures_dir() / "otel"
 
 
 class Exploding:
