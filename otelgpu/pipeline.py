@@ -7,8 +7,6 @@ import logging
 import threading
 from typing import Callable, Optional
 
-import numpy as np
-
 from otelgpu.attribution.aggregate import interval_series
 from otelgpu.attribution.engine import attribute_request, warm_up
 from otelgpu.attribution.fractions import MigProfiles
@@ -110,8 +108,7 @@ class Pipeline:
         att = attribute_request(joined.rows, interval.seconds)
         sums, gauges = interval_series(joined, att)
         self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
-        unpriced = float(np.sum(joined.rows.gpu_price_hour == 0)) * interval.seconds if joined.unpriced_gpus else 0.0
-        self.metrics.add("unpriced_gpu_seconds", unpriced)
+        self.metrics.add("unpriced_gpu_seconds", joined.unpriced_gpus * interval.seconds)
         self.metrics.add("gpu_seconds_without_device_data", joined.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
         self.facts.expire(interval.end_ns)

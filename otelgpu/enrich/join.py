@@ -29,7 +29,7 @@ from otelgpu.enrich.nodes import (
     profile_of_resource,
 )
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.timeline import Holdings, _group, dedupe, entities_of, holdings
+from otelgpu.enrich.timeline import Holdings, group_ids, dedupe, entities_of, holdings
 from otelgpu.exporter.store import Attrs
 from otelgpu.receiver.interner import Interner
 
@@ -78,7 +78,7 @@ class Joiner:
         shared = np.array([nodes[int(n)].replicas > 1 for n in E.node], dtype=bool) | has_vgpu
         H = holdings(S, ent, shared, start_ns, end_ns)
 
-        gpu_of_ent, gpu_first = _group(E.node, E.uuid)
+        gpu_of_ent, gpu_first = group_ids(E.node, E.uuid)
         base_f, kind = self._base_fractions(E, gpu_of_ent)
         rows = self._holder_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
         rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)

@@ -19,7 +19,7 @@ from otelgpu.receiver.schema import Metric
 NONE = -1
 
 
-def _group(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ids of the distinct tuples of `cols` (row-wise) and the index of each tuple's first row."""
     if not len(cols[0]):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -30,7 +30,7 @@ def _group(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dedupe(s: Samples) -> Samples:
     """Drop samples resent with the same series and timestamp (a retried batch)."""
-    _, first = _group(s.metric, s.time_ns, s.node, s.uuid, s.gi, s.namespace, s.pod,
+    _, first = group_ids(s.metric, s.time_ns, s.node, s.uuid, s.gi, s.namespace, s.pod,
                       s.container, s.pod_uid, s.vgpu, s.stale)
     return s.take(np.sort(first))
 
@@ -61,7 +61,7 @@ class Entities:
 
 
 def entities_of(s: Samples) -> tuple[np.ndarray, Entities]:
-    ent, first = _group(s.node, s.uuid, s.gi)
+    ent, first = group_ids(s.node, s.uuid, s.gi)
     return ent, Entities(s.node[first], s.uuid[first], s.gi[first], s.profile[first], s.model[first])
 
 
@@ -99,8 +99,8 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
     r_ent, r_step = ent[rows], row_step[rows]
     r_ns = np.where(has_pod[rows], s.namespace[rows], NONE)
     r_pod = np.where(has_pod[rows], s.pod[rows], NONE)
-    hold, hold_first = _group(r_ent, r_ns, r_pod)
-    pair, pair_first = _group(hold, r_step)
+    hold, hold_first = group_ids(r_ent, r_ns, r_pod)
+    pair, pair_first = group_ids(hold, r_step)
     n_hold, n_pair = len(hold_first), len(pair_first)
     pair_hold, pair_step = hold[pair_first], r_step[pair_first]
     pair_dur = dur[pair_step]
@@ -127,7 +127,7 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
 
     # Replicas held on shared devices: distinct vgpu indices per holding.
     vg = s.vgpu[rows] >= 0
-    _, vfirst = _group(hold[vg], s.vgpu[rows][vg])
+    _, vfirst = group_ids(hold[vg], s.vgpu[rows][vg])
     replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
 
     return Holdings(
