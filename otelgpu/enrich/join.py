@@ -83,7 +83,10 @@ class Joiner:
         rows = self._holder_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
         rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
         gpus = [(st(int(E.node[g])), st(int(E.model[g])), nodes[int(E.node[g])]) for g in gpu_first]
-        blind_gpus, blind_rows = self._nodes_without_device_data({g[0] for g in gpus}, len(gpus))
+        seen: dict[str, list[str]] = {}
+        for node_name, model, _ in gpus:
+            seen.setdefault(node_name, []).append(model)
+        blind_gpus, blind_rows = self._nodes_without_device_data(seen, len(gpus))
         joined = self._finish(rows + blind_rows, gpus + blind_gpus)
         joined.gpus_without_device_data = len(blind_gpus)
         return joined
@@ -169,16 +172,22 @@ class Joiner:
                                 ("", ""), kind[e], profile, "active_without_pod", "device"))
         return out
 
-    def _nodes_without_device_data(self, seen: set[str], first: int) -> tuple[list[tuple[str, str, NodeInfo]], list[_Row]]:
-        """GPU nodes kube-state-metrics reports but with no DCGM series this interval (exporter down,
-        scrape lost): their capacity still costs money. Running pods' GPU requests are placed on it
-        (attribution `ksm_request`, activity unmeasured); the rest is idle."""
+    def _nodes_without_device_data(self, seen: dict[str, list[str]],
+                                   first: int) -> tuple[list[tuple[str, str, NodeInfo]], list[_Row]]:
+        """GPUs kube-state-metrics counts (GFD's nvidia.com/gpu.count) but DCGM did not report this
+        interval still cost money. A node with no DCGM series at all (exporter down, scrape lost)
+        gets its Running pods' GPU requests placed on them (attribution `ksm_request`, activity
+        unmeasured); GPUs missing from a node that does report (fallen off the bus, say) are idle."""
         gpus: list[tuple[str, str, NodeInfo]] = []
         rows: list[_Row] = []
         for name, facts in self.facts.nodes.items():
             info = node_info(facts)
             count = gpu_count(facts, info)
-            if name in seen or count == 0:
+            if name in seen:
+                missing = count - len(seen[name])
+                gpus += [(name, seen[name][0], info)] * max(missing, 0)
+                continue
+            if count == 0:
                 continue
             model = info.gpu_product.split("-SHARED")[0].split("-MIG-")[0]  # GFD's product label
             base, free = first + len(gpus), [1.0] * count

@@ -202,3 +202,16 @@ def test_a_point_from_the_future_is_rejected_and_does_not_move_the_watermark():
     assert rejected == 1 and "in the future" in message
     feed(p, ksm(), otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
     assert p.metrics.points_late == 0 and p.windows.watermark_ns < time.time_ns()
+
+
+def test_a_gpu_missing_from_dcgm_is_still_capacity():
+    # The node's GFD label says 8 GPUs; drop GPU 7's series from the scrape.
+    req = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+    for m in req.resource_metrics[0].scope_metrics[0].metrics:
+        pts = m.gauge.data_points if m.HasField("gauge") else m.sum.data_points
+        keep = [p for p in pts if not any(kv.key == "gpu" and kv.value.string_value == "7" for kv in p.attributes)]
+        del pts[:]
+        pts.extend(keep)
+    p = run(ksm(), req)
+    assert p.store.totals("capacity", ("node",))[(P5_NODE,)] == pytest.approx(8 * PER_GPU_INTERVAL)
+    assert p.metrics.gpu_seconds_without_device_data == pytest.approx(2 * 60)  # GPU 7, and the g5 node
