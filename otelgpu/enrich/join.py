@@ -9,14 +9,15 @@ but that shows activity is booked `active_without_pod`; the rest is idle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import Pricer
+from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.facts import KsmFacts
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.enrich.nodes import (
@@ -44,7 +45,6 @@ class Joined:
     gpu_attrs: list[Attrs]
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0  # GPUs of nodes known only from kube-state-metrics
-    notes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,6 +108,7 @@ class Joiner:
     def _holder_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, nodes, dt) -> list[_Row]:
         st = self.s.string
         out: list[_Row] = []
+        means, measured = H.mean_activity, H.measured_share
         pods_per_ent = np.bincount(H.entity[H.holder_pod >= 0], minlength=len(E.node))
         gpus_per_pod: dict[tuple[int, int], int] = {}
         for e, n, p in zip(H.entity, H.holder_ns, H.holder_pod):
@@ -118,7 +119,7 @@ class Joiner:
             holder = (st(int(H.holder_ns[i])), st(int(H.holder_pod[i])))
             f = float(base_f[e])
             unit_kind, basis = kind[e], "device"
-            mean = H.act_integral[i] / H.act_s[i] if H.act_s[i] > 0 else np.nan
+            mean = means[i]
             if shared[e]:
                 node = nodes[int(E.node[e])]
                 k = int(H.replicas[i]) or self._requested_replicas(holder, gpus_per_pod[(int(H.holder_ns[i]), int(H.holder_pod[i]))])
@@ -127,8 +128,7 @@ class Joiner:
                 unit_kind = "replica"
                 basis = "per_pod" if H.per_pod_activity[i] else "equal_split"
                 mean = min(mean / f, 1.0) if f > 0 and not np.isnan(mean) else mean
-            out.append(_Row(int(gpu_of_ent[e]), f, min(H.held_s[i] / dt, 1.0),
-                            H.act_s[i] / H.held_s[i] if H.held_s[i] > 0 else 0.0, mean, holder,
+            out.append(_Row(int(gpu_of_ent[e]), f, min(H.held_s[i] / dt, 1.0), measured[i], mean, holder,
                             unit_kind, st(int(E.profile[e])), "pod", basis if not np.isnan(mean) else "none"))
         return out
 
@@ -147,12 +147,10 @@ class Joiner:
         # whose exporter maps no pods at all (pod mapping off or broken).
         mapped = {st(int(E.node[int(e)])) for e in H.entity[H.holder_pod >= 0]}
         claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, resource) -> pods, one per unit
-        for key, pod in self.facts.pods.items():
-            if pod.phase != "Running" or not pod.node or pod.node in mapped:
-                continue
-            for (_, resource), qty in pod.requests.items():
-                if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
-                    claims.setdefault((pod.node, resource), []).extend([key] * int(qty))
+        for node, key, resource, qty in self._gpu_requests():
+            if node not in mapped:
+                claims.setdefault((node, resource), []).extend([key] * qty)
+        means, measured = H.mean_activity, H.measured_share
         out: list[_Row] = []
         for i in np.flatnonzero(H.holder_pod < 0):
             e = int(H.entity[i])
@@ -163,14 +161,23 @@ class Joiner:
             resource = mig_resource(profile) if kind[e] == "mig" and not single else "nvidia_com_gpu"
             queue = claims.get((node, resource))
             share = min(H.held_s[i] / dt, 1.0)
-            mean = H.act_integral[i] / H.act_s[i] if H.act_s[i] > 0 else np.nan
+            mean = means[i]
             if queue:
                 out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, 0.0, np.nan, queue.pop(0),
                                 kind[e], profile, "ksm_request", "none"))
             elif not np.isnan(mean) and mean > ACTIVE_WITHOUT_POD:
-                out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, H.act_s[i] / H.held_s[i], mean,
+                out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, measured[i], mean,
                                 ("", ""), kind[e], profile, "active_without_pod", "device"))
         return out
+
+    def _gpu_requests(self) -> Iterator[tuple[str, tuple[str, str], str, int]]:
+        """(node, pod key, resource, quantity) of every GPU request of a Running, scheduled pod."""
+        for key, pod in self.facts.pods.items():
+            if pod.phase != "Running" or not pod.node:
+                continue
+            for (_, resource), qty in sorted(pod.requests.items()):
+                if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
+                    yield pod.node, key, resource, int(qty)
 
     def _nodes_without_device_data(self, seen: dict[str, list[str]],
                                    first: int) -> tuple[list[tuple[str, str, NodeInfo]], list[_Row]]:
@@ -192,28 +199,24 @@ class Joiner:
             model = info.gpu_product.split("-SHARED")[0].split("-MIG-")[0]  # GFD's product label
             base, free = first + len(gpus), [1.0] * count
             gpus += [(name, model, info)] * count
-            for key, pod in self.facts.pods.items():
-                if pod.phase != "Running" or pod.node != name:
+            for node, key, resource, qty in self._gpu_requests():
+                if node != name:
                     continue
-                for (_, resource), qty in sorted(pod.requests.items()):
-                    unit = self._unit_of_resource(resource, model, info)
-                    for _ in range(int(qty) if unit else 0):
-                        g = next((i for i in range(count) if free[i] >= unit[0] - 1e-9), None)
-                        if g is None:
-                            break  # more requested than the node has: never sell a GPU twice
-                        free[g] -= unit[0]
-                        rows.append(_Row(base + g, unit[0], 1.0, 0.0, np.nan, key, unit[1], unit[2],
-                                         "ksm_request", "none"))
+                f, unit_kind, profile = self._unit_of_resource(resource, model, info)
+                for _ in range(qty):
+                    g = next((i for i in range(count) if free[i] >= f - 1e-9), None)
+                    if g is None:
+                        break  # more requested than the node has: never sell a GPU twice
+                    free[g] -= f
+                    rows.append(_Row(base + g, f, 1.0, 0.0, np.nan, key, unit_kind, profile, "ksm_request", "none"))
         return gpus, rows
 
-    def _unit_of_resource(self, resource: str, model: str, info: NodeInfo) -> Optional[tuple[float, str, str]]:
-        """(fraction, unit kind, MIG profile) of one unit of a requested resource, None if not a GPU."""
-        if resource in GPU_RESOURCES:
-            return (1.0 / info.replicas, "replica", "") if info.replicas > 1 else (1.0, "gpu", "")
+    def _unit_of_resource(self, resource: str, model: str, info: NodeInfo) -> tuple[float, str, str]:
+        """(fraction, unit kind, MIG profile) of one unit of a requested GPU resource."""
         if resource.startswith(MIG_PREFIX):
             profile = profile_of_resource(resource)
             return self.mig.fraction(model, profile, self.rule)[0], "mig", profile
-        return None
+        return (1.0 / info.replicas, "replica", "") if info.replicas > 1 else (1.0, "gpu", "")
 
     def _finish(self, rows: list[_Row], gpus: list[tuple[str, str, NodeInfo]]) -> Joined:
         gpus_on_node: dict[str, int] = {}
@@ -232,7 +235,7 @@ class Joiner:
         for r in rows:
             tags = self._tags(r.holder)
             base = dict(gpu_attrs[r.gpu])
-            attrs = dict(zip(("team", "project", "environment", "model", "cost_center"), tags.values))
+            attrs = dict(zip(TAG_NAMES, tags.values))
             attribution = r.attribution
             if attribution == "pod" and r.holder not in self.facts.pods:
                 attribution = "pod_unknown"

@@ -48,6 +48,18 @@ class Holdings:
     replicas: np.ndarray  # distinct vgpu indices seen for the holder (time-slicing), 0 if none
     per_pod_activity: np.ndarray  # bool: activity came from the holder's own series
 
+    @property
+    def mean_activity(self) -> np.ndarray:
+        """Time-weighted activity over the measured part of each holding; NaN where unmeasured."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.act_s > 0, self.act_integral / self.act_s, np.nan)
+
+    @property
+    def measured_share(self) -> np.ndarray:
+        """Share of each holding's time that has an activity figure."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.held_s > 0, self.act_s / self.held_s, 0.0)
+
 
 @dataclass
 class Entities:
@@ -65,8 +77,8 @@ def entities_of(s: Samples) -> tuple[np.ndarray, Entities]:
     return ent, Entities(s.node[first], s.uuid[first], s.gi[first], s.profile[first], s.model[first])
 
 
-def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (entity, time) steps sorted, each step's duration in seconds, and each row's step."""
+def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct (entity, time) step's duration in seconds, and each row's step."""
     keys = np.stack([ent, t], axis=1)
     steps, row_step = np.unique(keys, axis=0, return_inverse=True)
     row_step = row_step.reshape(-1)
@@ -79,7 +91,7 @@ def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.nda
     first = np.ones(len(st_t), dtype=bool)
     first[1:] = st_ent[1:] != st_ent[:-1]
     begin = np.where(first, start, st_t)
-    return st_ent, (nxt - begin) / 1e9, row_step
+    return (nxt - begin) / 1e9, row_step
 
 
 def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Holdings:
@@ -89,7 +101,7 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
     per-process GPU_UTIL series, else the device activity split equally among the holders
     present); the caller turns that into activity of the replicas held.
     """
-    st_ent, dur, row_step = _steps(ent, s.time_ns, start, end)
+    dur, row_step = _steps(ent, s.time_ns, start, end)
     live = ~s.stale
     has_pod = (s.pod >= 0) & live
     # In a step where a pod is present, the entity's pod-less series name no holder of their own.
