@@ -54,6 +54,40 @@ class ReceiverConfig:
     retry_after_seconds: float = Field(5.0, gt=0, le=300)
 
 
+def _non_negative(value: dict[str, float]) -> dict[str, float]:
+    bad = [k for k, v in value.items() if v < 0]
+    if bad:
+        raise ValueError(f"prices must be >= 0: {', '.join(bad)}")
+    return value
+
+
+@dataclass(config=_STRICT)
+class RateConfig:
+    """Prices of one capacity type (spot, reserved) or a discount on the on-demand price.
+
+    A node of this capacity type takes the first explicit price below that applies; failing that,
+    its on-demand price times (1 - discount)."""
+
+    gpu_hour_by_gpu_model: dict[str, float] = Field(default_factory=dict)
+    gpu_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
+    instance_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
+    discount: float = Field(0.0, ge=0, lt=1)
+
+    _check = field_validator("gpu_hour_by_gpu_model", "gpu_hour_by_instance_type",
+                             "instance_hour_by_instance_type")(_non_negative)
+
+
+@dataclass(config=_STRICT)
+class CapacityTypesConfig:
+    """Rates by the node's capacity type (`eks.amazonaws.com/capacityType`,
+    `karpenter.sh/capacity-type`): `on_demand` can carry a savings-plan discount; `reserved`
+    covers reserved instances, capacity reservations and capacity blocks."""
+
+    on_demand: RateConfig = RateConfig()
+    spot: RateConfig = RateConfig()
+    reserved: RateConfig = RateConfig()
+
+
 @dataclass(config=_STRICT)
 class PricesConfig:
     """Explicit prices win over the shipped catalog; see docs/cost-model.md section 3."""
@@ -63,25 +97,61 @@ class PricesConfig:
     instance_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
     default_gpu_hour: Optional[float] = Field(None, ge=0)
     instance_price_split: Literal["scad", "opencost", "gpu_only"] = "scad"
+    capacity_types: CapacityTypesConfig = CapacityTypesConfig()
     catalog: Optional[str] = None
+    file: Optional[str] = None  # a YAML file of these keys, re-read when it changes
 
-    @field_validator("gpu_hour_by_gpu_model", "gpu_hour_by_instance_type", "instance_hour_by_instance_type")
+    _check = field_validator("gpu_hour_by_gpu_model", "gpu_hour_by_instance_type",
+                             "instance_hour_by_instance_type")(_non_negative)
+
+
+COST_MODELS = ("request", "scad", "opencost", "hybrid")
+
+
+@dataclass(config=_STRICT)
+class IdleConfig:
+    """What happens to capacity nobody holds: `keep` it as its own series, `share` it among the
+    holders pro rata to their allocated cost (per node or across the cluster), or book it to the
+    `platform` tags."""
+
+    policy: Literal["keep", "share", "platform"] = "keep"
+    share_scope: Literal["node", "cluster"] = "node"
+    platform_tags: dict[str, str] = Field(default_factory=lambda: {"team": "platform"})
+
+    @field_validator("platform_tags")
     @classmethod
-    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
-        bad = [k for k, v in value.items() if v < 0]
-        if bad:
-            raise ValueError(f"prices must be >= 0: {', '.join(bad)}")
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(TAG_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tag(s) {', '.join(unknown)}; tags are {', '.join(TAG_NAMES)}")
         return value
+
+
+@dataclass(config=_STRICT)
+class ScadConfig:
+    cpu_only_nodes: bool = False  # also split nodes without GPUs (needs their instance prices)
 
 
 @dataclass(config=_STRICT)
 class AttributionConfig:
     interval_seconds: int = Field(60, ge=1, le=3600)
     lateness_seconds: int = Field(30, ge=0, le=3600)
-    cost_model: Literal["request"] = "request"
+    cost_models: tuple[Literal["request", "scad", "opencost", "hybrid"], ...] = ("request",)
+    hybrid_alpha: float = Field(0.5, ge=0, le=1)
+    idle: IdleConfig = IdleConfig()
+    scad: ScadConfig = ScadConfig()
     mig_fraction_rule: Literal["compute", "max"] = "compute"
     currency: str = "USD"
     prices: PricesConfig = PricesConfig()
+
+    @field_validator("cost_models")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError(f"name at least one cost model ({', '.join(COST_MODELS)})")
+        if len(set(value)) != len(value):
+            raise ValueError("a cost model is listed twice")
+        return value
 
 
 @dataclass(config=_STRICT)
@@ -215,3 +285,32 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError([f"(file): {path} is not valid YAML: {exc}"]) from exc
     return parse_config(data)
+
+
+_PRICES = TypeAdapter(PricesConfig)
+
+
+def load_prices_file(path: str | Path, base: PricesConfig) -> PricesConfig:
+    """Prices from a YAML mapping of `prices` keys; each key given replaces the same key of `base`.
+    Raises ConfigError naming the file and every problem."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of price keys"])
+    if "file" in data or "catalog" in data:
+        raise ConfigError([f"{path}: `file` and `catalog` are set in the main configuration only"])
+    merged = {**_PRICES.dump_python(base), **data}
+    try:
+        return _PRICES.validate_python(merged)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = "unknown key" if err["type"] in ("unexpected_keyword_argument", "extra_forbidden") else err["msg"]
+            problems.append(f"{path}: {_format_loc(err['loc'])}: {msg}")
+        raise ConfigError(problems) from exc

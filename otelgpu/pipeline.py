@@ -7,15 +7,17 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from otelgpu.attribution.aggregate import interval_series
-from otelgpu.attribution.engine import attribute_request, warm_up
+from otelgpu.attribution.engine import warm_up
 from otelgpu.attribution.fractions import MigProfiles
+from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.config import Config
+from otelgpu.errors import ConfigError
 from otelgpu.enrich.facts import KsmFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.enrich.samples import dcgm_samples
+from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.exporter.otlp import OtlpCostExporter
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
@@ -43,14 +45,18 @@ class Pipeline:
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds, self.metrics)
         self.facts = KsmFacts(self.strings, ttl_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
         self.windows = Windows(a.interval_seconds, a.lateness_seconds)
+        self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics)
+        self.pricer = Pricer(a.prices)
+        self.usage = UsageTracker(self.strings)
         self.joiner = Joiner(self.strings, self.facts, TagResolver(config.tags), MigProfiles.load(),
-                             Pricer(a.prices), a.mig_fraction_rule)
+                             self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
+                             cpu_only_nodes=a.scad.cpu_only_nodes)
         self.store = CostStore(a.currency)
         self.on_interval: list[Callable[[Interval], None]] = []
-        self.otlp = (OtlpCostExporter(config.exporter.otlp, self.store, self.metrics, config.cluster.name, a.cost_model)
+        self.otlp = (OtlpCostExporter(config.exporter.otlp, self.store, self.metrics, config.cluster.name)
                      if config.exporter.otlp else None)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name, a.cost_model))
+        self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name))
         self.telemetry = (TelemetryServer(config.exporter.prometheus, self.registry, lambda: self.ready)
                           if config.exporter.prometheus.enabled else None)
         r = config.receiver
@@ -90,7 +96,8 @@ class Pipeline:
         """Apply one decoded batch and close every interval it makes due."""
         self.facts.update(batch)
         samples = dcgm_samples(batch, self.strings)
-        late = self.windows.add(samples, int(batch.time_ns.max()) if len(batch) else 0)
+        pods = self.usage.pod_samples(batch) if self.models.needs_pods() else None
+        late = self.windows.add(samples, int(batch.time_ns.max()) if len(batch) else 0, pods)
         if late:
             self.metrics.add("points_late", late)
         self.close_due()
@@ -104,16 +111,26 @@ class Pipeline:
         return len(closed)
 
     def _close(self, interval: Interval) -> None:
-        joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns)
-        att = attribute_request(joined.rows, interval.seconds)
-        sums, gauges = interval_series(joined, att)
+        self._reload_prices()
+        joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns, interval.pods)
+        sums, gauges, _ = self.models.attribute(joined, interval.seconds)
         self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
         self.metrics.add("unpriced_gpu_seconds", joined.unpriced_gpus * interval.seconds)
         self.metrics.add("gpu_seconds_without_device_data", joined.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
         self.facts.expire(interval.end_ns)
+        self.usage.expire(interval.end_ns)
         for callback in self.on_interval:
             callback(interval)
+
+    def _reload_prices(self) -> None:
+        try:
+            if self.pricer.reload_if_changed():
+                log.info("prices reloaded from %s", self.pricer.base.file)
+                self.metrics.add("price_reloads")
+        except ConfigError as exc:
+            log.error("price file not applied, previous prices stay in force: %s", exc)
+            self.metrics.add("price_reload_failures")
 
     def export(self) -> None:
         if self.otlp:

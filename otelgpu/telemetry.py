@@ -20,6 +20,9 @@ class SelfMetrics:
         self.exports: Counter[str] = Counter()  # successful exports by exporter
         self.unpriced_gpu_seconds = 0.0  # GPU time for which no price was found
         self.gpu_seconds_without_device_data = 0.0  # GPU nodes known only from kube-state-metrics
+        self.price_reloads = 0  # price file changes applied
+        self.price_reload_failures = 0  # price file changes refused (previous prices kept)
+        self.scad_request_fallbacks: Counter[str] = Counter()  # pod-intervals charged on requests, by resource
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -42,4 +45,7 @@ class SelfMetrics:
                 "exports": dict(self.exports),
                 "unpriced_gpu_seconds": self.unpriced_gpu_seconds,
                 "gpu_seconds_without_device_data": self.gpu_seconds_without_device_data,
+                "price_reloads": self.price_reloads,
+                "price_reload_failures": self.price_reload_failures,
+                "scad_request_fallbacks": dict(self.scad_request_fallbacks),
             }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from otelgpu.attribution.kernel import request_kernel
+from otelgpu.attribution.kernel import hybrid_kernel, request_kernel, scad_kernel, share_kernel
 
 
 @dataclass
@@ -64,8 +64,56 @@ def attribute_request(rows: UnitRows, dt_s: float) -> Attribution:
     return out
 
 
+def share(row_group: np.ndarray, row_weight: np.ndarray, group_amount: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's amount handed to its rows pro rata to weight: (per row, left per group)."""
+    n = len(row_group)
+    if n and (row_group.min() < 0 or row_group.max() >= len(group_amount)):
+        raise ValueError("row_group must index group_amount")
+    out, left = np.zeros(n), np.zeros(len(group_amount))
+    share_kernel(row_group.astype(np.int64), row_weight.astype(np.float64), group_amount.astype(np.float64), out, left)
+    return out, left
+
+
+def hybrid(row_node: np.ndarray, n_node: int, alloc: np.ndarray, use: np.ndarray, measured: np.ndarray,
+           alpha: float) -> np.ndarray:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"hybrid alpha must lie in [0, 1], got {alpha}")
+    out = np.zeros(len(row_node))
+    hybrid_kernel(row_node.astype(np.int64), int(n_node), alloc.astype(np.float64), use.astype(np.float64),
+                  measured.astype(np.bool_), float(alpha), out)
+    return out
+
+
+@dataclass
+class ScadSplit:
+    split: np.ndarray  # [pod, resource]
+    unused: np.ndarray  # [pod, resource]
+    idle: np.ndarray  # [node, resource]: cost of a resource nobody on the node holds
+
+
+def scad(pod_node: np.ndarray, alloc_qty: np.ndarray, capacity: np.ndarray, rate_hour: np.ndarray,
+         dt_s: float) -> ScadSplit:
+    n_pod, n_node = len(pod_node), len(capacity)
+    n_res = capacity.shape[1] if capacity.ndim == 2 else 0
+    if alloc_qty.shape != (n_pod, n_res) or rate_hour.shape != capacity.shape:
+        raise ValueError(f"shapes disagree: alloc {alloc_qty.shape}, capacity {capacity.shape}, rates {rate_hour.shape}")
+    for name, v in (("alloc_qty", alloc_qty), ("capacity", capacity), ("rate_hour", rate_hour)):
+        if v.size and (not np.all(np.isfinite(v)) or v.min() < 0):
+            raise ValueError(f"{name} must be finite and >= 0")
+    if n_pod and (pod_node.min() < 0 or pod_node.max() >= n_node):
+        raise ValueError("pod_node must index the nodes")
+    out = ScadSplit(np.zeros((n_pod, n_res)), np.zeros((n_pod, n_res)), np.zeros((n_node, n_res)))
+    scad_kernel(pod_node.astype(np.int64), np.ascontiguousarray(alloc_qty, dtype=np.float64),
+                np.ascontiguousarray(capacity, dtype=np.float64), np.ascontiguousarray(rate_hour, dtype=np.float64),
+                dt_s / 3600.0, out.split, out.unused, out.idle)
+    return out
+
+
 def warm_up() -> None:
     """Compile (or load from cache) every kernel before the receivers take traffic."""
     rows = UnitRows(np.array([1.0]), np.array([0]), np.array([0.5]), np.array([1.0]),
                     np.array([1.0]), np.array([0.5]))
     attribute_request(rows, 60.0)
+    share(np.array([0]), np.array([1.0]), np.array([1.0]))
+    hybrid(np.array([0]), 1, np.array([1.0]), np.array([0.5]), np.array([True]), 0.5)
+    scad(np.array([0]), np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2)), 60.0)

@@ -10,6 +10,7 @@ The source used travels with the price so every cost series can say where its pr
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -18,9 +19,11 @@ from typing import Optional
 
 import yaml
 
-from otelgpu.config import PricesConfig
+from otelgpu.config import PricesConfig, load_prices_file
+from otelgpu.errors import ConfigError
 
 SCAD_WEIGHTS = (9.0, 0.9, 0.1)  # GPU, vCPU, GB of memory on accelerated instances
+SCAD_WEIGHTS_CPU = (0.0, 9.0, 1.0)  # instances without accelerators
 OPENCOST_BASE = (0.95, 0.031611, 0.004237)  # $/GPU-h, $/vCPU-h, $/GiB-h
 
 
@@ -37,7 +40,53 @@ class InstanceType:
 @dataclass(frozen=True)
 class GpuPrice:
     per_gpu_hour: float
-    source: str  # e.g. "config:gpu_model", "catalog:scad", "none"
+    source: str  # e.g. "config:gpu_model", "catalog:scad", "catalog:scad+spot_discount", "none"
+
+
+@dataclass(frozen=True)
+class NodePrice:
+    """What one node costs per hour, at the rate of its capacity type, in the forms each cost
+    model needs: an explicit per-GPU price and/or the whole instance's price, with the shape
+    (GPUs, vCPUs, GiB) that splits the instance price."""
+
+    gpu_hour: Optional[float]  # explicit per-GPU-hour price
+    gpu_source: str
+    instance_hour: Optional[float]  # the whole instance
+    instance_source: str
+    default_gpu_hour: Optional[float]
+    gpu_suffix: str  # "+spot_discount" where the price is the on-demand one discounted
+    instance_suffix: str
+    default_suffix: str
+    gpus: int
+    vcpus: float
+    memory_gib: float
+
+    def per_gpu(self, convention: str) -> GpuPrice:
+        """Per-GPU hourly price: explicit, else the instance price split by `convention`, else
+        the configured default."""
+        if self.gpu_hour is not None:
+            return GpuPrice(self.gpu_hour, self.gpu_source + self.gpu_suffix)
+        if self.instance_hour is not None and self.gpus > 0:
+            price = gpu_share_of_instance(convention, self.instance_hour, self.gpus, self.vcpus, self.memory_gib)
+            return GpuPrice(price, f"{self.instance_source}:{convention}{self.instance_suffix}")
+        if self.default_gpu_hour is not None:
+            return GpuPrice(self.default_gpu_hour, "config:default" + self.default_suffix)
+        return GpuPrice(0.0, "none")
+
+    def scad_rates(self) -> tuple[tuple[float, float, float], str]:
+        """SCAD's hourly rates per GPU, vCPU and GiB, and their source. The instance price is
+        split by the accelerated weights (GPU 9, vCPU 0.9, GB 0.1), or vCPU 9 / GB 1 on an
+        instance without GPUs. With no instance price, an explicit or default GPU price prices
+        the GPUs alone (CPU and memory then cost nothing, and the source says so)."""
+        if self.instance_hour is not None:
+            weights = SCAD_WEIGHTS if self.gpus > 0 else SCAD_WEIGHTS_CPU
+            denom = weights[0] * self.gpus + weights[1] * self.vcpus + weights[2] * self.memory_gib
+            if denom > 0:
+                unit = self.instance_hour / denom
+                return (weights[0] * unit, weights[1] * unit, weights[2] * unit), f"{self.instance_source}:scad{self.instance_suffix}"
+        gpu = self.per_gpu("scad")
+        source = gpu.source if gpu.source == "none" else gpu.source + ";gpu_only"
+        return (gpu.per_gpu_hour, 0.0, 0.0), source
 
 
 def load_catalog(path: Optional[str] = None) -> dict[str, InstanceType]:
@@ -73,34 +122,94 @@ def gpu_share_of_instance(convention: str, price: float, gpus: int, vcpus: float
     return ram_price * gpu / ram
 
 
-class Pricer:
-    def __init__(self, config: PricesConfig, catalog: Optional[dict[str, InstanceType]] = None) -> None:
-        self.config = config
-        self.catalog = catalog if catalog is not None else load_catalog(config.catalog)
-        self._by_model = {_norm(k): v for k, v in config.gpu_hour_by_gpu_model.items()}
+_RATE_OF_CAPACITY = {"spot": "spot", "reserved": "reserved"}
 
-    def gpu_hour(self, instance_type: str, gpu_models: tuple[str, ...], gpus: int,
-                 vcpus: float = 0.0, memory_gib: float = 0.0) -> GpuPrice:
+
+class Pricer:
+    """Resolves each node's price from the configuration, the catalog and the node's capacity
+    type. `reload_if_changed` re-reads the configured price file when it changes, so prices can
+    move while running; costs already accrued keep the prices of their intervals."""
+
+    def __init__(self, config: PricesConfig, catalog: Optional[dict[str, InstanceType]] = None) -> None:
+        self.base = config
+        self.catalog = catalog if catalog is not None else load_catalog(config.catalog)
+        self._file_mtime: Optional[int] = None
+        self._use(config)
+
+    def _use(self, config: PricesConfig) -> None:
+        self.config = config
+        self._by_model = {_norm(k): v for k, v in config.gpu_hour_by_gpu_model.items()}
+        self._rates = {name: getattr(config.capacity_types, name) for name in ("on_demand", "spot", "reserved")}
+        self._rate_by_model = {name: {_norm(k): v for k, v in r.gpu_hour_by_gpu_model.items()}
+                               for name, r in self._rates.items()}
+
+    def reload_if_changed(self) -> bool:
+        """Re-read the price file if its modification time changed. Returns True when new prices
+        took effect; raises ConfigError (old prices stay) when the file is bad."""
+        path = self.base.file
+        if path is None:
+            return False
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
+        if mtime == self._file_mtime:
+            return False
+        self._file_mtime = mtime  # a bad file is reported once per change, not every interval
+        self._use(load_prices_file(path, self.base))
+        return True
+
+    def node_price(self, instance_type: str, gpu_models: tuple[str, ...], capacity_type: str, gpus: int,
+                   vcpus: float = 0.0, memory_gib: float = 0.0) -> NodePrice:
         """`gpu_models`: names the node's GPU goes by (DCGM modelName, GFD product label).
         `gpus`, `vcpus`, `memory_gib`: the node's own figures, used where the catalog lacks the type."""
         cfg = self.config
-        for model in gpu_models:
-            if model and _norm(model) in self._by_model:
-                return GpuPrice(self._by_model[_norm(model)], "config:gpu_model")
-        if instance_type in cfg.gpu_hour_by_instance_type:
-            return GpuPrice(cfg.gpu_hour_by_instance_type[instance_type], "config:instance_type")
+        rate_name = _RATE_OF_CAPACITY.get(capacity_type, "on_demand")
+        rate = self._rates[rate_name]
+        factor, suffix = 1.0, ""
+        if rate.discount > 0:
+            factor, suffix = 1.0 - rate.discount, f"+{rate_name}_discount"
+
+        gpu_hour, gpu_source = None, ""
+        tag = "" if rate_name == "on_demand" else rate_name + "."
+        by_model = self._rate_by_model[rate_name] if tag else {}
+        for model in gpu_models:  # a capacity type's own price, exact, no discount
+            if model and _norm(model) in by_model:
+                gpu_hour, gpu_source = by_model[_norm(model)], f"config:{tag}gpu_model"
+                break
+        if gpu_hour is None and tag and instance_type in rate.gpu_hour_by_instance_type:
+            gpu_hour, gpu_source = rate.gpu_hour_by_instance_type[instance_type], f"config:{tag}instance_type"
+        explicit_own = gpu_hour is not None
+        if gpu_hour is None:
+            for model in gpu_models:
+                if model and _norm(model) in self._by_model:
+                    gpu_hour, gpu_source = self._by_model[_norm(model)] * factor, "config:gpu_model"
+                    break
+        if gpu_hour is None and instance_type in cfg.gpu_hour_by_instance_type:
+            gpu_hour, gpu_source = cfg.gpu_hour_by_instance_type[instance_type] * factor, "config:instance_type"
+
         known = self.catalog.get(instance_type)
-        price = cfg.instance_hour_by_instance_type.get(instance_type)
-        source = "config"
-        if price is None and known is not None:
-            price, source = known.usd_per_hour, "catalog"
-        if price is not None:
-            g = known.gpus if known else gpus
-            v = known.vcpus if known else vcpus
-            m = known.memory_gib if known else memory_gib
-            if g > 0:
-                split = cfg.instance_price_split
-                return GpuPrice(gpu_share_of_instance(split, price, g, v, m), f"{source}:{split}")
-        if cfg.default_gpu_hour is not None:
-            return GpuPrice(cfg.default_gpu_hour, "config:default")
-        return GpuPrice(0.0, "none")
+        instance_hour, instance_source, instance_own = None, "", False
+        if tag and instance_type in rate.instance_hour_by_instance_type:
+            instance_hour, instance_source = rate.instance_hour_by_instance_type[instance_type], f"config:{tag}instance"
+            instance_own = True
+        elif instance_type in cfg.instance_hour_by_instance_type:
+            instance_hour, instance_source = cfg.instance_hour_by_instance_type[instance_type] * factor, "config"
+        elif known is not None:
+            instance_hour, instance_source = known.usd_per_hour * factor, "catalog"
+
+        default = cfg.default_gpu_hour * factor if cfg.default_gpu_hour is not None else None
+        # A capacity type's own price is exact: the discount suffix marks only discounted prices.
+        return NodePrice(
+            gpu_hour=gpu_hour, gpu_source=gpu_source, instance_hour=instance_hour, instance_source=instance_source,
+            default_gpu_hour=default, gpu_suffix="" if explicit_own else suffix,
+            instance_suffix="" if instance_own else suffix, default_suffix=suffix,
+            gpus=known.gpus if known else gpus, vcpus=known.vcpus if known else vcpus,
+            memory_gib=known.memory_gib if known else memory_gib,
+        )
+
+    def gpu_hour(self, instance_type: str, gpu_models: tuple[str, ...], gpus: int,
+                 vcpus: float = 0.0, memory_gib: float = 0.0, capacity_type: str = "on-demand") -> GpuPrice:
+        """Per-GPU price by the configured split convention (`instance_price_split`)."""
+        node = self.node_price(instance_type, gpu_models, capacity_type, gpus, vcpus, memory_gib)
+        return node.per_gpu(self.config.instance_price_split)

@@ -13,7 +13,7 @@ import numpy as np
 
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.schema import Metric
+from otelgpu.receiver.schema import Metric, is_ksm
 
 
 @dataclass
@@ -59,7 +59,7 @@ class KsmFacts:
 
     def update(self, batch: PointBatch) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used."""
-        rows = np.flatnonzero(batch.metric >= Metric.POD_LABELS)
+        rows = np.flatnonzero(is_ksm(batch.metric))
         for row in rows:
             self._apply(Metric(int(batch.metric[row])), self._labels(batch, row),
                         float(batch.value[row]), bool(batch.stale[row]), int(batch.time_ns[row]))

@@ -16,7 +16,7 @@ import numpy as np
 
 from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
-from otelgpu.attribution.prices import Pricer
+from otelgpu.attribution.prices import NodePrice, Pricer
 from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.facts import KsmFacts
 from otelgpu.enrich.labels import TagResolver
@@ -31,6 +31,7 @@ from otelgpu.enrich.nodes import (
 )
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.timeline import Holdings, group_ids, dedupe, entities_of, holdings
+from otelgpu.enrich.usage import PodSamples, PodUse, pod_use
 from otelgpu.exporter.store import Attrs
 from otelgpu.receiver.interner import Interner
 
@@ -38,11 +39,41 @@ ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use 
 
 
 @dataclass
+class NodeCost:
+    """One node in the interval: what it costs and the attributes of its capacity series."""
+
+    name: str
+    price: NodePrice
+    attrs: Attrs  # capacity_type, gpu_model, instance_type, node
+    gpus: int  # physical GPUs costed this interval
+    vcpus: float  # the capacity scad splits (the instance type's figures where known)
+    memory_gib: float
+
+
+@dataclass
+class PodRow:
+    """A pod on a costed node, with what scad splits besides GPUs: CPU and memory reserved
+    (requests) and used (cAdvisor), time-weighted by the share of the interval it ran."""
+
+    node: int  # index into Joined.nodes
+    attrs: Attrs  # tags, namespace, pod, node attributes, attribution
+    tags_found: tuple[bool, ...]
+    share: float
+    cpu_request: float  # cores
+    memory_request_gib: float
+    cpu_used: float  # mean cores while running; NaN when not measured
+    memory_used_gib: float  # NaN when not measured
+
+
+@dataclass
 class Joined:
-    rows: UnitRows
+    rows: UnitRows  # gpu_price_hour: the per-GPU price by the configured split convention
     row_attrs: list[Attrs]
     row_tags_found: list[tuple[bool, ...]]
     gpu_attrs: list[Attrs]
+    gpu_node: np.ndarray  # int64, per GPU: index into nodes
+    nodes: list[NodeCost]
+    pods: list[PodRow]  # filled when a model needs CPU and memory (scad)
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0  # GPUs of nodes known only from kube-state-metrics
 
@@ -63,11 +94,13 @@ class _Row:
 
 class Joiner:
     def __init__(self, strings: Interner, facts: KsmFacts, tags: TagResolver, mig: MigProfiles,
-                 pricer: Pricer, fraction_rule: str) -> None:
+                 pricer: Pricer, fraction_rule: str, *, pod_resources: bool = False,
+                 cpu_only_nodes: bool = False) -> None:
         self.s, self.facts, self.tags, self.mig = strings, facts, tags, mig
         self.pricer, self.rule = pricer, fraction_rule
+        self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
 
-    def join(self, samples: Samples, start_ns: int, end_ns: int) -> Joined:
+    def join(self, samples: Samples, start_ns: int, end_ns: int, pods: PodSamples | None = None) -> Joined:
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -89,6 +122,11 @@ class Joiner:
         blind_gpus, blind_rows = self._nodes_without_device_data(seen, len(gpus))
         joined = self._finish(rows + blind_rows, gpus + blind_gpus)
         joined.gpus_without_device_data = len(blind_gpus)
+        if self.pod_resources:
+            if self.cpu_only_nodes:
+                self._add_cpu_only_nodes(joined)
+            use = pod_use(pods, start_ns, end_ns) if pods is not None else {}
+            joined.pods = self._pod_rows(joined, rows + blind_rows, use)
         return joined
 
     def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -219,39 +257,117 @@ class Joiner:
         return (1.0 / info.replicas, "replica", "") if info.replicas > 1 else (1.0, "gpu", "")
 
     def _finish(self, rows: list[_Row], gpus: list[tuple[str, str, NodeInfo]]) -> Joined:
-        gpus_on_node: dict[str, int] = {}
-        for node_name, _, _ in gpus:
-            gpus_on_node[node_name] = gpus_on_node.get(node_name, 0) + 1
+        node_index: dict[str, int] = {}
+        gpus_on_node: list[int] = []
+        gpu_node = np.zeros(len(gpus), dtype=np.int64)
+        for g, (node_name, _, _) in enumerate(gpus):
+            if node_name not in node_index:
+                node_index[node_name] = len(node_index)
+                gpus_on_node.append(0)
+            gpu_node[g] = node_index[node_name]
+            gpus_on_node[gpu_node[g]] += 1
+        nodes: list[NodeCost] = []
+        for node_name, n in node_index.items():
+            _, model, info = gpus[int(np.flatnonzero(gpu_node == n)[0])]
+            nodes.append(self._node_cost(node_name, model, info, gpus_on_node[n]))
+        split = self.pricer.config.instance_price_split
         prices, gpu_attrs, unpriced = [], [], 0
-        for node_name, model, node in gpus:
-            price = self.pricer.gpu_hour(node.instance_type, (model, node.gpu_product),
-                                         gpus_on_node[node_name], node.vcpus, node.memory_gib)
+        for g, (node_name, model, node) in enumerate(gpus):
+            price = nodes[gpu_node[g]].price.per_gpu(split)
             unpriced += price.source == "none"
             prices.append(price.per_gpu_hour)
-            gpu_attrs.append((("capacity_type", node.capacity_type), ("gpu_model", model),
-                              ("instance_type", node.instance_type), ("node", node_name),
-                              ("price_source", price.source)))
+            gpu_attrs.append(_node_attrs(node_name, model, node))
         row_attrs, found = [], []
         for r in rows:
-            tags = self._tags(r.holder)
-            base = dict(gpu_attrs[r.gpu])
-            attrs = dict(zip(TAG_NAMES, tags.values))
-            attribution = r.attribution
-            if attribution == "pod" and r.holder not in self.facts.pods:
-                attribution = "pod_unknown"
-            attrs.update(base, namespace=r.holder[0], pod=r.holder[1], unit_kind=r.unit_kind,
-                         mig_profile=r.profile, attribution=attribution, activity_basis=r.basis)
-            row_attrs.append(tuple(sorted((k, v) for k, v in attrs.items() if v != "")))
-            found.append(tags.from_labels)
+            attrs, tags_found = self._holder_attrs(r.holder, r.attribution, gpu_attrs[r.gpu])
+            attrs.update(unit_kind=r.unit_kind, mig_profile=r.profile, activity_basis=r.basis)
+            row_attrs.append(_sorted(attrs))
+            found.append(tags_found)
         unit_rows = UnitRows(
             np.array(prices, dtype=np.float64), np.array([r.gpu for r in rows], dtype=np.int64),
             np.array([r.f for r in rows]), np.array([r.share for r in rows]),
             np.array([r.measured for r in rows]), np.array([r.activity for r in rows]),
         )
-        return Joined(unit_rows, row_attrs, found, gpu_attrs, unpriced)
+        return Joined(unit_rows, row_attrs, found, gpu_attrs, gpu_node, nodes, [], unpriced)
+
+    def _node_cost(self, name: str, model: str, info: NodeInfo, gpus: int) -> NodeCost:
+        price = self.pricer.node_price(info.instance_type, (model, info.gpu_product), info.capacity_type,
+                                       gpus, info.vcpus, info.memory_gib)
+        return NodeCost(name, price, _node_attrs(name, model, info), gpus,
+                        price.vcpus or info.vcpus, price.memory_gib or info.memory_gib)
+
+    def _holder_attrs(self, holder: tuple[str, str], attribution: str,
+                      node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
+        tags = self._tags(holder)
+        attrs = dict(zip(TAG_NAMES, tags.values))
+        if attribution == "pod" and holder not in self.facts.pods:
+            attribution = "pod_unknown"
+        attrs.update(dict(node_attrs), namespace=holder[0], pod=holder[1], attribution=attribution)
+        return attrs, tags.from_labels
+
+    def _add_cpu_only_nodes(self, joined: Joined) -> None:
+        """Nodes without GPUs that have an instance price, for scad on every instance."""
+        costed = {n.name for n in joined.nodes}
+        for name, facts in self.facts.nodes.items():
+            info = node_info(facts)
+            if name in costed or gpu_count(facts, info) > 0:
+                continue
+            node = self._node_cost(name, "", info, 0)
+            if node.price.instance_hour is not None:
+                joined.nodes.append(node)
+
+    def _pod_rows(self, joined: Joined, rows: list[_Row], use: dict[tuple[int, int], PodUse]) -> list[PodRow]:
+        """Every pod that ran on a costed node in the interval: the Running pods kube-state-metrics
+        places there, and the GPU holders DCGM shows there."""
+        node_of = {n.name: i for i, n in enumerate(joined.nodes)}
+        gpu_share: dict[tuple[int, tuple[str, str]], tuple[float, str]] = {}
+        for r in rows:
+            if r.holder != ("", ""):
+                key = (int(joined.gpu_node[r.gpu]), r.holder)
+                gpu_share[key] = (max(gpu_share.get(key, (0.0, ""))[0], r.share), r.attribution)
+        code = self.s.find
+        out: list[PodRow] = []
+        seen: set[tuple[int, tuple[str, str]]] = set()
+        for holder, pod in self.facts.pods.items():
+            n = node_of.get(pod.node)
+            if n is None:
+                continue
+            u = use.get((code(holder[0]), code(holder[1])))
+            share = u.running_share if u is not None and not np.isnan(u.running_share) else float(pod.phase == "Running")
+            held = gpu_share.get((n, holder))
+            if held is not None:
+                share = max(share, held[0])
+            if share <= 0:
+                continue
+            seen.add((n, holder))
+            out.append(self._pod_row(joined, n, holder, "pod" if held is None else held[1], share, u))
+        for (n, holder), (share, attribution) in gpu_share.items():
+            if (n, holder) not in seen:  # unknown to kube-state-metrics: GPUs only
+                out.append(self._pod_row(joined, n, holder, attribution, share, None))
+        return out
+
+    def _pod_row(self, joined: Joined, n: int, holder: tuple[str, str], attribution: str, share: float,
+                 use: PodUse | None) -> PodRow:
+        pod = self.facts.pods.get(holder)
+        attrs, found = self._holder_attrs(holder, attribution, joined.nodes[n].attrs)
+        nan = float("nan")
+        return PodRow(
+            n, _sorted(attrs), found, min(share, 1.0),
+            pod.requested("cpu") if pod else 0.0, pod.requested("memory") / 2**30 if pod else 0.0,
+            use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan,
+        )
 
     def _tags(self, holder: tuple[str, str]):
         if holder == ("", ""):
             return self.tags.resolve({}, {})
         pod = self.facts.pods.get(holder)
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]))
+
+
+def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:
+    return _sorted({"capacity_type": info.capacity_type, "gpu_model": model,
+                    "instance_type": info.instance_type, "node": name})
+
+
+def _sorted(attrs: dict[str, str]) -> Attrs:
+    return tuple(sorted((k, v) for k, v in attrs.items() if v != ""))

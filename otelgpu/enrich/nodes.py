@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from otelgpu.enrich import labels as L
 from otelgpu.enrich.facts import NodeFacts
 
-_CAPACITY_TYPES = {"on_demand": "on-demand", "on-demand": "on-demand", "spot": "spot", "reserved": "reserved"}
+_CAPACITY_TYPES = {"on_demand": "on-demand", "on-demand": "on-demand", "spot": "spot", "reserved": "reserved",
+                   "capacity_block": "reserved", "capacity-block": "reserved"}
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,22 @@ from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
 
 
+class Columns:
+    """A dataclass of equal-length numpy columns: select rows, join parts."""
+
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))
+
+    def take(self, idx: np.ndarray):  # noqa: ANN201 - same class
+        return type(self)(*(getattr(self, f.name)[idx] for f in fields(self)))
+
+    @classmethod
+    def concat(cls, parts: list):  # noqa: ANN206 - same class
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+
 @dataclass
-class Samples:
+class Samples(Columns):
     metric: np.ndarray  # int16
     time_ns: np.ndarray  # int64
     value: np.ndarray  # float64
@@ -27,16 +41,6 @@ class Samples:
     container: np.ndarray
     pod_uid: np.ndarray
     vgpu: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.metric)
-
-    def take(self, idx: np.ndarray) -> "Samples":
-        return Samples(*(getattr(self, f.name)[idx] for f in fields(self)))
-
-    @staticmethod
-    def concat(parts: list["Samples"]) -> "Samples":
-        return Samples(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Samples)))
 
 
 def _first_present(*cols: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.usage import PodSamples
 
 NS = 1_000_000_000
 
@@ -19,6 +20,7 @@ class Interval:
     start_ns: int
     end_ns: int
     samples: Samples
+    pods: PodSamples
 
     @property
     def seconds(self) -> float:
@@ -31,21 +33,24 @@ class Windows:
         self.lateness_ns = lateness_s * NS
         self.watermark_ns = 0
         self.closed_through = -1  # highest interval index already closed
-        self._open: dict[int, list[Samples]] = {}
+        self._open: dict[int, tuple[list[Samples], list[PodSamples]]] = {}
 
-    def add(self, samples: Samples, newest_ns: int) -> int:
-        """Buffer `samples`; `newest_ns` is the newest timestamp of the whole batch. Returns how
-        many samples were late (their interval had already closed)."""
+    def add(self, samples: Samples, newest_ns: int, pods: PodSamples | None = None) -> int:
+        """Buffer `samples` (DCGM) and `pods` (phases and use); `newest_ns` is the newest timestamp
+        of the whole batch. Returns how many samples were late (their interval had already closed)."""
         self.watermark_ns = max(self.watermark_ns, newest_ns)
-        if not len(samples):
-            return 0
-        idx = samples.time_ns // self.dt_ns
-        on_time = idx > self.closed_through
-        late = int((~on_time).sum())
-        if late:
-            samples, idx = samples.take(np.flatnonzero(on_time)), idx[on_time]
-        for i in np.unique(idx):
-            self._open.setdefault(int(i), []).append(samples.take(np.flatnonzero(idx == i)))
+        late = 0
+        for slot, part in ((0, samples), (1, pods)):
+            if part is None or not len(part):
+                continue
+            idx = part.time_ns // self.dt_ns
+            on_time = idx > self.closed_through
+            n_late = int((~on_time).sum())
+            if n_late:
+                late += n_late
+                part, idx = part.take(np.flatnonzero(on_time)), idx[on_time]
+            for i in np.unique(idx):
+                self._open.setdefault(int(i), ([], []))[slot].append(part.take(np.flatnonzero(idx == i)))
         return late
 
     def due(self, flush: bool = False) -> list[Interval]:
@@ -53,10 +58,19 @@ class Windows:
         ready = sorted(i for i in self._open if flush or (i + 1) * self.dt_ns + self.lateness_ns <= self.watermark_ns)
         out = []
         for i in ready:
-            out.append(Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns, Samples.concat(self._open.pop(i))))
+            dcgm, pods = self._open.pop(i)
+            out.append(Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
+                                Samples.concat(dcgm) if dcgm else _no_samples(),
+                                PodSamples.concat(pods) if pods else PodSamples.empty()))
             self.closed_through = max(self.closed_through, i)
         return out
 
     @property
     def open_intervals(self) -> int:
         return len(self._open)
+
+
+def _no_samples() -> Samples:
+    i = np.zeros(0, np.int32)
+    return Samples(np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool),
+                   *([i] * 10))

@@ -41,11 +41,6 @@ SCOPE = InstrumentationScope("otelgpu")
 MAX_POINTS_PER_REQUEST = 4000
 
 
-def is_cost_sum(spec: MetricSpec) -> bool:
-    """Money sums depend on the cost model, so they carry `cost_model`; GPU-seconds do not."""
-    return spec.kind == "sum" and spec.name.startswith("gpu.cost.")
-
-
 def _headers(config: OtlpExporterConfig) -> dict[str, str]:
     # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
     return {k.lower(): v for k, v in config.headers.items()}
@@ -55,7 +50,7 @@ def _compression(config: OtlpExporterConfig) -> grpc.Compression:
     return grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
 
 
-def build_metrics_data(store: CostStore, cluster: str, cost_model: str) -> Optional[MetricsData]:
+def build_metrics_data(store: CostStore, cluster: str) -> Optional[MetricsData]:
     """The store's points as one ResourceMetrics, one Metric per spec; None when there is nothing."""
     by_metric: dict[str, list[Point]] = {}
     for p in store.points():
@@ -67,9 +62,8 @@ def build_metrics_data(store: CostStore, cluster: str, cost_model: str) -> Optio
         points = by_metric.get(key)
         if not points:
             continue
-        extra = {"cost_model": cost_model} if is_cost_sum(spec) else {}
         data_points = [
-            NumberDataPoint(attributes={**dict(p.attrs), **extra}, start_time_unix_nano=p.start_ns,
+            NumberDataPoint(attributes=dict(p.attrs), start_time_unix_nano=p.start_ns,
                             time_unix_nano=p.time_ns, value=float(p.value))
             for p in points
         ]
@@ -92,11 +86,10 @@ class OtlpCostExporter:
     the next one carries the same totals, grown."""
 
     def __init__(self, config: OtlpExporterConfig, store: CostStore, metrics: SelfMetrics,
-                 cluster: str, cost_model: str) -> None:
+                 cluster: str) -> None:
         self._store = store
         self._metrics = metrics
         self._cluster = cluster
-        self._cost_model = cost_model
         self._lock = threading.Lock()
         self._closed = False
         self._exporter = OTLPMetricExporter(
@@ -114,7 +107,7 @@ class OtlpCostExporter:
             self._metrics.count("export_failures", EXPORTER)
             return False
         try:
-            data = build_metrics_data(self._store, self._cluster, self._cost_model)
+            data = build_metrics_data(self._store, self._cluster)
             if data is None:
                 return True
             ok = self._exporter.export(data) is MetricExportResult.SUCCESS

@@ -19,7 +19,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from otelgpu.config import PrometheusConfig
-from otelgpu.exporter.otlp import is_cost_sum
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 
@@ -41,11 +40,10 @@ class CostCollector(Collector):
     """Cost families from the store plus `otelgpu_*` self-metrics. Register it on a registry of its
     own (`cost_registry`): the global one would mix in process metrics and refuse a second instance."""
 
-    def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str, cost_model: str) -> None:
+    def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str) -> None:
         self._store = store
         self._metrics = metrics
         self._cluster = cluster
-        self._cost_model = cost_model
 
     def collect(self) -> Iterator[Metric]:
         yield from self._cost_families()
@@ -58,7 +56,6 @@ class CostCollector(Collector):
             labels["cluster"] = self._cluster
             by_metric.setdefault(p.metric, []).append((labels, p.value))
         for key, spec in self._store.specs.items():
-            extra = {"cost_model": self._cost_model} if is_cost_sum(spec) else {}
             family: CounterMetricFamily | GaugeMetricFamily
             if spec.kind == "sum":
                 family = _counter(spec.prometheus, spec.description)
@@ -68,7 +65,7 @@ class CostCollector(Collector):
                 # Samples of one family may carry different label sets (idle has no team), which
                 # the exposition format allows; add_sample takes a per-sample label dict.
                 sample = family.name + "_total" if spec.kind == "sum" else family.name
-                family.add_sample(sample, {**labels, **extra}, value)
+                family.add_sample(sample, labels, value)
             yield family
 
     def _self_families(self) -> Iterator[CounterMetricFamily]:
@@ -81,12 +78,18 @@ class CostCollector(Collector):
             ("otelgpu_unpriced_gpu_seconds_total", "unpriced_gpu_seconds", "GPU-seconds for which no price was found"),
             ("otelgpu_gpu_seconds_without_device_data_total", "gpu_seconds_without_device_data",
              "GPU-seconds of nodes known only from kube-state-metrics (no DCGM series in the interval)"),
+            ("otelgpu_price_reloads_total", "price_reloads", "Price file changes applied"),
+            ("otelgpu_price_reload_failures_total", "price_reload_failures",
+             "Price file changes refused (the previous prices stay in force)"),
         ):
             family = _counter(name, doc)
             family.add_metric([], float(cast(float, s[field])))
             yield family
         yield self._by_label("otelgpu_points_rejected_total", "Data points rejected, by reason",
                              ["reason"], s["points_rejected"])
+        yield self._by_label("otelgpu_scad_request_fallbacks_total",
+                             "Pod-intervals scad charged on requests because no usage was scraped, by resource",
+                             ["resource"], s["scad_request_fallbacks"])
         yield self._by_label("otelgpu_requests_total", "Export requests received, by transport and outcome",
                              ["transport", "outcome"], s["requests"])
         yield self._by_label("otelgpu_exports_total", "Successful cost exports, by exporter",
@@ -103,10 +106,10 @@ class CostCollector(Collector):
         return family
 
 
-def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str, cost_model: str) -> CollectorRegistry:
+def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str) -> CollectorRegistry:
     """A fresh registry holding one CostCollector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CostCollector(store, metrics, cluster, cost_model))
+    registry.register(CostCollector(store, metrics, cluster))
     return registry
 
 

@@ -21,6 +21,8 @@ class Metric(IntEnum):
     POD_PHASE = 14
     NODE_LABELS = 15
     NODE_CAPACITY = 16
+    CPU_USAGE = 20
+    MEMORY_WORKING_SET = 21
 
 
 DCGM_METRICS = {
@@ -42,7 +44,18 @@ KSM_METRICS = {
     "kube_node_status_capacity": Metric.NODE_CAPACITY,
 }
 
-KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS}
+# kubelet/cAdvisor (/metrics/cadvisor) or kubelet /metrics/resource: per-container CPU and memory
+# use, which the scad model charges where it exceeds the request.
+CADVISOR_METRICS = {
+    "container_cpu_usage_seconds_total": Metric.CPU_USAGE,
+    "container_memory_working_set_bytes": Metric.MEMORY_WORKING_SET,
+}
+
+KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS, **CADVISOR_METRICS}
+
+
+def is_ksm(metric):  # noqa: ANN001, ANN201 - numpy array or int
+    return (metric >= Metric.POD_LABELS) & (metric <= Metric.NODE_CAPACITY)
 
 # Labels a point must carry to be usable; a point without them is rejected with this reason.
 REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
@@ -54,12 +67,16 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     Metric.POD_PHASE: ("namespace", "pod", "phase"),
     Metric.NODE_LABELS: ("node",),
     Metric.NODE_CAPACITY: ("node", "resource"),
+    Metric.CPU_USAGE: ("namespace", "pod", "container"),
+    Metric.MEMORY_WORKING_SET: ("namespace", "pod", "container"),
 }
 
 # Valid value ranges; DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage.
 VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.GR_ENGINE_ACTIVE: (0.0, 1.0 + 1e-6),
     Metric.GPU_UTIL: (0.0, 100.0 + 1e-6),
+    Metric.CPU_USAGE: (0.0, float("inf")),
+    Metric.MEMORY_WORKING_SET: (0.0, float("inf")),
 }
 
 # Activity values with these metrics describe the device, not the slice: never sum them across MIG instances.

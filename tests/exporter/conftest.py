@@ -58,7 +58,8 @@ def otlp_sink() -> Iterator[MetricsSink]:
 MIN = 60 * 10**9
 T0 = 1_700_000_000 * 10**9
 TEAM_A = (("namespace", "ml"), ("pod", "train-0"), ("team", "a"))
-IDLE = (("gpu_model", "H100"), ("node", "n1"))
+TEAM_A_COST = (("cost_model", "request"), *TEAM_A)
+IDLE = (("cost_model", "request"), ("gpu_model", "H100"), ("node", "n1"))
 
 
 class Intervals:
@@ -72,7 +73,7 @@ class Intervals:
     def record(self, i: int, cost: float = 1.5) -> None:
         """Interval i: allocated/held for team a, idle on node n1, an activity gauge."""
         self.store.record(T0 + i * MIN, T0 + (i + 1) * MIN,
-                          sums={"allocated": {TEAM_A: cost}, "held": {TEAM_A: 60.0}, "idle": {IDLE: 0.25}},
+                          sums={"allocated": {TEAM_A_COST: cost}, "held": {TEAM_A: 60.0}, "idle": {IDLE: 0.25}},
                           gauges={"activity": {TEAM_A: 0.5 + 0.1 * i}})
 
 

@@ -27,7 +27,7 @@ def _attrs(dp) -> dict[str, str]:
 
 def _exporter(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> OtlpCostExporter:
     config = OtlpExporterConfig(endpoint=endpoint, **kw)
-    return OtlpCostExporter(config, store, metrics, cluster="prod-eu", cost_model="request")
+    return OtlpCostExporter(config, store, metrics, cluster="prod-eu")
 
 
 def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, intervals) -> None:
@@ -63,8 +63,8 @@ def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, int
     assert a1.start_time_unix_nano == a2.start_time_unix_nano == T0
     assert (a1.time_unix_nano, a2.time_unix_nano) == (T0 + MIN, T0 + 2 * MIN)
     assert (a1.as_double, a2.as_double) == (1.5, 3.0)
+    # Attributes travel exactly as the store holds them (cost_model is one of them, set upstream).
     assert _attrs(a1) == {"namespace": "ml", "pod": "train-0", "team": "a", "cost_model": "request"}
-    # GPU-seconds are not money: no cost_model; idle is money and carries it.
     assert "cost_model" not in _attrs(first["gpu.held"].sum.data_points[0])
     assert _attrs(first["gpu.cost.idle"].sum.data_points[0])["cost_model"] == "request"
     (g1,), (g2,) = first["gpu.activity"].gauge.data_points, second["gpu.activity"].gauge.data_points

@@ -34,7 +34,7 @@ def test_metrics_over_http(store: CostStore, intervals) -> None:
     metrics.count("export_failures", "otlp")
     intervals.record(0)
     intervals.record(1)
-    server = _server(cost_registry(store, metrics, cluster="prod-eu", cost_model="request"))
+    server = _server(cost_registry(store, metrics, cluster="prod-eu"))
     server.start()
     try:
         resp = requests.get(server.url, timeout=5)
@@ -69,15 +69,15 @@ def test_metrics_over_http(store: CostStore, intervals) -> None:
 
 def test_label_names_are_sanitised(store: CostStore) -> None:
     store.record(0, 10, sums={"allocated": {(("k8s.pod-name", "p"), ("9lives", "x")): 1.0}}, gauges={})
-    registry = cost_registry(store, SelfMetrics(), cluster="c", cost_model="request")
+    registry = cost_registry(store, SelfMetrics(), cluster="c")
     (alloc,) = _samples(generate_latest(registry).decode())["gpu_cost_allocated_total"]
-    assert alloc.labels == {"k8s_pod_name": "p", "key_9lives": "x", "cluster": "c", "cost_model": "request"}
+    assert alloc.labels == {"k8s_pod_name": "p", "key_9lives": "x", "cluster": "c"}
     assert label_name("a.b/c") == "a_b_c"
 
 
 def test_health_readiness_and_lifecycle(store: CostStore) -> None:
     ready = {"v": False}
-    server = _server(cost_registry(store, SelfMetrics(), "c", "request"), ready=lambda: ready["v"])
+    server = _server(cost_registry(store, SelfMetrics(), "c"), ready=lambda: ready["v"])
     server.shutdown()  # before start: a no-op
     server.start()
     server.start()  # idempotent
@@ -100,6 +100,6 @@ def test_health_readiness_and_lifecycle(store: CostStore) -> None:
 
 
 def test_display_url_for_wildcard_bind() -> None:
-    registry = cost_registry(CostStore(), SelfMetrics(), "c", "request")
+    registry = cost_registry(CostStore(), SelfMetrics(), "c")
     server = TelemetryServer(PrometheusConfig(endpoint="0.0.0.0:9464"), registry, lambda: True)
     assert server.url == "http://127.0.0.1:9464/metrics"

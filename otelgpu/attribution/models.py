@@ -1,0 +1,193 @@
+"""One interval's join -> the cost series of every configured cost model, side by side.
+
+Each model prices the same holdings (docs/cost-model.md section 2):
+- request: per unit, P * f * held time, P by the configured split convention;
+- opencost: the same holdings priced by OpenCost's base-price split of the instance;
+- hybrid: the request allocation of each node's GPUs re-blended by measured use;
+- scad: the whole instance split over GPU, vCPU and memory with SCAD's weights; unused capacity
+  of each resource goes to its holders on the node.
+The idle policy then deals with what is still unheld: keep it as idle, share it among the GPU
+holders (per node or across the cluster) pro rata to allocated, or book it to the platform tags.
+
+Every money series carries `cost_model`, `idle_policy`, `resource` and `price_source`. Per node
+and model: allocated + unused + idle = capacity (with `share_scope: cluster`, per cluster).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import numpy as np
+
+from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
+from otelgpu.config import TAG_NAMES, AttributionConfig
+from otelgpu.enrich.join import Joined
+from otelgpu.exporter.store import Attrs
+from otelgpu.telemetry import SelfMetrics
+
+Series = dict[str, dict[Attrs, float]]
+SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held")
+RESOURCES = ("gpu", "cpu", "memory")
+
+
+def _with(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
+    merged = dict(attrs)
+    merged.update(extra)
+    return tuple(sorted((k, v) for k, v in merged.items() if v != ""))
+
+
+@dataclass
+class _Idle:
+    """Unheld cost per node and resource, and the rows that could take a share of it."""
+
+    amount: np.ndarray  # [node]
+    row_node: np.ndarray  # [row] node of each candidate row
+    row_weight: np.ndarray  # [row] allocated cost of the row (0: not a holder of the resource)
+    row_attrs: list[Attrs]
+
+
+class CostModels:
+    def __init__(self, config: AttributionConfig, tag_defaults: Mapping[str, str],
+                 metrics: Optional[SelfMetrics] = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
+
+    def needs_pods(self) -> bool:
+        return "scad" in self.config.cost_models
+
+    def attribute(self, j: Joined, dt: float) -> tuple[Series, Series, Attribution]:
+        """Sums and gauges of one interval, and the request-convention attribution they start from."""
+        sums: Series = {m: defaultdict(float) for m in SUMS}
+        base = attribute_request(j.rows, dt)
+        for i, attrs in enumerate(j.row_attrs):
+            sums["held"][attrs] += float(base.held_s[i])
+        for model in self.config.cost_models:
+            self._model(model, j, dt, base, sums)
+        gauges = self._gauges(j, base)
+        return {k: dict(v) for k, v in sums.items() if v}, gauges, base
+
+    def _model(self, model: str, j: Joined, dt: float, base: Attribution, sums: Series) -> None:
+        cfg, n_node = self.config, len(j.nodes)
+        common = {"cost_model": model, "idle_policy": cfg.idle.policy}
+        row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
+        if model == "scad":
+            rates = [node.price.scad_rates() for node in j.nodes]
+            node_price = np.array([r[0][0] for r in rates])
+            node_source = [r[1] for r in rates]
+        else:
+            convention = "opencost" if model == "opencost" else cfg.prices.instance_price_split
+            per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
+            node_price = np.array([p.per_gpu_hour for p in per_gpu])
+            node_source = [p.source for p in per_gpu]
+        if model in ("request", "hybrid") or not len(j.gpu_node):
+            att = base
+        else:
+            rows = j.rows
+            att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
+                                             rows.row_measured, rows.row_activity), dt)
+        extra = [dict(common, resource="gpu", price_source=node_source[n]) for n in range(n_node)]
+        row_attrs = [_with(a, extra[int(row_node[i])]) for i, a in enumerate(j.row_attrs)]
+        alloc = att.alloc
+        if model == "hybrid":
+            measured = att.alloc - att.unmeasured > 0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                activity = np.where(measured, att.effective / (att.alloc - att.unmeasured), 0.0)
+            alloc = hybrid(row_node, n_node, att.alloc, activity * att.alloc, measured, cfg.hybrid_alpha)
+        else:
+            for i, attrs in enumerate(row_attrs):
+                sums["effective"][attrs] += float(att.effective[i])
+                sums["waste"][attrs] += float(att.waste[i])
+                sums["unmeasured"][attrs] += float(att.unmeasured[i])
+        for i, attrs in enumerate(row_attrs):
+            sums["allocated"][attrs] += float(alloc[i])
+        node_attrs = [[_with(node.attrs, extra[n])] for n, node in enumerate(j.nodes)]
+        capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
+        gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc, row_attrs)
+        idles = [("gpu", gpu_idle, capacity, node_attrs)]
+        if model == "scad":
+            # SCAD hands each resource's unused capacity to the pods on the node that hold it.
+            unused, gpu_idle.amount = share(row_node, alloc, gpu_idle.amount)
+            for i, attrs in enumerate(row_attrs):
+                sums["unused"][attrs] += float(unused[i])
+            idles += self._scad_cpu_memory(j, dt, rates, node_source, common, sums)
+        for resource, idle, cap, attrs_of_node in idles:
+            for n in range(n_node):
+                if cap[n] or j.nodes[n].gpus:
+                    sums["capacity"][attrs_of_node[n][0]] += float(cap[n])
+            self._idle_policy(idle, j, attrs_of_node, sums)
+
+    def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
+        pods = j.pods
+        pod_node = np.array([p.node for p in pods], dtype=np.int64)
+        qty = np.zeros((len(pods), 2))
+        basis = []
+        for i, p in enumerate(pods):
+            cpu = p.cpu_request if np.isnan(p.cpu_used) else max(p.cpu_request, p.cpu_used)
+            mem = p.memory_request_gib if np.isnan(p.memory_used_gib) else max(p.memory_request_gib, p.memory_used_gib)
+            qty[i] = (p.share * cpu, p.share * mem)
+            basis.append(("requests" if np.isnan(p.cpu_used) else "usage",
+                          "requests" if np.isnan(p.memory_used_gib) else "usage"))
+            if self.metrics is not None:
+                for resource, b in zip(("cpu", "memory"), basis[-1]):
+                    if b == "requests":
+                        self.metrics.count("scad_request_fallbacks", resource)
+        cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
+        rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
+        out = scad(pod_node, qty, cap, rate, dt)
+        hours = dt / 3600.0
+        result = []
+        for x, resource in enumerate(("cpu", "memory")):
+            extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(j.nodes))]
+            attrs = [_with(p.attrs, dict(extra[p.node], activity_basis=basis[i][x])) for i, p in enumerate(pods)]
+            for i, a in enumerate(attrs):
+                if qty[i, x] > 0:
+                    sums["allocated"][a] += float(out.split[i, x])
+                    sums["unused"][a] += float(out.unused[i, x])
+            node_attrs = [[_with(node.attrs, extra[n])] for n, node in enumerate(j.nodes)]
+            idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
+            result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
+        return result
+
+    def _idle_policy(self, idle: _Idle, j: Joined, node_attrs: list[list[Attrs]], sums: Series) -> None:
+        policy = self.config.idle
+        amount = idle.amount
+        if policy.policy == "share":
+            if policy.share_scope == "cluster":
+                group = np.zeros(len(idle.row_node), dtype=np.int64)
+                to_rows, left = share(group, idle.row_weight, np.array([amount.sum()]))
+                if left[0] == 0:
+                    amount = np.zeros_like(amount)
+            else:
+                to_rows, amount = share(idle.row_node, idle.row_weight, amount)
+            for i, attrs in enumerate(idle.row_attrs):
+                if to_rows[i]:
+                    sums["unused"][attrs] += float(to_rows[i])
+        for n, node in enumerate(j.nodes):
+            if amount[n] <= 0 and not node.gpus:
+                continue
+            if policy.policy == "platform":
+                attrs = _with(node_attrs[n][0], dict(self.platform, attribution="idle"))
+                sums["unused"][attrs] += float(amount[n])
+            else:
+                sums["idle"][node_attrs[n][0]] += float(amount[n])
+
+    def _gauges(self, j: Joined, base: Attribution) -> Series:
+        gauges: Series = {"activity": {}, "tag_coverage": {}}
+        measured_alloc: dict[Attrs, float] = defaultdict(float)
+        effective: dict[Attrs, float] = defaultdict(float)
+        for i, attrs in enumerate(j.row_attrs):
+            measured_alloc[attrs] += float(base.alloc[i] - base.unmeasured[i])
+            effective[attrs] += float(base.effective[i])
+        for attrs, m in measured_alloc.items():
+            if m > 0:
+                gauges["activity"][attrs] = effective[attrs] / m
+        total = float(base.alloc.sum())
+        if total > 0:
+            found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
+            gauges["tag_coverage"][(("tag", "all"),)] = float(base.alloc[found.all(axis=1)].sum()) / total
+            for k, name in enumerate(TAG_NAMES):
+                gauges["tag_coverage"][(("tag", name),)] = float(base.alloc[found[:, k]].sum()) / total
+        return gauges
