@@ -112,7 +112,8 @@ class Pipeline:
 
     def _close(self, interval: Interval) -> None:
         self._reload_prices()
-        joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns, interval.pods)
+        use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
+        joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns, use)
         sums, gauges, _ = self.models.attribute(joined, interval.seconds)
         self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
         self.metrics.add("unpriced_gpu_seconds", joined.unpriced_gpus * interval.seconds)

@@ -31,7 +31,7 @@ from otelgpu.enrich.nodes import (
 )
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.timeline import Holdings, group_ids, dedupe, entities_of, holdings
-from otelgpu.enrich.usage import PodSamples, PodUse, pod_use
+from otelgpu.enrich.usage import PodUse
 from otelgpu.exporter.store import Attrs
 from otelgpu.receiver.interner import Interner
 
@@ -100,7 +100,8 @@ class Joiner:
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
 
-    def join(self, samples: Samples, start_ns: int, end_ns: int, pods: PodSamples | None = None) -> Joined:
+    def join(self, samples: Samples, start_ns: int, end_ns: int,
+             use: dict[tuple[int, int], PodUse] | None = None) -> Joined:
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -125,8 +126,7 @@ class Joiner:
         if self.pod_resources:
             if self.cpu_only_nodes:
                 self._add_cpu_only_nodes(joined)
-            use = pod_use(pods, start_ns, end_ns) if pods is not None else {}
-            joined.pods = self._pod_rows(joined, rows + blind_rows, use)
+            joined.pods = self._pod_rows(joined, rows + blind_rows, use or {})
         return joined
 
     def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:

@@ -89,13 +89,17 @@ class CostStore:
             out += [Point(m, a, t, t, v) for (m, a), (t, v) in self._gauges.items()]
         return out
 
-    def totals(self, metric: str, by: Iterable[str] = ()) -> dict[tuple[str, ...], float]:
-        """Sum of a cumulative metric grouped by attribute keys (for tables and tests)."""
+    def totals(self, metric: str, by: Iterable[str] = (),
+               where: Mapping[str, str] | None = None) -> dict[tuple[str, ...], float]:
+        """Sum of a cumulative metric grouped by attribute keys, over the series whose attributes
+        match `where` (for tables and tests)."""
         keys = tuple(by)
         out: dict[tuple[str, ...], float] = {}
         for p in self.points():
             if p.metric == metric:
                 d = dict(p.attrs)
+                if where and any(d.get(k, "") != v for k, v in where.items()):
+                    continue
                 k = tuple(d.get(x, "") for x in keys)
                 out[k] = out.get(k, 0.0) + p.value
         return out

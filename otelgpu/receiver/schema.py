@@ -67,8 +67,10 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     Metric.POD_PHASE: ("namespace", "pod", "phase"),
     Metric.NODE_LABELS: ("node",),
     Metric.NODE_CAPACITY: ("node", "resource"),
-    Metric.CPU_USAGE: ("namespace", "pod", "container"),
-    Metric.MEMORY_WORKING_SET: ("namespace", "pod", "container"),
+    # cAdvisor series without namespace/pod/container are cgroups above containers (node, pod,
+    # system slices): not rejected, just not container use (enrich/usage.py skips them).
+    Metric.CPU_USAGE: (),
+    Metric.MEMORY_WORKING_SET: (),
 }
 
 # Valid value ranges; DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage.

@@ -1,0 +1,153 @@
+"""A small declarative GPU cluster that scrapes itself: kube-state-metrics, dcgm-exporter and
+kubelet/cAdvisor series at any second, as OTLP requests shaped like a Collector's prometheus
+receiver sends them (gauges as Gauge, counters as cumulative monotonic Sum without start time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
+
+from otelgpu.demo.otlp import Series, request, scrape
+from otelgpu.enrich.labels import ksm_label_name
+from otelgpu.enrich.window import NS
+
+T0 = 1_700_000_000 * NS - (1_700_000_000 * NS) % (3600 * NS)  # an hour boundary, in the past
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+@dataclass
+class Unit:
+    """A DCGM entity: a whole GPU (no profile) or a MIG instance."""
+
+    uuid: str
+    model: str = "NVIDIA A100-SXM4-40GB"
+    profile: str = ""
+    gi: str = ""
+
+
+@dataclass
+class Node:
+    name: str
+    instance_type: str
+    cpu: float
+    memory_gib: float
+    labels: dict[str, str] = field(default_factory=dict)  # Kubernetes label keys
+    units: list[Unit] = field(default_factory=list)
+    capacity: dict[str, float] = field(default_factory=dict)  # extra resources, KSM names
+
+    def k8s_labels(self) -> dict[str, str]:
+        return {"node.kubernetes.io/instance-type": self.instance_type, **self.labels}
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    node: str
+    labels: dict[str, str] = field(default_factory=dict)
+    cpu: float = 0.0  # requested cores
+    memory_gib: float = 0.0  # requested
+    gpu: Optional[tuple[str, int]] = None  # (KSM resource, count) requested
+    holds: tuple[str, ...] = ()  # UUIDs (or UUID/GI) of the units it holds, as DCGM maps them
+    activity: float = 0.5
+    cpu_used: Optional[float] = None  # cores; None: no cAdvisor series
+    memory_used_gib: Optional[float] = None
+    start_s: float = 0.0  # running from (seconds after T0)
+    end_s: float = float("inf")
+
+    def running(self, t_s: float) -> bool:
+        return self.start_s <= t_s < self.end_s
+
+
+@dataclass
+class Cluster:
+    nodes: list[Node]
+    pods: list[Pod]
+    namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def scrape(self, t_s: float) -> ExportMetricsServiceRequest:
+        t = T0 + int(t_s * NS)
+        return request(self._ksm(t_s, t), *(self._dcgm(n, t_s, t) for n in self.nodes if n.units),
+                       *(self._cadvisor(n, t_s, t) for n in self.nodes))
+
+    def scrapes(self, every_s: float, until_s: float) -> list[ExportMetricsServiceRequest]:
+        k, out = 0, []
+        while k * every_s < until_s:
+            out.append(self.scrape(k * every_s))
+            k += 1
+        return out
+
+    def _ksm(self, t_s: float, t: int) -> ResourceMetrics:
+        g: dict[str, list[Series]] = {k: [] for k in (
+            "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels", "kube_pod_info",
+            "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests")}
+        for ns, labels in self.namespace_labels.items():
+            g["kube_namespace_labels"].append(({"namespace": ns, **_ksm_labels(labels)}, 1.0))
+        for n in self.nodes:
+            g["kube_node_labels"].append(({"node": n.name, **_ksm_labels(n.k8s_labels())}, 1.0))
+            for res, qty in {"cpu": n.cpu, "memory": n.memory_gib * 2**30, **n.capacity}.items():
+                unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")
+                g["kube_node_status_capacity"].append(({"node": n.name, "resource": res, "unit": unit}, float(qty)))
+        for p in self.pods:
+            if not p.running(t_s):
+                continue
+            ident = {"namespace": p.namespace, "pod": p.name, "uid": f"uid-{p.namespace}-{p.name}"}
+            g["kube_pod_info"].append(({**ident, "node": p.node}, 1.0))
+            g["kube_pod_labels"].append(({**ident, **_ksm_labels(p.labels)}, 1.0))
+            for phase in PHASES:
+                g["kube_pod_status_phase"].append(({**ident, "phase": phase}, float(phase == "Running")))
+            req = {"container": "main", "node": p.node, **ident}
+            for res, unit, qty in (("cpu", "core", p.cpu), ("memory", "byte", p.memory_gib * 2**30)):
+                if qty:
+                    g["kube_pod_container_resource_requests"].append(({**req, "resource": res, "unit": unit}, qty))
+            if p.gpu:
+                g["kube_pod_container_resource_requests"].append(
+                    ({**req, "resource": p.gpu[0], "unit": "integer"}, float(p.gpu[1])))
+        return scrape("kube-state-metrics", "10.0.0.2:8080", "ksm-node", t, {k: v for k, v in g.items() if v})
+
+    def _dcgm(self, node: Node, t_s: float, t: int) -> ResourceMetrics:
+        active: list[Series] = []
+        for i, u in enumerate(node.units):
+            base = {"Hostname": node.name, "UUID": u.uuid, "gpu": str(i), "modelName": u.model,
+                    "GPU_I_ID": u.gi, "GPU_I_PROFILE": u.profile}
+            key = f"{u.uuid}/{u.gi}" if u.gi else u.uuid
+            holders = [p for p in self.pods if p.node == node.name and p.running(t_s) and key in p.holds]
+            if not holders:
+                active.append((base, 0.0))
+            for p in holders:  # time-sliced devices repeat the device series per pod
+                active.append(({**base, "namespace": p.namespace, "pod": p.name, "container": "main"}, p.activity))
+        return scrape("dcgm-exporter", f"{node.name}:9400", node.name, t, {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": active})
+
+    def _cadvisor(self, node: Node, t_s: float, t: int) -> ResourceMetrics:
+        rm = scrape("kubelet", f"{node.name}:10250", node.name, t, {})
+        cpu, mem = rm.scope_metrics[0].metrics.add(), rm.scope_metrics[0].metrics.add()
+        cpu.name, mem.name = "container_cpu_usage_seconds_total", "container_memory_working_set_bytes"
+        cpu.sum.is_monotonic = True
+        cpu.sum.aggregation_temporality = 2  # cumulative
+        for p in self.pods:
+            if p.node != node.name or not p.running(t_s):
+                continue
+            labels = {"container": "main", "namespace": p.namespace, "pod": p.name,
+                      "id": f"/kubepods/pod-{p.name}/main", "image": "img", "name": "main"}
+            if p.cpu_used is not None:
+                _point(cpu.sum.data_points.add(), labels, t, p.cpu_used * (t_s - p.start_s) + 1.0)
+                _point(cpu.sum.data_points.add(), {**labels, "container": "", "id": f"/kubepods/pod-{p.name}"},
+                       t, 999.0 * t_s)  # the pod-level cgroup series: never counted
+            if p.memory_used_gib is not None:
+                _point(mem.gauge.data_points.add(), labels, t, p.memory_used_gib * 2**30)
+        return rm
+
+
+def _point(dp, labels: dict[str, str], t: int, value: float) -> None:  # noqa: ANN001
+    from otelgpu.demo.otlp import _kvs
+
+    dp.attributes.extend(_kvs(labels))
+    dp.time_unix_nano = t
+    dp.as_double = value
+
+
+def _ksm_labels(k8s: dict[str, str]) -> dict[str, str]:
+    return {ksm_label_name(k): v for k, v in k8s.items()}
