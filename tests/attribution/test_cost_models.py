@@ -310,3 +310,33 @@ def test_all_models_side_by_side_each_adds_up() -> None:
     # Share policy: everything a GPU node costs under request lands on its GPU holders.
     assert sum(charge(store, "request", "team").values()) == pytest.approx(
         sum(by(store, "capacity", "request").values()))
+
+
+# --- prices that change while running ------------------------------------------------------------
+
+def test_price_file_change_applies_from_the_next_interval_and_keeps_accrued_cost(tmp_path) -> None:
+    import os
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("gpu_hour_by_instance_type: {p4d.24xlarge: 4.0}\n")
+    c = p4d_cluster()
+    p = offline_pipeline(make_config(attribution__interval_seconds=900, attribution__lateness_seconds=0,
+                                     attribution__prices__file=str(prices)))
+    feed(p, *(c.scrape(t) for t in range(0, 1801, 60)))  # closes [0, 900) and [900, 1800)
+    assert p.metrics.intervals_computed == 2 and p.metrics.price_reloads == 1
+    before = by(p.store, "allocated", "request", "pod")["serve"]
+    assert before == pytest.approx(2 * 4.0 / 4)
+
+    prices.write_text("gpu_hour_by_instance_type: {p4d.24xlarge: 8.0}\n")
+    os.utime(prices, ns=(10**18, 10**18))  # a new modification time even on coarse clocks
+    feed(p, *(c.scrape(t) for t in range(1860, 2701, 60)))  # closes [1800, 2700) at the new price
+    assert by(p.store, "allocated", "request", "pod")["serve"] == pytest.approx(before + 8.0 / 4)
+
+    prices.write_text("gpu_hour_by_instance_type: {p4d.24xlarge: lots}\n")
+    os.utime(prices, ns=(2 * 10**18, 2 * 10**18))
+    feed(p, *(c.scrape(t) for t in range(2760, 3600, 60)))
+    p.close_due(flush=True)
+    assert p.metrics.price_reload_failures == 1 and p.metrics.price_reloads == 2
+    # The bad file changed nothing: the last interval kept the $8.00 price.
+    assert by(p.store, "allocated", "request", "pod")["serve"] == pytest.approx(before + 2 * 8.0 / 4)
+    assert_conserved(p.store, "request")

@@ -216,3 +216,69 @@ def test_p4d(catalog) -> None:
     assert (p4d.gpus, p4d.vcpus, p4d.memory_gib) == (8, 96.0, 1152.0)
     assert p4d.gpu_model == "NVIDIA A100-SXM4-40GB"
     assert p4d.usd_per_hour > 0
+
+
+# --------------------------------------------------------------------------- capacity types
+
+def _node(config: PricesConfig, capacity: str, itype: str = "p4d.24xlarge", models=("NVIDIA A100-SXM4-40GB",)):
+    return Pricer(config).node_price(itype, models, capacity, 8, 96.0, 1152.0)
+
+
+def test_capacity_type_rates_and_sources(catalog) -> None:
+    od = catalog["p4d.24xlarge"].usd_per_hour
+    cfg = PricesConfig(capacity_types={"spot": {"discount": 0.7},
+                                       "reserved": {"instance_hour_by_instance_type": {"p4d.24xlarge": 15.0}},
+                                       "on_demand": {"discount": 0.2}})
+    spot = _node(cfg, "spot")
+    assert spot.instance_hour == pytest.approx(od * 0.3) and spot.instance_source == "catalog"
+    assert spot.per_gpu("scad").source == "catalog:scad+spot_discount"
+    assert _node(cfg, "on-demand").per_gpu("opencost").source == "catalog:opencost+on_demand_discount"
+    assert _node(cfg, "unknown").instance_hour == pytest.approx(od * 0.8)  # no label: on-demand rate
+    reserved = _node(cfg, "reserved")
+    assert reserved.instance_hour == 15.0 and reserved.per_gpu("scad").source == "config:reserved.instance:scad"
+    rates, source = reserved.scad_rates()
+    assert source == "config:reserved.instance:scad"
+    assert 8 * rates[0] + 96 * rates[1] + 1152 * rates[2] == pytest.approx(15.0, rel=1e-12)
+
+
+def test_capacity_type_own_gpu_price_beats_discount_and_on_demand_explicit_price() -> None:
+    cfg = PricesConfig(gpu_hour_by_gpu_model={"NVIDIA A100-SXM4-40GB": 4.0},
+                       capacity_types={"spot": {"discount": 0.5, "gpu_hour_by_gpu_model": {"nvidia a100 sxm4 40gb": 1.1}}})
+    assert _node(cfg, "spot").per_gpu("scad") == GpuPrice(1.1, "config:spot.gpu_model")
+    assert _node(cfg, "reserved").per_gpu("scad") == GpuPrice(4.0, "config:gpu_model")
+    cfg = PricesConfig(gpu_hour_by_gpu_model={"NVIDIA A100-SXM4-40GB": 4.0}, capacity_types={"spot": {"discount": 0.5}})
+    assert _node(cfg, "spot").per_gpu("scad") == GpuPrice(2.0, "config:gpu_model+spot_discount")
+
+
+def test_default_price_is_discounted_too() -> None:
+    cfg = PricesConfig(default_gpu_hour=2.0, capacity_types={"spot": {"discount": 0.25}})
+    assert _node(cfg, "spot", itype="x9.unknown").per_gpu("scad") == GpuPrice(1.5, "config:default+spot_discount")
+    assert _node(PricesConfig(), "spot", itype="x9.unknown").per_gpu("scad") == GpuPrice(0.0, "none")
+
+
+# --------------------------------------------------------------------------- price file
+
+def test_price_file_is_reread_when_it_changes(tmp_path) -> None:
+    import os
+
+    from otelgpu.errors import ConfigError
+
+    path = tmp_path / "prices.yaml"
+    path.write_text("gpu_hour_by_instance_type: {p4d.24xlarge: 3.0}\n")
+    pricer = Pricer(PricesConfig(file=str(path), gpu_hour_by_instance_type={"p4d.24xlarge": 1.0}))
+    assert pricer.reload_if_changed() is True and pricer.reload_if_changed() is False
+    assert _price_of(pricer) == 3.0
+    path.write_text("gpu_hour_by_instance_type: {p4d.24xlarge: -2}\n")
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(ConfigError, match=r"prices.yaml: gpu_hour_by_instance_type: Value error, prices must be >= 0"):
+        pricer.reload_if_changed()
+    assert _price_of(pricer) == 3.0  # the bad file changed nothing
+    assert pricer.reload_if_changed() is False  # reported once per change
+    path.write_text("file: other.yaml\n")
+    os.utime(path, ns=(2, 2))
+    with pytest.raises(ConfigError, match="main configuration only"):
+        pricer.reload_if_changed()
+
+
+def _price_of(pricer: Pricer) -> float:
+    return pricer.node_price("p4d.24xlarge", (), "on-demand", 8).per_gpu("scad").per_gpu_hour
