@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from otelgpu.config import load_config
+from otelgpu.config import load_config, load_prices_file
 from otelgpu.errors import ConfigError
 
 
@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args.config)
         if args.command == "check-config":
-            load_config(args.config)
+            config = load_config(args.config)
+            prices = config.attribution.prices
+            if prices.file:  # the sidecar reads it at the first interval: check it now too
+                load_prices_file(prices.file, prices)
             print(f"{args.config}: ok")
             return 0
         from otelgpu.demo.run import run_demo

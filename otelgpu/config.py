@@ -63,10 +63,11 @@ def _non_negative(value: dict[str, float]) -> dict[str, float]:
 
 @dataclass(config=_STRICT)
 class RateConfig:
-    """Prices of one capacity type (spot, reserved) or a discount on the on-demand price.
+    """Prices of one capacity type (spot, reserved).
 
-    A node of this capacity type takes the first explicit price below that applies; failing that,
-    its on-demand price times (1 - discount)."""
+    A node of this capacity type takes its type's own per-GPU price (GPU model, then instance
+    type), else its type's own instance price split by the model's convention; failing those,
+    the on-demand price it would have had, times (1 - discount)."""
 
     gpu_hour_by_gpu_model: dict[str, float] = Field(default_factory=dict)
     gpu_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
@@ -78,12 +79,17 @@ class RateConfig:
 
 
 @dataclass(config=_STRICT)
+class DiscountConfig:
+    discount: float = Field(0.0, ge=0, lt=1)  # e.g. a savings plan covering on-demand use
+
+
+@dataclass(config=_STRICT)
 class CapacityTypesConfig:
     """Rates by the node's capacity type (`eks.amazonaws.com/capacityType`,
     `karpenter.sh/capacity-type`): `on_demand` can carry a savings-plan discount; `reserved`
     covers reserved instances, capacity reservations and capacity blocks."""
 
-    on_demand: RateConfig = RateConfig()
+    on_demand: DiscountConfig = DiscountConfig()  # on-demand prices are the top-level ones
     spot: RateConfig = RateConfig()
     reserved: RateConfig = RateConfig()
 

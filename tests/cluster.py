@@ -142,9 +142,9 @@ class Cluster:
 
 
 def _point(dp, labels: dict[str, str], t: int, value: float) -> None:  # noqa: ANN001
-    from otelgpu.demo.otlp import _kvs
+    from otelgpu.demo.otlp import kvs
 
-    dp.attributes.extend(_kvs(labels))
+    dp.attributes.extend(kvs(labels))
     dp.time_unix_nano = t
     dp.as_double = value
 

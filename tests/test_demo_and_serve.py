@@ -21,23 +21,33 @@ from otelgpu.demo.run import run_demo
 def test_demo_reproduces_the_recipe_and_adds_up():
     out = io.StringIO()
     p = run_demo(metrics_port=0, out=out)
-    alloc = p.store.totals("allocated", ("team",))
-    eff = p.store.totals("effective", ("team",))
+    request = {"cost_model": "request"}
+    alloc = p.store.totals("allocated", ("team",), request)
+    eff = p.store.totals("effective", ("team",), request)
     # The AWS recipe's MIG scenario (cost-model.md section 7), rounded only here at the end.
     assert round(alloc[("bu-a",)], 6) == 5.142857
     assert round(alloc[("bu-b",)], 6) == round(alloc[("bu-c",)], 6) == 3.428571
     assert round(eff[("bu-a",)], 6) == 1.285714
     assert round(eff[("bu-b",)], 6) == 0.857143
-    idle = p.store.totals("idle", ("instance_type",))
+    idle = p.store.totals("idle", ("instance_type",), request)
     assert round(idle[("p4d.24xlarge",)], 6) == 84.0
-    capacity = sum(p.store.totals("capacity").values())
+    capacity = sum(p.store.totals("capacity", (), request).values())
     assert sum(alloc.values()) + sum(idle.values()) == pytest.approx(capacity, rel=1e-12)
     # The time-sliced node bills replicas, never whole GPUs; the spot node says so.
-    replica = p.store.totals("allocated", ("unit_kind", "capacity_type"))
+    replica = p.store.totals("allocated", ("unit_kind", "capacity_type"), request)
     assert replica[("replica", "spot")] < capacity
+    # Every model the demo runs adds up to its own capacity, and scad splits whole instances
+    # (GPU, vCPU and memory) with CPU and memory use scraped from cAdvisor.
+    for model in p.config.attribution.cost_models:
+        where = {"cost_model": model}
+        parts = sum(sum(p.store.totals(m, (), where).values()) for m in ("allocated", "unused", "idle"))
+        assert parts == pytest.approx(sum(p.store.totals("capacity", (), where).values()), rel=1e-12), model
+    scad = p.store.totals("allocated", ("resource", "activity_basis"), {"cost_model": "scad"})
+    assert scad[("cpu", "usage")] > 0 and scad[("memory", "usage")] > 0 and not p.metrics.scad_request_fallbacks
     assert p.metrics.intervals_computed == 4
     text = out.getvalue()
     assert "bu-a" in text and "(idle)" in text and "cluster total" in text and "/metrics" in text
+    assert "charge by team and cost model" in text and "opencost" in text
 
 
 def test_demo_command_runs():

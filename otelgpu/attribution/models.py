@@ -78,7 +78,7 @@ class CostModels:
             node_price = np.array([r[0][0] for r in rates])
             node_source = [r[1] for r in rates]
         else:
-            convention = "opencost" if model == "opencost" else cfg.prices.instance_price_split
+            convention = "opencost" if model == "opencost" else j.split
             per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
             node_price = np.array([p.per_gpu_hour for p in per_gpu])
             node_source = [p.source for p in per_gpu]
@@ -131,8 +131,8 @@ class CostModels:
             basis.append(("requests" if np.isnan(p.cpu_used) else "usage",
                           "requests" if np.isnan(p.memory_used_gib) else "usage"))
             if self.metrics is not None:
-                for resource, b in zip(("cpu", "memory"), basis[-1]):
-                    if b == "requests":
+                for resource, b, reserved in zip(("cpu", "memory"), basis[-1], (p.cpu_request, p.memory_request_gib)):
+                    if b == "requests" and reserved > 0:
                         self.metrics.count("scad_request_fallbacks", resource)
         cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)

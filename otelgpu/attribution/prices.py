@@ -140,7 +140,7 @@ class Pricer:
         self.config = config
         self._by_model = {_norm(k): v for k, v in config.gpu_hour_by_gpu_model.items()}
         self._rates = {name: getattr(config.capacity_types, name) for name in ("on_demand", "spot", "reserved")}
-        self._rate_by_model = {name: {_norm(k): v for k, v in r.gpu_hour_by_gpu_model.items()}
+        self._rate_by_model = {name: {_norm(k): v for k, v in getattr(r, "gpu_hour_by_gpu_model", {}).items()}
                                for name, r in self._rates.items()}
 
     def reload_if_changed(self) -> bool:
@@ -152,6 +152,9 @@ class Pricer:
         try:
             mtime = os.stat(path).st_mtime_ns
         except OSError as exc:
+            if self._file_mtime == -1:
+                return False  # still missing: reported when it went missing
+            self._file_mtime = -1
             raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
         if mtime == self._file_mtime:
             return False
@@ -180,12 +183,13 @@ class Pricer:
         if gpu_hour is None and tag and instance_type in rate.gpu_hour_by_instance_type:
             gpu_hour, gpu_source = rate.gpu_hour_by_instance_type[instance_type], f"config:{tag}instance_type"
         explicit_own = gpu_hour is not None
-        if gpu_hour is None:
+        own_instance = bool(tag) and instance_type in rate.instance_hour_by_instance_type
+        if gpu_hour is None and not own_instance:  # the type's own instance price beats discounted ones
             for model in gpu_models:
                 if model and _norm(model) in self._by_model:
                     gpu_hour, gpu_source = self._by_model[_norm(model)] * factor, "config:gpu_model"
                     break
-        if gpu_hour is None and instance_type in cfg.gpu_hour_by_instance_type:
+        if gpu_hour is None and not own_instance and instance_type in cfg.gpu_hour_by_instance_type:
             gpu_hour, gpu_source = cfg.gpu_hour_by_instance_type[instance_type] * factor, "config:instance_type"
 
         known = self.catalog.get(instance_type)

@@ -18,7 +18,7 @@ SCOPE = InstrumentationScope(
 Series = tuple[Mapping[str, str], float]  # labels, value
 
 
-def _kvs(labels: Mapping[str, str]) -> list[KeyValue]:
+def kvs(labels: Mapping[str, str]) -> list[KeyValue]:
     return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in sorted(labels.items()) if v != ""]
 
 
@@ -29,13 +29,13 @@ def scrape(job: str, instance: str, node: str, time_ns: int,
     resource = {"service.name": job, "service.instance.id": instance, "server.address": host,
                 "server.port": port, "url.scheme": "http", "k8s.node.name": node}
     rm = ResourceMetrics()
-    rm.resource.attributes.extend(_kvs(resource))
+    rm.resource.attributes.extend(kvs(resource))
     sm = ScopeMetrics(scope=SCOPE)
     for name, series in list(gauges.items()) + [("up", [({}, 1.0)])]:
         m = Metric(name=name)
         for labels, value in series:
             p = m.gauge.data_points.add()
-            p.attributes.extend(_kvs(labels))
+            p.attributes.extend(kvs(labels))
             p.time_unix_nano = time_ns
             p.as_double = value
         sm.metrics.append(m)

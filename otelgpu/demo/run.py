@@ -57,25 +57,50 @@ def replay(pipeline: Pipeline, start_ns: int, seconds: int) -> None:
         for k in range(seconds // SCRAPE_S):
             t = start_ns + (30 + SCRAPE_S * k) * NS
             hour = ((t - start_ns) / NS % 3600) / 3600
-            _send(stub, request(scrapes.ksm(nodes, ns_labels, t), *(scrapes.dcgm(n, t, hour) for n in nodes)))
+            _send(stub, request(scrapes.ksm(nodes, ns_labels, t), *(scrapes.dcgm(n, t, hour) for n in nodes),
+                                *(scrapes.cadvisor(n, t, (t - start_ns) / NS) for n in nodes)))
 
 
 def report(pipeline: Pipeline, out: TextIO) -> None:
     store, cur = pipeline.store, pipeline.config.attribution.currency
-    by = {m: store.totals(m, ("team",)) for m in ("allocated", "effective", "waste", "unmeasured")}
+    request = {"cost_model": "request"}
+    by = {m: store.totals(m, ("team",), request) for m in ("allocated", "effective", "waste", "unmeasured")}
     teams = sorted(by["allocated"], key=lambda k: -by["allocated"][k])
-    out.write(f"\n{'team':<16}{'allocated':>12}{'effective':>12}{'waste':>12}{'unmeasured':>12}   ({cur})\n")
+    out.write(f"\nrequest model, GPU cost by team ({cur})\n")
+    out.write(f"{'team':<16}{'allocated':>12}{'effective':>12}{'waste':>12}{'unmeasured':>12}\n")
     for team in teams:
         out.write(f"{team[0]:<16}" + "".join(f"{by[m].get(team, 0.0):>12.6f}" for m in by) + "\n")
     allocated = sum(by["allocated"].values())
-    idle = sum(store.totals("idle").values())
-    capacity = sum(store.totals("capacity").values())
+    idle = sum(store.totals("idle", (), request).values())
+    capacity = sum(store.totals("capacity", (), request).values())
     out.write(f"{'(idle)':<16}{idle:>12.6f}\n")
     out.write(f"{'cluster total':<16}{allocated + idle:>12.6f}   = GPU capacity cost {capacity:.6f}\n")
     coverage = {dict(p.attrs)["tag"]: p.value for p in store.points() if p.metric == "tag_coverage"}
     if coverage:
         out.write(f"tag coverage (last interval): all five tags {coverage.get('all', 0):.0%}; " +
                   ", ".join(f"{k} {v:.0%}" for k, v in coverage.items() if k != "all") + "\n")
+    compare_models(pipeline, out)
+
+
+def compare_models(pipeline: Pipeline, out: TextIO) -> None:
+    """Each team's charge (allocated + unused) under every configured model, side by side."""
+    models = pipeline.config.attribution.cost_models
+    if len(models) < 2:
+        return
+    store = pipeline.store
+    charge: dict[tuple[str, str], float] = {}
+    for metric in ("allocated", "unused"):
+        for (team, model), v in store.totals(metric, ("team", "cost_model")).items():
+            charge[(team, model)] = charge.get((team, model), 0.0) + v
+    teams = sorted({t for t, _ in charge}, key=lambda t: (-round(charge.get((t, models[0]), 0.0), 9), t))
+    out.write(f"\ncharge by team and cost model: allocated + unused (scad: GPU, vCPU and memory of GPU nodes)\n")
+    out.write(f"{'team':<16}" + "".join(f"{m:>12}" for m in models) + "\n")
+    for team in teams:
+        out.write(f"{team or '(idle)':<16}" + "".join(f"{charge.get((team, m), 0.0):>12.6f}" for m in models) + "\n")
+    idle = {m: sum(store.totals("idle", (), {"cost_model": m}).values()) for m in models}
+    capacity = {m: sum(store.totals("capacity", (), {"cost_model": m}).values()) for m in models}
+    out.write(f"{'(idle)':<16}" + "".join(f"{idle[m]:>12.6f}" for m in models) + "\n")
+    out.write(f"{'capacity':<16}" + "".join(f"{capacity[m]:>12.6f}" for m in models) + "\n")
 
 
 def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: TextIO = sys.stdout) -> Pipeline:

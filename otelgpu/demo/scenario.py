@@ -28,6 +28,10 @@ class Pod:
     count: int
     activity: Activity
     uid: str = ""
+    cpu: float = 4.0  # requested cores
+    memory_gib: float = 32.0  # requested
+    cpu_used: float = 3.0  # mean cores in use (cAdvisor)
+    memory_used_gib: float = 24.0
 
     def __post_init__(self) -> None:
         self.uid = self.uid or str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{self.namespace}/{self.name}"))
@@ -115,6 +119,7 @@ def build() -> tuple[list[Node], dict[str, dict[str, str]]]:
                  _wave(0.4, 0.1, 0.1))
     train = pod("ml-research", "finetune-llama-7xk2p", "nvidia_com_gpu", 2, _wave(0.9, 0.05, 0.0),
                 project="llm-finetune", model="llama3-70b")
+    train.cpu, train.memory_gib, train.cpu_used, train.memory_used_gib = 48.0, 512.0, 60.0, 700.0  # bursts over
     serve = pod("search", "vllm-llama3-70b-0", "nvidia_com_gpu", 1, _wave(0.6, 0.35, 0.2),
                 project="web-search", model="llama3-70b")
     layout = [(0, "3g.40gb", "2", llama8), (0, "2g.20gb", "3", nb), (0, "1g.10gb", "9", ollama), (0, "1g.10gb", "10", None),
@@ -135,4 +140,6 @@ def build() -> tuple[list[Node], dict[str, dict[str, str]]]:
                      model="bge-small"),
                  pod("tenant-blue", "batch-scorer-27h8k", "nvidia_com_gpu", 1, _wave(0.1, 0.08, 0.7),
                      project="chat", model="mistral-7b")]
+    for p in g5.shared:  # a g5.2xlarge has 8 vCPUs and 32 GiB
+        p.cpu, p.memory_gib, p.cpu_used, p.memory_used_gib = 2.0, 8.0, 1.0, 6.0
     return [p4d, p5, g5], ns_labels

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
-from otelgpu.demo.otlp import Series, scrape
+from otelgpu.demo.otlp import Series, kvs, scrape
 from otelgpu.demo.scenario import Node, Pod
 from otelgpu.enrich.labels import ksm_label_name
 
@@ -55,19 +55,42 @@ def ksm(nodes: list[Node], ns_labels: dict[str, dict[str, str]], time_ns: int) -
         for res, qty in node.capacity.items():
             unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")
             g["kube_node_status_capacity"].append(({"node": node.name, "resource": res, "unit": unit}, float(qty)))
-        pods = {id(p): p for p in [d.holder for d in node.devices if d.holder] + node.shared}.values()
-        for p in pods:
+        for p in node_pods(node):
             ident = {"namespace": p.namespace, "pod": p.name, "uid": p.uid}
             g["kube_pod_info"].append(({**ident, "node": node.name, "host_ip": node.ip, "created_by_kind": "ReplicaSet",
                                         "created_by_name": p.name.rsplit("-", 1)[0]}, 1.0))
             g["kube_pod_labels"].append(({**ident, **_labels(p.labels)}, 1.0))
             for phase in PHASES:
                 g["kube_pod_status_phase"].append(({**ident, "phase": phase}, float(phase == "Running")))
-            g["kube_pod_container_resource_requests"].append(
-                ({**ident, "node": node.name, "container": p.container, "resource": p.resource, "unit": "integer"},
-                 float(p.count)))
+            req = {**ident, "node": node.name, "container": p.container}
+            g["kube_pod_container_resource_requests"] += [
+                ({**req, "resource": p.resource, "unit": "integer"}, float(p.count)),
+                ({**req, "resource": "cpu", "unit": "core"}, p.cpu),
+                ({**req, "resource": "memory", "unit": "byte"}, p.memory_gib * 2**30)]
     return scrape("kube-state-metrics", "10.20.0.77:8080", "ip-10-20-0-5.us-west-2.compute.internal", time_ns, g)
 
 
 def _labels(k8s_labels: dict[str, str]) -> dict[str, str]:
     return {ksm_label_name(k): v for k, v in k8s_labels.items()}
+
+
+def node_pods(node: Node) -> list[Pod]:
+    return list({id(p): p for p in [d.holder for d in node.devices if d.holder] + node.shared}.values())
+
+
+def cadvisor(node: Node, time_ns: int, elapsed_s: float) -> ResourceMetrics:
+    """The kubelet's cAdvisor scrape: per-container CPU (a cumulative counter) and working set."""
+    rm = scrape("kubelet", f"{node.ip}:10250", node.name, time_ns, {"container_memory_working_set_bytes": [
+        (_cgroup(p), p.memory_used_gib * 2**30) for p in node_pods(node)]})
+    cpu = rm.scope_metrics[0].metrics.add(name="container_cpu_usage_seconds_total")
+    cpu.sum.is_monotonic = True
+    cpu.sum.aggregation_temporality = 2  # cumulative, as the prometheus receiver sends counters
+    for p in node_pods(node):
+        point = cpu.sum.data_points.add(time_unix_nano=time_ns, as_double=p.cpu_used * elapsed_s)
+        point.attributes.extend(kvs(_cgroup(p)))
+    return rm
+
+
+def _cgroup(p: Pod) -> dict[str, str]:
+    return {"namespace": p.namespace, "pod": p.name, "container": p.container,
+            "id": f"/kubepods/burstable/pod{p.uid}/{p.container}", "image": f"registry.example/{p.container}:1"}

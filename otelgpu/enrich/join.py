@@ -74,6 +74,7 @@ class Joined:
     gpu_node: np.ndarray  # int64, per GPU: index into nodes
     nodes: list[NodeCost]
     pods: list[PodRow]  # filled when a model needs CPU and memory (scad)
+    split: str  # the instance-price split convention in force (prices can be reloaded)
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0  # GPUs of nodes known only from kube-state-metrics
 
@@ -288,7 +289,7 @@ class Joiner:
             np.array([r.f for r in rows]), np.array([r.share for r in rows]),
             np.array([r.measured for r in rows]), np.array([r.activity for r in rows]),
         )
-        return Joined(unit_rows, row_attrs, found, gpu_attrs, gpu_node, nodes, [], unpriced)
+        return Joined(unit_rows, row_attrs, found, gpu_attrs, gpu_node, nodes, [], split, unpriced)
 
     def _node_cost(self, name: str, model: str, info: NodeInfo, gpus: int) -> NodeCost:
         price = self.pricer.node_price(info.instance_type, (model, info.gpu_product), info.capacity_type,

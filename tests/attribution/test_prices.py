@@ -282,3 +282,23 @@ def test_price_file_is_reread_when_it_changes(tmp_path) -> None:
 
 def _price_of(pricer: Pricer) -> float:
     return pricer.node_price("p4d.24xlarge", (), "on-demand", 8).per_gpu("scad").per_gpu_hour
+
+
+def test_a_capacity_types_own_instance_price_beats_discounted_on_demand_gpu_prices() -> None:
+    cfg = PricesConfig(gpu_hour_by_instance_type={"p4d.24xlarge": 4.0},
+                       capacity_types={"spot": {"discount": 0.5, "instance_hour_by_instance_type": {"p4d.24xlarge": 12.0}}})
+    spot = _node(cfg, "spot").per_gpu("gpu_only")
+    assert spot == GpuPrice(1.5, "config:spot.instance:gpu_only")
+    assert _node(cfg, "on-demand").per_gpu("gpu_only") == GpuPrice(4.0, "config:instance_type")
+
+
+def test_a_missing_price_file_is_reported_once(tmp_path) -> None:
+    from otelgpu.errors import ConfigError
+
+    pricer = Pricer(PricesConfig(file=str(tmp_path / "absent.yaml")))
+    with pytest.raises(ConfigError, match="cannot read"):
+        pricer.reload_if_changed()
+    assert pricer.reload_if_changed() is False
+    (tmp_path / "absent.yaml").write_text("default_gpu_hour: 2.5\n")
+    assert pricer.reload_if_changed() is True
+    assert pricer.node_price("x", (), "on-demand", 1).per_gpu("scad") == GpuPrice(2.5, "config:default")
