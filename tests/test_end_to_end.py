@@ -124,3 +124,35 @@ def test_json_body_over_http_matches_grpc(sidecar):
     assert r.status_code == 200
     sidecar.drain()
     assert sidecar.metrics.points_received == 88
+
+
+def test_several_cost_models_side_by_side_over_otlp(sink):
+    """request and scad from the same fixtures, one export, told apart by cost_model; each adds up."""
+    config = make_config(
+        attribution__cost_models=["request", "scad"],
+        attribution__prices__gpu_hour_by_gpu_model={H100: 12.0},
+        exporter__otlp={"endpoint": sink.endpoint, "insecure": True, "timeout_seconds": 5},
+    )
+    p = Pipeline(config)
+    p.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{p.grpc.port}") as ch:
+            stub = metrics_service_pb2_grpc.MetricsServiceStub(ch)
+            for name in ("otlp_ksm_scrape_collector_v0.142.json", "otlp_dcgm_scrape1_collector_v0.142.json",
+                         "otlp_dcgm_scrape2_stale_collector_v0.142.json"):
+                stub.Export(otlp_fixture(name), timeout=5)
+        p.drain()
+    finally:
+        p.shutdown()
+    totals: dict[tuple[str, str], float] = {}
+    for metric in ("allocated", "unused", "idle", "capacity"):
+        for key, point in sink.latest(f"gpu.cost.{metric}").items():
+            attrs = dict(key)
+            assert {"cost_model", "idle_policy", "resource", "price_source"} <= attrs.keys()
+            k = (attrs["cost_model"], "capacity" if metric == "capacity" else "parts")
+            totals[k] = totals.get(k, 0.0) + point.as_double
+    assert {m for m, _ in totals} == {"request", "scad"}
+    for model in ("request", "scad"):
+        assert totals[(model, "parts")] == pytest.approx(totals[(model, "capacity")], rel=1e-12)
+    # scad prices p5.48xlarge from the catalog's whole-instance price, request from the explicit GPU price.
+    assert totals[("request", "capacity")] != pytest.approx(totals[("scad", "capacity")])
