@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from otelgpu.attribution.engine import UnitRows, attribute_request, warm_up
-from otelgpu.attribution.reference import attribute_request_reference
+from otelgpu.attribution.engine import UnitRows, attribute_request, scad, warm_up
+from otelgpu.attribution.reference import attribute_request_reference, scad_reference
 from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request
 from otelgpu.enrich.samples import dcgm_samples
@@ -75,13 +75,27 @@ def main() -> None:
     ref = time.perf_counter() - start
     print(f"kernel: {n_row} rows on {n_gpu} GPUs in {kernel * 1e3:.2f} ms; reference {ref * 1e3:.1f} ms; "
           f"ratio {ref / kernel:.0f}x")
+    n_node, n_pod = 200, 2000  # the reference is O(pods x nodes): keep it to a size it finishes
+    pod_node = rng.integers(0, n_node, n_pod)
+    qty = rng.uniform(0, 8, (n_pod, 2))
+    cap, rate = np.full((n_node, 2), (96.0, 1152.0)), np.full((n_node, 2), (0.1, 0.01))
+    start = time.perf_counter()
+    for _ in range(20):
+        scad(pod_node, qty, cap, rate, 60.0)
+    scad_s = (time.perf_counter() - start) / 20
+    start = time.perf_counter()
+    scad_reference(pod_node, qty, cap, rate, 60 / 3600)
+    scad_ref = time.perf_counter() - start
+    print(f"scad kernel: {n_pod} pods on {n_node} nodes in {scad_s * 1e3:.3f} ms; reference {scad_ref * 1e3:.0f} ms; "
+          f"ratio {scad_ref / scad_s:.0f}x")
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
 def _config():
     from otelgpu.config import parse_config
 
-    return parse_config({"exporter": {"prometheus": {"enabled": False}}, "attribution": {"interval_seconds": 60}})
+    return parse_config({"exporter": {"prometheus": {"enabled": False}},
+                         "attribution": {"interval_seconds": 60, "cost_models": ["request", "scad", "opencost", "hybrid"]}})
 
 
 if __name__ == "__main__":
