@@ -114,7 +114,7 @@ class Pipeline:
         self._reload_prices()
         use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
         joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns, use)
-        sums, gauges, _ = self.models.attribute(joined, interval.seconds)
+        sums, gauges = self.models.attribute(joined, interval.seconds)
         self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
         self.metrics.add("unpriced_gpu_seconds", joined.unpriced_gpus * interval.seconds)
         self.metrics.add("gpu_seconds_without_device_data", joined.gpus_without_device_data * interval.seconds)

@@ -58,8 +58,8 @@ class CostModels:
     def needs_pods(self) -> bool:
         return "scad" in self.config.cost_models
 
-    def attribute(self, j: Joined, dt: float) -> tuple[Series, Series, Attribution]:
-        """Sums and gauges of one interval, and the request-convention attribution they start from."""
+    def attribute(self, j: Joined, dt: float) -> tuple[Series, Series]:
+        """Sums and gauges of one interval."""
         sums: Series = {m: defaultdict(float) for m in SUMS}
         base = attribute_request(j.rows, dt)
         for i, attrs in enumerate(j.row_attrs):
@@ -67,7 +67,7 @@ class CostModels:
         for model in self.config.cost_models:
             self._model(model, j, dt, base, sums)
         gauges = self._gauges(j, base)
-        return {k: dict(v) for k, v in sums.items() if v}, gauges, base
+        return {k: dict(v) for k, v in sums.items() if v}, gauges
 
     def _model(self, model: str, j: Joined, dt: float, base: Attribution, sums: Series) -> None:
         cfg, n_node = self.config, len(j.nodes)
