@@ -24,7 +24,7 @@ import numpy as np
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.config import TAG_NAMES, AttributionConfig
 from otelgpu.enrich.join import Joined
-from otelgpu.exporter.store import Attrs
+from otelgpu.exporter.store import Attrs, attrs_of
 from otelgpu.telemetry import SelfMetrics
 
 Series = dict[str, dict[Attrs, float]]
@@ -33,9 +33,7 @@ RESOURCES = ("gpu", "cpu", "memory")
 
 
 def _with(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
-    merged = dict(attrs)
-    merged.update(extra)
-    return tuple(sorted((k, v) for k, v in merged.items() if v != ""))
+    return attrs_of({**dict(attrs), **extra})
 
 
 @dataclass
@@ -103,7 +101,7 @@ class CostModels:
                 sums["unmeasured"][attrs] += float(att.unmeasured[i])
         for i, attrs in enumerate(row_attrs):
             sums["allocated"][attrs] += float(alloc[i])
-        node_attrs = [[_with(node.attrs, extra[n])] for n, node in enumerate(j.nodes)]
+        node_attrs = [_with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
         capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
         gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc, row_attrs)
         idles = [("gpu", gpu_idle, capacity, node_attrs)]
@@ -116,7 +114,7 @@ class CostModels:
         for resource, idle, cap, attrs_of_node in idles:
             for n in range(n_node):
                 if cap[n] or j.nodes[n].gpus:
-                    sums["capacity"][attrs_of_node[n][0]] += float(cap[n])
+                    sums["capacity"][attrs_of_node[n]] += float(cap[n])
             self._idle_policy(idle, j, attrs_of_node, sums)
 
     def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
@@ -146,12 +144,12 @@ class CostModels:
                 if qty[i, x] > 0:
                     sums["allocated"][a] += float(out.split[i, x])
                     sums["unused"][a] += float(out.unused[i, x])
-            node_attrs = [[_with(node.attrs, extra[n])] for n, node in enumerate(j.nodes)]
+            node_attrs = [_with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
             idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
             result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
         return result
 
-    def _idle_policy(self, idle: _Idle, j: Joined, node_attrs: list[list[Attrs]], sums: Series) -> None:
+    def _idle_policy(self, idle: _Idle, j: Joined, node_attrs: list[Attrs], sums: Series) -> None:
         policy = self.config.idle
         amount = idle.amount
         if policy.policy == "share":
@@ -169,10 +167,10 @@ class CostModels:
             if amount[n] <= 0 and not node.gpus:
                 continue
             if policy.policy == "platform":
-                attrs = _with(node_attrs[n][0], dict(self.platform, attribution="idle"))
+                attrs = _with(node_attrs[n], dict(self.platform, attribution="idle"))
                 sums["unused"][attrs] += float(amount[n])
             else:
-                sums["idle"][node_attrs[n][0]] += float(amount[n])
+                sums["idle"][node_attrs[n]] += float(amount[n])
 
     def _gauges(self, j: Joined, base: Attribution) -> Series:
         gauges: Series = {"activity": {}, "tag_coverage": {}}

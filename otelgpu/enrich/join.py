@@ -32,7 +32,7 @@ from otelgpu.enrich.nodes import (
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.timeline import Holdings, group_ids, dedupe, entities_of, holdings
 from otelgpu.enrich.usage import PodUse
-from otelgpu.exporter.store import Attrs
+from otelgpu.exporter.store import Attrs, attrs_of
 from otelgpu.receiver.interner import Interner
 
 ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
@@ -70,7 +70,6 @@ class Joined:
     rows: UnitRows  # gpu_price_hour: the per-GPU price by the configured split convention
     row_attrs: list[Attrs]
     row_tags_found: list[tuple[bool, ...]]
-    gpu_attrs: list[Attrs]
     gpu_node: np.ndarray  # int64, per GPU: index into nodes
     nodes: list[NodeCost]
     pods: list[PodRow]  # filled when a model needs CPU and memory (scad)
@@ -259,37 +258,32 @@ class Joiner:
 
     def _finish(self, rows: list[_Row], gpus: list[tuple[str, str, NodeInfo]]) -> Joined:
         node_index: dict[str, int] = {}
-        gpus_on_node: list[int] = []
-        gpu_node = np.zeros(len(gpus), dtype=np.int64)
+        first_gpu: list[int] = []
         for g, (node_name, _, _) in enumerate(gpus):
             if node_name not in node_index:
                 node_index[node_name] = len(node_index)
-                gpus_on_node.append(0)
-            gpu_node[g] = node_index[node_name]
-            gpus_on_node[gpu_node[g]] += 1
-        nodes: list[NodeCost] = []
-        for node_name, n in node_index.items():
-            _, model, info = gpus[int(np.flatnonzero(gpu_node == n)[0])]
-            nodes.append(self._node_cost(node_name, model, info, gpus_on_node[n]))
+                first_gpu.append(g)
+        gpu_node = np.array([node_index[name] for name, _, _ in gpus], dtype=np.int64)
+        gpus_on_node = np.bincount(gpu_node, minlength=len(node_index))
+        nodes = [self._node_cost(name, gpus[g][1], gpus[g][2], int(gpus_on_node[n]))
+                 for (name, n), g in zip(node_index.items(), first_gpu)]
         split = self.pricer.config.instance_price_split
-        prices, gpu_attrs, unpriced = [], [], 0
-        for g, (node_name, model, node) in enumerate(gpus):
-            price = nodes[gpu_node[g]].price.per_gpu(split)
-            unpriced += price.source == "none"
-            prices.append(price.per_gpu_hour)
-            gpu_attrs.append(_node_attrs(node_name, model, node))
+        node_prices = [node.price.per_gpu(split) for node in nodes]
+        prices = [node_prices[n].per_gpu_hour for n in gpu_node]
+        unpriced = sum(int(gpus_on_node[n]) for n, price in enumerate(node_prices) if price.source == "none")
+        gpu_attrs = [_node_attrs(name, model, info) for name, model, info in gpus]
         row_attrs, found = [], []
         for r in rows:
             attrs, tags_found = self._holder_attrs(r.holder, r.attribution, gpu_attrs[r.gpu])
             attrs.update(unit_kind=r.unit_kind, mig_profile=r.profile, activity_basis=r.basis)
-            row_attrs.append(_sorted(attrs))
+            row_attrs.append(attrs_of(attrs))
             found.append(tags_found)
         unit_rows = UnitRows(
             np.array(prices, dtype=np.float64), np.array([r.gpu for r in rows], dtype=np.int64),
             np.array([r.f for r in rows]), np.array([r.share for r in rows]),
             np.array([r.measured for r in rows]), np.array([r.activity for r in rows]),
         )
-        return Joined(unit_rows, row_attrs, found, gpu_attrs, gpu_node, nodes, [], split, unpriced)
+        return Joined(unit_rows, row_attrs, found, gpu_node, nodes, [], split, unpriced)
 
     def _node_cost(self, name: str, model: str, info: NodeInfo, gpus: int) -> NodeCost:
         price = self.pricer.node_price(info.instance_type, (model, info.gpu_product), info.capacity_type,
@@ -353,7 +347,7 @@ class Joiner:
         attrs, found = self._holder_attrs(holder, attribution, joined.nodes[n].attrs)
         nan = float("nan")
         return PodRow(
-            n, _sorted(attrs), found, min(share, 1.0),
+            n, attrs_of(attrs), found, min(share, 1.0),
             pod.requested("cpu") if pod else 0.0, pod.requested("memory") / 2**30 if pod else 0.0,
             use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan,
         )
@@ -366,9 +360,5 @@ class Joiner:
 
 
 def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:
-    return _sorted({"capacity_type": info.capacity_type, "gpu_model": model,
-                    "instance_type": info.instance_type, "node": name})
-
-
-def _sorted(attrs: dict[str, str]) -> Attrs:
-    return tuple(sorted((k, v) for k, v in attrs.items() if v != ""))
+    return attrs_of({"capacity_type": info.capacity_type, "gpu_model": model,
+                     "instance_type": info.instance_type, "node": name})

@@ -42,6 +42,12 @@ class Samples(Columns):
     pod_uid: np.ndarray
     vgpu: np.ndarray
 
+    @staticmethod
+    def empty() -> "Samples":
+        i = np.zeros(0, np.int32)
+        return Samples(np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool),
+                       i, i, i, i, i, i, i, i, i, i)
+
 
 def _first_present(*cols: np.ndarray) -> np.ndarray:
     out = cols[-1].copy()

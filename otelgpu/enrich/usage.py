@@ -81,28 +81,36 @@ class UsageTracker:
     def _rates(self, p: PodSamples) -> PodSamples:
         """CPU counter points -> rates (cores) over the span since the series' previous point,
         with counter resets handled as Prometheus' rate() does. The first point of a series
-        makes no rate; duplicates are dropped."""
+        makes no rate; a point no newer than what an earlier interval counted is dropped."""
         cpu = np.flatnonzero(p.kind == CPU)
         if not len(cpu):
             return p
-        order = cpu[np.lexsort((p.time_ns[cpu], p.series[cpu], p.container[cpu], p.pod[cpu], p.namespace[cpu]))]
-        keep = np.ones(len(p), dtype=bool)
-        value, span = p.value.copy(), np.zeros(len(p))
-        for i in order:
-            key = (int(p.namespace[i]), int(p.pod[i]), int(p.container[i]), int(p.series[i]))
-            t, v = int(p.time_ns[i]), float(p.value[i])
-            prev = self._last.get(key)
-            if prev is not None and t <= prev[0]:
-                keep[i] = False  # resent, or older than what an earlier interval counted
-                continue
-            self._last[key] = (t, v)
-            if prev is None or t - prev[0] > MAX_RATE_GAP_NS:
-                keep[i] = False
-                continue
-            delta = v - prev[1] if v >= prev[1] else v  # a reset restarts the counter from zero
-            span[i] = (t - prev[0]) / 1e9
-            value[i] = delta / span[i]
-        out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, span)
+        sid, first = group_ids(p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu])
+        keys = [(int(p.namespace[i]), int(p.pod[i]), int(p.container[i]), int(p.series[i])) for i in cpu[first]]
+        last = [self._last.get(k, (-1, 0.0)) for k in keys]  # one lookup per series, not per point
+        last_t = np.array([t for t, _ in last], dtype=np.int64)
+        newer = p.time_ns[cpu] > last_t[sid]  # older points were counted by an earlier interval
+        rows, sid = cpu[newer], sid[newer]
+        order = np.lexsort((p.time_ns[rows], sid))
+        rows, sid = rows[order], sid[order]
+        t, v = p.time_ns[rows], p.value[rows]
+        starts = np.ones(len(rows), dtype=bool)
+        starts[1:] = sid[1:] != sid[:-1]
+        prev_t, prev_v = np.roll(t, 1), np.roll(v, 1)
+        prev_t[starts] = last_t[sid[starts]]
+        prev_v[starts] = [last[g][1] for g in sid[starts]]
+        ends = np.append(starts[1:], True)
+        for g, i in zip(sid[ends], np.flatnonzero(ends)):
+            self._last[keys[g]] = (int(t[i]), float(v[i]))
+        ok = (prev_t >= 0) & (t - prev_t <= MAX_RATE_GAP_NS)
+        span = (t - prev_t) / 1e9
+        delta = np.where(v >= prev_v, v - prev_v, v)  # a reset restarts the counter from zero
+        value, spans = p.value.copy(), np.zeros(len(p))
+        value[rows[ok]] = delta[ok] / span[ok]
+        spans[rows[ok]] = span[ok]
+        keep = p.kind != CPU
+        keep[rows[ok]] = True
+        out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans)
         return out.take(np.flatnonzero(keep))
 
     def expire(self, now_ns: int) -> None:
@@ -121,33 +129,35 @@ class PodUse:
 
 def pod_use(p: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], PodUse]:
     """Per (namespace code, pod code): share of the interval Running (to the resolution of the
-    kube-state-metrics scrapes: a phase seen at a scrape holds until the next one) and mean use."""
-    dt = end_ns - start_ns
-    out: dict[tuple[int, int], list[float]] = {}
+    kube-state-metrics scrapes: a phase seen at a scrape holds until the next one) and mean use
+    (per container, time-weighted for CPU rates, then summed over the pod's containers)."""
+    if not len(p):
+        return {}
+    pod_id, first = group_ids(p.namespace, p.pod)
+    n = len(first)
+    out = np.full((n, 3), np.nan)
     run = p.kind == RUNNING
     if run.any():
         times = np.unique(p.time_ns[run])
-        nxt = np.append(times[1:], end_ns)
         begin = times.copy()
         begin[0] = start_ns
-        dur = (nxt - begin) / dt
+        dur = (np.append(times[1:], end_ns) - begin) / (end_ns - start_ns)
         step = np.searchsorted(times, p.time_ns[run])
-        for n, q, v, k in zip(p.namespace[run], p.pod[run], p.value[run], step):
-            entry = out.setdefault((int(n), int(q)), [0.0, np.nan, np.nan])
-            if v == 1.0:
-                entry[0] += dur[k]
+        seen = np.bincount(pod_id[run], minlength=n) > 0
+        share = np.bincount(pod_id[run], weights=np.where(p.value[run] == 1.0, dur[step], 0.0), minlength=n)
+        out[seen, 0] = share[seen]
     for kind, col in ((CPU, 1), (MEMORY, 2)):
         sel = p.kind == kind
         if not sel.any():
             continue
         weight = p.span_s[sel] if kind == CPU else np.ones(int(sel.sum()))
-        per_container: dict[tuple[int, int, int], list[float]] = {}
-        for n, q, c, v, w in zip(p.namespace[sel], p.pod[sel], p.container[sel], p.value[sel], weight):
-            acc = per_container.setdefault((int(n), int(q), int(c)), [0.0, 0.0])
-            acc[0] += v * w
-            acc[1] += w
-        for (n, q, _), (total, w) in per_container.items():
-            entry = out.setdefault((n, q), [np.nan, np.nan, np.nan])
-            if w > 0:
-                entry[col] = (0.0 if np.isnan(entry[col]) else entry[col]) + total / w
-    return {k: PodUse(*v) for k, v in out.items()}
+        cid, cfirst = group_ids(pod_id[sel], p.container[sel])
+        total = np.bincount(cid, weights=p.value[sel] * weight)
+        w = np.bincount(cid, weights=weight)
+        mean = np.divide(total, w, out=np.zeros_like(total), where=w > 0)
+        owner = pod_id[sel][cfirst]
+        has = np.bincount(owner, weights=w > 0, minlength=n) > 0
+        summed = np.bincount(owner, weights=mean, minlength=n)
+        out[has, col] = summed[has]
+    keys = zip(p.namespace[first].tolist(), p.pod[first].tolist())
+    return {k: PodUse(*row) for k, row in zip(keys, out.tolist())}

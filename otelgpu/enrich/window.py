@@ -60,7 +60,7 @@ class Windows:
         for i in ready:
             dcgm, pods = self._open.pop(i)
             out.append(Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
-                                Samples.concat(dcgm) if dcgm else _no_samples(),
+                                Samples.concat(dcgm) if dcgm else Samples.empty(),
                                 PodSamples.concat(pods) if pods else PodSamples.empty()))
             self.closed_through = max(self.closed_through, i)
         return out
@@ -69,8 +69,3 @@ class Windows:
     def open_intervals(self) -> int:
         return len(self._open)
 
-
-def _no_samples() -> Samples:
-    i = np.zeros(0, np.int32)
-    return Samples(np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool),
-                   *([i] * 10))

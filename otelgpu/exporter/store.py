@@ -14,6 +14,11 @@ from typing import Iterable, Mapping
 Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
 
 
+def attrs_of(pairs: Mapping[str, str]) -> Attrs:
+    """A series' attributes as its key: sorted, empty values dropped."""
+    return tuple(sorted((k, v) for k, v in pairs.items() if v != ""))
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     name: str  # OTLP name

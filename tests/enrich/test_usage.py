@@ -1,0 +1,40 @@
+"""CPU counters to rates at interval close, and per-pod use, on hand-made samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from otelgpu.enrich.usage import CPU, MEMORY, RUNNING, PodSamples, UsageTracker
+from otelgpu.receiver.interner import Interner
+
+S = 1_000_000_000
+
+
+def samples(*rows) -> PodSamples:
+    """rows: (kind, t_s, pod, container, series, value)."""
+    k, t, pod, c, series, v = (np.array(x) for x in zip(*rows))
+    return PodSamples(k.astype(np.int8), (t * S).astype(np.int64), np.zeros(len(k), np.int32), pod.astype(np.int32),
+                      c.astype(np.int32), series.astype(np.int32), v.astype(float), np.zeros(len(k)))
+
+
+def test_rates_across_intervals_resets_and_stale_points() -> None:
+    tracker = UsageTracker(Interner())
+    # Interval 1: pod 1 uses 2 cores (counter 0, 120, 240 at 0, 60, 120 s), arriving out of order.
+    first = tracker.use(samples((CPU, 120, 1, 5, 9, 240.0), (CPU, 0, 1, 5, 9, 0.0), (CPU, 60, 1, 5, 9, 120.0)), 0, 180 * S)
+    assert first[(0, 1)].cpu_cores == pytest.approx(2.0)
+    # Interval 2: differenced against 240 at 120 s; a point from interval 1 arriving late is ignored;
+    # the counter resets (container restart in the same cgroup) at 240 s: 30 core-seconds since 180 s.
+    second = tracker.use(samples((CPU, 180, 1, 5, 9, 300.0), (CPU, 60, 1, 5, 9, 120.0), (CPU, 240, 1, 5, 9, 30.0)),
+                         180 * S, 360 * S)
+    assert second[(0, 1)].cpu_cores == pytest.approx((60 + 30) / 120)
+
+
+def test_running_share_and_memory_summed_over_containers() -> None:
+    got = UsageTracker(Interner()).use(samples(
+        (RUNNING, 0, 1, -1, -1, 1.0), (RUNNING, 0, 2, -1, -1, 0.0),
+        (RUNNING, 30, 1, -1, -1, 0.0), (RUNNING, 30, 2, -1, -1, 1.0),
+        (MEMORY, 0, 1, 5, -1, 100.0), (MEMORY, 30, 1, 5, -1, 300.0), (MEMORY, 0, 1, 6, -1, 50.0)), 0, 60 * S)
+    assert got[(0, 1)].running_share == pytest.approx(0.5) and got[(0, 2)].running_share == pytest.approx(0.5)
+    assert got[(0, 1)].memory_bytes == pytest.approx(200.0 + 50.0)
+    assert np.isnan(got[(0, 2)].memory_bytes) and np.isnan(got[(0, 1)].cpu_cores)
