@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -20,6 +21,7 @@ def _serve(path: str) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints every thread's stack
     pipeline.start()
     logging.getLogger("otelgpu").info(
         "serving: OTLP/gRPC %s, OTLP/HTTP %s, metrics %s", config.receiver.grpc.endpoint,

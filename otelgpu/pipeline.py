@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Optional
 
 from otelgpu.attribution.engine import warm_up
@@ -144,16 +145,22 @@ class Pipeline:
 
     def shutdown(self) -> None:
         """Stop taking traffic, process what is queued, close every open interval, export, stop."""
+        began = time.monotonic()
         self.ready = False
         for receiver in (self.grpc, self.http):
             if receiver:
                 receiver.shutdown()
+        log.info("shutting down: receivers stopped after %.1f s, %d batches queued", time.monotonic() - began,
+                 self.ingest.depth)
         if self._worker and self._worker.is_alive():
             self.drain()
             self._stop.set()
             self._worker.join(timeout=10)
-        self.close_due(flush=True)
+        closed = self.close_due(flush=True)
+        log.info("shutting down: queue drained, %d intervals closed and exported after %.1f s", closed,
+                 time.monotonic() - began)
         if self.otlp:
             self.otlp.shutdown()
         if self.telemetry:
             self.telemetry.shutdown()
+        log.info("stopped after %.1f s", time.monotonic() - began)

@@ -78,8 +78,10 @@ exporter:
   otlp: {{endpoint: "{sink.endpoint}", insecure: true}}
   prometheus: {{endpoint: "127.0.0.1:{metrics_port}"}}
 """)
-    proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(cfg)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "serve.log"  # a file, not a pipe: an unread pipe that fills would stall the sidecar
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(cfg)],
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -95,7 +97,13 @@ exporter:
             for name in ("otlp_ksm_scrape_collector_v0.142.json", "otlp_dcgm_scrape1_collector_v0.142.json"):
                 stub.Export(otlp_fixture(name), timeout=5)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log
+            time.sleep(2)
+            code = None
+        assert code == 0, log.read_text()[-6000:]
         allocated = sink.latest("gpu.cost.allocated")
         by_pod = {dict(k).get("pod"): p.as_double for k, p in allocated.items()}
         assert by_pod["finetune-job-7xk2p"] == pytest.approx(12.0 * 60 / 3600)
