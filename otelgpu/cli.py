@@ -7,7 +7,6 @@ import faulthandler
 import logging
 import signal
 import sys
-import threading
 
 from otelgpu.config import load_config, load_prices_file
 from otelgpu.errors import ConfigError
@@ -17,17 +16,22 @@ def _serve(path: str) -> int:
     from otelgpu.pipeline import Pipeline
 
     config = load_config(path)
-    pipeline = Pipeline(config)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    # SIGTERM/SIGINT are taken with sigwait in this thread rather than by a handler: a handler that
+    # sets a threading.Event can deadlock on the Event's own lock. Blocked before any thread starts,
+    # so every thread inherits the mask and the signal waits here for sigwait.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints every thread's stack
+    pipeline = Pipeline(config)
     pipeline.start()
-    logging.getLogger("otelgpu").info(
-        "serving: OTLP/gRPC %s, OTLP/HTTP %s, metrics %s", config.receiver.grpc.endpoint,
-        config.receiver.http.endpoint if config.receiver.http.enabled else "off",
-        pipeline.telemetry.url if pipeline.telemetry else "off")
-    stop.wait()
+    log = logging.getLogger("otelgpu")
+    log.info("serving: OTLP/gRPC %s, OTLP/HTTP %s, metrics %s", config.receiver.grpc.endpoint,
+             config.receiver.http.endpoint if config.receiver.http.enabled else "off",
+             pipeline.telemetry.url if pipeline.telemetry else "off")
+    received = signal.sigwait(stop_signals)
+    log.info("%s received, shutting down (a second one stops at once)", signal.Signals(received).name)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     pipeline.shutdown()
     return 0
 
