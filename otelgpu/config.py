@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from otelgpu.errors import ConfigError
@@ -162,9 +162,28 @@ class AttributionConfig:
 
 @dataclass(config=_STRICT)
 class TagRule:
+    """Where one tag's value comes from, first match wins: the pod's label keys in order, then the
+    namespace's label keys, then the pod's annotation keys, then `default`."""
+
     pod_labels: tuple[str, ...] = ()
     namespace_labels: tuple[str, ...] = ()
+    annotations: tuple[str, ...] = ()
     default: str = "unallocated"
+
+
+@dataclass(config=_STRICT)
+class TagValuesConfig:
+    """How tag values are normalised and capped, so a bad label cannot explode series cardinality.
+
+    Values are trimmed, runs of inner whitespace replaced by `whitespace`, case changed by `case`,
+    cut to `max_length` characters; once a tag has `max_distinct` distinct values, new ones become
+    `overflow_value`. Each capped value is counted in `otelgpu_tag_values_capped_total`."""
+
+    case: Literal["keep", "lower", "upper"] = "keep"
+    whitespace: str = Field("-", max_length=1)
+    max_length: int = Field(63, ge=1, le=1024)
+    max_distinct: int = Field(1000, ge=1, le=1_000_000)
+    overflow_value: str = Field("other", min_length=1)
 
 
 def _default_tags() -> dict[str, TagRule]:
@@ -202,6 +221,43 @@ class ExporterConfig:
 
 
 @dataclass(config=_STRICT)
+class KubernetesConfig:
+    """Pod, namespace and node facts from the Kubernetes API (list, then watch).
+
+    `scope: node` watches only the pods of `node_name` (a per-node sidecar; set it from the downward
+    API, `${env:NODE_NAME}`); `scope: cluster` watches every pod (a gateway). Credentials: `auto`
+    tries in-cluster, then kubeconfig; `token` uses `api_url` with `token_file` (or `token`)."""
+
+    enabled: bool = False
+    scope: Literal["cluster", "node"] = "cluster"
+    node_name: str = ""
+    auth: Literal["auto", "in_cluster", "kubeconfig", "token"] = "auto"
+    kubeconfig: Optional[str] = None  # default: $KUBECONFIG, then ~/.kube/config
+    context: Optional[str] = None
+    api_url: Optional[str] = None
+    token: Optional[str] = None  # prefer token_file; `${env:NAME}` works here
+    token_file: Optional[str] = None  # re-read on every reconnect (projected tokens rotate)
+    ca_file: Optional[str] = None
+    insecure_skip_tls_verify: bool = False
+    resolve_owners: bool = True  # get ReplicaSets and Jobs to reach their Deployments and CronJobs
+    deleted_pod_grace_seconds: float = Field(600.0, ge=0, le=86_400)
+    page_size: int = Field(500, ge=1, le=10_000)
+    watch_timeout_seconds: int = Field(300, ge=10, le=3600)  # the server ends a watch after this; rewatched
+    backoff_initial_seconds: float = Field(0.5, gt=0, le=60)
+    backoff_max_seconds: float = Field(30.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _check(self) -> "KubernetesConfig":
+        if self.enabled and self.scope == "node" and not self.node_name:
+            raise ValueError("scope node needs node_name (e.g. \"${env:NODE_NAME}\" from the downward API)")
+        if self.enabled and self.auth == "token" and not self.api_url:
+            raise ValueError("auth token needs api_url")
+        if self.enabled and self.auth == "token" and not (self.token or self.token_file):
+            raise ValueError("auth token needs token_file or token")
+        return self
+
+
+@dataclass(config=_STRICT)
 class ClusterConfig:
     name: str = Field("default", min_length=1)
 
@@ -212,6 +268,8 @@ class Config:
     receiver: ReceiverConfig = ReceiverConfig()
     attribution: AttributionConfig = AttributionConfig()
     tags: dict[str, TagRule] = Field(default_factory=_default_tags)
+    tag_values: TagValuesConfig = TagValuesConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
     exporter: ExporterConfig = ExporterConfig()
 
     @field_validator("tags")
@@ -255,6 +313,12 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "(top level)"
 
 
+def _message(err: Any) -> str:
+    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        return "unknown key"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
 def parse_config(data: Any) -> Config:
     """Validate an already-parsed YAML document. Raises ConfigError listing every problem."""
     if data is None:
@@ -271,7 +335,7 @@ def parse_config(data: Any) -> Config:
             path = _format_loc(err["loc"])
             if path in unset:
                 continue
-            msg = "unknown key" if err["type"] in ("unexpected_keyword_argument", "extra_forbidden") else err["msg"]
+            msg = _message(err)
             problems.append(f"{path}: {msg}")
         config = None
     if problems:
@@ -317,6 +381,6 @@ def load_prices_file(path: str | Path, base: PricesConfig) -> PricesConfig:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            msg = "unknown key" if err["type"] in ("unexpected_keyword_argument", "extra_forbidden") else err["msg"]
+            msg = _message(err)
             problems.append(f"{path}: {_format_loc(err['loc'])}: {msg}")
         raise ConfigError(problems) from exc

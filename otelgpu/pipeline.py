@@ -14,9 +14,10 @@ from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.config import Config
 from otelgpu.errors import ConfigError
-from otelgpu.enrich.facts import KsmFacts
+from otelgpu.enrich.facts import FactSource, KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
-from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.kube.source import KubeSource
+from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
@@ -33,6 +34,7 @@ from otelgpu.telemetry import SelfMetrics
 log = logging.getLogger("otelgpu")
 
 FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgotten
+KUBE_SYNC_WAIT_S = 10.0  # how long start() waits for the first Kubernetes API lists
 
 
 class Pipeline:
@@ -49,7 +51,10 @@ class Pipeline:
         self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics)
         self.pricer = Pricer(a.prices)
         self.usage = UsageTracker(self.strings)
-        self.joiner = Joiner(self.strings, self.facts, TagResolver(config.tags), MigProfiles.load(),
+        tags = TagResolver(config.tags, TagValues(config.tag_values, self.metrics))
+        self.kube = KubeSource(config.kubernetes, tags, self.metrics) if config.kubernetes.enabled else None
+        source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
+        self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
                              cpu_only_nodes=a.scad.cpu_only_nodes)
         self.store = CostStore(a.currency)
@@ -69,8 +74,18 @@ class Pipeline:
         self._worker: Optional[threading.Thread] = None
         self._export_lock = threading.Lock()
 
+    def start_sources(self) -> None:
+        """Start the Kubernetes API watches; waits a little for their first lists so the first
+        intervals have the API's facts (kube-state-metrics facts serve meanwhile)."""
+        if self.kube:
+            self.kube.start()
+            if not self.kube.wait_synced(KUBE_SYNC_WAIT_S):
+                log.warning("Kubernetes API not listed after %.0f s; attributing with what is known and "
+                            "retrying in the background", KUBE_SYNC_WAIT_S)
+
     def start(self) -> None:
         warm_up()  # the first request must never wait for the JIT
+        self.start_sources()
         if self.telemetry:
             self.telemetry.start()
         self._worker = threading.Thread(target=self._run, name="otelgpu-pipeline", daemon=True)
@@ -161,6 +176,8 @@ class Pipeline:
                  time.monotonic() - began)
         if self.otlp:
             self.otlp.shutdown()
+        if self.kube:
+            self.kube.shutdown()
         if self.telemetry:
             self.telemetry.shutdown()
         log.info("stopped after %.1f s", time.monotonic() - began)

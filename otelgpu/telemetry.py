@@ -23,6 +23,12 @@ class SelfMetrics:
         self.price_reloads = 0  # price file changes applied
         self.price_reload_failures = 0  # price file changes refused (previous prices kept)
         self.scad_request_fallbacks: Counter[str] = Counter()  # pod-intervals charged on requests, by resource
+        self.tag_values_capped: Counter[tuple[str, str]] = Counter()  # (tag, length | distinct)
+        self.kube_events: Counter[tuple[str, str]] = Counter()  # (resource, event type)
+        self.kube_lists: Counter[tuple[str, str]] = Counter()  # (resource, initial | gone | reconnect)
+        self.kube_errors: Counter[tuple[str, str, str]] = Counter()  # (resource, verb, reason)
+        self.kube_objects: dict[str, int] = {}  # resource -> objects held now (a gauge)
+        self.kube_synced: dict[str, int] = {}  # resource -> 1 once listed, 0 while relisting
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -31,6 +37,10 @@ class SelfMetrics:
     def count(self, name: str, key: object, amount: int = 1) -> None:
         with self._lock:
             getattr(self, name)[key] += amount
+
+    def set(self, name: str, key: str, value: int) -> None:
+        with self._lock:
+            getattr(self, name)[key] = value
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -48,4 +58,10 @@ class SelfMetrics:
                 "price_reloads": self.price_reloads,
                 "price_reload_failures": self.price_reload_failures,
                 "scad_request_fallbacks": dict(self.scad_request_fallbacks),
+                "tag_values_capped": dict(self.tag_values_capped),
+                "kube_events": dict(self.kube_events),
+                "kube_lists": dict(self.kube_lists),
+                "kube_errors": dict(self.kube_errors),
+                "kube_objects": dict(self.kube_objects),
+                "kube_synced": dict(self.kube_synced),
             }

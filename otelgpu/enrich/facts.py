@@ -1,13 +1,17 @@
-"""Pod, namespace and node facts from kube-state-metrics series, latest value wins.
+"""Pod, namespace and node facts from kube-state-metrics series, latest value wins, and the view
+the join reads: those facts merged with the Kubernetes API's (enrich/kube).
 
 Facts are per Kubernetes object (a few per pod), not per GPU sample, so they live in small
 dicts keyed by name. A fact not refreshed within `ttl_ns` is forgotten; a deleted pod (its
 series went stale) is kept for the same grace so its last interval is still attributed.
+Labels and annotations are keyed as kube-state-metrics writes them (`label_team`,
+`annotation_example_com_team`), whichever source they came from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -23,9 +27,11 @@ class PodFacts:
     phase: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     requests: dict[tuple[str, str], float] = field(default_factory=dict)  # (container, resource) -> qty
-    owner_kind: str = ""
+    owner_kind: str = ""  # the controlling owner reference
     owner_name: str = ""
     seen_ns: int = 0
+    annotations: dict[str, str] = field(default_factory=dict)
+    deleted: bool = False  # gone from the API, kept for the grace period: holds nothing new
 
     def requested(self, resource: str) -> float:
         return sum(v for (_, r), v in self.requests.items() if r == resource)
@@ -44,6 +50,38 @@ class NamespaceFacts:
     seen_ns: int = 0
 
 
+OwnerKey = tuple[str, str, str]  # (namespace, kind, name) of a ReplicaSet, Job or other owner
+
+
+@dataclass
+class OwnerFacts:
+    kind: str  # the owner's own controlling owner ("" when it has none)
+    name: str
+    seen_ns: int = 0
+
+
+@dataclass
+class FactsView:
+    """What the join reads for one interval."""
+
+    pods: Mapping[tuple[str, str], PodFacts]
+    nodes: Mapping[str, NodeFacts]
+    namespaces: Mapping[str, NamespaceFacts]
+    owners: Mapping[OwnerKey, OwnerFacts]
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        ns = self.namespaces.get(namespace)
+        return ns.labels if ns else {}
+
+
+def merge(ksm: FactsView, api: FactsView) -> FactsView:
+    """The Kubernetes API wins for every object it has (its labels are complete, where
+    kube-state-metrics carries only allowlisted keys); kube-state-metrics facts serve the objects
+    the API source does not have (not listed yet, forbidden, API unreachable since start)."""
+    return FactsView({**ksm.pods, **api.pods}, {**ksm.nodes, **api.nodes},
+                     {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners})
+
+
 class KsmFacts:
     def __init__(self, strings: Interner, ttl_ns: int) -> None:
         self._s = strings
@@ -51,6 +89,7 @@ class KsmFacts:
         self.pods: dict[tuple[str, str], PodFacts] = {}
         self.namespaces: dict[str, NamespaceFacts] = {}
         self.nodes: dict[str, NodeFacts] = {}
+        self.owners: dict[OwnerKey, OwnerFacts] = {}
 
     def _labels(self, batch: PointBatch, row: int) -> dict[str, str]:
         s = self._s.strings()
@@ -76,6 +115,13 @@ class KsmFacts:
             else:
                 node.capacity[attrs["resource"]] = value
             return
+        if metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
+            name = attrs["replicaset"] if metric == Metric.REPLICASET_OWNER else attrs["job_name"]
+            if not stale and attrs.get("owner_is_controller", "true") == "true":
+                kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
+                owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""
+                self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "", t)
+            return
         if metric == Metric.NAMESPACE_LABELS:
             ns = self.namespaces.setdefault(attrs["namespace"], NamespaceFacts())
             ns.seen_ns = max(ns.seen_ns, t)
@@ -94,6 +140,8 @@ class KsmFacts:
         pod.uid = attrs.get("uid", pod.uid)
         if metric == Metric.POD_LABELS:
             pod.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+        elif metric == Metric.POD_ANNOTATIONS:
+            pod.annotations = {k: v for k, v in attrs.items() if k.startswith("annotation_")}
         elif metric == Metric.POD_INFO:
             pod.node = attrs.get("node", "")
             pod.owner_kind = attrs.get("created_by_kind", "")
@@ -108,10 +156,23 @@ class KsmFacts:
     def expire(self, now_ns: int) -> None:
         """Forget facts older than the grace period."""
         cutoff = now_ns - self.ttl_ns
-        for table in (self.pods, self.namespaces, self.nodes):
+        for table in (self.pods, self.namespaces, self.nodes, self.owners):
             for key in [k for k, v in table.items() if v.seen_ns < cutoff]:
                 del table[key]
 
-    def namespace_labels(self, namespace: str) -> dict[str, str]:
-        ns = self.namespaces.get(namespace)
-        return ns.labels if ns else {}
+    def view(self) -> FactsView:
+        return FactsView(self.pods, self.nodes, self.namespaces, self.owners)
+
+
+class FactSource(Protocol):
+    def view(self) -> FactsView: ...
+
+
+class MergedFacts:
+    """kube-state-metrics facts and the Kubernetes API's, merged per object at each view (see merge)."""
+
+    def __init__(self, ksm: KsmFacts, api: FactSource) -> None:
+        self.ksm, self.api = ksm, api
+
+    def view(self) -> FactsView:
+        return merge(self.ksm.view(), self.api.view())

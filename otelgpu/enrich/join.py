@@ -18,7 +18,7 @@ from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import NodePrice, Pricer
 from otelgpu.config import TAG_NAMES
-from otelgpu.enrich.facts import KsmFacts
+from otelgpu.enrich.facts import FactSource, FactsView
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.enrich.nodes import (
     GPU_RESOURCES,
@@ -32,6 +32,7 @@ from otelgpu.enrich.nodes import (
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.timeline import Holdings, group_ids, dedupe, entities_of, holdings
 from otelgpu.enrich.usage import PodUse
+from otelgpu.enrich.workload import workload
 from otelgpu.exporter.store import Attrs, attrs_of
 from otelgpu.receiver.interner import Interner
 
@@ -93,15 +94,17 @@ class _Row:
 
 
 class Joiner:
-    def __init__(self, strings: Interner, facts: KsmFacts, tags: TagResolver, mig: MigProfiles,
+    def __init__(self, strings: Interner, facts: FactSource, tags: TagResolver, mig: MigProfiles,
                  pricer: Pricer, fraction_rule: str, *, pod_resources: bool = False,
                  cpu_only_nodes: bool = False) -> None:
-        self.s, self.facts, self.tags, self.mig = strings, facts, tags, mig
+        self.s, self.source, self.tags, self.mig = strings, facts, tags, mig
+        self.facts = FactsView({}, {}, {}, {})  # this interval's, taken at the start of join()
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None) -> Joined:
+        self.facts = self.source.view()
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -211,7 +214,7 @@ class Joiner:
     def _gpu_requests(self) -> Iterator[tuple[str, tuple[str, str], str, int]]:
         """(node, pod key, resource, quantity) of every GPU request of a Running, scheduled pod."""
         for key, pod in self.facts.pods.items():
-            if pod.phase != "Running" or not pod.node:
+            if pod.phase != "Running" or not pod.node or pod.deleted:
                 continue
             for (_, resource), qty in sorted(pod.requests.items()):
                 if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
@@ -295,9 +298,12 @@ class Joiner:
                       node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
         tags = self._tags(holder)
         attrs = dict(zip(TAG_NAMES, tags.values))
-        if attribution == "pod" and holder not in self.facts.pods:
+        pod = self.facts.pods.get(holder)
+        if attribution == "pod" and pod is None:
             attribution = "pod_unknown"
-        attrs.update(dict(node_attrs), namespace=holder[0], pod=holder[1], attribution=attribution)
+        kind, name = workload(holder[0], holder[1], pod, self.facts.owners)
+        attrs.update(dict(node_attrs), namespace=holder[0], pod=holder[1], attribution=attribution,
+                     workload_kind=kind, workload_name=name)
         return attrs, tags.from_labels
 
     def _add_cpu_only_nodes(self, joined: Joined) -> None:
@@ -328,7 +334,8 @@ class Joiner:
             if n is None:
                 continue
             u = use.get((code(holder[0]), code(holder[1])))
-            share = u.running_share if u is not None and not np.isnan(u.running_share) else float(pod.phase == "Running")
+            running = pod.phase == "Running" and not pod.deleted
+            share = u.running_share if u is not None and not np.isnan(u.running_share) else float(running)
             held = gpu_share.get((n, holder))
             if held is not None:
                 share = max(share, held[0])
@@ -356,7 +363,8 @@ class Joiner:
         if holder == ("", ""):
             return self.tags.resolve({}, {})
         pod = self.facts.pods.get(holder)
-        return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]))
+        return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
+                                 pod.annotations if pod else None)
 
 
 def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:

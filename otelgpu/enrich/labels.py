@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-from otelgpu.config import TAG_NAMES, TagRule
+from otelgpu.config import TAG_NAMES, TagRule, TagValuesConfig
+from otelgpu.telemetry import SelfMetrics
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+_SPACES = re.compile(r"\s+")
 
 
 @lru_cache(maxsize=4096)
@@ -35,6 +37,18 @@ GPU_SHARING = ksm_label_name("nvidia.com/gpu.sharing-strategy")
 MIG_STRATEGY = ksm_label_name("nvidia.com/mig.strategy")
 
 
+# Node labels otelgpu reads: the API source keeps only these.
+NODE_LABELS = frozenset({INSTANCE_TYPE, INSTANCE_TYPE_BETA, EKS_CAPACITY_TYPE, KARPENTER_CAPACITY_TYPE, GPU_PRODUCT,
+                         GPU_REPLICAS, GPU_COUNT, GPU_SHARING, MIG_STRATEGY})
+POD_TEMPLATE_HASH = ksm_label_name("pod-template-hash")
+
+
+@lru_cache(maxsize=4096)
+def ksm_annotation_name(kubernetes_key: str) -> str:
+    """`example.com/team` -> `annotation_example_com_team`, as kube_pod_annotations writes it."""
+    return "annotation_" + ksm_label_name(kubernetes_key)[len("label_"):]
+
+
 @dataclass(frozen=True)
 class Tags:
     values: tuple[str, str, str, str, str]  # in TAG_NAMES order
@@ -45,24 +59,73 @@ class Tags:
         return all(self.from_labels)
 
 
-class TagResolver:
-    """For each tag: the pod's label keys in order, then the namespace's, then the default."""
+class TagValues:
+    """Normalises tag values and caps their length and distinct count per tag; counts each value
+    capped once (per distinct raw value while it is remembered)."""
 
-    def __init__(self, rules: Mapping[str, TagRule]) -> None:
+    def __init__(self, config: TagValuesConfig, metrics: SelfMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._distinct: dict[str, set[str]] = {t: set() for t in TAG_NAMES}
+        self._memo: dict[tuple[str, str], str] = {}
+
+    def __call__(self, tag: str, raw: str) -> str:
+        key = (tag, raw)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._normalise(tag, raw)
+            if len(self._memo) >= 4 * self.config.max_distinct * len(TAG_NAMES):
+                self._memo.clear()  # bounded; a value seen again is recounted at most once more
+            self._memo[key] = value
+        return value
+
+    def _normalise(self, tag: str, raw: str) -> str:
+        c = self.config
+        value = _SPACES.sub(c.whitespace, raw.strip())
+        value = value.lower() if c.case == "lower" else value.upper() if c.case == "upper" else value
+        if len(value) > c.max_length:
+            value = value[: c.max_length]
+            self._count(tag, "length")
+        seen = self._distinct[tag]
+        if value not in seen:
+            if len(seen) >= c.max_distinct:
+                self._count(tag, "distinct")
+                return c.overflow_value
+            seen.add(value)
+        return value
+
+    def _count(self, tag: str, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count("tag_values_capped", (tag, reason))
+
+
+class TagResolver:
+    """For each tag: the pod's label keys in order, then the namespace's, then the pod's
+    annotations, then the default. Found values are normalised and capped by `values`."""
+
+    def __init__(self, rules: Mapping[str, TagRule], values: TagValues | None = None) -> None:
         self._rules = [
             (tuple(ksm_label_name(k) for k in rules[t].pod_labels),
              tuple(ksm_label_name(k) for k in rules[t].namespace_labels),
+             tuple(ksm_annotation_name(k) for k in rules[t].annotations),
              rules[t].default)
             for t in TAG_NAMES
         ]
+        self.values = values or TagValues(TagValuesConfig())
+        self.pod_label_keys = frozenset(k for r in self._rules for k in r[0]) | {POD_TEMPLATE_HASH}
+        self.namespace_label_keys = frozenset(k for r in self._rules for k in r[1])
+        self.annotation_keys = frozenset(k for r in self._rules for k in r[2])
 
-    def resolve(self, pod_labels: Mapping[str, str], namespace_labels: Mapping[str, str]) -> Tags:
+    def resolve(self, pod_labels: Mapping[str, str], namespace_labels: Mapping[str, str],
+                annotations: Mapping[str, str] | None = None) -> Tags:
         values: list[str] = []
         found: list[bool] = []
-        for pod_keys, ns_keys, default in self._rules:
-            value = next((pod_labels[k] for k in pod_keys if pod_labels.get(k)), None)
+        for tag, (pod_keys, ns_keys, ann_keys, default) in zip(TAG_NAMES, self._rules):
+            value = next((pod_labels[k] for k in pod_keys if pod_labels.get(k, "").strip()), None)
             if value is None:
-                value = next((namespace_labels[k] for k in ns_keys if namespace_labels.get(k)), None)
+                value = next((namespace_labels[k] for k in ns_keys if namespace_labels.get(k, "").strip()), None)
+            if value is None and annotations:
+                value = next((annotations[k] for k in ann_keys if annotations.get(k, "").strip()), None)
             found.append(value is not None)
-            values.append(value if value is not None else default)
+            values.append(self.values(tag, value) if value is not None else default)
         return Tags(tuple(values), tuple(found))  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ class CostCollector(Collector):
                 family.add_sample(sample, labels, value)
             yield family
 
-    def _self_families(self) -> Iterator[CounterMetricFamily]:
+    def _self_families(self) -> Iterator[Metric]:
         s = self._metrics.snapshot()  # one consistent view; the values are typed by field below
         for name, field, doc in (
             ("otelgpu_points_received_total", "points_received", "Data points of consumed metrics accepted"),
@@ -90,6 +90,26 @@ class CostCollector(Collector):
         yield self._by_label("otelgpu_scad_request_fallbacks_total",
                              "Pod-intervals scad charged on requests because no usage was scraped, by resource",
                              ["resource"], s["scad_request_fallbacks"])
+        yield self._by_label("otelgpu_tag_values_capped_total",
+                             "Tag values cut to max_length (reason=length) or replaced by the overflow value "
+                             "(reason=distinct), by tag", ["tag", "reason"], s["tag_values_capped"])
+        yield self._by_label("otelgpu_kube_watch_events_total", "Kubernetes API watch events applied, by resource and type",
+                             ["resource", "type"], s["kube_events"])
+        yield self._by_label("otelgpu_kube_lists_total",
+                             "Kubernetes API full lists, by resource and why (initial; gone: the watch was too far behind, 410)",
+                             ["resource", "reason"], s["kube_lists"])
+        yield self._by_label("otelgpu_kube_errors_total",
+                             "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, "
+                             "not_found, connection, timeout, server_error, invalid)", ["resource", "verb", "reason"],
+                             s["kube_errors"])
+        for name, field, doc in (
+            ("otelgpu_kube_objects", "kube_objects", "Kubernetes objects held from the API, by resource"),
+            ("otelgpu_kube_synced", "kube_synced", "1 once the resource is listed and watched, 0 while it is not"),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["resource"])
+            for key, value in sorted(cast(Mapping[str, int], s[field]).items()):
+                gauge.add_metric([key], float(value))
+            yield gauge
         yield self._by_label("otelgpu_requests_total", "Export requests received, by transport and outcome",
                              ["transport", "outcome"], s["requests"])
         yield self._by_label("otelgpu_exports_total", "Successful cost exports, by exporter",

@@ -21,6 +21,9 @@ class Metric(IntEnum):
     POD_PHASE = 14
     NODE_LABELS = 15
     NODE_CAPACITY = 16
+    POD_ANNOTATIONS = 17
+    REPLICASET_OWNER = 18
+    JOB_OWNER = 19
     CPU_USAGE = 20
     MEMORY_WORKING_SET = 21
 
@@ -42,6 +45,9 @@ KSM_METRICS = {
     "kube_pod_status_phase": Metric.POD_PHASE,
     "kube_node_labels": Metric.NODE_LABELS,
     "kube_node_status_capacity": Metric.NODE_CAPACITY,
+    "kube_pod_annotations": Metric.POD_ANNOTATIONS,
+    "kube_replicaset_owner": Metric.REPLICASET_OWNER,
+    "kube_job_owner": Metric.JOB_OWNER,
 }
 
 # kubelet/cAdvisor (/metrics/cadvisor) or kubelet /metrics/resource: per-container CPU and memory
@@ -55,7 +61,7 @@ KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS, **CADVISOR_METRICS}
 
 
 def is_ksm(metric):  # noqa: ANN001, ANN201 - numpy array or int
-    return (metric >= Metric.POD_LABELS) & (metric <= Metric.NODE_CAPACITY)
+    return (metric >= Metric.POD_LABELS) & (metric <= Metric.JOB_OWNER)
 
 # Labels a point must carry to be usable; a point without them is rejected with this reason.
 REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
@@ -67,6 +73,9 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     Metric.POD_PHASE: ("namespace", "pod", "phase"),
     Metric.NODE_LABELS: ("node",),
     Metric.NODE_CAPACITY: ("node", "resource"),
+    Metric.POD_ANNOTATIONS: ("namespace", "pod"),
+    Metric.REPLICASET_OWNER: ("namespace", "replicaset", "owner_kind", "owner_name"),
+    Metric.JOB_OWNER: ("namespace", "job_name", "owner_kind", "owner_name"),
     # cAdvisor series without namespace/pod/container are cgroups above containers (node, pod,
     # system slices): not rejected, just not container use (enrich/usage.py skips them).
     Metric.CPU_USAGE: (),

@@ -270,7 +270,7 @@ def test_price_file_is_reread_when_it_changes(tmp_path) -> None:
     assert _price_of(pricer) == 3.0
     path.write_text("gpu_hour_by_instance_type: {p4d.24xlarge: -2}\n")
     os.utime(path, ns=(1, 1))
-    with pytest.raises(ConfigError, match=r"prices.yaml: gpu_hour_by_instance_type: Value error, prices must be >= 0"):
+    with pytest.raises(ConfigError, match=r"prices.yaml: gpu_hour_by_instance_type: prices must be >= 0"):
         pricer.reload_if_changed()
     assert _price_of(pricer) == 3.0  # the bad file changed nothing
     assert pricer.reload_if_changed() is False  # reported once per change

@@ -1,0 +1,1 @@
+"""The Kubernetes API as a source of pod, namespace and node facts."""

@@ -1,0 +1,81 @@
+"""Kubernetes API objects (JSON as the API serves them) into the compact facts the join reads.
+
+Only the fields otelgpu uses are kept, so memory stays bounded whatever the objects carry:
+labels the tag rules or node pricing read, annotations the tag rules name, container requests,
+phase, node, controlling owner. Keys take kube-state-metrics' form, so facts from either
+source compare equal.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Collection, Mapping, Optional
+
+from kubernetes.utils.quantity import parse_quantity
+
+from otelgpu.enrich.facts import NamespaceFacts, NodeFacts, OwnerFacts, PodFacts
+from otelgpu.enrich.labels import NODE_LABELS, ksm_annotation_name, ksm_label_name
+
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+Obj = Mapping[str, Any]
+
+
+def resource_name(kubernetes_name: str) -> str:
+    """`nvidia.com/mig-1g.10gb` -> `nvidia_com_mig_1g_10gb`, the `resource` label of kube-state-metrics."""
+    return _INVALID.sub("_", kubernetes_name)
+
+
+def quantity(value: object) -> float:
+    """`500m` -> 0.5, `8Gi` -> 8589934592.0. Raises ValueError on a malformed quantity."""
+    return float(parse_quantity(value))
+
+
+def _kept(mapping: Optional[Mapping[str, str]], name: Any, keep: Collection[str]) -> dict[str, str]:
+    out = {}
+    for key, value in (mapping or {}).items():
+        k = name(key)
+        if k in keep:
+            out[k] = str(value)
+    return out
+
+
+def meta(obj: Obj) -> Obj:
+    return obj.get("metadata") or {}
+
+
+def controller(obj: Obj) -> tuple[str, str]:
+    """(kind, name) of the controlling owner reference; ("", "") when there is none."""
+    refs = meta(obj).get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), None)
+    return (ref.get("kind", ""), ref.get("name", "")) if ref else ("", "")
+
+
+def pod_facts(obj: Obj, label_keys: Collection[str], annotation_keys: Collection[str], now_ns: int) -> PodFacts:
+    m, spec, status = meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+    requests: dict[tuple[str, str], float] = {}
+    for container in spec.get("containers") or []:
+        for resource, qty in ((container.get("resources") or {}).get("requests") or {}).items():
+            requests[(container.get("name", ""), resource_name(resource))] = quantity(qty)
+    kind, name = controller(obj)
+    return PodFacts(
+        uid=m.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "",
+        labels=_kept(m.get("labels"), ksm_label_name, label_keys), requests=requests,
+        owner_kind=kind, owner_name=name, seen_ns=now_ns,
+        annotations=_kept(m.get("annotations"), ksm_annotation_name, annotation_keys),
+    )
+
+
+def node_facts(obj: Obj, now_ns: int) -> NodeFacts:
+    capacity = (obj.get("status") or {}).get("capacity") or {}
+    return NodeFacts(labels=_kept(meta(obj).get("labels"), ksm_label_name, NODE_LABELS),
+                     capacity={resource_name(k): quantity(v) for k, v in capacity.items()}, seen_ns=now_ns)
+
+
+def namespace_facts(obj: Obj, label_keys: Collection[str], now_ns: int) -> NamespaceFacts:
+    return NamespaceFacts(labels=_kept(meta(obj).get("labels"), ksm_label_name, label_keys), seen_ns=now_ns)
+
+
+def owner_facts(obj: Obj, now_ns: int) -> OwnerFacts:
+    kind, name = controller(obj)
+    return OwnerFacts(kind, name, now_ns)

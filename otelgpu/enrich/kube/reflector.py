@@ -1,0 +1,215 @@
+"""List, then watch, one Kubernetes resource, forever, until stopped.
+
+The list's resourceVersion starts the watch; each event (and each BOOKMARK) advances it, so a
+watch the server ends, or a broken connection, resumes where it stopped. 410 Gone (history
+compacted) means relist. Any other failure waits an exponential backoff with jitter, then resumes.
+A stream silent for longer than the server's own watch timeout is treated as broken (read timeout).
+Errors are counted by resource, verb and reason; a refusal names the verb and the resource.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from otelgpu.config import KubernetesConfig
+from otelgpu.telemetry import SelfMetrics
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+CONNECT_TIMEOUT_S = 10.0
+_REASONS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone", 429: "throttled"}
+
+
+class Gone(Exception):
+    """The resourceVersion asked for is older than the server's history: relist."""
+
+
+class Store(Protocol):
+    def replace(self, resource: str, objects: list[Obj]) -> None: ...
+    def upsert(self, resource: str, obj: Obj) -> None: ...
+    def delete(self, resource: str, obj: Obj) -> None: ...
+
+
+class Backoff:
+    """Exponential backoff with +/-20 % jitter, capped; reset after a success."""
+
+    def __init__(self, initial: float, maximum: float, rng: Callable[[], float] = random.random) -> None:
+        self.initial, self.maximum, self.rng, self.attempt = initial, maximum, rng, 0
+
+    def next(self) -> float:
+        delay = min(self.initial * 2 ** self.attempt, self.maximum) * (0.8 + 0.4 * self.rng())
+        self.attempt = min(self.attempt + 1, 32)
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def reason_of(exc: BaseException) -> str:
+    """The `reason` label of an API failure."""
+    if isinstance(exc, ApiException):
+        if exc.status in _REASONS:
+            return _REASONS[exc.status]
+        return "server_error" if (exc.status or 0) >= 500 else "connection" if not exc.status else "invalid"
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return "timeout"
+    if isinstance(exc, (ValueError, KeyError, TypeError)):
+        return "invalid"
+    return "connection"
+
+
+def api_message(exc: BaseException) -> str:
+    """The API's own message (a Status object's `message`) where there is one."""
+    if isinstance(exc, ApiException) and exc.body:
+        try:
+            return str(json.loads(exc.body).get("message") or exc.reason)
+        except (ValueError, AttributeError):
+            return str(exc.body)[:300]
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    resource: str  # plural: pods, namespaces, nodes
+    list_fn: Callable[..., Any]  # e.g. CoreV1Api.list_pod_for_all_namespaces
+    field_selector: Optional[str] = None
+
+
+class Reflector:
+    def __init__(self, spec: WatchSpec, store: Store, cfg: KubernetesConfig, metrics: SelfMetrics,
+                 stop: threading.Event, rng: Callable[[], float] = random.random) -> None:
+        self.spec, self.store, self.cfg, self.metrics, self.stop = spec, store, cfg, metrics, stop
+        self.backoff = Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, rng)
+        self.rng = rng
+        self._resp: Any = None
+        self._failing: Optional[str] = None  # the reason logged for the current run of failures
+
+    def _kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"_preload_content": False}
+        if self.spec.field_selector:
+            kw["field_selector"] = self.spec.field_selector
+        return kw
+
+    def run(self) -> None:
+        version: Optional[str] = None
+        relist_reason = "initial"
+        while not self.stop.is_set():
+            verb = "list" if version is None else "watch"
+            try:
+                if version is None:
+                    version = self._list(relist_reason)
+                version = self._watch(version)
+                self._recovered()
+            except Gone:
+                self.metrics.count("kube_errors", (self.spec.resource, verb, "gone"))
+                version, relist_reason = None, "gone"
+            except Exception as exc:  # every failure of a long-lived watch is retried; none may end it
+                if self.stop.is_set():
+                    break
+                reason = reason_of(exc)
+                if reason == "gone":
+                    version, relist_reason = None, "gone"
+                    continue
+                self._failed(verb, reason, exc)
+                self.stop.wait(self.backoff.next())
+
+    def _list(self, reason: str) -> str:
+        self.metrics.set("kube_synced", self.spec.resource, 0)
+        objects: list[Obj] = []
+        token: Optional[str] = None
+        version = ""
+        while True:
+            kw = self._kwargs()
+            kw.update(limit=self.cfg.page_size, _request_timeout=(CONNECT_TIMEOUT_S, 60.0))
+            if token:
+                kw["_continue"] = token
+            resp = self.spec.list_fn(**kw)
+            try:
+                body = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            objects.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            version = meta.get("resourceVersion") or version
+            token = meta.get("continue")
+            if not token:
+                break
+        self.store.replace(self.spec.resource, objects)
+        self.metrics.count("kube_lists", (self.spec.resource, reason))
+        self.metrics.set("kube_synced", self.spec.resource, 1)
+        log.info("listed %d %s at resourceVersion %s", len(objects), self.spec.resource, version)
+        return version
+
+    def _watch(self, version: str) -> str:
+        """Stream events from `version` until the server ends the watch; returns the last version."""
+        timeout = int(self.cfg.watch_timeout_seconds * (0.9 + 0.2 * self.rng()))  # spread the rewatches
+        kw = self._kwargs()
+        kw.update(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=timeout,
+                  _request_timeout=(CONNECT_TIMEOUT_S, timeout + 30.0))
+        resp = self._resp = self.spec.list_fn(**kw)
+        try:
+            for line in iter_resp_lines(resp):
+                if self.stop.is_set():
+                    break
+                if not line.strip():
+                    continue
+                version = self._apply(json.loads(line), version)
+                self._recovered()
+        finally:
+            self._resp = None
+            resp.release_conn()
+        return version
+
+    def _apply(self, event: Obj, version: str) -> str:
+        kind, obj = event.get("type", ""), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(obj.get("message", ""))
+            raise ApiException(status=obj.get("code") or 500, reason=obj.get("reason"), body=json.dumps(obj))
+        self.metrics.count("kube_events", (self.spec.resource, kind))
+        if kind in ("ADDED", "MODIFIED"):
+            self.store.upsert(self.spec.resource, obj)
+        elif kind == "DELETED":
+            self.store.delete(self.spec.resource, obj)
+        elif kind != "BOOKMARK":
+            raise ValueError(f"unknown watch event type {kind!r}")
+        return (obj.get("metadata") or {}).get("resourceVersion") or version
+
+    def _failed(self, verb: str, reason: str, exc: BaseException) -> None:
+        resource = self.spec.resource
+        self.metrics.count("kube_errors", (resource, verb, reason))
+        if self._failing == reason:
+            log.debug("%s %s still failing (%s)", verb, resource, reason)
+            return
+        self._failing = reason
+        if reason in ("forbidden", "unauthorized"):
+            log.error("Kubernetes API refuses to %s %s: %s. otelgpu needs get, list and watch on %s; it goes on "
+                      "attributing with the facts it has and retries.", verb, resource, api_message(exc), resource)
+        else:
+            log.warning("Kubernetes API: %s %s failed (%s): %s; retrying with backoff", verb, resource, reason,
+                        api_message(exc))
+
+    def _recovered(self) -> None:
+        self.backoff.reset()
+        if self._failing is not None:
+            log.info("Kubernetes API: %s watch recovered", self.spec.resource)
+            self._failing = None
+
+    def close(self) -> None:
+        """Interrupt a watch in progress (from another thread)."""
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # already closed
+                pass
