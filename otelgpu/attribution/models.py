@@ -28,7 +28,7 @@ from otelgpu.exporter.store import Attrs, attrs_of
 from otelgpu.telemetry import SelfMetrics
 
 Series = dict[str, dict[Attrs, float]]
-SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held")
+SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "unattributed")
 RESOURCES = ("gpu", "cpu", "memory")
 
 
@@ -64,6 +64,7 @@ class CostModels:
             sums["held"][attrs] += float(base.held_s[i])
         for model in self.config.cost_models:
             self._model(model, j, dt, base, sums)
+        self._unattributed(j, base, sums)
         gauges = self._gauges(j, base)
         return {k: dict(v) for k, v in sums.items() if v}, gauges
 
@@ -182,10 +183,31 @@ class CostModels:
         for attrs, m in measured_alloc.items():
             if m > 0:
                 gauges["activity"][attrs] = effective[attrs] / m
-        total = float(base.alloc.sum())
-        if total > 0:
-            found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
-            gauges["tag_coverage"][(("tag", "all"),)] = float(base.alloc[found.all(axis=1)].sum()) / total
+        found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
+        namespaces = np.array([dict(a).get("namespace", "") for a in j.row_attrs], dtype=object)
+        scopes: list[tuple[Attrs, np.ndarray]] = [((), np.ones(len(namespaces), dtype=bool))]
+        scopes += [((("namespace", ns),), namespaces == ns) for ns in sorted(set(namespaces) - {""})]
+        for scope, rows in scopes:
+            total = float(base.alloc[rows].sum())
+            if total <= 0:
+                continue
+            gauges["tag_coverage"][scope + (("tag", "all"),)] = float(base.alloc[rows & found.all(axis=1)].sum()) / total
             for k, name in enumerate(TAG_NAMES):
-                gauges["tag_coverage"][(("tag", name),)] = float(base.alloc[found[:, k]].sum()) / total
+                gauges["tag_coverage"][attrs_of({**dict(scope), "tag": name})] = \
+                    float(base.alloc[rows & found[:, k]].sum()) / total
         return gauges
+
+    @staticmethod
+    def _unattributed(j: Joined, base: Attribution, sums: Series) -> None:
+        """Allocated GPU cost (request allocation) not tied to all five tags, by reason: no pod on
+        a busy device, a pod no source knows, or a known pod missing a tag."""
+        for i, attrs in enumerate(j.row_attrs):
+            if base.alloc[i] <= 0:
+                continue
+            a = dict(attrs)
+            reason = {"active_without_pod": "no_pod", "pod_unknown": "pod_unknown"}.get(a.get("attribution", ""))
+            if reason is None and not all(j.row_tags_found[i]):
+                reason = "tag_missing"
+            if reason is not None:
+                key = attrs_of({"namespace": a.get("namespace", ""), "node": a.get("node", ""), "reason": reason})
+                sums["unattributed"][key] += float(base.alloc[i])

@@ -44,6 +44,9 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
                              "SCAD's unused cost) or to the platform tags (idle policy platform)", "gpu_cost_unused_total"),
         "idle": MetricSpec("gpu.cost.idle", u, "sum",
                            "Cost of capacity nobody held, kept on the node", "gpu_cost_idle_total"),
+        "unattributed": MetricSpec("gpu.cost.unattributed", u, "sum",
+                                   "Allocated GPU cost (request allocation) not carrying all five tags, by reason: "
+                                   "no_pod, pod_unknown, tag_missing", "gpu_cost_unattributed_total"),
         "held": MetricSpec("gpu.held", "s", "sum",
                            "GPU-seconds held: unit fraction times seconds held", "gpu_held_seconds_total"),
         "capacity": MetricSpec("gpu.cost.capacity", u, "sum",
@@ -51,7 +54,7 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
         "activity": MetricSpec("gpu.activity", "1", "gauge",
                                "Time-weighted activity of the units a pod held in the last interval", "gpu_activity_ratio"),
         "tag_coverage": MetricSpec("gpu.cost.tag_coverage", "1", "gauge",
-                                   "Share of allocated cost carrying the tag (tag=all: all five)", "gpu_cost_tag_coverage_ratio"),
+                                   "Share of allocated cost carrying the tag (tag=all: all five), per cluster and per namespace", "gpu_cost_tag_coverage_ratio"),
     }
 
 
