@@ -242,7 +242,7 @@ class KubernetesConfig:
     resolve_owners: bool = True  # get ReplicaSets and Jobs to reach their Deployments and CronJobs
     deleted_pod_grace_seconds: float = Field(600.0, ge=0, le=86_400)
     page_size: int = Field(500, ge=1, le=10_000)
-    watch_timeout_seconds: int = Field(300, ge=10, le=3600)  # the server ends a watch after this; rewatched
+    watch_timeout_seconds: int = Field(300, ge=1, le=3600)  # the server ends a watch after this; rewatched
     backoff_initial_seconds: float = Field(0.5, gt=0, le=60)
     backoff_max_seconds: float = Field(30.0, gt=0, le=600)
 

@@ -49,15 +49,17 @@ def _send(stub, req) -> None:  # noqa: ANN001
     raise RuntimeError("the sidecar stayed unavailable")
 
 
-def replay(pipeline: Pipeline, start_ns: int, seconds: int) -> None:
-    """Scrape the demo cluster every minute from start_ns for `seconds`, through a real gRPC client."""
+def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: bool = True) -> None:
+    """Scrape the demo cluster every minute from start_ns for `seconds`, through a real gRPC client
+    (without kube-state-metrics when the sidecar takes pod facts from the Kubernetes API)."""
     nodes, ns_labels = scenario.build()
     with grpc.insecure_channel(f"127.0.0.1:{pipeline.grpc.port}", compression=grpc.Compression.Gzip) as channel:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(channel)
         for k in range(seconds // SCRAPE_S):
             t = start_ns + (30 + SCRAPE_S * k) * NS
             hour = ((t - start_ns) / NS % 3600) / 3600
-            _send(stub, request(scrapes.ksm(nodes, ns_labels, t), *(scrapes.dcgm(n, t, hour) for n in nodes),
+            ksm = [scrapes.ksm(nodes, ns_labels, t)] if kube_state_metrics else []
+            _send(stub, request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
                                 *(scrapes.cadvisor(n, t, (t - start_ns) / NS) for n in nodes)))
 
 

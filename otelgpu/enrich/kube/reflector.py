@@ -92,6 +92,7 @@ class Reflector:
         self.backoff = Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, rng)
         self.rng = rng
         self._resp: Any = None
+        self.version: Optional[str] = None  # where the next watch starts; None: list first
         self._failing: Optional[str] = None  # the reason logged for the current run of failures
 
     def _kwargs(self) -> dict[str, Any]:
@@ -101,24 +102,22 @@ class Reflector:
         return kw
 
     def run(self) -> None:
-        version: Optional[str] = None
         relist_reason = "initial"
         while not self.stop.is_set():
-            verb = "list" if version is None else "watch"
+            verb = "list"
             try:
-                if version is None:
-                    version = self._list(relist_reason)
-                version = self._watch(version)
+                if self.version is None:
+                    self.version = self._list(relist_reason)
+                verb = "watch"
+                self._watch()
                 self._recovered()
-            except Gone:
-                self.metrics.count("kube_errors", (self.spec.resource, verb, "gone"))
-                version, relist_reason = None, "gone"
             except Exception as exc:  # every failure of a long-lived watch is retried; none may end it
                 if self.stop.is_set():
                     break
-                reason = reason_of(exc)
-                if reason == "gone":
-                    version, relist_reason = None, "gone"
+                reason = "gone" if isinstance(exc, Gone) else reason_of(exc)
+                if reason == "gone":  # history compacted past our version (or a list's continue expired)
+                    self.metrics.count("kube_errors", (self.spec.resource, verb, "gone"))
+                    self.version, relist_reason = None, "gone"
                     continue
                 self._failed(verb, reason, exc)
                 self.stop.wait(self.backoff.next())
@@ -150,12 +149,13 @@ class Reflector:
         log.info("listed %d %s at resourceVersion %s", len(objects), self.spec.resource, version)
         return version
 
-    def _watch(self, version: str) -> str:
-        """Stream events from `version` until the server ends the watch; returns the last version."""
+    def _watch(self) -> None:
+        """Stream events from `self.version` until the server ends the watch; every event (and
+        bookmark) advances `self.version`, so a broken stream resumes where it stopped."""
         timeout = int(self.cfg.watch_timeout_seconds * (0.9 + 0.2 * self.rng()))  # spread the rewatches
         kw = self._kwargs()
-        kw.update(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=timeout,
-                  _request_timeout=(CONNECT_TIMEOUT_S, timeout + 30.0))
+        kw.update(watch=True, resource_version=self.version, allow_watch_bookmarks=True, timeout_seconds=timeout,
+                  _request_timeout=(CONNECT_TIMEOUT_S, timeout + min(30.0, timeout)))  # silent past this: broken
         resp = self._resp = self.spec.list_fn(**kw)
         try:
             for line in iter_resp_lines(resp):
@@ -163,14 +163,13 @@ class Reflector:
                     break
                 if not line.strip():
                     continue
-                version = self._apply(json.loads(line), version)
+                self.version = self._apply(json.loads(line), self.version)
                 self._recovered()
         finally:
             self._resp = None
             resp.release_conn()
-        return version
 
-    def _apply(self, event: Obj, version: str) -> str:
+    def _apply(self, event: Obj, version: Optional[str]) -> Optional[str]:
         kind, obj = event.get("type", ""), event.get("object") or {}
         if kind == "ERROR":
             if obj.get("code") == 410:
