@@ -10,6 +10,7 @@ from typing import Optional
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
+from otelgpu.demo.objects import k8s_resource
 from otelgpu.demo.otlp import Series, request, scrape
 from otelgpu.enrich.labels import ksm_label_name
 from otelgpu.enrich.window import NS
@@ -68,17 +69,42 @@ class Cluster:
     pods: list[Pod]
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def scrape(self, t_s: float) -> ExportMetricsServiceRequest:
+    def scrape(self, t_s: float, ksm: bool = True) -> ExportMetricsServiceRequest:
         t = T0 + int(t_s * NS)
-        return request(self._ksm(t_s, t), *(self._dcgm(n, t_s, t) for n in self.nodes if n.units),
+        return request(*([self._ksm(t_s, t)] if ksm else []), *(self._dcgm(n, t_s, t) for n in self.nodes if n.units),
                        *(self._cadvisor(n, t_s, t) for n in self.nodes))
 
-    def scrapes(self, every_s: float, until_s: float) -> list[ExportMetricsServiceRequest]:
+    def scrapes(self, every_s: float, until_s: float, ksm: bool = True, from_s: float = 0.0
+                ) -> list[ExportMetricsServiceRequest]:
         k, out = 0, []
-        while k * every_s < until_s:
-            out.append(self.scrape(k * every_s))
+        while from_s + k * every_s < until_s:
+            out.append(self.scrape(from_s + k * every_s, ksm))
             k += 1
         return out
+
+    def namespace_objects(self) -> list[dict]:
+        names = sorted(set(self.namespace_labels) | {p.namespace for p in self.pods})
+        return [{"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": ns, "labels": self.namespace_labels.get(ns, {})}} for ns in names]
+
+    def node_objects(self) -> list[dict]:
+        out = []
+        for n in self.nodes:
+            capacity = {"cpu": f"{n.cpu:g}", "memory": f"{int(n.memory_gib * 2**30)}",
+                        **{k8s_resource(k): f"{v:g}" for k, v in n.capacity.items()}}
+            out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "labels": n.k8s_labels()},
+                        "status": {"capacity": capacity}})
+        return out
+
+    def pod_object(self, p: Pod) -> dict:
+        requests = {"cpu": f"{p.cpu:g}", "memory": f"{int(p.memory_gib * 2**30)}"}
+        if p.gpu:
+            requests[k8s_resource(p.gpu[0])] = str(p.gpu[1])
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": p.name, "namespace": p.namespace, "uid": f"uid-{p.namespace}-{p.name}",
+                             "labels": dict(p.labels)},
+                "spec": {"nodeName": p.node, "containers": [{"name": "main", "resources": {"requests": requests}}]},
+                "status": {"phase": "Running"}}
 
     def _ksm(self, t_s: float, t: int) -> ResourceMetrics:
         g: dict[str, list[Series]] = {k: [] for k in (

@@ -32,6 +32,7 @@ class PodFacts:
     seen_ns: int = 0
     annotations: dict[str, str] = field(default_factory=dict)
     deleted: bool = False  # gone from the API, kept for the grace period: holds nothing new
+    created_ns: int = 0  # metadata.creationTimestamp (API facts only)
 
     def requested(self, resource: str) -> float:
         return sum(v for (_, r), v in self.requests.items() if r == resource)
@@ -68,6 +69,15 @@ class FactsView:
     nodes: Mapping[str, NodeFacts]
     namespaces: Mapping[str, NamespaceFacts]
     owners: Mapping[OwnerKey, OwnerFacts]
+    previous: Mapping[tuple[str, str], PodFacts] = field(default_factory=dict)  # replaced under the same name
+
+    def pod(self, key: tuple[str, str], start_ns: int = 0) -> PodFacts | None:
+        """The pod of that name alive at `start_ns`: a pod deleted and recreated under the same
+        name keeps its own facts for the intervals it began in."""
+        pod = self.pods.get(key)
+        if pod is not None and start_ns and pod.created_ns > start_ns:
+            return self.previous.get(key, pod)
+        return pod
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         ns = self.namespaces.get(namespace)
@@ -79,7 +89,7 @@ def merge(ksm: FactsView, api: FactsView) -> FactsView:
     kube-state-metrics carries only allowlisted keys); kube-state-metrics facts serve the objects
     the API source does not have (not listed yet, forbidden, API unreachable since start)."""
     return FactsView({**ksm.pods, **api.pods}, {**ksm.nodes, **api.nodes},
-                     {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners})
+                     {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners}, api.previous)
 
 
 class KsmFacts:

@@ -99,12 +99,13 @@ class Joiner:
                  cpu_only_nodes: bool = False) -> None:
         self.s, self.source, self.tags, self.mig = strings, facts, tags, mig
         self.facts = FactsView({}, {}, {}, {})  # this interval's, taken at the start of join()
+        self._start = 0
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None) -> Joined:
-        self.facts = self.source.view()
+        self.facts, self._start = self.source.view(), start_ns
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -174,7 +175,7 @@ class Joiner:
         return out
 
     def _requested_replicas(self, holder: tuple[str, str], n_gpus: int) -> int:
-        pod = self.facts.pods.get(holder)
+        pod = self.facts.pod(holder, self._start)
         if pod is None:
             return 1
         k = sum(pod.requested(r) for r in GPU_RESOURCES)
@@ -298,7 +299,7 @@ class Joiner:
                       node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
         tags = self._tags(holder)
         attrs = dict(zip(TAG_NAMES, tags.values))
-        pod = self.facts.pods.get(holder)
+        pod = self.facts.pod(holder, self._start)
         if attribution == "pod" and pod is None:
             attribution = "pod_unknown"
         kind, name = workload(holder[0], holder[1], pod, self.facts.owners)
@@ -350,7 +351,7 @@ class Joiner:
 
     def _pod_row(self, joined: Joined, n: int, holder: tuple[str, str], attribution: str, share: float,
                  use: PodUse | None) -> PodRow:
-        pod = self.facts.pods.get(holder)
+        pod = self.facts.pod(holder, self._start)
         attrs, found = self._holder_attrs(holder, attribution, joined.nodes[n].attrs)
         nan = float("nan")
         return PodRow(
@@ -362,7 +363,7 @@ class Joiner:
     def _tags(self, holder: tuple[str, str]):
         if holder == ("", ""):
             return self.tags.resolve({}, {})
-        pod = self.facts.pods.get(holder)
+        pod = self.facts.pod(holder, self._start)
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
                                  pod.annotations if pod else None)
 

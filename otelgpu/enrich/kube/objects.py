@@ -9,6 +9,7 @@ source compare equal.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Collection, Mapping, Optional
 
 from kubernetes.utils.quantity import parse_quantity
@@ -63,7 +64,18 @@ def pod_facts(obj: Obj, label_keys: Collection[str], annotation_keys: Collection
         labels=_kept(m.get("labels"), ksm_label_name, label_keys), requests=requests,
         owner_kind=kind, owner_name=name, seen_ns=now_ns,
         annotations=_kept(m.get("annotations"), ksm_annotation_name, annotation_keys),
+        created_ns=timestamp_ns(m.get("creationTimestamp")),
     )
+
+
+def timestamp_ns(value: Optional[str]) -> int:
+    """RFC 3339 `2026-11-21T10:00:00Z` -> ns since the epoch; 0 when absent or malformed."""
+    if not value:
+        return 0
+    try:
+        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()) * 1_000_000_000
+    except ValueError:
+        return 0
 
 
 def node_facts(obj: Obj, now_ns: int) -> NodeFacts:

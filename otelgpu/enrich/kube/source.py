@@ -40,6 +40,8 @@ class ApiFacts:
         self._lock = threading.Lock()
         self.pods: dict[tuple[str, str], PodFacts] = {}
         self.deleted_at: dict[tuple[str, str], float] = {}
+        self.previous: dict[tuple[str, str], PodFacts] = {}  # the pod a same-name pod replaced
+        self.previous_at: dict[tuple[str, str], float] = {}
         self.nodes: dict[str, NodeFacts] = {}
         self.namespaces: dict[str, NamespaceFacts] = {}
         self.owners: dict[OwnerKey, OwnerFacts] = {}
@@ -78,8 +80,12 @@ class ApiFacts:
         if resource == "pods":
             key, pod = self._pod(obj)
             with self._lock:
+                old = self.pods.get(key)
+                if old is not None and old.uid != pod.uid:  # recreated under the same name
+                    self.previous[key] = PodFacts(**{**old.__dict__, "deleted": True})
+                    self.previous_at[key] = self.deleted_at.get(key, self.clock())
                 self.pods[key] = pod
-                self.deleted_at.pop(key, None)  # recreated under the same name: the new pod
+                self.deleted_at.pop(key, None)
             self._resolve({key: pod})
         elif resource == "nodes":
             facts = O.node_facts(obj, int(self.clock() * NS))
@@ -128,10 +134,15 @@ class ApiFacts:
         with self._lock:
             for key in [k for k, t in self.deleted_at.items() if t < cutoff]:
                 del self.deleted_at[key]
-                self.pods.pop(key, None)
+                if key in self.pods and self.pods[key].deleted:
+                    del self.pods[key]
+            for key in [k for k, t in self.previous_at.items() if t < cutoff]:
+                del self.previous_at[key]
+                self.previous.pop(key, None)
             used = {(ns, p.owner_kind, p.owner_name) for (ns, _), p in self.pods.items()}
             self.owners = {k: v for k, v in self.owners.items() if k in used or k[1] not in RESOLVED_KINDS}
-            return FactsView(dict(self.pods), dict(self.nodes), dict(self.namespaces), dict(self.owners))
+            return FactsView(dict(self.pods), dict(self.nodes), dict(self.namespaces), dict(self.owners),
+                             dict(self.previous))
 
     def counts(self) -> dict[str, int]:
         with self._lock:

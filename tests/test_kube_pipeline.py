@@ -1,0 +1,232 @@
+"""The sidecar attributing with pod facts from the Kubernetes API (a local API endpoint, the real
+client), alone or beside kube-state-metrics: relabels, namespace label changes, a pod deleted and
+recreated under its name, refusals, the API going away, and the demo cluster either way."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from cluster import T0, Cluster, Node, Pod, Unit
+from kubeapi import FakeKubeApi
+from support import feed, make_config, offline_pipeline
+
+from otelgpu.config import KubernetesConfig
+from otelgpu.demo import objects, scenario
+from otelgpu.demo.run import demo_config, replay
+from otelgpu.enrich.window import NS
+from otelgpu.pipeline import Pipeline
+
+A100 = "NVIDIA A100-SXM4-40GB"
+INTERVAL_S = 300
+PER_INTERVAL = 12.0 * INTERVAL_S / 3600  # one GPU at $12/h for one interval
+
+
+def eventually(check: Any, timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+    return result
+
+
+def two_gpu_cluster(**train: Any) -> Cluster:
+    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-0", A100), Unit("GPU-1", A100)],
+                capacity={"nvidia_com_gpu": 2})
+    pods = [Pod("ml", "train", "gpu-1", labels={"team": "vision", "project": "p", "environment": "prod",
+                                                 "model": "m"}, gpu=("nvidia_com_gpu", 1), holds=("GPU-0",), **train),
+            Pod("ml", "serve", "gpu-1", labels={"team": "nlp"}, gpu=("nvidia_com_gpu", 1), holds=("GPU-1",))]
+    return Cluster([node], pods, namespace_labels={"ml": {"cost-center": "cc-1"}})
+
+
+def api_config(api: FakeKubeApi, **kube: Any):
+    cfg = make_config(attribution__interval_seconds=INTERVAL_S,
+                      attribution__prices__gpu_hour_by_gpu_model={A100: 12.0})
+    k = KubernetesConfig(enabled=True, auth="token", api_url=api.url, token="t", backoff_initial_seconds=0.05,
+                         backoff_max_seconds=0.2, **kube)
+    return replace(cfg, kubernetes=k)
+
+
+@pytest.fixture
+def api():
+    with FakeKubeApi(token="t") as server:
+        yield server
+
+
+def seed(api: FakeKubeApi, cluster: Cluster) -> None:
+    for obj in cluster.namespace_objects() + cluster.node_objects() + [cluster.pod_object(p) for p in cluster.pods]:
+        api.apply(obj)
+
+
+def run_halves(pipeline: Pipeline, cluster: Cluster, between: Any, ksm: bool = False) -> int:
+    """Feed the first half hour, call `between`, feed the rest; returns intervals closed before."""
+    feed(pipeline, *cluster.scrapes(60, 1800, ksm=ksm))
+    before = pipeline.metrics.intervals_computed
+    between()
+    feed(pipeline, *cluster.scrapes(60, 3600 + 60, ksm=ksm, from_s=1800))
+    pipeline.close_due(flush=True)
+    return before
+
+
+def by(pipeline: Pipeline, *keys: str, metric: str = "allocated") -> dict:
+    return {k: round(v, 9) for k, v in pipeline.store.totals(metric, keys, {"cost_model": "request"}).items()}
+
+
+def test_pod_relabelled_mid_run(api):
+    cluster = two_gpu_cluster()
+    seed(api, cluster)
+    p = offline_pipeline(api_config(api))
+    p.start_sources()
+    try:
+        train = cluster.pods[0]
+
+        def relabel() -> None:
+            api.apply(cluster.pod_object(replace(train, labels={**train.labels, "team": "speech"})))
+            eventually(lambda: p.kube.view().pods[("ml", "train")].labels["label_team"] == "speech")
+
+        before = run_halves(p, cluster, relabel)
+        totals = by(p, "pod", "team")
+        intervals = p.metrics.intervals_computed
+        assert 0 < before < intervals
+        assert totals[("train", "vision")] == pytest.approx(before * PER_INTERVAL)
+        assert totals[("train", "speech")] == pytest.approx((intervals - before) * PER_INTERVAL)
+        assert totals[("serve", "nlp")] == pytest.approx(intervals * PER_INTERVAL)
+        workloads = by(p, "workload_kind", "workload_name")
+        assert set(workloads) == {("Pod", "train"), ("Pod", "serve")}
+    finally:
+        p.shutdown()
+
+
+def test_namespace_label_change_moves_the_cost_center(api):
+    cluster = two_gpu_cluster()
+    seed(api, cluster)
+    p = offline_pipeline(api_config(api))
+    p.start_sources()
+    try:
+        def change() -> None:
+            api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml", "labels": {"cost-center": "cc-2"}}})
+            eventually(lambda: p.kube.view().namespace_labels("ml") == {"label_cost_center": "cc-2"})
+
+        before = run_halves(p, cluster, change)
+        totals = by(p, "cost_center")
+        n = p.metrics.intervals_computed
+        assert totals[("cc-1",)] == pytest.approx(2 * before * PER_INTERVAL)
+        assert totals[("cc-2",)] == pytest.approx(2 * (n - before) * PER_INTERVAL)
+    finally:
+        p.shutdown()
+
+
+def test_pod_deleted_and_recreated_under_its_name(api):
+    cluster = two_gpu_cluster(end_s=1800)
+    old = cluster.pods[0]
+    new = replace(old, labels={**old.labels, "team": "speech"}, start_s=1800, end_s=float("inf"))
+    cluster.pods.append(new)
+    seed(api, replace(cluster, pods=cluster.pods[:2]))
+    api.apply({**cluster.pod_object(old), "metadata": {**cluster.pod_object(old)["metadata"],
+                                                       "creationTimestamp": _rfc3339(T0 - 60 * NS)}})
+    p = offline_pipeline(api_config(api))
+    p.start_sources()
+    try:
+        def recreate() -> None:
+            api.delete("Pod", "train", "ml")
+            obj = cluster.pod_object(new)
+            obj["metadata"].update(uid="uid-ml-train-2", creationTimestamp=_rfc3339(T0 + 1800 * NS))
+            api.apply(obj)
+            eventually(lambda: p.kube.view().pods[("ml", "train")].uid == "uid-ml-train-2")
+
+        before = run_halves(p, cluster, recreate)
+        totals = by(p, "pod", "team")
+        n = p.metrics.intervals_computed
+        assert before < 6  # the interval the old pod ended in closed after the new pod appeared ...
+        assert totals[("train", "vision")] == pytest.approx(6 * PER_INTERVAL)  # ... and is still the old pod's
+        assert totals[("train", "speech")] == pytest.approx((n - 6) * PER_INTERVAL)
+    finally:
+        p.shutdown()
+
+
+def _rfc3339(t_ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_ns // NS))
+
+
+def test_refused_pods_fall_back_to_kube_state_metrics_then_the_api_takes_over(api, caplog):
+    cluster = two_gpu_cluster()
+    seed(api, cluster)
+    api.apply(cluster.pod_object(replace(cluster.pods[0], labels={**cluster.pods[0].labels, "cost-center": "cc-9"})))
+    api.forbid("list", "pods")
+    p = offline_pipeline(api_config(api))
+    p.start_sources()
+    try:
+        def allow() -> None:
+            assert p.metrics.kube_errors[("pods", "list", "forbidden")] >= 1
+            api.allow("list", "pods")
+            eventually(p.kube.synced)
+
+        before = run_halves(p, cluster, allow, ksm=True)
+        totals = by(p, "pod", "cost_center")
+        n = p.metrics.intervals_computed
+        # kube-state-metrics facts (namespace cc-1) while pods were refused; the API's pod label after
+        assert totals[("train", "cc-1")] == pytest.approx(before * PER_INTERVAL)
+        assert totals[("train", "cc-9")] == pytest.approx((n - before) * PER_INTERVAL)
+        assert "refuses to list pods" in caplog.text
+    finally:
+        p.shutdown()
+
+
+def test_api_down_for_a_while_attribution_goes_on(api):
+    cluster = two_gpu_cluster()
+    seed(api, cluster)
+    p = offline_pipeline(api_config(api))
+    p.start_sources()
+    try:
+        def outage() -> None:
+            api.go_down()
+            feed(p, *cluster.scrapes(60, 2700, ksm=False, from_s=1800))  # attributed on the last known facts
+            api.come_up()
+
+        run_halves(p, cluster, outage)
+        totals = by(p, "pod", "team")
+        n = p.metrics.intervals_computed
+        assert n == 13  # 12 full intervals and the one the last scrape opened
+        assert totals[("train", "vision")] == pytest.approx(n * PER_INTERVAL)
+        assert ("train", "unallocated") not in totals
+        assert p.metrics.kube_errors[("pods", "watch", "connection")] >= 1
+    finally:
+        p.shutdown()
+
+
+def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
+    nodes, ns_labels = scenario.build()
+    start_ns = T0
+    results = {}
+    with FakeKubeApi(token="t") as api:
+        for obj in objects.objects(nodes, ns_labels):
+            api.apply(obj)
+        for source in ("kube-state-metrics", "api"):
+            config = demo_config(metrics_port=0)
+            if source == "api":
+                config = replace(config, kubernetes=KubernetesConfig(enabled=True, auth="token", api_url=api.url,
+                                                                     token="t"))
+            config = replace(config, receiver=replace(config.receiver, grpc=replace(config.receiver.grpc,
+                                                                                    endpoint="127.0.0.1:0")),
+                             exporter=replace(config.exporter, prometheus=replace(config.exporter.prometheus,
+                                                                                  enabled=False)))
+            p = Pipeline(replace(config, receiver=replace(config.receiver, http=replace(config.receiver.http,
+                                                                                         enabled=False))))
+            p.start()
+            try:
+                replay(p, start_ns, 3600, kube_state_metrics=(source == "kube-state-metrics"))
+                p.drain()
+                p.close_due(flush=True)
+                results[source] = {m: p.store.totals(m, ("cost_model", "team", "cost_center", "workload_name"))
+                                   for m in ("allocated", "unused", "idle", "effective")}
+            finally:
+                p.shutdown()
+    ksm, api_path = results["kube-state-metrics"], results["api"]
+    for metric in ksm:
+        assert set(ksm[metric]) == set(api_path[metric]), metric
+        for key, value in ksm[metric].items():
+            assert api_path[metric][key] == pytest.approx(value, abs=1e-9), (metric, key)
+    teams = {k[1] for k in ksm["allocated"]}
+    assert {"bu-a", "bu-b", "bu-c"} <= teams and sum(v for k, v in ksm["allocated"].items() if k[0] == "request") > 0
