@@ -166,6 +166,7 @@ def test_silent_stream_is_abandoned_and_resumed(api, started):
     assert ("ml", "during-silence") not in source.view().pods
     api.silence_watches(False)
     eventually(lambda: ("ml", "during-silence") in source.view().pods, timeout=8.0)
+    assert source.metrics.snapshot()["kube_errors"][("pods", "watch", "timeout")] >= 1  # not the server's end
 
 
 def test_api_down_for_a_while_keeps_facts_and_catches_up(api, started):
