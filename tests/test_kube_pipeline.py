@@ -230,3 +230,27 @@ def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
             assert api_path[metric][key] == pytest.approx(value, abs=1e-9), (metric, key)
     teams = {k[1] for k in ksm["allocated"]}
     assert {"bu-a", "bu-b", "bu-c"} <= teams and sum(v for k, v in ksm["allocated"].items() if k[0] == "request") > 0
+
+
+def test_coverage_per_namespace_and_unattributed_reasons(api):
+    cluster = two_gpu_cluster()
+    cluster.nodes[0].units.append(Unit("GPU-2", A100))
+    cluster.pods.append(Pod("ml", "ghost", "gpu-1", holds=("GPU-2",)))  # DCGM shows it; the API never had it
+    seed(api, replace(cluster, pods=[p for p in cluster.pods if p.name != "ghost"]))
+    p = offline_pipeline(api_config(api))
+    p.start_sources()
+    try:
+        feed(p, *cluster.scrapes(60, 3600, ksm=False))
+        p.close_due(flush=True)
+        n = p.metrics.intervals_computed
+        unattributed = p.store.totals("unattributed", ("namespace", "reason"))
+        assert unattributed == {("ml", "pod_unknown"): pytest.approx(n * PER_INTERVAL),
+                                ("ml", "tag_missing"): pytest.approx(n * PER_INTERVAL)}  # serve: team only
+        coverage = {(dict(pt.attrs).get("namespace", ""), dict(pt.attrs)["tag"]): pt.value
+                    for pt in p.store.points() if pt.metric == "tag_coverage"}
+        assert coverage[("", "team")] == pytest.approx(2 / 3)  # train and serve have a team; ghost does not
+        assert coverage[("ml", "model")] == pytest.approx(1 / 3)  # only train has a model label
+        assert coverage[("ml", "all")] == pytest.approx(1 / 3)  # train: four labels and the namespace's cost center
+        assert coverage[("", "cost_center")] == 1.0  # the namespace label reaches even the unknown pod
+    finally:
+        p.shutdown()
