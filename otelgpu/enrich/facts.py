@@ -127,9 +127,9 @@ class KsmFacts:
             return
         if metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
             name = attrs["replicaset"] if metric == Metric.REPLICASET_OWNER else attrs["job_name"]
-            if not stale and attrs.get("owner_is_controller", "true") == "true":
+            owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""  # "<none>": known to have none
+            if not stale and (not owner or attrs.get("owner_is_controller", "true") == "true"):
                 kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
-                owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""
                 self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "", t)
             return
         if metric == Metric.NAMESPACE_LABELS:
