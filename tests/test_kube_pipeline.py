@@ -55,6 +55,22 @@ def api():
         yield server
 
 
+@pytest.fixture
+def sidecar():
+    """A pipeline whose Kubernetes API source is started, shut down after the test."""
+    started: list[Pipeline] = []
+
+    def start(api: FakeKubeApi) -> Pipeline:
+        p = offline_pipeline(api_config(api))
+        p.start_sources()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.shutdown()
+
+
 def seed(api: FakeKubeApi, cluster: Cluster) -> None:
     for obj in cluster.namespace_objects() + cluster.node_objects() + [cluster.pod_object(p) for p in cluster.pods]:
         api.apply(obj)
@@ -74,51 +90,43 @@ def by(pipeline: Pipeline, *keys: str, metric: str = "allocated") -> dict:
     return {k: round(v, 9) for k, v in pipeline.store.totals(metric, keys, {"cost_model": "request"}).items()}
 
 
-def test_pod_relabelled_mid_run(api):
+def test_pod_relabelled_mid_run(api, sidecar):
     cluster = two_gpu_cluster()
     seed(api, cluster)
-    p = offline_pipeline(api_config(api))
-    p.start_sources()
-    try:
-        train = cluster.pods[0]
+    p = sidecar(api)
+    train = cluster.pods[0]
 
-        def relabel() -> None:
-            api.apply(cluster.pod_object(replace(train, labels={**train.labels, "team": "speech"})))
-            eventually(lambda: p.kube.view().pods[("ml", "train")].labels["label_team"] == "speech")
+    def relabel() -> None:
+        api.apply(cluster.pod_object(replace(train, labels={**train.labels, "team": "speech"})))
+        eventually(lambda: p.kube.view().pods[("ml", "train")].labels["label_team"] == "speech")
 
-        before = run_halves(p, cluster, relabel)
-        totals = by(p, "pod", "team")
-        intervals = p.metrics.intervals_computed
-        assert 0 < before < intervals
-        assert totals[("train", "vision")] == pytest.approx(before * PER_INTERVAL)
-        assert totals[("train", "speech")] == pytest.approx((intervals - before) * PER_INTERVAL)
-        assert totals[("serve", "nlp")] == pytest.approx(intervals * PER_INTERVAL)
-        workloads = by(p, "workload_kind", "workload_name")
-        assert set(workloads) == {("Pod", "train"), ("Pod", "serve")}
-    finally:
-        p.shutdown()
+    before = run_halves(p, cluster, relabel)
+    totals = by(p, "pod", "team")
+    intervals = p.metrics.intervals_computed
+    assert 0 < before < intervals
+    assert totals[("train", "vision")] == pytest.approx(before * PER_INTERVAL)
+    assert totals[("train", "speech")] == pytest.approx((intervals - before) * PER_INTERVAL)
+    assert totals[("serve", "nlp")] == pytest.approx(intervals * PER_INTERVAL)
+    workloads = by(p, "workload_kind", "workload_name")
+    assert set(workloads) == {("Pod", "train"), ("Pod", "serve")}
 
 
-def test_namespace_label_change_moves_the_cost_center(api):
+def test_namespace_label_change_moves_the_cost_center(api, sidecar):
     cluster = two_gpu_cluster()
     seed(api, cluster)
-    p = offline_pipeline(api_config(api))
-    p.start_sources()
-    try:
-        def change() -> None:
-            api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml", "labels": {"cost-center": "cc-2"}}})
-            eventually(lambda: p.kube.view().namespace_labels("ml") == {"label_cost_center": "cc-2"})
+    p = sidecar(api)
+    def change() -> None:
+        api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml", "labels": {"cost-center": "cc-2"}}})
+        eventually(lambda: p.kube.view().namespace_labels("ml") == {"label_cost_center": "cc-2"})
 
-        before = run_halves(p, cluster, change)
-        totals = by(p, "cost_center")
-        n = p.metrics.intervals_computed
-        assert totals[("cc-1",)] == pytest.approx(2 * before * PER_INTERVAL)
-        assert totals[("cc-2",)] == pytest.approx(2 * (n - before) * PER_INTERVAL)
-    finally:
-        p.shutdown()
+    before = run_halves(p, cluster, change)
+    totals = by(p, "cost_center")
+    n = p.metrics.intervals_computed
+    assert totals[("cc-1",)] == pytest.approx(2 * before * PER_INTERVAL)
+    assert totals[("cc-2",)] == pytest.approx(2 * (n - before) * PER_INTERVAL)
 
 
-def test_pod_deleted_and_recreated_under_its_name(api):
+def test_pod_deleted_and_recreated_under_its_name(api, sidecar):
     cluster = two_gpu_cluster(end_s=1800)
     old = cluster.pods[0]
     new = replace(old, labels={**old.labels, "team": "speech"}, start_s=1800, end_s=float("inf"))
@@ -126,74 +134,62 @@ def test_pod_deleted_and_recreated_under_its_name(api):
     seed(api, replace(cluster, pods=cluster.pods[:2]))
     api.apply({**cluster.pod_object(old), "metadata": {**cluster.pod_object(old)["metadata"],
                                                        "creationTimestamp": _rfc3339(T0 - 60 * NS)}})
-    p = offline_pipeline(api_config(api))
-    p.start_sources()
-    try:
-        def recreate() -> None:
-            api.delete("Pod", "train", "ml")
-            obj = cluster.pod_object(new)
-            obj["metadata"].update(uid="uid-ml-train-2", creationTimestamp=_rfc3339(T0 + 1800 * NS))
-            api.apply(obj)
-            eventually(lambda: p.kube.view().pods[("ml", "train")].uid == "uid-ml-train-2")
+    p = sidecar(api)
+    def recreate() -> None:
+        api.delete("Pod", "train", "ml")
+        obj = cluster.pod_object(new)
+        obj["metadata"].update(uid="uid-ml-train-2", creationTimestamp=_rfc3339(T0 + 1800 * NS))
+        api.apply(obj)
+        eventually(lambda: p.kube.view().pods[("ml", "train")].uid == "uid-ml-train-2")
 
-        before = run_halves(p, cluster, recreate)
-        totals = by(p, "pod", "team")
-        n = p.metrics.intervals_computed
-        assert before < 6  # the interval the old pod ended in closed after the new pod appeared ...
-        assert totals[("train", "vision")] == pytest.approx(6 * PER_INTERVAL)  # ... and is still the old pod's
-        assert totals[("train", "speech")] == pytest.approx((n - 6) * PER_INTERVAL)
-    finally:
-        p.shutdown()
+    before = run_halves(p, cluster, recreate)
+    totals = by(p, "pod", "team")
+    n = p.metrics.intervals_computed
+    assert before < 6  # the interval the old pod ended in closed after the new pod appeared ...
+    assert totals[("train", "vision")] == pytest.approx(6 * PER_INTERVAL)  # ... and is still the old pod's
+    assert totals[("train", "speech")] == pytest.approx((n - 6) * PER_INTERVAL)
 
 
 def _rfc3339(t_ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_ns // NS))
 
 
-def test_refused_pods_fall_back_to_kube_state_metrics_then_the_api_takes_over(api, caplog):
+def test_refused_pods_fall_back_to_kube_state_metrics_then_the_api_takes_over(api, sidecar, caplog):
     cluster = two_gpu_cluster()
     seed(api, cluster)
     api.apply(cluster.pod_object(replace(cluster.pods[0], labels={**cluster.pods[0].labels, "cost-center": "cc-9"})))
     api.forbid("list", "pods")
-    p = offline_pipeline(api_config(api))
-    p.start_sources()
-    try:
-        def allow() -> None:
-            assert p.metrics.kube_errors[("pods", "list", "forbidden")] >= 1
-            api.allow("list", "pods")
-            eventually(p.kube.synced)
+    p = sidecar(api)
+    def allow() -> None:
+        assert p.metrics.kube_errors[("pods", "list", "forbidden")] >= 1
+        api.allow("list", "pods")
+        eventually(p.kube.synced)
 
-        before = run_halves(p, cluster, allow, ksm=True)
-        totals = by(p, "pod", "cost_center")
-        n = p.metrics.intervals_computed
-        # kube-state-metrics facts (namespace cc-1) while pods were refused; the API's pod label after
-        assert totals[("train", "cc-1")] == pytest.approx(before * PER_INTERVAL)
-        assert totals[("train", "cc-9")] == pytest.approx((n - before) * PER_INTERVAL)
-        assert "refuses to list pods" in caplog.text
-    finally:
-        p.shutdown()
+    before = run_halves(p, cluster, allow, ksm=True)
+    totals = by(p, "pod", "cost_center")
+    n = p.metrics.intervals_computed
+    # kube-state-metrics facts (namespace cc-1) while pods were refused; the API's pod label after
+    assert totals[("train", "cc-1")] == pytest.approx(before * PER_INTERVAL)
+    assert totals[("train", "cc-9")] == pytest.approx((n - before) * PER_INTERVAL)
+    assert "refuses to list pods" in caplog.text
 
 
-def test_api_down_for_a_while_attribution_goes_on(api):
+def test_api_down_for_a_while_attribution_goes_on(api, sidecar):
     cluster = two_gpu_cluster()
     seed(api, cluster)
-    p = offline_pipeline(api_config(api))
-    p.start_sources()
-    try:
-        def outage() -> None:
-            api.go_down()
-            feed(p, *cluster.scrapes(60, 2700, ksm=False, from_s=1800))  # attributed on the last known facts
-            api.come_up()
+    p = sidecar(api)
+    def outage() -> None:
+        api.go_down()
+        feed(p, *cluster.scrapes(60, 2700, ksm=False, from_s=1800))  # attributed on the last known facts
+        api.come_up()
 
-        run_halves(p, cluster, outage)
-        totals = by(p, "pod", "team")
-        n = p.metrics.intervals_computed
-        assert n == 13  # 12 full intervals and the one the last scrape opened
-        assert totals[("train", "vision")] == pytest.approx(n * PER_INTERVAL)
-        assert ("train", "unallocated") not in totals
-        assert p.metrics.kube_errors[("pods", "watch", "connection")] >= 1
-    finally:
-        p.shutdown()
+    run_halves(p, cluster, outage)
+    totals = by(p, "pod", "team")
+    n = p.metrics.intervals_computed
+    assert n == 13  # 12 full intervals and the one the last scrape opened
+    assert totals[("train", "vision")] == pytest.approx(n * PER_INTERVAL)
+    assert ("train", "unallocated") not in totals
+    assert p.metrics.kube_errors[("pods", "watch", "connection")] >= 1
 
 
 def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
@@ -232,25 +228,21 @@ def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
     assert {"bu-a", "bu-b", "bu-c"} <= teams and sum(v for k, v in ksm["allocated"].items() if k[0] == "request") > 0
 
 
-def test_coverage_per_namespace_and_unattributed_reasons(api):
+def test_coverage_per_namespace_and_unattributed_reasons(api, sidecar):
     cluster = two_gpu_cluster()
     cluster.nodes[0].units.append(Unit("GPU-2", A100))
     cluster.pods.append(Pod("ml", "ghost", "gpu-1", holds=("GPU-2",)))  # DCGM shows it; the API never had it
     seed(api, replace(cluster, pods=[p for p in cluster.pods if p.name != "ghost"]))
-    p = offline_pipeline(api_config(api))
-    p.start_sources()
-    try:
-        feed(p, *cluster.scrapes(60, 3600, ksm=False))
-        p.close_due(flush=True)
-        n = p.metrics.intervals_computed
-        unattributed = p.store.totals("unattributed", ("namespace", "reason"))
-        assert unattributed == {("ml", "pod_unknown"): pytest.approx(n * PER_INTERVAL),
-                                ("ml", "tag_missing"): pytest.approx(n * PER_INTERVAL)}  # serve: team only
-        coverage = {(dict(pt.attrs).get("namespace", ""), dict(pt.attrs)["tag"]): pt.value
-                    for pt in p.store.points() if pt.metric == "tag_coverage"}
-        assert coverage[("", "team")] == pytest.approx(2 / 3)  # train and serve have a team; ghost does not
-        assert coverage[("ml", "model")] == pytest.approx(1 / 3)  # only train has a model label
-        assert coverage[("ml", "all")] == pytest.approx(1 / 3)  # train: four labels and the namespace's cost center
-        assert coverage[("", "cost_center")] == 1.0  # the namespace label reaches even the unknown pod
-    finally:
-        p.shutdown()
+    p = sidecar(api)
+    feed(p, *cluster.scrapes(60, 3600, ksm=False))
+    p.close_due(flush=True)
+    n = p.metrics.intervals_computed
+    unattributed = p.store.totals("unattributed", ("namespace", "reason"))
+    assert unattributed == {("ml", "pod_unknown"): pytest.approx(n * PER_INTERVAL),
+                            ("ml", "tag_missing"): pytest.approx(n * PER_INTERVAL)}  # serve: team only
+    coverage = {(dict(pt.attrs).get("namespace", ""), dict(pt.attrs)["tag"]): pt.value
+                for pt in p.store.points() if pt.metric == "tag_coverage"}
+    assert coverage[("", "team")] == pytest.approx(2 / 3)  # train and serve have a team; ghost does not
+    assert coverage[("ml", "model")] == pytest.approx(1 / 3)  # only train has a model label
+    assert coverage[("ml", "all")] == pytest.approx(1 / 3)  # train: four labels and the namespace's cost center
+    assert coverage[("", "cost_center")] == 1.0  # the namespace label reaches even the unknown pod
