@@ -99,6 +99,7 @@ def test_lists_then_watches_and_keeps_only_the_fields_it_uses(api, started):
         api.apply(pod(f"train-{i}", labels={"team": "vision", "app": "x" * 300},
                       annotations={"kubectl.kubernetes.io/last-applied-configuration": "{" + "y" * 5000 + "}"}))
     source = started(api)
+    assert source.metrics.snapshot()["kube_objects"]["pods"] == 5  # published on every change, not per interval
     view = source.view()
     assert len(view.pods) == 5
     p = view.pods[("ml", "train-0")]

@@ -35,8 +35,9 @@ RESOLVED_KINDS = {"ReplicaSet": "replicasets", "Job": "jobs"}
 class ApiFacts:
     """Written by the watch threads, read through view() by the pipeline; one lock."""
 
-    def __init__(self, tags: TagResolver, grace_s: float, clock: Callable[[], float] = time.time) -> None:
-        self.tags, self.grace_s, self.clock = tags, grace_s, clock
+    def __init__(self, tags: TagResolver, grace_s: float, clock: Callable[[], float] = time.time,
+                 metrics: Optional[SelfMetrics] = None) -> None:
+        self.tags, self.grace_s, self.clock, self.metrics = tags, grace_s, clock, metrics
         self._lock = threading.Lock()
         self.pods: dict[tuple[str, str], PodFacts] = {}
         self.deleted_at: dict[tuple[str, str], float] = {}
@@ -53,6 +54,10 @@ class ApiFacts:
         return (m.get("namespace", ""), m.get("name", "")), pod
 
     def replace(self, resource: str, objects: list[Obj]) -> None:
+        self._replace(resource, objects)
+        self.publish()
+
+    def _replace(self, resource: str, objects: list[Obj]) -> None:
         now = self.clock()
         if resource == "pods":
             fresh = dict(self._pod(o) for o in objects)
@@ -76,6 +81,10 @@ class ApiFacts:
                 self.namespaces = nss
 
     def upsert(self, resource: str, obj: Obj) -> None:
+        self._upsert(resource, obj)
+        self.publish()
+
+    def _upsert(self, resource: str, obj: Obj) -> None:
         name = O.meta(obj).get("name", "")
         if resource == "pods":
             key, pod = self._pod(obj)
@@ -108,6 +117,13 @@ class ApiFacts:
                 self.nodes.pop(m.get("name", ""), None)
             else:
                 self.namespaces.pop(m.get("name", ""), None)
+        self.publish()
+
+    def publish(self) -> None:
+        """Object counts into the otelgpu_kube_objects gauge."""
+        if self.metrics is not None:
+            for resource, n in self.counts().items():
+                self.metrics.set("kube_objects", resource, n)
 
     def _deleted(self, key: tuple[str, str], pod: PodFacts, now: float) -> PodFacts:
         if not pod.deleted:
@@ -217,7 +233,7 @@ class KubeSource:
                  api: Optional[client.ApiClient] = None, clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.metrics = cfg, metrics
         self.api = api or api_client(cfg)
-        self.facts = ApiFacts(tags, cfg.deleted_pod_grace_seconds, clock)
+        self.facts = ApiFacts(tags, cfg.deleted_pod_grace_seconds, clock, metrics)
         self.stop = threading.Event()
         core = client.CoreV1Api(self.api)
         node = cfg.node_name if cfg.scope == "node" else None
@@ -256,8 +272,7 @@ class KubeSource:
 
     def view(self) -> FactsView:
         view = self.facts.view()
-        for resource, n in self.facts.counts().items():
-            self.metrics.set("kube_objects", resource, n)
+        self.facts.publish()  # deleted pods past their grace are gone now
         return view
 
     def shutdown(self) -> None:
