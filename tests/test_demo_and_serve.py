@@ -48,6 +48,10 @@ def test_demo_reproduces_the_recipe_and_adds_up():
     text = out.getvalue()
     assert "bu-a" in text and "(idle)" in text and "cluster total" in text and "/metrics" in text
     assert "charge by team and cost model" in text and "opencost" in text
+    # The printed coverage is the cluster's (not a namespace's) and matches the exported gauge.
+    cluster_all = next(pt.value for pt in p.store.points() if pt.metric == "tag_coverage"
+                       and dict(pt.attrs) == {"tag": "all"})
+    assert 0 < cluster_all < 1 and f"all five tags {cluster_all:.0%}" in text
 
 
 def test_demo_command_runs():

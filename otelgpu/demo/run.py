@@ -77,7 +77,8 @@ def report(pipeline: Pipeline, out: TextIO) -> None:
     capacity = sum(store.totals("capacity", (), request).values())
     out.write(f"{'(idle)':<16}{idle:>12.6f}\n")
     out.write(f"{'cluster total':<16}{allocated + idle:>12.6f}   = GPU capacity cost {capacity:.6f}\n")
-    coverage = {dict(p.attrs)["tag"]: p.value for p in store.points() if p.metric == "tag_coverage"}
+    coverage = {dict(p.attrs)["tag"]: p.value for p in store.points()
+                if p.metric == "tag_coverage" and "namespace" not in dict(p.attrs)}  # the cluster's figure
     if coverage:
         out.write(f"tag coverage (last interval): all five tags {coverage.get('all', 0):.0%}; " +
                   ", ".join(f"{k} {v:.0%}" for k, v in coverage.items() if k != "all") + "\n")
