@@ -152,7 +152,7 @@ class Reflector:
     def _watch(self) -> None:
         """Stream events from `self.version` until the server ends the watch; every event (and
         bookmark) advances `self.version`, so a broken stream resumes where it stopped."""
-        timeout = int(self.cfg.watch_timeout_seconds * (0.9 + 0.2 * self.rng()))  # spread the rewatches
+        timeout = max(int(self.cfg.watch_timeout_seconds * (0.9 + 0.2 * self.rng())), 1)  # spread the rewatches
         kw = self._kwargs()
         kw.update(watch=True, resource_version=self.version, allow_watch_bookmarks=True, timeout_seconds=timeout,
                   _request_timeout=(CONNECT_TIMEOUT_S, timeout + min(30.0, timeout)))  # silent past this: broken
