@@ -18,8 +18,8 @@ from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import NodePrice, Pricer
 from otelgpu.config import TAG_NAMES
-from otelgpu.enrich.facts import FactSource, FactsView
-from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
+from otelgpu.enrich.labels import TagResolver, Tags
 from otelgpu.enrich.nodes import (
     GPU_RESOURCES,
     MIG_PREFIX,
@@ -297,9 +297,9 @@ class Joiner:
 
     def _holder_attrs(self, holder: tuple[str, str], attribution: str,
                       node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
-        tags = self._tags(holder)
-        attrs = dict(zip(TAG_NAMES, tags.values))
         pod = self.facts.pod(holder, self._start)
+        tags = self._tags(holder, pod)
+        attrs = dict(zip(TAG_NAMES, tags.values))
         if attribution == "pod" and pod is None:
             attribution = "pod_unknown"
         kind, name = workload(holder[0], holder[1], pod, self.facts.owners)
@@ -360,10 +360,9 @@ class Joiner:
             use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan,
         )
 
-    def _tags(self, holder: tuple[str, str]):
+    def _tags(self, holder: tuple[str, str], pod: PodFacts | None) -> Tags:
         if holder == ("", ""):
             return self.tags.resolve({}, {})
-        pod = self.facts.pod(holder, self._start)
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
                                  pod.annotations if pod else None)
 

@@ -25,6 +25,11 @@ def ksm_label_name(kubernetes_key: str) -> str:
     return "label_" + _CAMEL.sub(r"\1_\2", _INVALID.sub("_", kubernetes_key)).lower()
 
 
+def ksm_resource_name(kubernetes_name: str) -> str:
+    """`nvidia.com/mig-1g.10gb` -> `nvidia_com_mig_1g_10gb`, the `resource` label of kube-state-metrics."""
+    return _INVALID.sub("_", kubernetes_name)
+
+
 # Node labels otelgpu reads, in kube-state-metrics form.
 INSTANCE_TYPE = ksm_label_name("node.kubernetes.io/instance-type")
 INSTANCE_TYPE_BETA = ksm_label_name("beta.kubernetes.io/instance-type")
@@ -35,6 +40,11 @@ GPU_REPLICAS = ksm_label_name("nvidia.com/gpu.replicas")
 GPU_COUNT = ksm_label_name("nvidia.com/gpu.count")
 GPU_SHARING = ksm_label_name("nvidia.com/gpu.sharing-strategy")
 MIG_STRATEGY = ksm_label_name("nvidia.com/mig.strategy")
+
+
+def ksm_resource_name(kubernetes_name: str) -> str:
+    """`nvidia.com/mig-1g.10gb` -> `nvidia_com_mig_1g_10gb`, the `resource` label of kube-state-metrics."""
+    return _INVALID.sub("_", kubernetes_name)
 
 
 # Node labels otelgpu reads: the API source keeps only these.

@@ -8,23 +8,15 @@ source compare equal.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any, Collection, Mapping, Optional
 
 from kubernetes.utils.quantity import parse_quantity
 
 from otelgpu.enrich.facts import NamespaceFacts, NodeFacts, OwnerFacts, PodFacts
-from otelgpu.enrich.labels import NODE_LABELS, ksm_annotation_name, ksm_label_name
-
-_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+from otelgpu.enrich.labels import NODE_LABELS, ksm_annotation_name, ksm_label_name, ksm_resource_name
 
 Obj = Mapping[str, Any]
-
-
-def resource_name(kubernetes_name: str) -> str:
-    """`nvidia.com/mig-1g.10gb` -> `nvidia_com_mig_1g_10gb`, the `resource` label of kube-state-metrics."""
-    return _INVALID.sub("_", kubernetes_name)
 
 
 def quantity(value: object) -> float:
@@ -57,7 +49,7 @@ def pod_facts(obj: Obj, label_keys: Collection[str], annotation_keys: Collection
     requests: dict[tuple[str, str], float] = {}
     for container in spec.get("containers") or []:
         for resource, qty in ((container.get("resources") or {}).get("requests") or {}).items():
-            requests[(container.get("name", ""), resource_name(resource))] = quantity(qty)
+            requests[(container.get("name", ""), ksm_resource_name(resource))] = quantity(qty)
     kind, name = controller(obj)
     return PodFacts(
         uid=m.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "",
@@ -81,7 +73,7 @@ def timestamp_ns(value: Optional[str]) -> int:
 def node_facts(obj: Obj, now_ns: int) -> NodeFacts:
     capacity = (obj.get("status") or {}).get("capacity") or {}
     return NodeFacts(labels=_kept(meta(obj).get("labels"), ksm_label_name, NODE_LABELS),
-                     capacity={resource_name(k): quantity(v) for k, v in capacity.items()}, seen_ns=now_ns)
+                     capacity={ksm_resource_name(k): quantity(v) for k, v in capacity.items()}, seen_ns=now_ns)
 
 
 def namespace_facts(obj: Obj, label_keys: Collection[str], now_ns: int) -> NamespaceFacts:

@@ -14,7 +14,7 @@ import logging
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -35,7 +35,7 @@ class Gone(Exception):
 
 
 class Store(Protocol):
-    def replace(self, resource: str, objects: list[Obj]) -> None: ...
+    def replace(self, resource: str, objects: Iterable[Obj]) -> None: ...
     def upsert(self, resource: str, obj: Obj) -> None: ...
     def delete(self, resource: str, obj: Obj) -> None: ...
 
@@ -94,6 +94,8 @@ class Reflector:
         self._resp: Any = None
         self.version: Optional[str] = None  # where the next watch starts; None: list first
         self._failing: Optional[str] = None  # the reason logged for the current run of failures
+        self.synced = False  # listed, and not relisting
+        self._listed = ("", 0)  # (resourceVersion, objects) of the list in progress
 
     def _kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"_preload_content": False}
@@ -123,10 +125,19 @@ class Reflector:
                 self.stop.wait(self.backoff.next())
 
     def _list(self, reason: str) -> str:
-        self.metrics.set("kube_synced", self.spec.resource, 0)
-        objects: list[Obj] = []
+        self._set_synced(False)
+        self._listed = ("", 0)
+        self.store.replace(self.spec.resource, self._pages())
+        version, count = self._listed
+        self.metrics.count("kube_lists", (self.spec.resource, reason))
+        self._set_synced(True)
+        log.info("listed %d %s at resourceVersion %s", count, self.spec.resource, version)
+        return version
+
+    def _pages(self) -> Iterator[Obj]:
+        """Every object, fetched a page at a time as the store consumes them, so no more than one
+        page of raw JSON is held however large the cluster."""
         token: Optional[str] = None
-        version = ""
         while True:
             kw = self._kwargs()
             kw.update(limit=self.cfg.page_size, _request_timeout=(CONNECT_TIMEOUT_S, 60.0))
@@ -137,17 +148,17 @@ class Reflector:
                 body = json.loads(resp.data)
             finally:
                 resp.release_conn()
-            objects.extend(body.get("items") or [])
+            items = body.get("items") or []
             meta = body.get("metadata") or {}
-            version = meta.get("resourceVersion") or version
+            self._listed = (meta.get("resourceVersion") or self._listed[0], self._listed[1] + len(items))
+            yield from items
             token = meta.get("continue")
             if not token:
-                break
-        self.store.replace(self.spec.resource, objects)
-        self.metrics.count("kube_lists", (self.spec.resource, reason))
-        self.metrics.set("kube_synced", self.spec.resource, 1)
-        log.info("listed %d %s at resourceVersion %s", len(objects), self.spec.resource, version)
-        return version
+                return
+
+    def _set_synced(self, synced: bool) -> None:
+        self.synced = synced
+        self.metrics.set("kube_synced", self.spec.resource, int(synced))
 
     def _watch(self) -> None:
         """Stream events from `self.version` until the server ends the watch; every event (and

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from kubernetes import client
 
@@ -53,11 +53,11 @@ class ApiFacts:
         pod = O.pod_facts(obj, self.tags.pod_label_keys, self.tags.annotation_keys, int(self.clock() * NS))
         return (m.get("namespace", ""), m.get("name", "")), pod
 
-    def replace(self, resource: str, objects: list[Obj]) -> None:
+    def replace(self, resource: str, objects: Iterable[Obj]) -> None:
         self._replace(resource, objects)
         self.publish()
 
-    def _replace(self, resource: str, objects: list[Obj]) -> None:
+    def _replace(self, resource: str, objects: Iterable[Obj]) -> None:
         now = self.clock()
         if resource == "pods":
             fresh = dict(self._pod(o) for o in objects)
@@ -258,9 +258,7 @@ class KubeSource:
             self._threads.append(t)
 
     def synced(self) -> bool:
-        synced = self.metrics.snapshot()["kube_synced"]
-        assert isinstance(synced, dict)
-        return all(synced.get(r.spec.resource) == 1 for r in self.reflectors)
+        return all(r.synced for r in self.reflectors)
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
