@@ -19,6 +19,7 @@ from otelgpu.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 TAG_NAMES = ("team", "project", "environment", "model", "cost_center")
 
 
@@ -198,12 +199,68 @@ def _default_tags() -> dict[str, TagRule]:
 
 
 @dataclass(config=_STRICT)
+class DeliveryConfig:
+    """An exporter's queue and retries. Each closed interval queues one snapshot of the cumulative
+    series; when `queue_size` snapshots wait, the two oldest are merged (newest value per series),
+    which costs time resolution during an outage but never money."""
+
+    queue_size: int = Field(60, ge=2, le=10_000)
+    backoff_initial_seconds: float = Field(1.0, gt=0, le=300)
+    backoff_max_seconds: float = Field(60.0, gt=0, le=3600)
+    shutdown_timeout_seconds: float = Field(10.0, ge=0, le=300)  # flushing the last interval at stop
+
+
+@dataclass(config=_STRICT)
 class OtlpExporterConfig:
     endpoint: str
     insecure: bool = True
     headers: dict[str, str] = Field(default_factory=dict)
-    timeout_seconds: float = Field(10.0, gt=0, le=300)
+    timeout_seconds: float = Field(10.0, gt=0, le=300)  # per attempt
     compression: Literal["gzip", "none"] = "gzip"
+    delivery: DeliveryConfig = DeliveryConfig()
+
+
+@dataclass(config=_STRICT)
+class SigV4Config:
+    """AWS Signature Version 4 for Amazon Managed Service for Prometheus. Credentials come from the
+    standard AWS chain (environment, IRSA web identity, profile, container and instance roles)."""
+
+    region: str = Field(min_length=1)
+    service: str = "aps"
+
+
+@dataclass(config=_STRICT)
+class RemoteWriteConfig:
+    """Prometheus remote write 1.0 straight to AMP (or any remote-write receiver), for clusters with
+    no Collector return path."""
+
+    url: str
+    sigv4: Optional[SigV4Config] = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    external_labels: dict[str, str] = Field(default_factory=dict)  # `cluster` is always cluster.name
+    timeout_seconds: float = Field(30.0, gt=0, le=300)  # per request
+    max_samples_per_request: int = Field(2000, ge=1, le=100_000)
+    ca_file: Optional[str] = None
+    insecure_skip_tls_verify: bool = False
+    delivery: DeliveryConfig = DeliveryConfig()
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("external_labels")
+    @classmethod
+    def _check_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, v in value.items():
+            if not _LABEL_NAME.match(name) or name.startswith("__") or name == "cluster":
+                raise ValueError(f"external label {name!r} is not a usable Prometheus label name "
+                                 "(letters, digits, _; not starting with __; cluster comes from cluster.name)")
+            if v == "":
+                raise ValueError(f"external label {name!r} has an empty value")
+        return value
 
 
 @dataclass(config=_STRICT)
@@ -217,7 +274,50 @@ class PrometheusConfig:
 @dataclass(config=_STRICT)
 class ExporterConfig:
     otlp: Optional[OtlpExporterConfig] = None
+    remote_write: Optional[RemoteWriteConfig] = None
     prometheus: PrometheusConfig = PrometheusConfig()
+
+
+# Attributes a series keeps whatever `series.detail` says: without them the figures of different
+# models or resources would be added together.
+SERIES_KEPT = ("cost_model", "resource", "idle_policy", "price_source")
+# What each detail level drops, from the most to the least detailed.
+SERIES_DETAIL = {
+    "pod": (),
+    "workload": ("pod",),
+    "namespace": ("pod", "workload_kind", "workload_name"),
+}
+
+
+@dataclass(config=_STRICT)
+class SeriesConfig:
+    """Which dimensions the cost series keep (active series in AMP cost money too) and when a
+    series that stopped receiving cost is ended with a NO_RECORDED_VALUE point."""
+
+    detail: Literal["pod", "workload", "namespace"] = "pod"
+    drop_attributes: tuple[str, ...] = ()
+    end_after_intervals: int = Field(2, ge=1, le=10_000)
+
+    @field_validator("drop_attributes")
+    @classmethod
+    def _check_drop(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        kept = sorted(set(value) & set(SERIES_KEPT))
+        if kept:
+            raise ValueError(f"{', '.join(kept)} cannot be dropped: series of different models, resources, "
+                             "policies or prices would be added together")
+        return value
+
+    @property
+    def dropped(self) -> frozenset[str]:
+        return frozenset(SERIES_DETAIL[self.detail]) | frozenset(self.drop_attributes)
+
+
+@dataclass(config=_STRICT)
+class CheckpointConfig:
+    """Where the cumulative series are saved after every interval, so a restart (kill -9 included)
+    continues them with their start times. None: no checkpoint, counters start afresh on restart."""
+
+    directory: Optional[str] = None
 
 
 @dataclass(config=_STRICT)
@@ -271,6 +371,8 @@ class Config:
     tag_values: TagValuesConfig = TagValuesConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     exporter: ExporterConfig = ExporterConfig()
+    series: SeriesConfig = SeriesConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("tags")
     @classmethod

@@ -64,7 +64,8 @@ class Point:
     attrs: Attrs
     start_ns: int
     time_ns: int
-    value: float
+    value: float  # NaN when `ended`
+    ended: bool = False  # the series' last point: OTLP flag NO_RECORDED_VALUE, a stale marker after remote write
 
 
 class CostStore:
