@@ -21,9 +21,11 @@ from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
-from otelgpu.exporter.otlp import OtlpCostExporter
+from otelgpu.checkpoint import Checkpoint, Identity
+from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
-from otelgpu.exporter.store import CostStore
+from otelgpu.exporter.store import CostStore, Point
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
@@ -38,7 +40,9 @@ KUBE_SYNC_WAIT_S = 10.0  # how long start() waits for the first Kubernetes API l
 
 
 class Pipeline:
-    def __init__(self, config: Config, *, serve_receivers: bool = True) -> None:
+    """`keep_ended`: ended series still count in `store.totals()` (run reports: the demo, tests)."""
+
+    def __init__(self, config: Config, *, serve_receivers: bool = True, keep_ended: bool = False) -> None:
         from prometheus_client import CollectorRegistry
 
         self.config = config
@@ -48,19 +52,32 @@ class Pipeline:
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds, self.metrics)
         self.facts = KsmFacts(self.strings, ttl_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
         self.windows = Windows(a.interval_seconds, a.lateness_seconds)
-        self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics)
+        self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
+                                 dropped=config.series.dropped)
         self.pricer = Pricer(a.prices)
         self.usage = UsageTracker(self.strings)
-        tags = TagResolver(config.tags, TagValues(config.tag_values, self.metrics))
+        self.tag_values = TagValues(config.tag_values, self.metrics)
+        tags = TagResolver(config.tags, self.tag_values)
         self.kube = KubeSource(config.kubernetes, tags, self.metrics) if config.kubernetes.enabled else None
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
         self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
                              cpu_only_nodes=a.scad.cpu_only_nodes)
-        self.store = CostStore(a.currency)
+        self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
-        self.otlp = (OtlpCostExporter(config.exporter.otlp, self.store, self.metrics, config.cluster.name)
-                     if config.exporter.otlp else None)
+        self.deliveries: list[Delivery] = []
+        e, cluster = config.exporter, config.cluster.name
+        if e.otlp:
+            self.deliveries.append(Delivery(OtlpSender(e.otlp, self.store.specs, self.metrics, cluster),
+                                            e.otlp.delivery, self.metrics))
+        if e.remote_write:
+            from otelgpu.exporter.remote_write import RemoteWriteSender  # botocore loads only when used
+
+            self.deliveries.append(Delivery(RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics),
+                                            e.remote_write.delivery, self.metrics))
+        self.checkpoint = (Checkpoint(config.checkpoint.directory, Identity(cluster, a.currency), self.metrics)
+                           if config.checkpoint.directory else None)
+        self._restore()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name))
         self.telemetry = (TelemetryServer(config.exporter.prometheus, self.registry, lambda: self.ready)
@@ -72,7 +89,22 @@ class Pipeline:
         self.ready = False
         self._stop = threading.Event()
         self._worker: Optional[threading.Thread] = None
-        self._export_lock = threading.Lock()
+
+    def _restore(self) -> None:
+        """Continue the series of the last checkpoint, if there is a usable one."""
+        state = self.checkpoint.load() if self.checkpoint else None
+        if state is None or self.checkpoint is None:
+            return
+        try:
+            self.store.restore(state["store"])
+            self.tag_values.restore(state.get("tag_values", {}))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self.store.restore({"last_time_ns": 0, "attrs": [], "sums": []})
+            self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
+            return
+        self.windows.resume_after(self.store.last_time_ns)
+        log.info("continuing %d cost series from %s (last interval ended %s UTC)", self.store.active_series(),
+                 self.checkpoint.path, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.store.last_time_ns / NS)))
 
     def start_sources(self) -> None:
         """Start the Kubernetes API watches; waits a little for their first lists so the first
@@ -122,8 +154,8 @@ class Pipeline:
         closed = self.windows.due(flush=flush)
         for interval in closed:
             self._close(interval)
-        if closed:
-            self.export()
+        if closed and self.checkpoint:
+            self.checkpoint.save({"store": self.store.state(), "tag_values": self.tag_values.state()})
         return len(closed)
 
     def _close(self, interval: Interval) -> None:
@@ -131,7 +163,8 @@ class Pipeline:
         use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
         joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns, use)
         sums, gauges = self.models.attribute(joined, interval.seconds)
-        self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
+        snapshot = self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
+        self._publish(snapshot)
         self.metrics.add("unpriced_gpu_seconds", joined.unpriced_gpus * interval.seconds)
         self.metrics.add("gpu_seconds_without_device_data", joined.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
@@ -149,10 +182,13 @@ class Pipeline:
             log.error("price file not applied, previous prices stay in force: %s", exc)
             self.metrics.add("price_reload_failures")
 
-    def export(self) -> None:
-        if self.otlp:
-            with self._export_lock:
-                self.otlp.export()
+    def _publish(self, snapshot: list[Point]) -> None:
+        ended = sum(p.ended for p in snapshot)
+        if ended:
+            self.metrics.add("series_ended", ended)
+        self.metrics.set("series_active", "cost", len(snapshot) - ended)
+        for delivery in self.deliveries:
+            delivery.put(snapshot)
 
     def drain(self) -> None:
         """Wait until every batch queued so far has been processed."""
@@ -174,8 +210,13 @@ class Pipeline:
         closed = self.close_due(flush=True)
         log.info("shutting down: queue drained, %d intervals closed and exported after %.1f s", closed,
                  time.monotonic() - began)
-        if self.otlp:
-            self.otlp.shutdown()
+        for delivery in self.deliveries:  # all drain side by side, each to its own deadline
+            delivery.finish_by(time.monotonic() + delivery.config.shutdown_timeout_seconds)
+        left = sum(delivery.close() for delivery in self.deliveries)
+        log.info("shutting down: exports %s after %.1f s", f"gave up {left} snapshot(s)" if left else "delivered",
+                 time.monotonic() - began)
+        if self.checkpoint:
+            self.checkpoint.close()
         if self.kube:
             self.kube.shutdown()
         if self.telemetry:

@@ -16,8 +16,18 @@ class SelfMetrics:
         self.points_rejected: Counter[str] = Counter()  # by reason
         self.requests: Counter[tuple[str, str]] = Counter()  # (transport, outcome)
         self.intervals_computed = 0
-        self.export_failures: Counter[str] = Counter()  # by exporter
-        self.exports: Counter[str] = Counter()  # successful exports by exporter
+        self.exports: Counter[str] = Counter()  # snapshots delivered, by exporter
+        self.export_failures: Counter[tuple[str, str]] = Counter()  # failed attempts, (exporter, reason)
+        self.export_snapshots_dropped: Counter[tuple[str, str]] = Counter()  # given up, (exporter, reason)
+        self.export_points_undeliverable: Counter[tuple[str, str]] = Counter()  # their points
+        self.export_points_rejected: Counter[str] = Counter()  # refused in a partial success, by exporter
+        self.export_series_rejected: Counter[tuple[str, str]] = Counter()  # left out by an exporter, (exporter, reason)
+        self.export_snapshots_merged: Counter[str] = Counter()  # merged in a full queue, by exporter
+        self.export_queue: dict[str, int] = {}  # exporter -> snapshots waiting (a gauge)
+        self.series_ended = 0  # series ended with a NO_RECORDED_VALUE point
+        self.series_active: dict[str, int] = {}  # "cost" -> live series in the store (a gauge)
+        self.checkpoints_written = 0
+        self.checkpoint_errors: Counter[str] = Counter()  # by reason
         self.unpriced_gpu_seconds = 0.0  # GPU time for which no price was found
         self.gpu_seconds_without_device_data = 0.0  # GPU nodes known only from kube-state-metrics
         self.price_reloads = 0  # price file changes applied
@@ -53,6 +63,16 @@ class SelfMetrics:
                 "intervals_computed": self.intervals_computed,
                 "export_failures": dict(self.export_failures),
                 "exports": dict(self.exports),
+                "export_snapshots_dropped": dict(self.export_snapshots_dropped),
+                "export_points_undeliverable": dict(self.export_points_undeliverable),
+                "export_points_rejected": dict(self.export_points_rejected),
+                "export_series_rejected": dict(self.export_series_rejected),
+                "export_snapshots_merged": dict(self.export_snapshots_merged),
+                "export_queue": dict(self.export_queue),
+                "series_ended": self.series_ended,
+                "series_active": dict(self.series_active),
+                "checkpoints_written": self.checkpoints_written,
+                "checkpoint_errors": dict(self.checkpoint_errors),
                 "unpriced_gpu_seconds": self.unpriced_gpu_seconds,
                 "gpu_seconds_without_device_data": self.gpu_seconds_without_device_data,
                 "price_reloads": self.price_reloads,

@@ -61,7 +61,7 @@ def make_config(**overrides: Any) -> Config:
 
 def offline_pipeline(config: Optional[Config] = None) -> Pipeline:
     """A pipeline fed by calling ingest.consume() and process() directly (no sockets)."""
-    return Pipeline(config or make_config(), serve_receivers=False)
+    return Pipeline(config or make_config(), serve_receivers=False, keep_ended=True)
 
 
 def feed(pipeline: Pipeline, *requests: ExportMetricsServiceRequest) -> None:

@@ -48,9 +48,10 @@ class _Idle:
 
 class CostModels:
     def __init__(self, config: AttributionConfig, tag_defaults: Mapping[str, str],
-                 metrics: Optional[SelfMetrics] = None) -> None:
+                 metrics: Optional[SelfMetrics] = None, dropped: frozenset[str] = frozenset()) -> None:
         self.config = config
         self.metrics = metrics
+        self.dropped = dropped  # attributes the series do not keep (`series.detail`, `series.drop_attributes`)
         self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
 
     def needs_pods(self) -> bool:
@@ -66,7 +67,19 @@ class CostModels:
             self._model(model, j, dt, base, sums)
         self._unattributed(j, base, sums)
         gauges = self._gauges(j, base)
-        return {k: dict(v) for k, v in sums.items() if v}, gauges
+        return {k: self._projected(v) for k, v in sums.items() if v}, gauges
+
+    def _project(self, attrs: Attrs) -> Attrs:
+        return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs
+
+    def _projected(self, series: Mapping[Attrs, float]) -> dict[Attrs, float]:
+        """Series without the dropped attributes, the increments of series that merge added up."""
+        if not self.dropped:
+            return dict(series)
+        out: dict[Attrs, float] = defaultdict(float)
+        for attrs, value in series.items():
+            out[self._project(attrs)] += value
+        return dict(out)
 
     def _model(self, model: str, j: Joined, dt: float, base: Attribution, sums: Series) -> None:
         cfg, n_node = self.config, len(j.nodes)
@@ -177,16 +190,17 @@ class CostModels:
         gauges: Series = {"activity": {}, "tag_coverage": {}}
         measured_alloc: dict[Attrs, float] = defaultdict(float)
         effective: dict[Attrs, float] = defaultdict(float)
-        for i, attrs in enumerate(j.row_attrs):
-            measured_alloc[attrs] += float(base.alloc[i] - base.unmeasured[i])
-            effective[attrs] += float(base.effective[i])
+        for i, attrs in enumerate(j.row_attrs):  # activity of merged series: weighted by their cost
+            measured_alloc[self._project(attrs)] += float(base.alloc[i] - base.unmeasured[i])
+            effective[self._project(attrs)] += float(base.effective[i])
         for attrs, m in measured_alloc.items():
             if m > 0:
                 gauges["activity"][attrs] = effective[attrs] / m
         found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
         namespaces = np.array([dict(a).get("namespace", "") for a in j.row_attrs], dtype=object)
         scopes: list[tuple[Attrs, np.ndarray]] = [((), np.ones(len(namespaces), dtype=bool))]
-        scopes += [((("namespace", ns),), namespaces == ns) for ns in sorted(set(namespaces) - {""})]
+        if "namespace" not in self.dropped:
+            scopes += [((("namespace", ns),), namespaces == ns) for ns in sorted(set(namespaces) - {""})]
         for scope, rows in scopes:
             total = float(base.alloc[rows].sum())
             if total <= 0:

@@ -108,7 +108,7 @@ def compare_models(pipeline: Pipeline, out: TextIO) -> None:
 
 def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: TextIO = sys.stdout) -> Pipeline:
     started = time.monotonic()
-    pipeline = Pipeline(demo_config(metrics_port))
+    pipeline = Pipeline(demo_config(metrics_port), keep_ended=True)
     pipeline.start()
     dt = pipeline.config.attribution.interval_seconds
     start_ns = (time.time_ns() // NS - 3600 - dt) // dt * dt * NS  # the last full hour, interval-aligned

@@ -108,6 +108,17 @@ class TagValues:
         if self.metrics is not None:
             self.metrics.count("tag_values_capped", (tag, reason))
 
+    def state(self) -> dict[str, list[str]]:
+        """The distinct values admitted per tag: a restart keeps mapping the same values to the
+        overflow value."""
+        return {tag: sorted(seen) for tag, seen in self._distinct.items()}
+
+    def restore(self, state: dict[str, list[str]]) -> None:
+        for tag, values in state.items():
+            if tag in self._distinct:
+                self._distinct[tag] = set(map(str, values[: self.config.max_distinct]))
+        self._memo.clear()
+
 
 class TagResolver:
     """For each tag: the pod's label keys in order, then the namespace's, then the pod's

@@ -65,6 +65,12 @@ class Windows:
             self.closed_through = max(self.closed_through, i)
         return out
 
+    def resume_after(self, time_ns: int) -> None:
+        """Continue a run whose intervals were counted up to `time_ns` (a checkpoint): intervals
+        starting before it count as closed, their samples as late."""
+        self.closed_through = max(self.closed_through, -(-time_ns // self.dt_ns) - 1)
+        self.watermark_ns = max(self.watermark_ns, time_ns)
+
     @property
     def open_intervals(self) -> int:
         return len(self._open)

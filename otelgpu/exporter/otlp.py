@@ -1,126 +1,155 @@
-"""Push the cost store to the Collector's `otlp/cost` receiver over OTLP/gRPC.
+"""Push cost snapshots to the Collector's `otlp/cost` receiver over OTLP/gRPC.
 
-The OpenTelemetry SDK's exporter does the sending so retry with backoff and jitter, RetryInfo,
-deadlines, gzip, TLS and headers behave exactly as in every other OpenTelemetry client. This module
-only turns `CostStore.points()` into the SDK's data model: cumulative monotonic sums whose start
-time never moves (Prometheus remote write drops delta sums) and gauges.
+Requests are built straight from the store's points with the OTLP protobuf messages: cumulative
+monotonic sums whose start time never moves (Prometheus remote write drops delta sums), gauges, and
+`NO_RECORDED_VALUE` on a series' last point, which the SDK's data model cannot express and which
+the Collector's prometheusremotewrite exporter turns into a stale marker.
+
+One `send()` is one attempt; the delivery queue (`delivery.py`) retries. Failures are classified as
+the OTLP specification says: UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE and
+DATA_LOSS are retryable, RESOURCE_EXHAUSTED only when the server sent RetryInfo, and every other
+code is final. A server's RetryInfo delay is honoured.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Optional
+from typing import Iterator, Mapping, Optional, Sequence
 
 import grpc
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-from opentelemetry.sdk.metrics.export import (
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     AggregationTemporality,
-    Gauge,
+    DataPointFlags,
     Metric,
-    MetricExportResult,
-    MetricsData,
     NumberDataPoint,
     ResourceMetrics,
     ScopeMetrics,
-    Sum,
 )
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
-from otelgpu.exporter.store import CostStore, MetricSpec, Point
+from otelgpu.exporter.delivery import DELIVERED, SendResult
+from otelgpu.exporter.store import MetricSpec, Point
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
 
-EXPORTER = "otlp"  # key in SelfMetrics.exports / export_failures
-SCOPE = InstrumentationScope("otelgpu")
 # The Collector's OTLP receiver accepts 4 MiB per request by default; a cost point with ~16
 # attributes encodes to a few hundred bytes, so this keeps every request well below that limit.
 MAX_POINTS_PER_REQUEST = 4000
+RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+                       grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
+NO_RECORDED_VALUE = DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
 
 
-def _headers(config: OtlpExporterConfig) -> dict[str, str]:
-    # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
-    return {k.lower(): v for k, v in config.headers.items()}
+def _kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-def _compression(config: OtlpExporterConfig) -> grpc.Compression:
-    return grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
-
-
-def build_metrics_data(store: CostStore, cluster: str) -> Optional[MetricsData]:
-    """The store's points as one ResourceMetrics, one Metric per spec; None when there is nothing."""
+def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], cluster: str,
+                   max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[ExportMetricsServiceRequest]:
+    """The points as OTLP requests of at most `max_points` points, one Metric per spec and
+    request, in spec order (stable requests for tests and goldens)."""
     by_metric: dict[str, list[Point]] = {}
-    for p in store.points():
+    for p in points:
         by_metric.setdefault(p.metric, []).append(p)
-    if not by_metric:
-        return None
-    metrics = []
-    for key, spec in store.specs.items():  # spec order keeps requests stable for golden tests
-        points = by_metric.get(key)
-        if not points:
-            continue
-        data_points = [
-            NumberDataPoint(attributes=dict(p.attrs), start_time_unix_nano=p.start_ns,
-                            time_unix_nano=p.time_ns, value=float(p.value))
-            for p in points
-        ]
-        data: Sum | Gauge
-        if spec.kind == "sum":
-            data = Sum(data_points=data_points, aggregation_temporality=AggregationTemporality.CUMULATIVE,
-                       is_monotonic=True)
-        else:
-            data = Gauge(data_points=data_points)
-        metrics.append(Metric(name=spec.name, description=spec.description, unit=spec.unit, data=data))
-    # Resource(...) rather than Resource.create(): OTEL_* environment variables must not be able to
-    # rename the service or the cluster the cost lands under.
-    resource = Resource({"k8s.cluster.name": cluster, "service.name": "otelgpu"})
-    scope = ScopeMetrics(scope=SCOPE, metrics=metrics, schema_url="")
-    return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope], schema_url="")])
+    ordered = [(key, p) for key in specs for p in by_metric.get(key, ())]
+    # The resource names the cluster; not Resource.create(): OTEL_* variables must not rename it.
+    resource = Resource(attributes=[_kv("k8s.cluster.name", cluster), _kv("service.name", "otelgpu")])
+    for begin in range(0, len(ordered), max_points):
+        metrics: dict[str, Metric] = {}
+        for key, p in ordered[begin:begin + max_points]:
+            spec = specs[key]
+            metric = metrics.get(key)
+            if metric is None:
+                metric = metrics[key] = Metric(name=spec.name, description=spec.description, unit=spec.unit)
+                if spec.kind == "sum":
+                    metric.sum.aggregation_temporality = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+                    metric.sum.is_monotonic = True
+                else:
+                    metric.gauge.SetInParent()
+            dp = NumberDataPoint(attributes=[_kv(k, v) for k, v in p.attrs], time_unix_nano=p.time_ns,
+                                 start_time_unix_nano=p.start_ns if spec.kind == "sum" else 0)
+            if p.ended:
+                dp.flags = NO_RECORDED_VALUE  # no value: the series ends here
+            else:
+                dp.as_double = p.value
+            (metric.sum if spec.kind == "sum" else metric.gauge).data_points.append(dp)
+        scope = ScopeMetrics(scope=InstrumentationScope(name="otelgpu"), metrics=list(metrics.values()))
+        yield ExportMetricsServiceRequest(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope])])
 
 
-class OtlpCostExporter:
-    """Sends the whole cumulative store on every `export()`; a failed export loses nothing, since
-    the next one carries the same totals, grown."""
+def _retry_delay(error: grpc.RpcError) -> Optional[float]:
+    """RetryInfo's delay from the rich status, or from the `google.rpc.retryinfo-bin` trailer."""
+    blobs = []
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+        if status is not None:
+            blobs += [d.value for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+    except ValueError:  # a status whose details contradict its code: ignore the details
+        pass
+    trailers = dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+    if "google.rpc.retryinfo-bin" in trailers:
+        blobs.append(trailers["google.rpc.retryinfo-bin"])
+    for blob in blobs:
+        info = error_details_pb2.RetryInfo.FromString(blob)
+        return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return None
 
-    def __init__(self, config: OtlpExporterConfig, store: CostStore, metrics: SelfMetrics,
+
+def _target(endpoint: str, insecure: bool) -> tuple[str, bool]:
+    """host:port and whether to use TLS, for `host:port` and `http(s)://host:port` endpoints."""
+    if endpoint.startswith("https://"):
+        return endpoint[len("https://"):].rstrip("/"), True
+    if endpoint.startswith("http://"):
+        return endpoint[len("http://"):].rstrip("/"), False
+    return endpoint, not insecure
+
+
+class OtlpSender:
+    """One OTLP/gRPC channel to the Collector; `send()` delivers a snapshot or says why not."""
+
+    name = "otlp"
+
+    def __init__(self, config: OtlpExporterConfig, specs: Mapping[str, MetricSpec], metrics: SelfMetrics,
                  cluster: str) -> None:
-        self._store = store
+        self._config = config
+        self._specs = specs
         self._metrics = metrics
         self._cluster = cluster
-        self._lock = threading.Lock()
-        self._closed = False
-        self._exporter = OTLPMetricExporter(
-            endpoint=config.endpoint,
-            insecure=config.insecure,
-            headers=_headers(config),
-            timeout=config.timeout_seconds,
-            compression=_compression(config),
-            max_export_batch_size=MAX_POINTS_PER_REQUEST,
-        )
+        # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
+        self._headers = tuple((k.lower(), v) for k, v in config.headers.items())
+        self._compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
+        target, tls = _target(config.endpoint, config.insecure)
+        self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials()) if tls
+                         else grpc.insecure_channel(target))
+        self._stub = MetricsServiceStub(self._channel)
 
-    def export(self) -> bool:
-        """Send every series once. True on success or when the store is empty; never raises."""
-        if self._closed:
-            self._metrics.count("export_failures", EXPORTER)
-            return False
+    def send(self, points: Sequence[Point]) -> SendResult:
         try:
-            data = build_metrics_data(self._store, self._cluster)
-            if data is None:
-                return True
-            ok = self._exporter.export(data) is MetricExportResult.SUCCESS
-        except Exception:  # an encoding bug must not take the pipeline down with it
+            for request in build_requests(points, self._specs, self._cluster):
+                response = self._stub.Export(request, metadata=self._headers, timeout=self._config.timeout_seconds,
+                                             compression=self._compression)
+                rejected = response.partial_success.rejected_data_points
+                if rejected:  # accepted in part: never resent (the receiver would refuse them again)
+                    self._metrics.count("export_points_rejected", self.name, rejected)
+                    log.error("the OTLP receiver refused %d cost points: %s", rejected,
+                              response.partial_success.error_message)
+        except grpc.RpcError as error:
+            code = error.code()  # type: ignore[attr-defined]
+            delay = _retry_delay(error)
+            retryable = code in RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
+            return SendResult(ok=False, retryable=retryable, reason=code.name.lower(),
+                              detail=error.details() or "", retry_after=delay)  # type: ignore[attr-defined]
+        except Exception as exc:  # an encoding bug must not take the exporter thread down
             log.exception("OTLP cost export failed")
-            ok = False
-        self._metrics.count("exports" if ok else "export_failures", EXPORTER)
-        return ok
+            return SendResult(ok=False, retryable=False, reason="encode", detail=str(exc))
+        return DELIVERED
 
-    def shutdown(self) -> None:
-        """Close the channel; interrupts a retry wait in progress. Safe to call more than once."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._exporter.shutdown()
+    def close(self) -> None:
+        self._channel.close()  # fails a call in flight with CANCELLED

@@ -81,6 +81,9 @@ class CostCollector(Collector):
             ("otelgpu_price_reloads_total", "price_reloads", "Price file changes applied"),
             ("otelgpu_price_reload_failures_total", "price_reload_failures",
              "Price file changes refused (the previous prices stay in force)"),
+            ("otelgpu_series_ended_total", "series_ended",
+             "Cost series ended with a NO_RECORDED_VALUE point (holder gone)"),
+            ("otelgpu_checkpoints_written_total", "checkpoints_written", "Checkpoints written"),
         ):
             family = _counter(name, doc)
             family.add_metric([], float(cast(float, s[field])))
@@ -102,20 +105,43 @@ class CostCollector(Collector):
                              "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, "
                              "not_found, connection, timeout, server_error, invalid)", ["resource", "verb", "reason"],
                              s["kube_errors"])
-        for name, field, doc in (
-            ("otelgpu_kube_objects", "kube_objects", "Kubernetes objects held from the API, by resource"),
-            ("otelgpu_kube_synced", "kube_synced", "1 once the resource is listed and watched, 0 while it is not"),
+        for name, field, label, doc in (
+            ("otelgpu_kube_objects", "kube_objects", "resource", "Kubernetes objects held from the API, by resource"),
+            ("otelgpu_kube_synced", "kube_synced", "resource",
+             "1 once the resource is listed and watched, 0 while it is not"),
+            ("otelgpu_export_queue_snapshots", "export_queue", "exporter",
+             "Snapshots waiting to be delivered, by exporter"),
         ):
-            gauge = GaugeMetricFamily(name, doc, labels=["resource"])
+            gauge = GaugeMetricFamily(name, doc, labels=[label])
             for key, value in sorted(cast(Mapping[str, int], s[field]).items()):
                 gauge.add_metric([key], float(value))
             yield gauge
         yield self._by_label("otelgpu_requests_total", "Export requests received, by transport and outcome",
                              ["transport", "outcome"], s["requests"])
-        yield self._by_label("otelgpu_exports_total", "Successful cost exports, by exporter",
+        yield self._by_label("otelgpu_exports_total", "Cost snapshots delivered, by exporter",
                              ["exporter"], s["exports"])
-        yield self._by_label("otelgpu_export_failures_total", "Failed cost exports, by exporter",
-                             ["exporter"], s["export_failures"])
+        yield self._by_label("otelgpu_export_failures_total", "Failed delivery attempts, by exporter and reason",
+                             ["exporter", "reason"], s["export_failures"])
+        yield self._by_label("otelgpu_export_snapshots_dropped_total",
+                             "Snapshots given up (refused for good, or left at the shutdown deadline)",
+                             ["exporter", "reason"], s["export_snapshots_dropped"])
+        yield self._by_label("otelgpu_export_points_undeliverable_total", "Points of the snapshots given up",
+                             ["exporter", "reason"], s["export_points_undeliverable"])
+        yield self._by_label("otelgpu_export_points_rejected_total",
+                             "Points the receiver refused in a partial success", ["exporter"],
+                             s["export_points_rejected"])
+        yield self._by_label("otelgpu_export_series_rejected_total",
+                             "Series an exporter left out (e.g. over 70 labels)", ["exporter", "reason"],
+                             s["export_series_rejected"])
+        yield self._by_label("otelgpu_export_snapshots_merged_total",
+                             "Snapshots merged because the export queue was full (resolution lost, no cost)",
+                             ["exporter"], s["export_snapshots_merged"])
+        yield self._by_label("otelgpu_checkpoint_errors_total",
+                             "Checkpoints that could not be written or read, by reason", ["reason"],
+                             s["checkpoint_errors"])
+        active = GaugeMetricFamily("otelgpu_series_active", "Live cost series in the store")
+        active.add_metric([], float(cast(Mapping[str, int], s["series_active"]).get("cost", 0)))
+        yield active
 
     @staticmethod
     def _by_label(name: str, doc: str, labels: list[str], counts: object) -> CounterMetricFamily:

@@ -43,14 +43,14 @@ class _AbortStatus(grpc.Status):
         self.code, self.details, self.trailing_metadata = code, details, trailing_metadata
 
 
-def retry_status(err: RetryableError) -> grpc.Status:
-    """UNAVAILABLE with a RetryInfo detail whose delay is `err.retry_after_s`."""
+def retry_status(err: RetryableError, code: Optional[grpc.StatusCode] = None) -> grpc.Status:
+    """UNAVAILABLE (or `code`) with a RetryInfo detail whose delay is `err.retry_after_s`."""
     delay = duration_pb2.Duration()
     delay.FromNanoseconds(round(err.retry_after_s * 1e9))
     info = error_details_pb2.RetryInfo(retry_delay=delay)
     detail = any_pb2.Any()
     detail.Pack(info)
-    code = status_for(err).grpc_code
+    code = code or status_for(err).grpc_code
     base = rpc_status.to_status(status_pb2.Status(code=code.value[0], message=str(err), details=[detail]))
     trailers = tuple(base.trailing_metadata) + ((RETRY_INFO_TRAILER, info.SerializeToString()),)
     return _AbortStatus(base.code, base.details, trailers)

@@ -1,15 +1,22 @@
-"""OtlpCostExporter through the SDK's real OTLP/gRPC exporter to a real in-process server."""
+"""OtlpSender and its delivery queue against a real in-process OTLP/gRPC server that can be
+scripted to fail as a Collector does (UNAVAILABLE with RetryInfo, RESOURCE_EXHAUSTED with and
+without it, INVALID_ARGUMENT, partial success) or be down altogether."""
 
 from __future__ import annotations
 
+import math
 import time
 
+import grpc
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
 
-from otelgpu.config import OtlpExporterConfig
-from otelgpu.exporter.otlp import OtlpCostExporter
+from otelgpu.config import DeliveryConfig, OtlpExporterConfig
+from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.otlp import NO_RECORDED_VALUE, OtlpSender
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
+
+from otlpsink import Answer, MetricsSink, serve_sink
 
 
 def _metrics(sink, i: int) -> dict[str, Metric]:
@@ -25,25 +32,23 @@ def _attrs(dp) -> dict[str, str]:
     return {kv.key: kv.value.string_value for kv in dp.attributes}
 
 
-def _exporter(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> OtlpCostExporter:
-    config = OtlpExporterConfig(endpoint=endpoint, **kw)
-    return OtlpCostExporter(config, store, metrics, cluster="prod-eu")
+def _sender(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> OtlpSender:
+    return OtlpSender(OtlpExporterConfig(endpoint=endpoint, **kw), store.specs, metrics, cluster="prod-eu")
 
 
 def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
-    exp = _exporter(otlp_sink.endpoint, store, metrics, headers={"Authorization": "Bearer t"})
+    sender = _sender(otlp_sink.endpoint, store, metrics, headers={"Authorization": "Bearer t"})
     try:
         intervals.record(0)
-        assert exp.export() is True
+        assert sender.send(store.points()).ok
         intervals.record(1)
-        assert exp.export() is True
+        assert sender.send(store.points()).ok
     finally:
-        exp.shutdown()
+        sender.close()
     assert len(otlp_sink.received) == 2
     assert all(r.gzipped for r in otlp_sink.received)  # the default compression is gzip
     assert otlp_sink.received[0].metadata["authorization"] == "Bearer t"
-    assert metrics.exports["otlp"] == 2 and not metrics.export_failures
 
     resource = {kv.key: kv.value.string_value
                 for kv in otlp_sink.received[0].request.resource_metrics[0].resource.attributes}
@@ -62,7 +67,7 @@ def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, int
     (a1,), (a2,) = alloc.sum.data_points, second["gpu.cost.allocated"].sum.data_points
     assert a1.start_time_unix_nano == a2.start_time_unix_nano == T0
     assert (a1.time_unix_nano, a2.time_unix_nano) == (T0 + MIN, T0 + 2 * MIN)
-    assert (a1.as_double, a2.as_double) == (1.5, 3.0)
+    assert (a1.as_double, a2.as_double) == (1.5, 3.0) and a1.flags == 0
     # Attributes travel exactly as the store holds them (cost_model is one of them, set upstream).
     assert _attrs(a1) == {"namespace": "ml", "pod": "train-0", "team": "a", "cost_model": "request"}
     assert "cost_model" not in _attrs(first["gpu.held"].sum.data_points[0])
@@ -71,38 +76,140 @@ def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, int
     assert g2.time_unix_nano > g1.time_unix_nano and abs(g2.as_double - 0.6) < 1e-9
 
 
-def test_no_compression_when_configured(otlp_sink, store: CostStore, intervals) -> None:
-    exp = _exporter(otlp_sink.endpoint, store, SelfMetrics(), compression="none")
+def test_ended_series_carry_no_recorded_value(otlp_sink, intervals) -> None:
+    store = intervals.store
     intervals.record(0)
-    assert exp.export()
-    exp.shutdown()
+    T0, MIN = intervals.T0, intervals.MIN
+    snapshots = [store.record(T0 + i * MIN, T0 + (i + 1) * MIN, sums={}, gauges={}) for i in (1, 2)]
+    # The gauge ends at once; the sums after end_after_intervals (2) intervals without increments.
+    assert [p.metric for p in snapshots[0] if p.ended] == ["activity"]
+    assert sorted(p.metric for p in snapshots[1] if p.ended) == ["allocated", "held", "idle"]
+    assert store.points() == [] and store.series_ended == 4
+    sender = _sender(otlp_sink.endpoint, store, SelfMetrics())
+    assert sender.send(snapshots[1]).ok
+    sender.close()
+    (dp,) = _metrics(otlp_sink, 0)["gpu.cost.allocated"].sum.data_points
+    assert dp.flags & NO_RECORDED_VALUE and dp.WhichOneof("value") is None
+    assert dp.start_time_unix_nano == T0 and dp.time_unix_nano == T0 + 3 * MIN
+
+
+def test_no_compression_when_configured(otlp_sink, store: CostStore, intervals) -> None:
+    sender = _sender(otlp_sink.endpoint, store, SelfMetrics(), compression="none")
+    intervals.record(0)
+    assert sender.send(store.points()).ok
+    sender.close()
     assert [r.gzipped for r in otlp_sink.received] == [False]
 
 
-def test_empty_store_sends_nothing(otlp_sink, store: CostStore) -> None:
-    metrics = SelfMetrics()
-    exp = _exporter(otlp_sink.endpoint, store, metrics)
-    assert exp.export() is True
-    exp.shutdown()
-    assert otlp_sink.received == [] and not metrics.exports and not metrics.export_failures
-
-
-def test_dead_endpoint_fails_fast_and_counts(store: CostStore, intervals) -> None:
-    metrics = SelfMetrics()
-    exp = _exporter("127.0.0.1:1", store, metrics, timeout_seconds=1.0)
+def test_failures_are_classified_as_the_otlp_spec_says(otlp_sink, store: CostStore, intervals) -> None:
     intervals.record(0)
+    sender = _sender(otlp_sink.endpoint, store, SelfMetrics())
+    C = grpc.StatusCode
+    otlp_sink.script = [Answer(C.UNAVAILABLE, retry_after=2.5), Answer(C.UNAVAILABLE),
+                        Answer(C.RESOURCE_EXHAUSTED), Answer(C.RESOURCE_EXHAUSTED, retry_after=1.0),
+                        Answer(C.INVALID_ARGUMENT, message="bad points"), Answer(C.UNAUTHENTICATED),
+                        Answer(C.DEADLINE_EXCEEDED)]
+    got = [sender.send(store.points()) for _ in range(7)]
+    sender.close()
+    assert [(r.retryable, r.reason, r.retry_after) for r in got] == [
+        (True, "unavailable", 2.5), (True, "unavailable", None),
+        (False, "resource_exhausted", None),  # without RetryInfo: never retried
+        (True, "resource_exhausted", 1.0),
+        (False, "invalid_argument", None), (False, "unauthenticated", None), (True, "deadline_exceeded", None)]
+    assert got[4].detail == "bad points" and not any(r.ok for r in got)
+    assert otlp_sink.received == []
+
+
+def test_partial_success_is_delivered_and_counted(otlp_sink, store: CostStore, intervals) -> None:
+    intervals.record(0)
+    metrics = SelfMetrics()
+    sender = _sender(otlp_sink.endpoint, store, metrics)
+    otlp_sink.script = [Answer(rejected=2, message="2 points out of range")]
+    assert sender.send(store.points()).ok
+    sender.close()
+    assert metrics.export_points_rejected["otlp"] == 2
+
+
+def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> Delivery:
+    config = DeliveryConfig(**{"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **kw})
+    return Delivery(_sender(endpoint, store, metrics, timeout_seconds=2.0), config, metrics)
+
+
+def test_queue_retries_with_retry_info_and_keeps_order(otlp_sink, store: CostStore, intervals) -> None:
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics)
+    otlp_sink.script = [Answer(grpc.StatusCode.UNAVAILABLE, retry_after=0.3), Answer(grpc.StatusCode.UNAVAILABLE)]
     began = time.monotonic()
-    assert exp.export() is False
-    assert time.monotonic() - began < 3.0
-    assert metrics.export_failures["otlp"] == 1 and not metrics.exports
-    exp.shutdown()
+    for i in range(3):
+        intervals.record(i)
+        delivery.put(store.points())
+    assert delivery.wait_idle(10)
+    assert time.monotonic() - began >= 0.3  # the server's delay was honoured
+    delivery.close()
+    values = [_metrics(otlp_sink, i)["gpu.cost.allocated"].sum.data_points[0].as_double for i in range(3)]
+    assert values == [1.5, 3.0, 4.5] and otlp_sink.calls == 5
+    assert metrics.exports["otlp"] == 3 and metrics.export_failures[("otlp", "unavailable")] == 2
 
 
-def test_lifecycle_shutdown_twice_then_export_fails(otlp_sink, store: CostStore, intervals) -> None:
+def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals) -> None:
+    """A Collector down for many intervals: the queue keeps at most queue_size snapshots and
+    merges the oldest; when it comes back, the newest totals (and every ended series' last value)
+    arrive."""
     metrics = SelfMetrics()
-    exp = _exporter(otlp_sink.endpoint, store, metrics)
+    sink = MetricsSink()
+    with serve_sink(sink) as port:  # pick a port, then take the server away
+        pass
+    delivery = _delivery(f"127.0.0.1:{port}", store, metrics, queue_size=3)
+    T0, MIN = intervals.T0, intervals.MIN
+    gone = (("namespace", "ml"), ("pod", "short-job"))
+    store.record(T0 - MIN, T0, sums={"allocated": {gone: 2.0}}, gauges={})
+    delivery.put(store.points())
+    for i in range(8):
+        delivery.put(intervals.record(i))  # short-job ends after the second of these
+    time.sleep(0.3)
+    assert delivery.depth <= 3 and metrics.export_snapshots_merged["otlp"] >= 5
+    with serve_sink(sink, port):
+        assert delivery.wait_idle(10)
+        delivery.close()
+    latest, ended = {}, set()
+    for r in sink.received:
+        for m in r.request.resource_metrics[0].scope_metrics[0].metrics:
+            if m.name == "gpu.cost.allocated":
+                for dp in m.sum.data_points:
+                    if dp.flags & NO_RECORDED_VALUE:
+                        ended.add(_attrs(dp)["pod"])
+                    else:
+                        latest[_attrs(dp)["pod"]] = dp.as_double
+    assert latest == {"train-0": 12.0, "short-job": 2.0} and ended == {"short-job"}
+    assert not metrics.export_snapshots_dropped
+
+
+def test_refused_snapshot_is_dropped_and_counted(otlp_sink, store: CostStore, intervals) -> None:
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics)
+    otlp_sink.script = [Answer(grpc.StatusCode.INVALID_ARGUMENT)]
     intervals.record(0)
-    exp.shutdown()
-    exp.shutdown()
-    assert exp.export() is False
-    assert metrics.export_failures["otlp"] == 1 and otlp_sink.received == []
+    delivery.put(store.points())
+    intervals.record(1)
+    delivery.put(store.points())
+    assert delivery.wait_idle(10)
+    delivery.close()
+    n = len(store.points())
+    assert metrics.export_snapshots_dropped[("otlp", "invalid_argument")] == 1
+    assert metrics.export_points_undeliverable[("otlp", "invalid_argument")] == n
+    # The next snapshot carries the same series, grown: nothing is lost for good.
+    assert _metrics(otlp_sink, 0)["gpu.cost.allocated"].sum.data_points[0].as_double == 3.0
+
+
+def test_shutdown_gives_up_at_its_deadline_and_counts(store: CostStore, intervals) -> None:
+    metrics = SelfMetrics()
+    delivery = _delivery("127.0.0.1:1", store, metrics, shutdown_timeout_seconds=0.5)
+    intervals.record(0)
+    delivery.put(store.points())
+    began = time.monotonic()
+    assert delivery.close() == 1
+    assert time.monotonic() - began < 3.0
+    assert metrics.export_snapshots_dropped[("otlp", "shutdown")] == 1
+    assert metrics.export_points_undeliverable[("otlp", "shutdown")] == len(store.points())
+    assert metrics.export_failures[("otlp", "unavailable")] >= 1 and not metrics.exports
+    assert not math.isnan(sum(p.value for p in store.points()))
