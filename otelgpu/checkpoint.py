@@ -95,13 +95,13 @@ class Checkpoint:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise ConfigError(f"checkpoint.directory {str(self.directory)!r} is not usable: {exc}") from None
+            raise ConfigError([f"checkpoint.directory: {str(self.directory)!r} is not usable: {exc}"]) from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._lock_fd)
-            raise ConfigError(f"checkpoint.directory {str(self.directory)!r} is in use by another otelgpu process "
-                              "(each replica needs a directory of its own)") from None
+            raise ConfigError([f"checkpoint.directory: {str(self.directory)!r} is in use by another otelgpu "
+                               "process (each replica needs a directory of its own)"]) from None
 
     def load(self) -> Optional[dict[str, Any]]:
         """The saved state, or None when there is none or it was set aside."""

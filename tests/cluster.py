@@ -58,6 +58,7 @@ class Pod:
     memory_used_gib: Optional[float] = None
     start_s: float = 0.0  # running from (seconds after T0)
     end_s: float = float("inf")
+    owner: Optional[tuple[str, str]] = None  # controller (kind, name): kube_pod_info's created_by_*
 
     def running(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.end_s
@@ -68,9 +69,10 @@ class Cluster:
     nodes: list[Node]
     pods: list[Pod]
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    t0: int = T0  # the time of t_s = 0, in ns
 
     def scrape(self, t_s: float, ksm: bool = True) -> ExportMetricsServiceRequest:
-        t = T0 + int(t_s * NS)
+        t = self.t0 + int(t_s * NS)
         return request(*([self._ksm(t_s, t)] if ksm else []), *(self._dcgm(n, t_s, t) for n in self.nodes if n.units),
                        *(self._cadvisor(n, t_s, t) for n in self.nodes))
 
@@ -121,7 +123,8 @@ class Cluster:
             if not p.running(t_s):
                 continue
             ident = {"namespace": p.namespace, "pod": p.name, "uid": f"uid-{p.namespace}-{p.name}"}
-            g["kube_pod_info"].append(({**ident, "node": p.node}, 1.0))
+            owner = {"created_by_kind": p.owner[0], "created_by_name": p.owner[1]} if p.owner else {}
+            g["kube_pod_info"].append(({**ident, "node": p.node, **owner}, 1.0))
             g["kube_pod_labels"].append(({**ident, **_ksm_labels(p.labels)}, 1.0))
             for phase in PHASES:
                 g["kube_pod_status_phase"].append(({**ident, "phase": phase}, float(phase == "Running")))
