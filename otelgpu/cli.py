@@ -16,6 +16,12 @@ def _serve(path: str) -> int:
     from otelgpu.pipeline import Pipeline
 
     config = load_config(path)
+    prices = config.attribution.prices
+    if prices.file:  # a bad price file stops the start; a bad change later keeps the prices in force
+        load_prices_file(prices.file, prices)
+    log = logging.getLogger("otelgpu")
+    if not config.checkpoint.directory:
+        log.warning("no checkpoint.directory: a restart starts every cost counter afresh")
     # SIGTERM/SIGINT are taken with sigwait in this thread rather than by a handler: a handler that
     # sets a threading.Event can deadlock on the Event's own lock. Blocked before any thread starts,
     # so every thread inherits the mask and the signal waits here for sigwait.
@@ -24,7 +30,6 @@ def _serve(path: str) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints every thread's stack
     pipeline = Pipeline(config)
     pipeline.start()
-    log = logging.getLogger("otelgpu")
     log.info("serving: OTLP/gRPC %s, OTLP/HTTP %s, metrics %s", config.receiver.grpc.endpoint,
              config.receiver.http.endpoint if config.receiver.http.enabled else "off",
              pipeline.telemetry.url if pipeline.telemetry else "off")

@@ -145,6 +145,10 @@ class AttributionConfig:
     lateness_seconds: int = Field(30, ge=0, le=3600)
     cost_models: tuple[Literal["request", "scad", "opencost", "hybrid"], ...] = ("request",)
     hybrid_alpha: float = Field(0.5, ge=0, le=1)
+    # What hybrid's usage pool is split by: `used` = activity x allocated (the GPU time a holder
+    # really used: four GPUs at 80 % weigh four times one GPU at 80 %); `activity` = the activity
+    # figure alone, the formula as published (a_p / sum a_q), whatever the holding's size.
+    hybrid_weight: Literal["used", "activity"] = "used"
     idle: IdleConfig = IdleConfig()
     scad: ScadConfig = ScadConfig()
     mig_fraction_rule: Literal["compute", "max"] = "compute"

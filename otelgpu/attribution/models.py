@@ -107,7 +107,10 @@ class CostModels:
             measured = att.alloc - att.unmeasured > 0
             with np.errstate(invalid="ignore", divide="ignore"):
                 activity = np.where(measured, att.effective / (att.alloc - att.unmeasured), 0.0)
-            alloc = hybrid(row_node, n_node, att.alloc, activity * att.alloc, measured, cfg.hybrid_alpha)
+            use = activity * att.alloc
+            if cfg.hybrid_weight == "activity":
+                use = self._holder_activity(j, row_node, att)
+            alloc = hybrid(row_node, n_node, att.alloc, use, measured, cfg.hybrid_alpha)
         else:
             for i, attrs in enumerate(row_attrs):
                 sums["effective"][attrs] += float(att.effective[i])
@@ -130,6 +133,24 @@ class CostModels:
                 if cap[n] or j.nodes[n].gpus:
                     sums["capacity"][attrs_of_node[n]] += float(cap[n])
             self._idle_policy(idle, j, attrs_of_node, sums)
+
+    @staticmethod
+    def _holder_activity(j: Joined, row_node: np.ndarray, att: Attribution) -> np.ndarray:
+        """Each holder's activity (its effective over its measured allocation, all its units on the
+        node together), spread over its rows by allocated cost, so the rows of one holder weigh
+        a_p in total whatever the size of the holding."""
+        codes: dict[tuple, int] = {}
+        holder = np.array([codes.setdefault((int(row_node[i]), d["namespace"], d["pod"]) if d.get("pod")
+                                            else (int(row_node[i]), attrs), len(codes))
+                           for i, attrs in enumerate(j.row_attrs) for d in (dict(attrs),)], dtype=np.int64)
+        n = len(codes)
+        effective = np.bincount(holder, weights=att.effective, minlength=n)
+        measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=n)
+        alloc = np.bincount(holder, weights=att.alloc, minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = np.where(measured > 0, effective / measured, 0.0)
+            part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)
+        return a[holder] * part
 
     def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
         pods = j.pods

@@ -340,3 +340,48 @@ def test_price_file_change_applies_from_the_next_interval_and_keeps_accrued_cost
     # The bad file changed nothing: the last interval kept the $8.00 price.
     assert by(p.store, "allocated", "request", "pod")["serve"] == pytest.approx(before + 2 * 8.0 / 4)
     assert_conserved(p.store, "request")
+
+
+def gpu_a() -> Cluster:
+    """docs/cost-model.md's example node (section 2): p4d.24xlarge from the catalog, one hour."""
+    units = [Unit(f"GPU-{i}") for i in range(8)]
+    pods = [Pod("ml", "train", "gpu-a", labels={"team": "research"}, cpu=32, memory_gib=256,
+                gpu=("nvidia_com_gpu", 4), holds=tuple(f"GPU-{i}" for i in range(4)), activity=0.8,
+                cpu_used=40, memory_used_gib=300),
+            Pod("ml", "serve", "gpu-a", labels={"team": "search"}, cpu=16, memory_gib=128,
+                gpu=("nvidia_com_gpu", 2), holds=("GPU-4", "GPU-5"), activity=0.2, cpu_used=8, memory_used_gib=100),
+            Pod("ml", "notebook", "gpu-a", labels={"team": "research"}, cpu=4, memory_gib=32,
+                gpu=("nvidia_com_gpu", 1), holds=("GPU-6",), activity=0.0),
+            Pod("logging", "fluent-bit", "gpu-a", labels={"team": "observability"}, cpu=1, memory_gib=2,
+                cpu_used=0.5, memory_used_gib=1.5)]
+    return Cluster([Node("gpu-a", "p4d.24xlarge", 96, 1152, units=units, capacity={"nvidia_com_gpu": 8})], pods)
+
+
+def test_the_docs_worked_example_reproduces() -> None:
+    """The gpu-a tables of docs/cost-model.md sections 2.1 to 2.3, rounded at the end only."""
+    store = run(gpu_a(), ("request", "scad", "opencost"), every=30)
+    r6 = lambda d: {k: round(v, 6) for k, v in d.items()}  # noqa: E731
+    assert r6(by(store, "allocated", "request", "pod", resource="gpu")) == {
+        "train": 2.889163, "serve": 1.444582, "notebook": 0.722291}
+    assert r6(by(store, "idle", "request", "node")) == {"gpu-a": 0.722291}
+    assert r6(by(store, "capacity", "request", "node")) == {"gpu-a": 5.778327}
+    assert r6(charge(store, "scad", "pod")) == {
+        "train": 13.852238, "serve": 6.031177, "notebook": 1.920532, "fluent-bit": 0.153695}
+    assert r6(charge(store, "scad", "resource")) == {"gpu": 5.778327, "cpu": 6.933992, "memory": 9.245323}
+    assert r6(charge(store, "scad", "team")) == {"research": 15.77277, "search": 6.031177, "observability": 0.153695}
+    assert r6(by(store, "allocated", "opencost", "pod")) == {"train": 5.377724, "serve": 2.688862, "notebook": 1.344431}
+    assert r6(by(store, "capacity", "opencost", "node")) == {"gpu-a": 10.755447}
+
+
+@pytest.mark.parametrize("weight, train, serve", [
+    ("used", 4 + 2 / 3, 1 + 1 / 3),  # pool 6P split 3.2 : 0.4 (activity x GPUs held)
+    ("activity", 4.4, 1.6),          # pool 6P split 0.8 : 0.2 (activity alone)
+])
+def test_hybrid_weights(weight: str, train: float, serve: float) -> None:
+    c = gpu_a()
+    c.pods = [p for p in c.pods if p.name in ("train", "serve")]
+    store = run(c, ("request", "hybrid"), attribution__hybrid_weight=weight)
+    P = by(store, "allocated", "request", "pod")["serve"] / 2
+    got = by(store, "allocated", "hybrid", "pod")
+    assert got == {"train": pytest.approx(train * P), "serve": pytest.approx(serve * P)}
+    assert sum(got.values()) == pytest.approx(6 * P)  # the node's allocated total is conserved
