@@ -100,12 +100,17 @@ class Joiner:
         self.s, self.source, self.tags, self.mig = strings, facts, tags, mig
         self.facts = FactsView({}, {}, {}, {})  # this interval's, taken at the start of join()
         self._start = 0
+        self._ksm_reporting = False
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None) -> Joined:
         self.facts, self._start = self.source.view(), start_ns
+        # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
+        # When it reported pods during this interval, a pod it did not report is gone: it holds
+        # and pays nothing. When it reported none (down, not scraped), the last facts stand.
+        self._ksm_reporting = any(p.seen_ns >= start_ns for p in self.facts.pods.values() if not p.created_ns)
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -212,10 +217,15 @@ class Joiner:
                                 ("", ""), kind[e], profile, "active_without_pod", "device"))
         return out
 
+    def _gone(self, pod: PodFacts) -> bool:
+        """A pod known from kube-state-metrics only (API facts, which carry the creation time, say
+        for themselves) that kube-state-metrics no longer reports while it reports others."""
+        return self._ksm_reporting and not pod.created_ns and pod.seen_ns < self._start
+
     def _gpu_requests(self) -> Iterator[tuple[str, tuple[str, str], str, int]]:
         """(node, pod key, resource, quantity) of every GPU request of a Running, scheduled pod."""
         for key, pod in self.facts.pods.items():
-            if pod.phase != "Running" or not pod.node or pod.deleted:
+            if pod.phase != "Running" or not pod.node or pod.deleted or self._gone(pod):
                 continue
             for (_, resource), qty in sorted(pod.requests.items()):
                 if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
@@ -336,7 +346,12 @@ class Joiner:
                 continue
             u = use.get((code(holder[0]), code(holder[1])))
             running = pod.phase == "Running" and not pod.deleted
-            share = u.running_share if u is not None and not np.isnan(u.running_share) else float(running)
+            if u is not None and not np.isnan(u.running_share):
+                share = u.running_share
+            elif self._gone(pod):
+                share = 0.0
+            else:
+                share = float(running)
             held = gpu_share.get((n, holder))
             if held is not None:
                 share = max(share, held[0])

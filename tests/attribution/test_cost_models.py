@@ -14,8 +14,8 @@ HOUR = 3600
 
 
 def run(cluster: Cluster, models=("request",), seconds: int = HOUR, every: int = 60, **overrides):
-    config = make_config(attribution__interval_seconds=HOUR, attribution__lateness_seconds=HOUR,
-                         attribution__cost_models=list(models), **overrides)
+    config = make_config(**{"attribution__interval_seconds": HOUR, "attribution__lateness_seconds": HOUR,
+                            "attribution__cost_models": list(models), **overrides})
     p = offline_pipeline(config)
     feed(p, *cluster.scrapes(every, seconds))
     p.close_due(flush=True)
@@ -385,3 +385,20 @@ def test_hybrid_weights(weight: str, train: float, serve: float) -> None:
     got = by(store, "allocated", "hybrid", "pod")
     assert got == {"train": pytest.approx(train * P), "serve": pytest.approx(serve * P)}
     assert sum(got.values()) == pytest.approx(6 * P)  # the node's allocated total is conserved
+
+
+def test_scad_stops_charging_a_pod_when_kube_state_metrics_drops_it() -> None:
+    """A pod that finished at 25 minutes: its kube-state-metrics series stop (its facts linger for
+    their TTL), so from then on it pays no CPU or memory; the rest of the hour is unused capacity
+    handed to the pods still running."""
+    c = gpu_a()
+    c.pods = [p for p in c.pods if p.name in ("serve", "fluent-bit")]
+    c.pods[0].end_s = 1500
+    c.pods[0].cpu_used = c.pods[0].memory_used_gib = None
+    store = run(c, ("scad",), attribution__interval_seconds=300, attribution__lateness_seconds=30)
+    unit = 21.957642 / 273.6  # the p4d.24xlarge's SCAD unit price per hour, from the catalog
+    split = by(store, "allocated", "scad", "pod", "resource")
+    assert split[("serve", "cpu")] == pytest.approx(16 * 0.9 * unit * 25 / 60, rel=1e-6)
+    assert split[("serve", "memory")] == pytest.approx(128 * 0.1 * unit * 25 / 60, rel=1e-6)
+    assert split[("fluent-bit", "cpu")] == pytest.approx(1 * 0.9 * unit, rel=1e-6)
+    assert_conserved(store, "scad")
