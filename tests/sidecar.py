@@ -1,0 +1,99 @@
+"""`otelgpu serve` as a subprocess, driven as a Collector and an operator would: OTLP/gRPC in,
+/metrics read, SIGTERM or kill -9."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import grpc
+import requests
+import yaml
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sidecar:
+    """One `otelgpu serve` process. `config` is the configuration as a dict; the receiver and
+    telemetry endpoints are set here to free loopback ports. The log goes to a file (an unread
+    pipe would stall the process)."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], name: str = "serve") -> None:
+        self.grpc_port, self.metrics_port = free_port(), free_port()
+        doc = {**config, "receiver": {"grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"}, "http": {"enabled": False}}}
+        doc["exporter"] = {**config.get("exporter", {}), "prometheus": {"endpoint": f"127.0.0.1:{self.metrics_port}"}}
+        self.config = workdir / f"{name}.yaml"
+        self.config.write_text(yaml.safe_dump(doc))
+        self.log = workdir / f"{name}.log"
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self, timeout: float = 90) -> "Sidecar":
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(self.config)],
+                                         stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            assert self.proc.poll() is None, "sidecar exited:\n" + self.log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "sidecar not ready:\n" + self.log.read_text()[-4000:]
+            time.sleep(0.1)
+
+    def export(self, *reqs: ExportMetricsServiceRequest) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+            stub = metrics_service_pb2_grpc.MetricsServiceStub(channel)
+            for r in reqs:
+                stub.Export(r, timeout=10)
+
+    def metric(self, name: str) -> float:
+        """The sum of a self-metric's samples on /metrics (0 when absent)."""
+        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    total += sample.value
+        return total
+
+    def wait_for(self, name: str, at_least: float, timeout: float = 30) -> float:
+        deadline = time.monotonic() + timeout
+        while (value := self.metric(name)) < at_least:
+            assert time.monotonic() < deadline, f"{name} = {value} < {at_least}:\n" + self.log.read_text()[-4000:]
+            time.sleep(0.1)
+        return value
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no flush."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log
+            time.sleep(2)
+            raise AssertionError("no exit after SIGTERM:\n" + self.log.read_text()[-6000:]) from None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -1,0 +1,156 @@
+"""otelgpu -> remote write -> a real Prometheus, read back with PromQL: per-team totals over a run,
+across a kill -9 and a restart from the checkpoint, and across a remote-write outage.
+
+Timestamps are near the present (Prometheus refuses samples older than its head's window): the
+scenario is the last hour, cut at an interval boundary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from cluster import Cluster, Node, Pod, Unit
+from sidecar import Sidecar
+from support import feed
+
+from otelgpu.config import parse_config
+from otelgpu.enrich.window import NS
+from otelgpu.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from promserver import PrometheusServer
+
+pytest_plugins = ["promserver"]  # the `prometheus` fixture
+
+A100 = "NVIDIA A100-SXM4-40GB"
+INTERVAL_S = 300
+PER_INTERVAL = 12.0 * INTERVAL_S / 3600  # one A100 at $12/h for one interval
+TOTALS = 'sum by (cost_model, team) (max_over_time(gpu_cost_allocated_total{{cluster="{cluster}"}}[2h]))'
+
+
+def scenario() -> Cluster:
+    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
+    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
+                capacity={"nvidia_com_gpu": 4})
+    pods = [Pod("ml", "train", "gpu-1", labels={"team": "vision"}, cpu=8, memory_gib=64, gpu=("nvidia_com_gpu", 2),
+                holds=("GPU-0", "GPU-1"), activity=0.7, cpu_used=10, memory_used_gib=50),
+            Pod("ml", "serve", "gpu-1", labels={"team": "nlp"}, cpu=4, memory_gib=32, gpu=("nvidia_com_gpu", 1),
+                holds=("GPU-2",), activity=0.3, end_s=1500),
+            Pod("research", "eval", "gpu-1", labels={"team": "research"}, cpu=2, memory_gib=16,
+                gpu=("nvidia_com_gpu", 1), holds=("GPU-3",), activity=0.9, start_s=2100)]
+    return Cluster([node], pods, t0=t0_s * NS)
+
+
+def config(cluster: str, write_url: str, **extra: Any) -> dict[str, Any]:
+    return {"cluster": {"name": cluster},
+            "attribution": {"interval_seconds": INTERVAL_S, "lateness_seconds": 30, "cost_models": ["request", "scad"],
+                            "prices": {"gpu_hour_by_gpu_model": {A100: 12.0}}},
+            "exporter": {"remote_write": {"url": write_url, "timeout_seconds": 5,
+                                          "delivery": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5,
+                                                       "shutdown_timeout_seconds": 20, "queue_size": 3}}},
+            **extra}
+
+
+def in_process(c: Cluster, doc: dict[str, Any], until_s: float = 3600) -> Pipeline:
+    """The whole scenario through a pipeline of this process, shut down (flushed) at the end."""
+    config = parse_config({**doc, "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
+                           "exporter": {**doc["exporter"], "prometheus": {"enabled": False}}})
+    p = Pipeline(config, serve_receivers=False, keep_ended=True)
+    feed(p, *c.scrapes(60, until_s))
+    p.shutdown()
+    return p
+
+
+def totals(prom: PrometheusServer, cluster: str, at: float) -> dict[tuple[str, str], float]:
+    return {(m["cost_model"], m["team"]): v for m, v in prom.query(TOTALS.format(cluster=cluster), at)}
+
+
+def test_remote_write_totals_read_back_with_promql(prometheus: PrometheusServer) -> None:
+    c = scenario()
+    p = in_process(c, config("one", prometheus.write_url))
+    end = c.t0 / NS + 3600
+    expected = {k: v for k, v in p.store.totals("allocated", ("cost_model", "team")).items()}
+    got = totals(prometheus, "one", end)
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert got[("request", "vision")] == pytest.approx(12 * 2 * PER_INTERVAL)
+    assert got[("request", "nlp")] == pytest.approx(5 * PER_INTERVAL)
+    assert got[("request", "research")] == pytest.approx(5 * PER_INTERVAL)  # from 35 minutes on
+    assert not p.metrics.export_failures and p.metrics.exports["remote_write"] > 0
+    # nlp's pod ended at 25 minutes: its series were ended with a stale marker, so an instant query
+    # no longer sees them while the totals above still do.
+    live = {m["team"] for m, _ in prometheus.query('gpu_cost_allocated_total{cluster="one"}', end)}
+    assert live == {"vision", "research"}
+    # The series carry the names and labels dashboards use: cluster, cost_model, resource, tags.
+    (labels, value), = prometheus.query(
+        'gpu_held_seconds_total{cluster="one", pod="train"}', end)
+    assert value == pytest.approx(2 * 3600) and labels["namespace"] == "ml" and labels["team"] == "vision"
+    capacity = sum(v for _, v in prometheus.query(
+        'sum(max_over_time(gpu_cost_capacity_total{cluster="one", cost_model="request"}[2h]))', end))
+    idle = sum(v for _, v in prometheus.query(
+        'sum(max_over_time(gpu_cost_idle_total{cluster="one", cost_model="request"}[2h]))', end))
+    assert sum(v for (m, _), v in got.items() if m == "request") + idle == pytest.approx(capacity, rel=1e-12)
+    assert capacity == pytest.approx(4 * 12 * PER_INTERVAL)
+
+
+def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) -> None:
+    c = scenario()
+    doc = config("outage", prometheus.write_url)
+    config_ = parse_config({**doc, "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
+                            "exporter": {**doc["exporter"], "prometheus": {"enabled": False}}})
+    p = Pipeline(config_, serve_receivers=False, keep_ended=True)
+    feed(p, *c.scrapes(60, 1200))
+    assert all(d.wait_idle(10) for d in p.deliveries)
+    prometheus.stop()  # down for 25 minutes of data: 5 intervals, more than the queue holds
+    feed(p, *c.scrapes(60, 2700, from_s=1200))
+    time.sleep(0.5)
+    assert p.metrics.export_failures[("remote_write", "connection")] > 0
+    assert p.metrics.export_snapshots_merged["remote_write"] > 0
+    prometheus.start(port=prometheus.port)  # back, same address and data
+    feed(p, *c.scrapes(60, 3600, from_s=2700))
+    p.shutdown()
+    assert not p.metrics.export_snapshots_dropped
+    expected = p.store.totals("allocated", ("cost_model", "team"))
+    assert totals(prometheus, "outage", c.t0 / NS + 3600) == pytest.approx(expected, rel=1e-12)
+
+
+def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tmp_path: Path) -> None:
+    c = scenario()
+    end = c.t0 / NS + 3600
+    in_process(c, config("reference", prometheus.write_url))  # the same run without a restart
+
+    doc = config("restarted", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")})
+    first = Sidecar(tmp_path, doc, "first").start()
+    try:
+        first.export(*c.scrapes(60, 1800))  # up to 29 minutes: [0, 25) close, [25, 30) stays open
+        first.wait_for("otelgpu_checkpoints_written_total", 5)
+        first.wait_for("otelgpu_exports_total", 1)
+        first.kill()
+    finally:
+        first.close()
+    second = Sidecar(tmp_path, doc, "second").start()
+    try:
+        second.export(*c.scrapes(60, 3600, from_s=1800))  # what the Collector sends from now on
+        assert second.stop() == 0
+    finally:
+        second.close()
+    assert "continuing" in second.log.read_text()
+
+    reference, restarted = totals(prometheus, "reference", end), totals(prometheus, "restarted", end)
+    assert set(restarted) == set(reference)
+    for key, value in reference.items():
+        # What the killed process held of the open interval is gone: at most one interval of the
+        # pods running then (vision's two GPUs); never more, never counted twice.
+        lost = 2 * PER_INTERVAL if key == ("request", "vision") else value
+        assert value - lost - 1e-9 <= restarted[key] <= value + 1e-9, key
+    assert restarted[("request", "vision")] == pytest.approx(reference[("request", "vision")] - 2 * PER_INTERVAL)
+    # The counters continued (same series, no reset), so increase() over a window across the
+    # restart reads the same as without it, give or take that one interval.
+    no_reset = prometheus.query('resets(gpu_cost_allocated_total{cluster="restarted", team="vision"}[2h])', end)
+    assert no_reset and all(v == 0 for _, v in no_reset)
+    window = 'sum by (team) (increase(gpu_cost_allocated_total{{cluster="{}", cost_model="request"}}[30m]))'
+    at = c.t0 / NS + 2700  # 15 to 45 minutes, across the restart at 30
+    ref = {m["team"]: v for m, v in prometheus.query(window.format("reference"), at)}
+    got = {m["team"]: v for m, v in prometheus.query(window.format("restarted"), at)}
+    assert ref["vision"] > 0 and abs(got["vision"] - ref["vision"]) <= 2 * PER_INTERVAL * 1.2
