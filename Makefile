@@ -14,6 +14,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/otelgpu demo
 
 test: $(VENV)/.installed
+	tools/ensure-prometheus
 	$(VENV)/bin/python -m pytest
 
 bench: $(VENV)/.installed
