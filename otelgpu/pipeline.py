@@ -12,8 +12,8 @@ from otelgpu.attribution.engine import warm_up
 from otelgpu.attribution.fractions import MigProfiles
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
+from otelgpu.checkpoint import Checkpoint, Identity
 from otelgpu.config import Config
-from otelgpu.errors import ConfigError
 from otelgpu.enrich.facts import FactSource, KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.kube.source import KubeSource
@@ -21,7 +21,7 @@ from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
-from otelgpu.checkpoint import Checkpoint, Identity
+from otelgpu.errors import ConfigError
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
@@ -71,7 +71,8 @@ class Pipeline:
             self.deliveries.append(Delivery(OtlpSender(e.otlp, self.store.specs, self.metrics, cluster),
                                             e.otlp.delivery, self.metrics))
         if e.remote_write:
-            from otelgpu.exporter.remote_write import RemoteWriteSender  # botocore loads only when used
+            # imported here: botocore loads only when remote write is configured
+            from otelgpu.exporter.remote_write import RemoteWriteSender
 
             self.deliveries.append(Delivery(RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics),
                                             e.remote_write.delivery, self.metrics))

@@ -30,7 +30,7 @@ from otelgpu.enrich.nodes import (
     profile_of_resource,
 )
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.timeline import Holdings, group_ids, dedupe, entities_of, holdings
+from otelgpu.enrich.timeline import Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
 from otelgpu.exporter.store import Attrs, attrs_of

@@ -42,11 +42,6 @@ GPU_SHARING = ksm_label_name("nvidia.com/gpu.sharing-strategy")
 MIG_STRATEGY = ksm_label_name("nvidia.com/mig.strategy")
 
 
-def ksm_resource_name(kubernetes_name: str) -> str:
-    """`nvidia.com/mig-1g.10gb` -> `nvidia_com_mig_1g_10gb`, the `resource` label of kube-state-metrics."""
-    return _INVALID.sub("_", kubernetes_name)
-
-
 # Node labels otelgpu reads: the API source keeps only these.
 NODE_LABELS = frozenset({INSTANCE_TYPE, INSTANCE_TYPE_BETA, EKS_CAPACITY_TYPE, KARPENTER_CAPACITY_TYPE, GPU_PRODUCT,
                          GPU_REPLICAS, GPU_COUNT, GPU_SHARING, MIG_STRATEGY})

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
+from otlpsink import MetricsSink, serve_sink
 
 from otelgpu.exporter.store import CostStore
-from otlpsink import MetricsSink, serve_sink
+
 
 @pytest.fixture
 def otlp_sink() -> Iterator[MetricsSink]:

@@ -9,14 +9,13 @@ import time
 
 import grpc
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
+from otlpsink import Answer, MetricsSink, serve_sink
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import NO_RECORDED_VALUE, OtlpSender
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
-
-from otlpsink import Answer, MetricsSink, serve_sink
 
 
 def _metrics(sink, i: int) -> dict[str, Metric]:
