@@ -43,13 +43,16 @@ def scenario() -> Cluster:
     return Cluster([node], pods, t0=t0_s * NS)
 
 
-def config(cluster: str, write_url: str, **extra: Any) -> dict[str, Any]:
+def config(cluster: str, write_url: str, queue_size: int = 60, **extra: Any) -> dict[str, Any]:
+    """Every interval's snapshot is delivered (the queue holds the whole hour) unless `queue_size`
+    says otherwise: merged snapshots keep the totals but not the per-interval samples that
+    `increase()` over a window reads."""
     return {"cluster": {"name": cluster},
             "attribution": {"interval_seconds": INTERVAL_S, "lateness_seconds": 30, "cost_models": ["request", "scad"],
                             "prices": {"gpu_hour_by_gpu_model": {A100: 12.0}}},
             "exporter": {"remote_write": {"url": write_url, "timeout_seconds": 5,
                                           "delivery": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5,
-                                                       "shutdown_timeout_seconds": 20, "queue_size": 3}}},
+                                                       "shutdown_timeout_seconds": 20, "queue_size": queue_size}}},
             **extra}
 
 
@@ -96,7 +99,7 @@ def test_remote_write_totals_read_back_with_promql(prometheus: PrometheusServer)
 
 def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) -> None:
     c = scenario()
-    doc = config("outage", prometheus.write_url)
+    doc = config("outage", prometheus.write_url, queue_size=3)
     config_ = parse_config({**doc, "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
                             "exporter": {**doc["exporter"], "prometheus": {"enabled": False}}})
     p = Pipeline(config_, serve_receivers=False, keep_ended=True)
@@ -125,7 +128,7 @@ def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tm
     try:
         first.export(*c.scrapes(60, 1800))  # up to 29 minutes: [0, 25) close, [25, 30) stays open
         first.wait_for("otelgpu_checkpoints_written_total", 5)
-        first.wait_for("otelgpu_exports_total", 1)
+        first.wait_for("otelgpu_exports_total", 5)  # Prometheus has every interval up to the kill
         first.kill()
     finally:
         first.close()
