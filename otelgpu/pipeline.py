@@ -213,9 +213,10 @@ class Pipeline:
                  time.monotonic() - began)
         for delivery in self.deliveries:  # all drain side by side, each to its own deadline
             delivery.finish_by(time.monotonic() + delivery.config.shutdown_timeout_seconds)
-        left = sum(delivery.close() for delivery in self.deliveries)
-        log.info("shutting down: exports %s after %.1f s", f"gave up {left} snapshot(s)" if left else "delivered",
-                 time.monotonic() - began)
+        if self.deliveries:
+            left = sum(delivery.close() for delivery in self.deliveries)
+            log.info("shutting down: exports %s after %.1f s", f"gave up {left} snapshot(s)" if left else "delivered",
+                     time.monotonic() - began)
         if self.checkpoint:
             self.checkpoint.close()
         if self.kube:
