@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
+from sidecar import free_port
 
 CONFIG = "global:\n  scrape_interval: 1m\n"  # no scrape jobs: remote write is the only input
 READY_TIMEOUT_S = 20.0
@@ -39,12 +39,6 @@ def prometheus_binary() -> str:
         pytest.fail("the Prometheus server binary was not found on PATH or at /usr/bin/prometheus: install the "
                     "Debian package `prometheus` (apt-get install prometheus; CI's .ci/run installs it)")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrometheusServer:
@@ -76,7 +70,7 @@ class PrometheusServer:
         config = self.workdir / "prometheus.yml"
         config.write_text(CONFIG)
         for _ in range(3):  # another process may take the free port between probe and bind
-            self.port = port or _free_port()
+            self.port = port or free_port()
             with self._log.open("wb") as log:
                 self._process = subprocess.Popen(
                     [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",

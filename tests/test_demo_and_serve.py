@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import io
-import signal
-import socket
 import subprocess
 import sys
-import time
 
-import grpc
 import pytest
-import requests
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from sidecar import Sidecar
 from support import CollectorSink, otlp_fixture
 
 from otelgpu.demo.run import run_demo
@@ -61,57 +56,21 @@ def test_demo_command_runs():
     assert "5.142857" in res.stdout and "cluster total" in res.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_takes_traffic_and_flushes_on_sigterm(tmp_path):
     sink = CollectorSink()
-    grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
-    cfg = tmp_path / "otelgpu.yaml"
-    cfg.write_text(f"""
-cluster: {{name: serve-test}}
-receiver:
-  grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}
-  http: {{endpoint: "127.0.0.1:{http_port}"}}
-attribution:
-  prices: {{gpu_hour_by_gpu_model: {{"NVIDIA H100 80GB HBM3": 12.0}}}}
-exporter:
-  otlp: {{endpoint: "{sink.endpoint}", insecure: true}}
-  prometheus: {{endpoint: "127.0.0.1:{metrics_port}"}}
-""")
-    log = tmp_path / "serve.log"  # a file, not a pipe: an unread pipe that fills would stall the sidecar
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(cfg)],
-                                stdout=out, stderr=subprocess.STDOUT, text=True)
+    serve = Sidecar(tmp_path, {
+        "cluster": {"name": "serve-test"},
+        "attribution": {"prices": {"gpu_hour_by_gpu_model": {"NVIDIA H100 80GB HBM3": 12.0}}},
+        "exporter": {"otlp": {"endpoint": sink.endpoint, "insecure": True}},
+    })
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "sidecar did not become ready"
-            time.sleep(0.2)
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-            stub = metrics_service_pb2_grpc.MetricsServiceStub(ch)
-            for name in ("otlp_ksm_scrape_collector_v0.142.json", "otlp_dcgm_scrape1_collector_v0.142.json"):
-                stub.Export(otlp_fixture(name), timeout=5)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log
-            time.sleep(2)
-            code = None
-        assert code == 0, log.read_text()[-6000:]
+        serve.start(timeout=60)
+        serve.export(*(otlp_fixture(name) for name in ("otlp_ksm_scrape_collector_v0.142.json",
+                                                        "otlp_dcgm_scrape1_collector_v0.142.json")))
+        assert serve.stop(timeout=60) == 0, serve.log.read_text()[-6000:]
         allocated = sink.latest("gpu.cost.allocated")
         by_pod = {dict(k).get("pod"): p.as_double for k, p in allocated.items()}
         assert by_pod["finetune-job-7xk2p"] == pytest.approx(12.0 * 60 / 3600)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        serve.close()
         sink.stop()
