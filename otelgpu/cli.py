@@ -1,4 +1,4 @@
-"""`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`."""
+"""`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`, `otelgpu warm-up`."""
 
 from __future__ import annotations
 
@@ -41,6 +41,20 @@ def _serve(path: str) -> int:
     return 0
 
 
+def _warm_up() -> int:
+    """What an image build runs, so that pods start without the JIT: compile every kernel into
+    NUMBA_CACHE_DIR (or say that each came from it already). A cache only helps on another CPU if
+    NUMBA_CPU_NAME=generic was set both here and where it is loaded."""
+    import numba
+
+    from otelgpu.attribution.engine import warm_up
+
+    where = numba.config.CACHE_DIR or "numba's default cache directory"
+    for name, how in warm_up().items():
+        print(f"{name}: {how} ({where})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otelgpu", description="GPU cost attribution sidecar")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", required=True, help="YAML configuration file")
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("config")
+    sub.add_parser("warm-up", help="compile the kernels into numba's cache (NUMBA_CACHE_DIR) and exit")
     demo = sub.add_parser("demo", help="run the sidecar on a simulated 3-node GPU cluster")
     demo.add_argument("--keep-running", action="store_true", help="keep serving until interrupted")
     demo.add_argument("--metrics-port", type=int, default=None, help="port of the /metrics page (default 9464)")
@@ -56,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args.config)
+        if args.command == "warm-up":
+            return _warm_up()
         if args.command == "check-config":
             config = load_config(args.config)
             prices = config.attribution.prices

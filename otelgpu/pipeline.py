@@ -117,7 +117,8 @@ class Pipeline:
                             "retrying in the background", KUBE_SYNC_WAIT_S)
 
     def start(self) -> None:
-        warm_up()  # the first request must never wait for the JIT
+        kernels = warm_up()  # the first request must never wait for the JIT
+        log.info("kernels ready: %s", ", ".join(f"{name} {how}" for name, how in kernels.items()))
         self.start_sources()
         if self.telemetry:
             self.telemetry.start()

@@ -42,9 +42,13 @@ GPU_SHARING = ksm_label_name("nvidia.com/gpu.sharing-strategy")
 MIG_STRATEGY = ksm_label_name("nvidia.com/mig.strategy")
 
 
-# Node labels otelgpu reads: the API source keeps only these.
-NODE_LABELS = frozenset({INSTANCE_TYPE, INSTANCE_TYPE_BETA, EKS_CAPACITY_TYPE, KARPENTER_CAPACITY_TYPE, GPU_PRODUCT,
-                         GPU_REPLICAS, GPU_COUNT, GPU_SHARING, MIG_STRATEGY})
+# Node labels otelgpu reads: the API source keeps only these. Their Kubernetes keys are what
+# kube-state-metrics' --metric-labels-allowlist must name for nodes (k8s/README.md).
+NODE_LABEL_KEYS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type",
+                   "eks.amazonaws.com/capacityType", "karpenter.sh/capacity-type", "nvidia.com/gpu.product",
+                   "nvidia.com/gpu.replicas", "nvidia.com/gpu.count", "nvidia.com/gpu.sharing-strategy",
+                   "nvidia.com/mig.strategy")
+NODE_LABELS = frozenset(map(ksm_label_name, NODE_LABEL_KEYS))
 POD_TEMPLATE_HASH = ksm_label_name("pod-template-hash")
 
 
