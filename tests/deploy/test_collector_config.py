@@ -1,0 +1,221 @@
+"""The Collector configs as each pod runs them (its --config files merged, its environment
+expanded): pipelines without a loop through otelgpu, endpoints that match otelgpu's config,
+plaintext only over loopback, scrape configs Prometheus itself accepts, and the otelgpu config
+inside the manifests accepted by `otelgpu serve`'s validator."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from manifests import COLLECTOR_CONFIG, ENV_REF, MODES, REPO, collector_config, combinations, pod, render
+
+from otelgpu.config import load_config
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+PODS = combinations()
+IDS = ["+".join((mode, *components)) for mode, components in PODS]
+
+
+def otelgpu_config(p, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for name, value in p.env("otelgpu").items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "otelgpu.yaml"
+    path.write_text(p.mounted("otelgpu", _otelgpu_config_path(p)))
+    return load_config(path)
+
+
+def _otelgpu_config_path(p) -> str:
+    args = p.container("otelgpu")["args"]
+    return args[args.index("--config") + 1]
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return ("127.0.0.1" if host in LOOPBACK else host), int(port)
+
+
+def _same(a: str, b: str) -> bool:
+    (ha, pa), (hb, pb) = _host_port(a), _host_port(b)
+    return pa == pb and (ha == hb or "0.0.0.0" in (ha, hb))
+
+
+def flow(config: dict, otelgpu) -> dict[str, set[str]]:
+    """Who feeds whom: receiver -> exporter through each pipeline, the Collector's exporter to
+    otelgpu when it targets otelgpu's gRPC receiver, otelgpu to the Collector's receiver its OTLP
+    exporter targets."""
+    edges: dict[str, set[str]] = {}
+    for pipeline in config["service"]["pipelines"].values():
+        for receiver in pipeline["receivers"]:
+            edges.setdefault(f"receiver {receiver}", set()).update(f"exporter {e}" for e in pipeline["exporters"])
+    for name, exporter in config["exporters"].items():
+        if name.split("/")[0] == "otlp_grpc" and _same(exporter["endpoint"], otelgpu.receiver.grpc.endpoint):
+            edges.setdefault(f"exporter {name}", set()).add("otelgpu")
+    for name, receiver in config["receivers"].items():
+        grpc = (receiver.get("protocols") or {}).get("grpc") if name.split("/")[0] == "otlp" else None
+        if grpc and _same(grpc["endpoint"], otelgpu.exporter.otlp.endpoint):
+            edges.setdefault("otelgpu", set()).add(f"receiver {name}")
+    return edges
+
+
+def reachable(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), list(edges.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(edges.get(node, ()))
+    return seen
+
+
+@pytest.mark.parametrize("mode,components", PODS, ids=IDS)
+def test_data_flows_through_otelgpu_once_and_never_back(mode, components, tmp_path, monkeypatch):
+    p = pod(render(mode, components))
+    config, otelgpu = collector_config(p), otelgpu_config(p, tmp_path, monkeypatch)
+    edges = flow(config, otelgpu)
+    assert "otelgpu" in reachable(edges, "receiver prometheus"), "scrapes never reach otelgpu"
+    downstream = reachable(edges, "otelgpu")
+    assert "exporter prometheus_remote_write/amp" in downstream, "cost never reaches AMP"
+    assert "otelgpu" not in downstream, "a loop: otelgpu's output comes back to its input"
+    # otelgpu's output goes only to AMP, never to a pipeline that also carries its inputs
+    assert {n for n in downstream if n.startswith("exporter")} == {"exporter prometheus_remote_write/amp"}
+
+
+def test_the_loop_check_would_catch_a_loop(tmp_path, monkeypatch):
+    p = pod(render("gateway"))
+    config, otelgpu = collector_config(p), otelgpu_config(p, tmp_path, monkeypatch)
+    config["service"]["pipelines"]["metrics/cost"]["exporters"].append("otlp_grpc/otelgpu")
+    assert "otelgpu" in reachable(flow(config, otelgpu), "otelgpu")
+
+
+@pytest.mark.parametrize("mode,components", PODS, ids=IDS)
+def test_every_pipeline_names_declared_components_and_every_declared_one_is_used(mode, components):
+    config = collector_config(pod(render(mode, components)))
+    service = config["service"]
+    used = {kind: set() for kind in ("receivers", "processors", "exporters")}
+    for name, pipeline in service["pipelines"].items():
+        assert name.split("/")[0] == "metrics", name
+        assert pipeline["processors"][0] == "memory_limiter", f"{name}: memory_limiter must come first"
+        assert pipeline["processors"][-1] == "batch", f"{name}: batch last, after anything that drops data"
+        for kind in used:
+            assert set(pipeline[kind]) <= set(config[kind]), (name, kind)
+            used[kind] |= set(pipeline[kind])
+    for kind, names in used.items():
+        assert names == set(config[kind]), f"declared but unused {kind}: {set(config[kind]) - names}"
+    assert set(service["extensions"]) == set(config["extensions"])
+    assert config["exporters"]["prometheus_remote_write/amp"]["auth"]["authenticator"] in service["extensions"]
+
+
+@pytest.mark.parametrize("mode,components", PODS, ids=IDS)
+def test_plaintext_only_over_loopback_and_endpoints_match_otelgpu(mode, components, tmp_path, monkeypatch):
+    p = pod(render(mode, components))
+    config, otelgpu = collector_config(p), otelgpu_config(p, tmp_path, monkeypatch)
+    for name, exporter in config["exporters"].items():
+        if (exporter.get("tls") or {}).get("insecure"):
+            assert _host_port(exporter["endpoint"])[0] == "127.0.0.1", name
+        if name.startswith("prometheus_remote_write"):
+            assert exporter["endpoint"].startswith("https://aps-workspaces."), name
+    for name, receiver in config["receivers"].items():
+        if name.split("/")[0] == "otlp":
+            assert all(_host_port(proto["endpoint"])[0] == "127.0.0.1" for proto in receiver["protocols"].values())
+    # otelgpu listens and sends only over loopback too, and its ports are the ones the Collector uses
+    assert _host_port(otelgpu.receiver.grpc.endpoint) == _host_port(config["exporters"]["otlp_grpc/otelgpu"]["endpoint"])
+    assert not otelgpu.receiver.http.enabled
+    assert _host_port(otelgpu.exporter.otlp.endpoint) == _host_port(
+        config["receivers"]["otlp/cost"]["protocols"]["grpc"]["endpoint"])
+    assert otelgpu.exporter.otlp.insecure and _host_port(otelgpu.exporter.otlp.endpoint)[0] == "127.0.0.1"
+    # the health endpoints the probes call are where the configs listen
+    health = _host_port(config["extensions"]["health_check"]["endpoint"])
+    assert health == (p.env("otel-collector")["POD_IP"], p.container("otel-collector")["ports"][0]["containerPort"])
+    metrics_port = next(port["containerPort"] for port in p.container("otelgpu")["ports"] if port["name"] == "metrics")
+    assert _host_port(otelgpu.exporter.prometheus.endpoint) == ("0.0.0.0", metrics_port)
+
+
+@pytest.mark.parametrize("mode,components", PODS, ids=IDS)
+def test_every_series_in_amp_says_its_cluster(mode, components, tmp_path, monkeypatch):
+    p = pod(render(mode, components))
+    config, otelgpu = collector_config(p), otelgpu_config(p, tmp_path, monkeypatch)
+    amp = config["exporters"]["prometheus_remote_write/amp"]
+    assert amp["external_labels"] == {"cluster": p.env("otel-collector")["CLUSTER_NAME"]}
+    assert otelgpu.cluster.name == amp["external_labels"]["cluster"]
+    assert amp["remote_write_queue"]["num_consumers"] == 1  # a series' samples reach AMP in order
+    assert config["extensions"]["sigv4auth"] == {"region": p.env("otel-collector")["AMP_REGION"], "service": "aps"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_otelgpu_config_in_the_manifests_passes_the_serve_validator(mode, tmp_path):
+    """`otelgpu check-config` (what `serve` runs first) on the mounted file, in the container's env."""
+    p = pod(render(mode))
+    path = tmp_path / "otelgpu.yaml"
+    path.write_text(p.mounted("otelgpu", _otelgpu_config_path(p)))
+    run = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(path)], capture_output=True,
+                         text=True, env={"PATH": "/usr/bin:/bin", **p.env("otelgpu")}, cwd=REPO, timeout=60)
+    assert run.returncode == 0, run.stderr
+    # and without the container's environment it would not pass: the check is real
+    bare = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(path)], capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin"}, cwd=REPO, timeout=60)
+    assert bare.returncode == 2 and "CLUSTER_NAME" in bare.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_node_mode_scrapes_and_watches_only_its_node(mode, tmp_path, monkeypatch):
+    p = pod(render(mode))
+    otelgpu = otelgpu_config(p, tmp_path, monkeypatch)
+    jobs = {job["job_name"]: job for job in collector_config(p)["receivers"]["prometheus"]["config"]["scrape_configs"]}
+    node = p.env("otel-collector").get("NODE_NAME")
+    if mode == "node":
+        assert otelgpu.kubernetes.scope == "node" and otelgpu.kubernetes.node_name == node
+        assert set(jobs) == {"dcgm-exporter", "kubelet-cadvisor"}  # kube-state-metrics describes the whole cluster
+        for job in jobs.values():
+            (sd,) = job["kubernetes_sd_configs"]
+            (selector,) = sd["selectors"]
+            field = {"pod": f"spec.nodeName={node}", "node": f"metadata.name={node}"}[sd["role"]]
+            assert selector == {"role": sd["role"], "field": field}
+    else:
+        assert otelgpu.kubernetes.scope == "cluster"
+        assert set(jobs) == {"dcgm-exporter", "kube-state-metrics", "kubelet-cadvisor"}
+        assert all("selectors" not in sd for job in jobs.values() for sd in job["kubernetes_sd_configs"])
+    assert otelgpu.kubernetes.enabled and otelgpu.kubernetes.auth == "in_cluster"
+    assert jobs["dcgm-exporter"]["honor_labels"] is True
+    assert otelgpu.checkpoint.directory in {m["mountPath"] for m in p.container("otelgpu")["volumeMounts"]}
+
+
+# Prometheus' kubernetes_sd_configs fields (discovery/kubernetes/kubernetes.go, SDConfig and SelectorConfig).
+KUBERNETES_SD_FIELDS = {"api_server", "role", "kubeconfig_file", "namespaces", "selectors", "attach_metadata",
+                        "authorization", "tls_config", "basic_auth", "oauth2", "follow_redirects", "proxy_url"}
+SELECTOR_FIELDS = {"role", "label", "field"}
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool comes with Debian's prometheus (make test installs it)")
+@pytest.mark.parametrize("mode", MODES)
+def test_prometheus_accepts_the_scrape_configs(mode, tmp_path):
+    """The prometheus receiver's `config` is Prometheus' own configuration: promtool checks it.
+    Debian builds Prometheus without Kubernetes discovery, so promtool sees each job with a static
+    target instead, and the discovery blocks are checked against Prometheus' own field list."""
+    scrape = collector_config(pod(render(mode)))["receivers"]["prometheus"]["config"]
+    for job in scrape["scrape_configs"]:
+        for sd in job.pop("kubernetes_sd_configs"):
+            assert set(sd) <= KUBERNETES_SD_FIELDS and sd["role"] in {"pod", "node"}, job["job_name"]
+            for selector in sd.get("selectors", []):
+                assert set(selector) <= SELECTOR_FIELDS and selector["role"] == sd["role"], job["job_name"]
+        job["static_configs"] = [{"targets": ["10.0.0.1:9400"]}]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(scrape))
+    run = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text(yaml.safe_dump({"scrape_configs": [{**scrape["scrape_configs"][0], "scrape_intervall": "1m"}]}))
+    assert subprocess.run(["promtool", "check", "config", "--syntax-only", str(broken)],
+                          capture_output=True, timeout=60).returncode != 0
+
+
+@pytest.mark.parametrize("path", sorted(COLLECTOR_CONFIG.glob("*.yaml")), ids=lambda p: p.name)
+def test_dollar_signs_are_only_env_references(path):
+    """The Collector expands `$` itself: a Prometheus `$1` must be written `$$1`."""
+    text = ENV_REF.sub("", path.read_text()).replace("$$", "")
+    assert "$" not in text

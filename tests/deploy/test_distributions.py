@@ -1,0 +1,40 @@
+"""Every Collector component a pod's configs use is compiled into the distribution its image
+names (tests/deploy/data: each distribution's build manifest, with its source), under its
+current type name, so the pinned images start without errors or deprecation warnings."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from manifests import DATA, collector_config, combinations, components, pod, render
+
+DISTRIBUTIONS = [yaml.safe_load(p.read_text()) for p in sorted(DATA.glob("*.yaml"))]
+PODS = combinations()
+
+
+def distribution(image: str) -> dict:
+    found = [d for d in DISTRIBUTIONS if d["image"] == image]
+    assert found, f"{image}: no distribution manifest in tests/deploy/data pins this image"
+    return found[0]
+
+
+@pytest.mark.parametrize("mode,components_", PODS, ids=["+".join((m, *c)) for m, c in PODS])
+def test_every_component_is_in_the_distribution_of_the_image(mode, components_):
+    p = pod(render(mode, components_))
+    dist = distribution(p.container("otel-collector")["image"])
+    config = collector_config(p)
+    for kind, type_ in components(config):
+        deprecated = dist.get("deprecated_aliases", {}).get(kind, {})
+        assert type_ not in deprecated, f"{kind} {type_}: deprecated in {dist['distribution']}, use {deprecated[type_]}"
+        assert type_ in dist[kind], f"{kind} {type_} is not in {dist['distribution']} {dist['version']}"
+
+
+def test_both_distributions_are_rendered():
+    images = {pod(render(mode, c)).container("otel-collector")["image"] for mode, c in PODS}
+    assert images == {d["image"] for d in DISTRIBUTIONS}
+
+
+def test_the_check_would_catch_a_component_adot_lacks():
+    adot = next(d for d in DISTRIBUTIONS if d["distribution"] == "aws-otel-collector")
+    contrib = next(d for d in DISTRIBUTIONS if d["distribution"] == "otelcol-contrib")
+    assert "transform" in contrib["processors"] and "transform" not in adot["processors"]
