@@ -387,6 +387,15 @@ class Config:
         defaults = _default_tags()
         return {name: value.get(name, defaults[name]) for name in TAG_NAMES}
 
+    @model_validator(mode="after")
+    def _one_node_sees_one_node(self) -> "Config":
+        idle = self.attribution.idle
+        if self.kubernetes.enabled and self.kubernetes.scope == "node" and idle.policy == "share" \
+                and idle.share_scope == "cluster":
+            raise ValueError("attribution.idle.share_scope cluster needs the whole cluster, but kubernetes.scope "
+                             "node (a per-node sidecar) sees one node: use share_scope node, or a gateway")
+        return self
+
 
 _ADAPTER = TypeAdapter(Config)
 

@@ -68,6 +68,9 @@ def test_example_config_names_missing_environment_variable(monkeypatch):
     ({"tags": {"team": {"pod_label": ["team"]}}}, "tags.team.pod_label: unknown key"),
     ({"exporter": {"otlp": {"insecure": True}}}, "exporter.otlp.endpoint: Field required"),
     ([1, 2], "(top level): expected a mapping"),
+    ({"attribution": {"idle": {"policy": "share", "share_scope": "cluster"}},
+      "kubernetes": {"enabled": True, "scope": "node", "node_name": "ip-10-0-1-1"}},
+     "(top level): attribution.idle.share_scope cluster needs the whole cluster, but kubernetes.scope node"),
 ])
 def test_invalid_configs_name_the_path(doc, expected):
     assert any(p.startswith(expected) for p in problems(doc)), problems(doc)

@@ -1,0 +1,47 @@
+"""What k8s/README.md tells users to set matches what otelgpu reads: the kube-state-metrics label
+allowlist covers the tags of the shipped configs and the node labels the code prices by, and the
+sharding example is a Collector config both distributions can run, routing by a label every
+routed series carries."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from manifests import DATA, MODES, REPO, collector_config, components, pod, render
+
+from otelgpu.enrich.labels import NODE_LABEL_KEYS, POD_TEMPLATE_HASH, ksm_label_name
+from test_collector_config import otelgpu_config
+
+README = (REPO / "k8s" / "README.md").read_text()
+
+
+def allowlist() -> dict[str, set[str]]:
+    (line,) = re.findall(r"--metric-labels-allowlist=(\S+)", README)
+    return {kind: set(keys.split(",")) for kind, keys in re.findall(r"(\w+)=\[([^\]]*)\]", line)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_allowlist_covers_every_key_the_shipped_configs_and_the_code_read(mode, tmp_path, monkeypatch):
+    listed = allowlist()
+    tags = otelgpu_config(pod(render(mode)), tmp_path, monkeypatch).tags
+    assert {k for rule in tags.values() for k in rule.pod_labels} <= listed["pods"]
+    assert {k for rule in tags.values() for k in rule.namespace_labels} <= listed["namespaces"]
+    assert ksm_label_name("pod-template-hash") == POD_TEMPLATE_HASH and "pod-template-hash" in listed["pods"]
+    assert set(NODE_LABEL_KEYS) <= listed["nodes"]
+
+
+def test_the_sharding_example_runs_on_both_distributions_and_routes_by_node():
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", README, re.S) if "load_balancing" in b]
+    config = yaml.safe_load(block)
+    balancer = config["exporters"]["load_balancing"]
+    assert balancer["routing_key"] == "attributes" and balancer["routing_attributes"] == ["node"]
+    for dist in (yaml.safe_load(p.read_text()) for p in DATA.glob("*.yaml")):
+        for kind, type_ in components(config):
+            assert type_ in dist[kind], (dist["distribution"], type_)
+    # every series the tier would route (dcgm-exporter and cAdvisor) gets a `node` label
+    jobs = collector_config(pod(render("gateway")))["receivers"]["prometheus"]["config"]["scrape_configs"]
+    for job in jobs:
+        if job["job_name"] != "kube-state-metrics":
+            assert any(r.get("target_label") == "node" for r in job["relabel_configs"]), job["job_name"]
