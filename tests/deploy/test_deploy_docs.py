@@ -9,7 +9,7 @@ import re
 
 import pytest
 import yaml
-from manifests import DATA, MODES, REPO, collector_config, components, pod, render
+from manifests import DATA, MODES, REPO, collector_config, components, pod, render, render_text
 
 from otelgpu.enrich.labels import NODE_LABEL_KEYS, POD_TEMPLATE_HASH, ksm_label_name
 from test_collector_config import otelgpu_config
@@ -45,3 +45,20 @@ def test_the_sharding_example_runs_on_both_distributions_and_routes_by_node():
     for job in jobs:
         if job["job_name"] != "kube-state-metrics":
             assert any(r.get("target_label") == "node" for r in job["relabel_configs"]), job["job_name"]
+
+
+def test_the_deploy_on_eks_overlay_renders_and_fills_everything_in(tmp_path):
+    """README's "Deploy on EKS" overlay, with its placeholders filled and its remote base pointing
+    at this checkout, renders: the image, the cluster's identity and the role land where they must."""
+    text = (REPO / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "my-cluster/kustomization.yaml" in b]
+    for placeholder, value in {"github.com/<you>/otelgpu//k8s/node?ref=<tag>": "../node", "<account>": "111122223333",
+                               "<region>": "eu-west-1", "<role>": "otelgpu-amp"}.items():
+        block = block.replace(placeholder, value)
+    assert "<" not in block.replace("<...>", "")
+    objects = render_text(block)
+    p = pod(objects)
+    assert p.container("otelgpu")["image"] == "111122223333.dkr.ecr.eu-west-1.amazonaws.com/otelgpu:0.1.0"
+    assert p.env("otelgpu")["CLUSTER_NAME"] == "my-cluster"
+    account = next(o for o in objects if o["kind"] == "ServiceAccount")
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == "arn:aws:iam::111122223333:role/otelgpu-amp"
