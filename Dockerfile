@@ -1,6 +1,6 @@
 # otelgpu's image: a slim Python base, the package in a virtual environment, numba's kernels
 # compiled at build time, a non-root user. Build and push (linux/amd64, where EKS GPU nodes are):
-#   docker build -t <account>.dkr.ecr.<region>.amazonaws.com/otelgpu:0.1.0 .
+#   docker buildx build --platform linux/amd64 -t <account>.dkr.ecr.<region>.amazonaws.com/otelgpu:0.1.0 .
 # The manifests in k8s/ run it with a read-only root filesystem as uid 10001.
 
 FROM python:3.11-slim-bookworm AS build

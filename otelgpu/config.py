@@ -394,6 +394,9 @@ class Config:
                 and idle.share_scope == "cluster":
             raise ValueError("attribution.idle.share_scope cluster needs the whole cluster, but kubernetes.scope "
                              "node (a per-node sidecar) sees one node: use share_scope node, or a gateway")
+        if self.kubernetes.enabled and self.kubernetes.scope == "node" and "node" in self.series.drop_attributes:
+            raise ValueError("series.drop_attributes cannot drop node with kubernetes.scope node: every node's "
+                             "sidecar would write the same series")
         return self
 
 

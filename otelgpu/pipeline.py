@@ -67,8 +67,10 @@ class Pipeline:
         self.on_interval: list[Callable[[Interval], None]] = []
         self.deliveries: list[Delivery] = []
         e, cluster = config.exporter, config.cluster.name
+        k = config.kubernetes
+        instance = k.node_name if k.enabled and k.scope == "node" else ""  # one writer per node
         if e.otlp:
-            self.deliveries.append(Delivery(OtlpSender(e.otlp, self.store.specs, self.metrics, cluster),
+            self.deliveries.append(Delivery(OtlpSender(e.otlp, self.store.specs, self.metrics, cluster, instance),
                                             e.otlp.delivery, self.metrics))
         if e.remote_write:
             # imported here: botocore loads only when remote write is configured

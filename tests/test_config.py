@@ -71,6 +71,9 @@ def test_example_config_names_missing_environment_variable(monkeypatch):
     ({"attribution": {"idle": {"policy": "share", "share_scope": "cluster"}},
       "kubernetes": {"enabled": True, "scope": "node", "node_name": "ip-10-0-1-1"}},
      "(top level): attribution.idle.share_scope cluster needs the whole cluster, but kubernetes.scope node"),
+    ({"series": {"drop_attributes": ["node"]},
+      "kubernetes": {"enabled": True, "scope": "node", "node_name": "ip-10-0-1-1"}},
+     "(top level): series.drop_attributes cannot drop node with kubernetes.scope node"),
 ])
 def test_invalid_configs_name_the_path(doc, expected):
     assert any(p.startswith(expected) for p in problems(doc)), problems(doc)

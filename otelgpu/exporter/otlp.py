@@ -52,15 +52,18 @@ def _kv(key: str, value: str) -> KeyValue:
 
 
 def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], cluster: str,
-                   max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[ExportMetricsServiceRequest]:
+                   max_points: int = MAX_POINTS_PER_REQUEST, instance: str = "") -> Iterator[ExportMetricsServiceRequest]:
     """The points as OTLP requests of at most `max_points` points, one Metric per spec and
-    request, in spec order (stable requests for tests and goldens)."""
+    request, in spec order (stable requests for tests and goldens). `instance` (a per-node
+    sidecar's node) becomes service.instance.id, so each writer's resource, and the `instance`
+    and `target_info` series the Collector derives from it, are its own."""
     by_metric: dict[str, list[Point]] = {}
     for p in points:
         by_metric.setdefault(p.metric, []).append(p)
     ordered = [(key, p) for key in specs for p in by_metric.get(key, ())]
     # The resource names the cluster; not Resource.create(): OTEL_* variables must not rename it.
-    resource = Resource(attributes=[_kv("k8s.cluster.name", cluster), _kv("service.name", "otelgpu")])
+    resource = Resource(attributes=[_kv("k8s.cluster.name", cluster), _kv("service.name", "otelgpu")]
+                        + ([_kv("service.instance.id", instance)] if instance else []))
     for begin in range(0, len(ordered), max_points):
         metrics: dict[str, Metric] = {}
         for key, p in ordered[begin:begin + max_points]:
@@ -117,11 +120,11 @@ class OtlpSender:
     name = "otlp"
 
     def __init__(self, config: OtlpExporterConfig, specs: Mapping[str, MetricSpec], metrics: SelfMetrics,
-                 cluster: str) -> None:
+                 cluster: str, instance: str = "") -> None:
         self._config = config
         self._specs = specs
         self._metrics = metrics
-        self._cluster = cluster
+        self._cluster, self._instance = cluster, instance
         # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
         self._headers = tuple((k.lower(), v) for k, v in config.headers.items())
         self._compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
@@ -132,7 +135,7 @@ class OtlpSender:
 
     def send(self, points: Sequence[Point]) -> SendResult:
         try:
-            for request in build_requests(points, self._specs, self._cluster):
+            for request in build_requests(points, self._specs, self._cluster, instance=self._instance):
                 response = self._stub.Export(request, metadata=self._headers, timeout=self._config.timeout_seconds,
                                              compression=self._compression)
                 rejected = response.partial_success.rejected_data_points

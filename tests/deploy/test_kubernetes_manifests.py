@@ -113,6 +113,7 @@ def test_the_gateway_never_runs_twice():
 def test_the_node_mode_runs_on_gpu_nodes_and_watches_only_its_own():
     p = pod(render("node"))
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in p.spec["tolerations"]
+    assert p.spec["priorityClassName"] == "system-node-critical"  # a packed GPU node still gets its pod
     terms = p.spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {t["matchExpressions"][0]["key"] for t in terms} == {"nvidia.com/gpu.present",
                                                                  "karpenter.k8s.aws/instance-gpu-count"}

@@ -123,8 +123,10 @@ def required_by_scrapes(config: dict) -> set[tuple[str, str, str]]:
     the node's address (get on the nodes/metrics subresource) need."""
     plural = {"pod": "pods", "node": "nodes", "service": "services", "endpoints": "endpoints"}
     out = set()
-    for job in config["receivers"]["prometheus"]["config"]["scrape_configs"]:
-        for sd in job["kubernetes_sd_configs"]:
+    jobs = [job for name, receiver in config["receivers"].items() if name.startswith("prometheus")
+            for job in receiver["config"]["scrape_configs"]]
+    for job in jobs:
+        for sd in job.get("kubernetes_sd_configs", []):
             out |= {("", plural[sd["role"]], "list"), ("", plural[sd["role"]], "watch")}
             if sd["role"] == "node" and job.get("metrics_path", "/metrics").startswith("/metrics"):
                 out.add(("", "nodes/metrics", "get"))  # the kubelet authorizes /metrics* as nodes/metrics

@@ -13,7 +13,7 @@ from otlpsink import Answer, MetricsSink, serve_sink
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
-from otelgpu.exporter.otlp import NO_RECORDED_VALUE, OtlpSender
+from otelgpu.exporter.otlp import NO_RECORDED_VALUE, OtlpSender, build_requests
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 
@@ -52,6 +52,7 @@ def test_cumulative_sums_keep_start_and_advance(otlp_sink, store: CostStore, int
     resource = {kv.key: kv.value.string_value
                 for kv in otlp_sink.received[0].request.resource_metrics[0].resource.attributes}
     assert resource["k8s.cluster.name"] == "prod-eu" and resource["service.name"] == "otelgpu"
+    assert "service.instance.id" not in resource  # a gateway: the only writer of its cluster's series
 
     first, second = _metrics(otlp_sink, 0), _metrics(otlp_sink, 1)
     assert set(first) == {"gpu.cost.allocated", "gpu.held", "gpu.cost.idle", "gpu.activity"}
@@ -212,3 +213,13 @@ def test_shutdown_gives_up_at_its_deadline_and_counts(store: CostStore, interval
     assert metrics.export_points_undeliverable[("otlp", "shutdown")] == len(store.points())
     assert metrics.export_failures[("otlp", "unavailable")] >= 1 and not metrics.exports
     assert not math.isnan(sum(p.value for p in store.points()))
+
+
+def test_a_per_node_sidecar_names_its_node_as_the_instance(store: CostStore, intervals) -> None:
+    """Per-node sidecars each write their own resource (the Collector turns service.instance.id
+    into the `instance` label and a target_info series of its own), never one shared by all."""
+    intervals.record(0)
+    (request,) = build_requests(store.points(), store.specs, "prod-eu", instance="ip-10-0-1-1.ec2.internal")
+    resource = {kv.key: kv.value.string_value for kv in request.resource_metrics[0].resource.attributes}
+    assert resource == {"k8s.cluster.name": "prod-eu", "service.name": "otelgpu",
+                        "service.instance.id": "ip-10-0-1-1.ec2.internal"}
