@@ -4,6 +4,7 @@ built from them, and a pipeline wired for tests."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -118,3 +119,12 @@ class CollectorSink:
 
     def stop(self) -> None:
         self.server.stop(grace=None)
+
+
+def eventually(check: Any, timeout: float = 5.0) -> Any:
+    """Poll `check` until it returns something true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+    return result

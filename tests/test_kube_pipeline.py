@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cluster import T0, Cluster, Node, Pod, Unit
 from kubeapi import FakeKubeApi
-from support import feed, make_config, offline_pipeline
+from support import eventually, feed, make_config, offline_pipeline
 
 from otelgpu.config import KubernetesConfig
 from otelgpu.demo import objects, scenario
@@ -22,14 +22,6 @@ from otelgpu.pipeline import Pipeline
 A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 300
 PER_INTERVAL = 12.0 * INTERVAL_S / 3600  # one GPU at $12/h for one interval
-
-
-def eventually(check: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-    return result
 
 
 def two_gpu_cluster(**train: Any) -> Cluster:

@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import yaml
 
+from otelgpu.config import Config, load_config
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 COLLECTOR_CONFIG = REPO / "collector-config"
@@ -115,8 +117,7 @@ class Pod:
         return self.workload["spec"]["template"]["spec"]
 
     def container(self, name: str) -> dict:
-        every = self.spec.get("initContainers", []) + self.spec["containers"]
-        return next(c for c in every if c["name"] == name)
+        return next(c for c in self.containers() if c["name"] == name)
 
     def containers(self) -> list[dict]:
         return self.spec.get("initContainers", []) + self.spec["containers"]
@@ -147,6 +148,11 @@ class Pod:
             env[var["name"]] = var["value"] if "value" in var else stand_in[var["valueFrom"]["fieldRef"]["fieldPath"]]
         return env
 
+    def otelgpu_config_path(self) -> str:
+        """The file otelgpu's `serve --config` reads."""
+        args = self.container("otelgpu")["args"]
+        return args[args.index("--config") + 1]
+
     def collector_configs(self) -> list[str]:
         """The --config files of the Collector container, in the order it merges them."""
         return [a.split("=", 1)[1] for a in self.container("otel-collector")["args"] if a.startswith("--config=")]
@@ -155,6 +161,20 @@ class Pod:
 def pod(objects: tuple[dict, ...]) -> Pod:
     workload = next(o for o in objects if o["kind"] in ("Deployment", "DaemonSet"))
     return Pod(workload, objects)
+
+
+def otelgpu_config(p: Pod, tmp_path: Path, monkeypatch: Any) -> Config:
+    """otelgpu's configuration as the pod's otelgpu container loads it, in that container's env."""
+    for name, value in p.env("otelgpu").items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "otelgpu.yaml"
+    path.write_text(p.mounted("otelgpu", p.otelgpu_config_path()))
+    return load_config(path)
+
+
+def distributions() -> list[dict]:
+    """The Collector distributions' component lists (tests/deploy/data)."""
+    return [yaml.safe_load(p.read_text()) for p in sorted(DATA.glob("*.yaml"))]
 
 
 def expand(text: str, env: dict[str, str]) -> str:

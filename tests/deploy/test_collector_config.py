@@ -8,30 +8,24 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from manifests import COLLECTOR_CONFIG, ENV_REF, MODES, REPO, collector_config, combinations, pod, render
-
-from otelgpu.config import load_config
+from manifests import (
+    COLLECTOR_CONFIG,
+    ENV_REF,
+    MODES,
+    REPO,
+    collector_config,
+    combinations,
+    otelgpu_config,
+    pod,
+    render,
+)
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PODS = combinations()
 IDS = ["+".join((mode, *components)) for mode, components in PODS]
-
-
-def otelgpu_config(p, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    for name, value in p.env("otelgpu").items():
-        monkeypatch.setenv(name, value)
-    path = tmp_path / "otelgpu.yaml"
-    path.write_text(p.mounted("otelgpu", _otelgpu_config_path(p)))
-    return load_config(path)
-
-
-def _otelgpu_config_path(p) -> str:
-    args = p.container("otelgpu")["args"]
-    return args[args.index("--config") + 1]
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:
@@ -152,7 +146,7 @@ def test_the_otelgpu_config_in_the_manifests_passes_the_serve_validator(mode, tm
     """`otelgpu check-config` (what `serve` runs first) on the mounted file, in the container's env."""
     p = pod(render(mode))
     path = tmp_path / "otelgpu.yaml"
-    path.write_text(p.mounted("otelgpu", _otelgpu_config_path(p)))
+    path.write_text(p.mounted("otelgpu", p.otelgpu_config_path()))
     run = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(path)], capture_output=True,
                          text=True, env={"PATH": "/usr/bin:/bin", **p.env("otelgpu")}, cwd=REPO, timeout=60)
     assert run.returncode == 0, run.stderr

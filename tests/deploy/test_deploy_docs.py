@@ -9,10 +9,9 @@ import re
 
 import pytest
 import yaml
-from manifests import DATA, MODES, REPO, collector_config, components, pod, render, render_text
+from manifests import MODES, REPO, collector_config, components, distributions, otelgpu_config, pod, render, render_text
 
 from otelgpu.enrich.labels import NODE_LABEL_KEYS, POD_TEMPLATE_HASH, ksm_label_name
-from test_collector_config import otelgpu_config
 
 README = (REPO / "k8s" / "README.md").read_text()
 
@@ -37,7 +36,7 @@ def test_the_sharding_example_runs_on_both_distributions_and_routes_by_node():
     config = yaml.safe_load(block)
     balancer = config["exporters"]["load_balancing"]
     assert balancer["routing_key"] == "attributes" and balancer["routing_attributes"] == ["node"]
-    for dist in (yaml.safe_load(p.read_text()) for p in DATA.glob("*.yaml")):
+    for dist in distributions():
         for kind, type_ in components(config):
             assert type_ in dist[kind], (dist["distribution"], type_)
     # every series the tier would route (dcgm-exporter and cAdvisor) gets a `node` label

@@ -5,10 +5,9 @@ current type name, so the pinned images start without errors or deprecation warn
 from __future__ import annotations
 
 import pytest
-import yaml
-from manifests import DATA, collector_config, combinations, components, pod, render
+from manifests import collector_config, combinations, components, distributions, pod, render
 
-DISTRIBUTIONS = [yaml.safe_load(p.read_text()) for p in sorted(DATA.glob("*.yaml"))]
+DISTRIBUTIONS = distributions()
 PODS = combinations()
 
 

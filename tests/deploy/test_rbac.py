@@ -5,18 +5,16 @@ what its scrape configs' discovery and kubelet scrapes need."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from kubeapi import BUILTIN, FakeKubeApi
-from manifests import MODES, collector_config, pod, render
+from manifests import MODES, collector_config, otelgpu_config, pod, render
+from support import eventually
 
-from otelgpu.config import KubernetesConfig, _default_tags, TagValuesConfig
+from otelgpu.config import KubernetesConfig, TagValuesConfig, _default_tags
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.workload import workload
 from otelgpu.telemetry import SelfMetrics
-from test_collector_config import otelgpu_config
 
 VERBS = ("get", "list", "watch")  # the endpoint serves only GET: a write would fail with 501 anyway
 
@@ -48,14 +46,6 @@ def called(api: FakeKubeApi) -> set[tuple[str, str, str]]:
         verb = "watch" if query.get("watch") == "true" else "get" if len(rest) == 2 else "list"
         out.add((group, rest[0], verb))
     return out
-
-
-def eventually(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-    return result
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -99,12 +89,12 @@ def test_otelgpu_gets_everything_it_needs_from_exactly_what_its_role_grants(mode
                 v = source.view()
                 return {name: workload(ns, name, p, v.owners) for (ns, name), p in v.pods.items()}
             eventually(lambda: resolved() == {"serve-7d9f8-abcde": ("Deployment", "serve"),
-                                              "nightly-29000000-x": ("CronJob", "nightly")})
+                                              "nightly-29000000-x": ("CronJob", "nightly")}, timeout=10.0)
             view = source.view()
             assert set(view.nodes) == {here}
             assert view.nodes[here].labels["label_node_kubernetes_io_instance_type"] == "p5.48xlarge"
             assert "ml" in view.namespaces
-            eventually(lambda: {v for *_, v in called(api)} >= {"list", "watch", "get"})
+            eventually(lambda: {v for *_, v in called(api)} >= {"list", "watch", "get"}, timeout=10.0)
         finally:
             source.shutdown()
         assert not metrics.snapshot()["kube_errors"], metrics.snapshot()["kube_errors"]
