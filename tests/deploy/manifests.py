@@ -157,6 +157,15 @@ class Pod:
         """The --config files of the Collector container, in the order it merges them."""
         return [a.split("=", 1)[1] for a in self.container("otel-collector")["args"] if a.startswith("--config=")]
 
+    def feature_gates(self) -> dict[str, bool]:
+        """The Collector's --feature-gates: each gate named, on (`gate`, `+gate`) or off (`-gate`)."""
+        gates = {}
+        for a in self.container("otel-collector")["args"]:
+            if a.startswith("--feature-gates="):
+                for g in a.split("=", 1)[1].split(","):
+                    gates[g.lstrip("+-")] = not g.startswith("-")
+        return gates
+
 
 def pod(objects: tuple[dict, ...]) -> Pod:
     workload = next(o for o in objects if o["kind"] in ("Deployment", "DaemonSet"))

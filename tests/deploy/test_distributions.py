@@ -28,6 +28,24 @@ def test_every_component_is_in_the_distribution_of_the_image(mode, components_):
         assert type_ in dist[kind], f"{kind} {type_} is not in {dist['distribution']} {dist['version']}"
 
 
+@pytest.mark.parametrize("mode,components_", PODS, ids=["+".join((m, *c)) for m, c in PODS])
+def test_every_feature_gate_is_registered_in_the_distribution_of_the_image(mode, components_):
+    """An unknown gate stops the Collector at start."""
+    p = pod(render(mode, components_))
+    dist = distribution(p.container("otel-collector")["image"])
+    unknown = set(p.feature_gates()) - set(dist["feature_gates"])
+    assert not unknown, f"{sorted(unknown)}: not registered in {dist['distribution']} {dist['version']}"
+
+
+@pytest.mark.parametrize("mode,components_", PODS, ids=["+".join((m, *c)) for m, c in PODS])
+def test_remote_write_retries_amps_429(mode, components_):
+    """Without the gate the exporter drops a batch AMP refuses with 429 (over the ingestion quota)."""
+    p = pod(render(mode, components_))
+    exporters = {type_ for kind, type_ in components(collector_config(p)) if kind == "exporters"}
+    assert "prometheus_remote_write" in exporters
+    assert p.feature_gates().get("exporter.prometheusremotewritexporter.RetryOn429") is True
+
+
 def test_both_distributions_are_rendered():
     images = {pod(render(mode, c)).container("otel-collector")["image"] for mode, c in PODS}
     assert images == {d["image"] for d in DISTRIBUTIONS}
