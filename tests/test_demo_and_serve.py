@@ -40,6 +40,7 @@ def test_demo_reproduces_the_recipe_and_adds_up():
     scad = p.store.totals("allocated", ("resource", "activity_basis"), {"cost_model": "scad"})
     assert scad[("cpu", "usage")] > 0 and scad[("memory", "usage")] > 0 and not p.metrics.scad_request_fallbacks
     assert p.metrics.intervals_computed == 4
+    assert not p.metrics.points_rejected  # the demo's scrapes are what a Collector sends: all accepted
     text = out.getvalue()
     assert "bu-a" in text and "(idle)" in text and "cluster total" in text and "/metrics" in text
     assert "charge by team and cost model" in text and "opencost" in text

@@ -32,6 +32,8 @@ def scrape(job: str, instance: str, node: str, time_ns: int,
     rm.resource.attributes.extend(kvs(resource))
     sm = ScopeMetrics(scope=SCOPE)
     for name, series in list(gauges.items()) + [("up", [({}, 1.0)])]:
+        if not series:  # a scrape without the metric: the receiver sends no metric, not an empty one
+            continue
         m = Metric(name=name)
         for labels, value in series:
             p = m.gauge.data_points.add()

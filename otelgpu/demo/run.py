@@ -118,8 +118,11 @@ def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: T
     pipeline.drain()
     pipeline.close_due(flush=True)
     report(pipeline, out)
-    out.write(f"intervals computed: {pipeline.metrics.intervals_computed}, points received: "
-              f"{pipeline.metrics.points_received}, in {time.monotonic() - started:.1f} s\n")
+    m = pipeline.metrics
+    out.write(f"intervals computed: {m.intervals_computed}, points received: {m.points_received}, "
+              f"rejected: {sum(m.points_rejected.values())}, in {time.monotonic() - started:.1f} s\n")
+    for reason, n in sorted(m.points_rejected.items()):
+        out.write(f"  rejected {n}: {reason}\n")
     if pipeline.telemetry:
         out.write(f"metrics: {pipeline.telemetry.url}\n")
     if keep_running:
