@@ -1,0 +1,23 @@
+"""The on-demand benchmarks still run (their figures are read by people, not asserted here)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_footprint_benchmark_runs_the_node_pod_and_reports_against_its_limits():
+    res = subprocess.run([sys.executable, "benchmarks/bench_footprint.py", "--mode", "node", "--hours", "0.1",
+                          "--churn-minutes", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    intervals = int(re.search(r"otelgpu: (\d+) intervals computed", out).group(1))
+    assert intervals == 5  # 6 minutes of data: the last interval is still open
+    assert "0 points rejected" in out and "every 2 min (4 generations)" in out
+    delivered = int(re.search(r"([\d,]+) points delivered", out).group(1).replace(",", ""))
+    assert delivered > 0
+    assert re.search(r"peak / limit \(512Mi\) = \d\.\d\d", out) and re.search(r"/ request \(50m\) = \d", out)
