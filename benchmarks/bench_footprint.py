@@ -36,11 +36,15 @@ from pathlib import Path
 
 import grpc
 import yaml
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request
+from otelgpu.demo.run import send
 from otelgpu.enrich.window import NS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,22 +67,24 @@ def fleet(n_nodes: int, generation: int) -> tuple[list[scenario.Node], dict[str,
     """n_nodes copies of the demo cluster's nodes, each with its own name, address, GPUs and pods;
     a new generation replaces every pod."""
     base, ns_labels = scenario.build()
-    nodes: list[scenario.Node] = []
-    for i in range(math.ceil(n_nodes / len(base))):
-        for k, n in enumerate(base[: n_nodes - len(nodes)]):
-            name = f"{n.name.split('.')[0]}-{i}.compute.internal"
-            twins: dict[int, scenario.Pod] = {}
+    copies = range(math.ceil(n_nodes / len(base)))
+    nodes = [_copy(n, i, k, generation) for i in copies for k, n in enumerate(base)]
+    return nodes[:n_nodes], ns_labels
 
-            def twin(p: scenario.Pod | None) -> scenario.Pod | None:
-                if p is not None and id(p) not in twins:
-                    twins[id(p)] = replace(p, name=f"{p.name}-{i}-g{generation}", uid="")
-                return twins[id(p)] if p is not None else None
 
-            devices = [replace(d, uuid="GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{name}/{d.index}")),
-                               holder=twin(d.holder)) for d in n.devices]
-            nodes.append(scenario.Node(name, f"10.{i // 250}.{i % 250}.{k + 10}", n.labels, n.capacity,
-                                       devices, [twin(p) for p in n.shared]))
-    return nodes, ns_labels
+def _copy(n: scenario.Node, i: int, k: int, generation: int) -> scenario.Node:
+    name = f"{n.name.split('.')[0]}-{i}.compute.internal"
+    twins: dict[int, scenario.Pod] = {}
+
+    def twin(p: scenario.Pod | None) -> scenario.Pod | None:  # a pod held by several devices stays one pod
+        if p is not None and id(p) not in twins:
+            twins[id(p)] = replace(p, name=f"{p.name}-{i}-g{generation}", uid="")
+        return twins[id(p)] if p is not None else None
+
+    devices = [replace(d, uuid="GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{name}/{d.index}")),
+                       holder=twin(d.holder)) for d in n.devices]
+    return scenario.Node(name, f"10.{i // 250}.{i % 250}.{k + 10}", n.labels, n.capacity, devices,
+                         [twin(p) for p in n.shared])
 
 
 def dcgm(node: scenario.Node, time_ns: int, hour: float) -> ResourceMetrics:
@@ -119,7 +125,7 @@ class Sink(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.points = 0
         self.lock = threading.Lock()
 
-    def Export(self, req, context):  # noqa: N802, ANN001
+    def Export(self, req, context):  # noqa: ANN001 (the servicer's signature)
         n = sum(points(rm) for rm in req.resource_metrics)
         with self.lock:
             self.points += n
@@ -181,17 +187,6 @@ def sidecar_config(mode: str, tmp: Path, grpc_port: int, sink_port: int, metrics
     path = tmp / "otelgpu.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def send(stub, req) -> None:  # noqa: ANN001
-    while True:
-        try:
-            stub.Export(req, timeout=60)
-            return
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            time.sleep(0.02)  # otelgpu's queue is full: the Collector retries too
 
 
 def main() -> None:

@@ -37,7 +37,8 @@ def _free(port: int) -> bool:
     return True
 
 
-def _send(stub, req) -> None:  # noqa: ANN001
+def send(stub, req) -> None:  # noqa: ANN001
+    """Export one request, retrying while the sidecar answers UNAVAILABLE, as the Collector does."""
     for attempt in range(20):
         try:
             stub.Export(req, timeout=10)
@@ -59,7 +60,7 @@ def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: 
             t = start_ns + (30 + SCRAPE_S * k) * NS
             hour = ((t - start_ns) / NS % 3600) / 3600
             ksm = [scrapes.ksm(nodes, ns_labels, t)] if kube_state_metrics else []
-            _send(stub, request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
+            send(stub, request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
                                 *(scrapes.cadvisor(n, t, (t - start_ns) / NS) for n in nodes)))
 
 
