@@ -234,16 +234,6 @@ def run(args: argparse.Namespace, n_nodes: int, limits: dict[str, str], child: s
             time.sleep(0.2)
     started = proc_status(child.pid)["VmRSS"] / 1024
     cpu_start = cpu_seconds(child.pid)
-
-    peak = [started]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.1):
-            peak[0] = max(peak[0], proc_status(child.pid)["VmRSS"] / 1024)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     t0 = 1_779_350_400 * NS
     n_scrapes = int(args.hours * 3600 / SCRAPE_S)
     sent_points = sent_bytes = 0
@@ -278,11 +268,9 @@ def run(args: argparse.Namespace, n_nodes: int, limits: dict[str, str], child: s
         last = state
         time.sleep(0.3)
     done_s = time.monotonic() - wall - 3.0  # less the stability wait
-    stop.set()
-    sampler.join()
     cpu = cpu_seconds(child.pid) - cpu_start
     status = proc_status(child.pid)
-    peak_mib = max(peak[0], status["VmHWM"] / 1024)
+    peak_mib = status["VmHWM"] / 1024  # the kernel's high-water mark of the resident set
     data_s = n_scrapes * SCRAPE_S
     gpus = sum(len(n.devices) for n in nodes)
     pods = sum(len(scrapes.node_pods(n)) for n in nodes)
