@@ -53,6 +53,12 @@ class ReceiverConfig:
     http: HttpReceiverConfig = HttpReceiverConfig()
     queue_size: int = Field(64, ge=1, le=100_000)
     retry_after_seconds: float = Field(5.0, gt=0, le=300)
+    # Points stamped further from this sidecar's clock are rejected: one point must not drag the
+    # interval watermark ahead, nor open an interval in 1970. 0 turns the age limit off (replays).
+    max_point_age_seconds: int = Field(86_400, ge=0)
+    max_future_seconds: int = Field(120, ge=1, le=86_400)
+    max_label_value_bytes: int = Field(4096, ge=64, le=1 << 20)  # of the labels otelgpu reads
+    max_attributes_per_point: int = Field(512, ge=16, le=100_000)
 
 
 def _non_negative(value: dict[str, float]) -> dict[str, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 from otelgpu.attribution.engine import warm_up
@@ -13,16 +14,18 @@ from otelgpu.attribution.fractions import MigProfiles
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.checkpoint import Checkpoint, Identity
-from otelgpu.config import Config
+from otelgpu.commit import Committer
+from otelgpu.compute import IntervalCosts
+from otelgpu.config import Config, DeliveryConfig
 from otelgpu.enrich.facts import FactSource, KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.kube.source import KubeSource
-from otelgpu.enrich.labels import TagResolver, TagValues
+from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.errors import ConfigError
-from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.delivery import Delivery, Sender
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.store import CostStore, Point
@@ -31,7 +34,11 @@ from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Ingest
 from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.limits import Limits, wanted_keys
+from otelgpu.receiver.record import RecordError, decode_batch
+from otelgpu.receiver.schema import is_ksm
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.wal import Position, Wal
 
 log = logging.getLogger("otelgpu")
 
@@ -49,9 +56,8 @@ class Pipeline:
         a = config.attribution
         self.strings = Interner()
         self.metrics = SelfMetrics()
-        self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds, self.metrics)
         self.facts = KsmFacts(self.strings, ttl_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
-        self.windows = Windows(a.interval_seconds, a.lateness_seconds)
+        self.windows = Windows(a.interval_seconds, a.lateness_seconds, max_gap_intervals=FACT_TTL_INTERVALS)
         self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
                                  dropped=config.series.dropped)
         self.pricer = Pricer(a.prices)
@@ -63,23 +69,20 @@ class Pipeline:
         self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
                              cpu_only_nodes=a.scad.cpu_only_nodes)
+        self.costs = IntervalCosts(self.joiner, self.models, self.strings, self.metrics)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
-        self.deliveries: list[Delivery] = []
-        e, cluster = config.exporter, config.cluster.name
-        k = config.kubernetes
-        instance = k.node_name if k.enabled and k.scope == "node" else ""  # one writer per node
-        if e.otlp:
-            self.deliveries.append(Delivery(OtlpSender(e.otlp, self.store.specs, self.metrics, cluster, instance),
-                                            e.otlp.delivery, self.metrics))
-        if e.remote_write:
-            # imported here: botocore loads only when remote write is configured
-            from otelgpu.exporter.remote_write import RemoteWriteSender
-
-            self.deliveries.append(Delivery(RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics),
-                                            e.remote_write.delivery, self.metrics))
-        self.checkpoint = (Checkpoint(config.checkpoint.directory, Identity(cluster, a.currency), self.metrics)
-                           if config.checkpoint.directory else None)
+        directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
+        self.checkpoint = (Checkpoint(directory, Identity(config.cluster.name, a.currency), self.metrics)
+                           if directory else None)
+        self.wal = Wal(directory / "wal", self.metrics) if directory else None
+        self.deliveries = self._deliveries(directory)
+        self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
+        wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS)
+        self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
+                             self.metrics, Limits.of(config.receiver, wanted), self.wal)
+        self._processed: Optional[Position] = None  # log position through which batches are processed
+        self._skipped_reported = 0
         self._restore()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name))
@@ -93,21 +96,83 @@ class Pipeline:
         self._stop = threading.Event()
         self._worker: Optional[threading.Thread] = None
 
+    def _deliveries(self, directory: Optional[Path]) -> list[Delivery]:
+        """One delivery queue per exporter, persisted under the checkpoint directory if there is one."""
+        e, cluster, k = self.config.exporter, self.config.cluster.name, self.config.kubernetes
+        instance = k.node_name if k.enabled and k.scope == "node" else ""  # one writer per node
+        senders: list[tuple[Sender, DeliveryConfig]] = []
+        if e.otlp:
+            senders.append((OtlpSender(e.otlp, self.store.specs, self.metrics, cluster, instance), e.otlp.delivery))
+        if e.remote_write:
+            # imported here: botocore loads only when remote write is configured
+            from otelgpu.exporter.remote_write import RemoteWriteSender
+
+            sender = RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics)
+            senders.append((sender, e.remote_write.delivery))
+        out = []
+        for sender, cfg in senders:
+            durable = {"directory": directory / "exports" / sender.name} if directory else {}
+            out.append(Delivery(sender, cfg, self.metrics, **durable))
+        return out
+
     def _restore(self) -> None:
-        """Continue the series of the last checkpoint, if there is a usable one."""
-        state = self.checkpoint.load() if self.checkpoint else None
-        if state is None or self.checkpoint is None:
+        """Continue from the last checkpoint: its state, the exporters' committed snapshots, then
+        the write-ahead log from the oldest record an open interval still needs."""
+        if self.checkpoint is None or self.wal is None:
             return
-        try:
-            self.store.restore(state["store"])
-            self.tag_values.restore(state.get("tag_values", {}))
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            self.store.restore({"last_time_ns": 0, "attrs": [], "sums": []})
-            self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
-            return
-        self.windows.resume_after(self.store.last_time_ns)
-        log.info("continuing %d cost series from %s (last interval ended %s UTC)", self.store.active_series(),
-                 self.checkpoint.path, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.store.last_time_ns / NS)))
+        state = self.checkpoint.load()
+        replay_from, processed = (0, 0), (0, 0)
+        if state is not None:
+            try:
+                self._restore_state(state)
+                wal = state.get("wal") or {}
+                replay_from = tuple(wal.get("replay_from", (0, 0)))  # type: ignore[assignment]
+                processed = tuple(wal.get("processed", (0, 0)))  # type: ignore[assignment]
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                self._restore_state({"store": {"last_time_ns": 0, "attrs": [], "sums": []}})
+                self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
+            else:
+                log.info("continuing %d cost series from %s (last interval ended %s UTC)", self.store.active_series(),
+                         self.checkpoint.path, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.store.last_time_ns / NS)))
+        for delivery in self.deliveries:
+            delivery.recover(self.store.last_time_ns)
+        self._replay(replay_from, processed)
+
+    def _restore_state(self, state: dict) -> None:
+        self.store.restore(state["store"])
+        self.tag_values.restore(state.get("tag_values", {}))
+        if "facts" in state:
+            self.facts.restore(state["facts"])
+        self.usage.restore(state.get("usage", []))
+        self.windows.resume_after(self.store.last_time_ns, int((state.get("windows") or {}).get("watermark_ns", 0)))
+
+    def _replay(self, start: Position, processed: Position) -> None:
+        assert self.wal is not None
+        records = points = 0
+        for first, end, payload in self.wal.replay(start):
+            try:
+                batch = decode_batch(payload, self.strings)
+            except RecordError as exc:
+                self.metrics.count("wal_corruptions", "record")
+                log.error("write-ahead log record at %s not replayed: %s", first, exc)
+                continue
+            batch.wal = (first, end)
+            self.process(batch, replayed=end <= processed)
+            records, points = records + 1, points + len(batch)
+        if records:
+            self.metrics.add("wal_records_replayed", records)
+            log.info("replayed %d write-ahead log records (%d points) from %s", records, points, start)
+
+    def _checkpoint_state(self) -> dict:
+        return {"store": self.store.state(), "tag_values": self.tag_values.state(), "facts": self.facts.state(),
+                "usage": self.usage.state(), "windows": {"watermark_ns": self.windows.watermark_ns},
+                "wal": {"replay_from": list(self._replay_from()), "processed": list(self._processed or (0, 0))}}
+
+    def _replay_from(self) -> Position:
+        first = self.windows.replay_from()
+        if first is not None:
+            return first
+        return self._processed if self._processed is not None else (self.wal.position if self.wal else (0, 0))
 
     def start_sources(self) -> None:
         """Start the Kubernetes API watches; waits a little for their first lists so the first
@@ -144,38 +209,50 @@ class Pipeline:
             finally:
                 self.ingest.task_done()
 
-    def process(self, batch: PointBatch) -> None:
-        """Apply one decoded batch and close every interval it makes due."""
-        self.facts.update(batch)
+    def process(self, batch: PointBatch, replayed: bool = False) -> None:
+        """Apply one decoded batch and close every interval it makes due. `replayed`: a log
+        record whose effects the checkpoint already holds, for the intervals it closed."""
         samples = dcgm_samples(batch, self.strings)
         pods = self.usage.pod_samples(batch) if self.models.needs_pods() else None
-        late = self.windows.add(samples, int(batch.time_ns.max()) if len(batch) else 0, pods)
-        if late:
+        facts = batch.select(is_ksm(batch.metric))
+        late, late_facts = self.windows.add(samples, batch, pods, facts)
+        if len(late_facts):
+            self.facts.update(late_facts)  # newer than what any later interval starts from
+        if late and not replayed:
             self.metrics.add("points_late", late)
+        if batch.wal is not None:
+            self._processed = batch.wal[1]
         self.close_due()
 
     def close_due(self, flush: bool = False) -> int:
         closed = self.windows.due(flush=flush)
+        if self.windows.skipped > self._skipped_reported:
+            n = self.windows.skipped - self._skipped_reported
+            self._skipped_reported = self.windows.skipped
+            self.metrics.add("intervals_skipped", n)
+            log.warning("no data for %d intervals in a row: those intervals are not computed (facts that old "
+                        "would only guess their costs)", n)
         for interval in closed:
-            self._close(interval)
-        if closed and self.checkpoint:
-            self.checkpoint.save({"store": self.store.state(), "tag_values": self.tag_values.state()})
+            self.committer.add(interval.end_ns, self._close(interval))
+        if closed:
+            self.committer.commit(self._checkpoint_state, self._replay_from())
         return len(closed)
 
-    def _close(self, interval: Interval) -> None:
+    def _close(self, interval: Interval) -> list[Point]:
         self._reload_prices()
+        self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval
         use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
-        joined = self.joiner.join(interval.samples, interval.start_ns, interval.end_ns, use)
-        sums, gauges = self.models.attribute(joined, interval.seconds)
-        snapshot = self.store.record(interval.start_ns, interval.end_ns, sums, gauges)
-        self._publish(snapshot)
-        self.metrics.add("unpriced_gpu_seconds", joined.unpriced_gpus * interval.seconds)
-        self.metrics.add("gpu_seconds_without_device_data", joined.gpus_without_device_data * interval.seconds)
+        costs = self.costs.compute(interval, use)
+        snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges)
+        self._count(snapshot)
+        self.metrics.add("unpriced_gpu_seconds", costs.unpriced_gpus * interval.seconds)
+        self.metrics.add("gpu_seconds_without_device_data", costs.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
         self.facts.expire(interval.end_ns)
         self.usage.expire(interval.end_ns)
         for callback in self.on_interval:
             callback(interval)
+        return snapshot
 
     def _reload_prices(self) -> None:
         try:
@@ -186,13 +263,11 @@ class Pipeline:
             log.error("price file not applied, previous prices stay in force: %s", exc)
             self.metrics.add("price_reload_failures")
 
-    def _publish(self, snapshot: list[Point]) -> None:
+    def _count(self, snapshot: list[Point]) -> None:
         ended = sum(p.ended for p in snapshot)
         if ended:
             self.metrics.add("series_ended", ended)
         self.metrics.set("series_active", "cost", len(snapshot) - ended)
-        for delivery in self.deliveries:
-            delivery.put(snapshot)
 
     def drain(self) -> None:
         """Wait until every batch queued so far has been processed."""
@@ -220,6 +295,8 @@ class Pipeline:
             left = sum(delivery.close() for delivery in self.deliveries)
             log.info("shutting down: exports %s after %.1f s", f"gave up {left} snapshot(s)" if left else "delivered",
                      time.monotonic() - began)
+        if self.wal:
+            self.wal.close()
         if self.checkpoint:
             self.checkpoint.close()
         if self.kube:

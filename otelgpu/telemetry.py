@@ -39,6 +39,14 @@ class SelfMetrics:
         self.kube_errors: Counter[tuple[str, str, str]] = Counter()  # (resource, verb, reason)
         self.kube_objects: dict[str, int] = {}  # resource -> objects held now (a gauge)
         self.kube_synced: dict[str, int] = {}  # resource -> 1 once listed, 0 while relisting
+        self.wal_fsyncs = 0  # group commits of the write-ahead log
+        self.wal_records_replayed = 0  # log records replayed at start
+        self.wal_segments_removed = 0  # log segments a checkpoint made unnecessary
+        self.wal_errors: Counter[str] = Counter()  # log writes that failed, by error
+        self.wal_corruptions: Counter[str] = Counter()  # torn or corrupt records at replay (tail | segment | record)
+        self.intervals_skipped = 0  # intervals of gaps too long to fill
+        self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
+        self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -84,4 +92,12 @@ class SelfMetrics:
                 "kube_errors": dict(self.kube_errors),
                 "kube_objects": dict(self.kube_objects),
                 "kube_synced": dict(self.kube_synced),
+                "wal_fsyncs": self.wal_fsyncs,
+                "wal_records_replayed": self.wal_records_replayed,
+                "wal_segments_removed": self.wal_segments_removed,
+                "wal_errors": dict(self.wal_errors),
+                "wal_corruptions": dict(self.wal_corruptions),
+                "intervals_skipped": self.intervals_skipped,
+                "interval_errors": dict(self.interval_errors),
+                "gpu_seconds_lost": self.gpu_seconds_lost,
             }

@@ -32,7 +32,8 @@ class Sidecar:
 
     def __init__(self, workdir: Path, config: dict[str, Any], name: str = "serve") -> None:
         self.grpc_port, self.metrics_port = free_port(), free_port()
-        doc = {**config, "receiver": {"grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"}, "http": {"enabled": False}}}
+        doc = {**config, "receiver": {**config.get("receiver", {}), "grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"},
+                                      "http": {"enabled": False}}}
         doc["exporter"] = {**config.get("exporter", {}), "prometheus": {"endpoint": f"127.0.0.1:{self.metrics_port}"}}
         self.config = workdir / f"{name}.yaml"
         self.config.write_text(yaml.safe_dump(doc))

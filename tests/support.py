@@ -48,7 +48,9 @@ def prom_fixture_request(rel_path: str, time_ns: int, node: str, job: str = "dcg
 def make_config(**overrides: Any) -> Config:
     """Loopback-only config with no listening telemetry and no OTLP export unless asked."""
     doc: dict[str, Any] = {
-        "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+        # The fixtures and scenarios are stamped months or years ago: no age limit on points.
+        "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"},
+                     "max_point_age_seconds": 0},
         "exporter": {"prometheus": {"enabled": False, "endpoint": "127.0.0.1:0"}},
     }
     for path, value in overrides.items():

@@ -196,8 +196,8 @@ def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
             if source == "api":
                 config = replace(config, kubernetes=KubernetesConfig(enabled=True, auth="token", api_url=api.url,
                                                                      token="t"))
-            config = replace(config, receiver=replace(config.receiver, grpc=replace(config.receiver.grpc,
-                                                                                    endpoint="127.0.0.1:0")),
+            config = replace(config, receiver=replace(config.receiver, max_point_age_seconds=0,  # T0 is years ago
+                                                      grpc=replace(config.receiver.grpc, endpoint="127.0.0.1:0")),
                              exporter=replace(config.exporter, prometheus=replace(config.exporter.prometheus,
                                                                                   enabled=False)))
             p = Pipeline(replace(config, receiver=replace(config.receiver, http=replace(config.receiver.http,

@@ -11,7 +11,7 @@ Labels and annotations are keyed as kube-state-metrics writes them (`label_team`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
@@ -117,9 +117,9 @@ class KsmFacts:
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
         if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
             node = self.nodes.setdefault(attrs["node"], NodeFacts())
-            node.seen_ns = max(node.seen_ns, t)
-            if stale:
+            if stale or t < node.seen_ns:
                 return
+            node.seen_ns = t
             if metric == Metric.NODE_LABELS:
                 node.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
             else:
@@ -128,14 +128,16 @@ class KsmFacts:
         if metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
             name = attrs["replicaset"] if metric == Metric.REPLICASET_OWNER else attrs["job_name"]
             owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""  # "<none>": known to have none
-            if not stale and (not owner or attrs.get("owner_is_controller", "true") == "true"):
-                kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
+            kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
+            known = self.owners.get((attrs["namespace"], kind, name))
+            if not stale and (known is None or t >= known.seen_ns) \
+                    and (not owner or attrs.get("owner_is_controller", "true") == "true"):
                 self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "", t)
             return
         if metric == Metric.NAMESPACE_LABELS:
             ns = self.namespaces.setdefault(attrs["namespace"], NamespaceFacts())
-            ns.seen_ns = max(ns.seen_ns, t)
-            if not stale:
+            if not stale and t >= ns.seen_ns:
+                ns.seen_ns = t
                 ns.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
             return
         key = (attrs["namespace"], attrs["pod"])
@@ -144,9 +146,9 @@ class KsmFacts:
             if stale:
                 return
             pod = self.pods[key] = PodFacts()
-        if stale:
-            return  # the pod is going away: keep its facts for the grace period
-        pod.seen_ns = max(pod.seen_ns, t)
+        if stale or t < pod.seen_ns:
+            return  # going away (keep its facts for the grace period), or older than what is known
+        pod.seen_ns = t
         pod.uid = attrs.get("uid", pod.uid)
         if metric == Metric.POD_LABELS:
             pod.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
@@ -170,12 +172,49 @@ class KsmFacts:
             for key in [k for k, v in table.items() if v.seen_ns < cutoff]:
                 del table[key]
 
-    def view(self) -> FactsView:
+    def view(self, as_of_ns: int | None = None) -> FactsView:
+        """The facts applied so far; the pipeline applies each interval's rows at its close, so
+        they are the facts as of the interval's end already."""
         return FactsView(self.pods, self.nodes, self.namespaces, self.owners)
+
+    # Checkpoint state: a restart continues with these facts instead of waiting for every object
+    # to be scraped again (the log is replayed only from the oldest open interval).
+
+    def state(self) -> dict[str, Any]:
+        return {"pods": [[ns, name, _plain(p)] for (ns, name), p in self.pods.items()],
+                "nodes": [[name, _plain(n)] for name, n in self.nodes.items()],
+                "namespaces": [[name, _plain(n)] for name, n in self.namespaces.items()],
+                "owners": [[list(k), _plain(o)] for k, o in self.owners.items()]}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then)."""
+        pods = {(str(ns), str(name)): _pod(d) for ns, name, d in state["pods"]}
+        nodes = {str(name): NodeFacts(dict(d["labels"]), {str(k): float(v) for k, v in d["capacity"].items()},
+                                      int(d["seen_ns"])) for name, d in state["nodes"]}
+        namespaces = {str(name): NamespaceFacts(dict(d["labels"]), int(d["seen_ns"])) for name, d in state["namespaces"]}
+        owners = {(str(k[0]), str(k[1]), str(k[2])): OwnerFacts(str(d["kind"]), str(d["name"]), int(d["seen_ns"]))
+                  for k, d in state["owners"]}
+        self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    d = dict(obj.__dict__)
+    if "requests" in d:
+        d["requests"] = [[c, r, q] for (c, r), q in d["requests"].items()]
+    return d
+
+
+def _pod(d: Mapping[str, Any]) -> PodFacts:
+    fields = dict(d)
+    fields["requests"] = {(str(c), str(r)): float(q) for c, r, q in d["requests"]}
+    pod = PodFacts(**fields)
+    if not isinstance(pod.labels, dict) or not isinstance(pod.annotations, dict):
+        raise TypeError("pod labels and annotations must be mappings")
+    return pod
 
 
 class FactSource(Protocol):
-    def view(self) -> FactsView: ...
+    def view(self, as_of_ns: int | None = None) -> FactsView: ...
 
 
 class MergedFacts:
@@ -184,5 +223,5 @@ class MergedFacts:
     def __init__(self, ksm: KsmFacts, api: FactSource) -> None:
         self.ksm, self.api = ksm, api
 
-    def view(self) -> FactsView:
-        return merge(self.ksm.view(), self.api.view())
+    def view(self, as_of_ns: int | None = None) -> FactsView:
+        return merge(self.ksm.view(as_of_ns), self.api.view(as_of_ns))

@@ -105,8 +105,13 @@ class Joiner:
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
-             use: dict[tuple[int, int], PodUse] | None = None) -> Joined:
-        self.facts, self._start = self.source.view(), start_ns
+             use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
+             without_pods: bool = False) -> Joined:
+        """`only_node`: the join of that node alone (its samples must be the only ones given);
+        `without_pods`: as if no pod were known (its capacity alone)."""
+        self.facts, self._start = self.source.view(end_ns), start_ns
+        if only_node is not None:
+            self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
         # When it reported pods during this interval, a pod it did not report is gone: it holds
         # and pays nothing. When it reported none (down, not scraped), the last facts stand.
@@ -380,6 +385,12 @@ class Joiner:
             return self.tags.resolve({}, {})
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
                                  pod.annotations if pod else None)
+
+
+def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:
+    return FactsView({k: p for k, p in facts.pods.items() if p.node == node and not without_pods},
+                     {n: f for n, f in facts.nodes.items() if n == node}, facts.namespaces, facts.owners,
+                     {k: p for k, p in facts.previous.items() if p.node == node})
 
 
 def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:

@@ -50,8 +50,10 @@ class UsageTracker:
 
     def __init__(self, strings: Interner) -> None:
         self.s = strings
-        self._last: dict[tuple[int, int, int, int], tuple[int, float]] = {}  # series -> (time_ns, counter)
-        self._skip = {-1, strings.code(""), strings.code("POD")}
+        # series (namespace, pod, container, cgroup id) -> (time_ns, counter), by strings: codes are
+        # not kept across intervals (the interner is compacted) nor across restarts (checkpoint)
+        self._last: dict[tuple[str, str, str, str], tuple[int, float]] = {}
+        self._skip = ("", "POD")  # container "" is the pod's own cgroup, POD the pause container
 
     def pod_samples(self, batch: PointBatch) -> PodSamples:
         s = self.s
@@ -64,7 +66,8 @@ class UsageTracker:
             return PodSamples.empty()
         ns, pod, container = b.column(s.find("namespace")), b.column(s.find("pod")), b.column(s.find("container"))
         kind = np.where(b.metric == Metric.POD_PHASE, RUNNING, np.where(b.metric == Metric.CPU_USAGE, CPU, MEMORY))
-        keep = (kind == RUNNING) | (~np.isin(container, list(self._skip)) & (ns >= 0) & (pod >= 0))
+        skip = [-1] + [c for c in map(s.find, self._skip) if c >= 0]
+        keep = (kind == RUNNING) | (~np.isin(container, skip) & (ns >= 0) & (pod >= 0))
         series = b.column(s.find("id"))  # cAdvisor: a restarted container is a new cgroup, a new series
         idx = np.flatnonzero(keep)
         return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx], container[idx],
@@ -86,7 +89,9 @@ class UsageTracker:
         if not len(cpu):
             return p
         sid, first = group_ids(p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu])
-        keys = [(int(p.namespace[i]), int(p.pod[i]), int(p.container[i]), int(p.series[i])) for i in cpu[first]]
+        st = self.s.string
+        keys = [(st(int(p.namespace[i])), st(int(p.pod[i])), st(int(p.container[i])), st(int(p.series[i])))
+                for i in cpu[first]]
         last = [self._last.get(k, (-1, 0.0)) for k in keys]  # one lookup per series, not per point
         last_t = np.array([t for t, _ in last], dtype=np.int64)
         newer = p.time_ns[cpu] > last_t[sid]  # older points were counted by an earlier interval
@@ -118,6 +123,12 @@ class UsageTracker:
         cutoff = now_ns - MAX_RATE_GAP_NS
         for key in [k for k, (t, _) in self._last.items() if t < cutoff]:
             del self._last[key]
+
+    def state(self) -> list[list]:
+        return [[*key, t, v] for key, (t, v) in self._last.items()]
+
+    def restore(self, state: list[list]) -> None:
+        self._last = {(str(a), str(b), str(c), str(d)): (int(t), float(v)) for a, b, c, d, t, v in state}
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,14 @@ class CostCollector(Collector):
             ("otelgpu_series_ended_total", "series_ended",
              "Cost series ended with a NO_RECORDED_VALUE point (holder gone)"),
             ("otelgpu_checkpoints_written_total", "checkpoints_written", "Checkpoints written"),
+            ("otelgpu_wal_fsyncs_total", "wal_fsyncs", "Write-ahead log group commits (one fsync each)"),
+            ("otelgpu_wal_records_replayed_total", "wal_records_replayed", "Write-ahead log records replayed at start"),
+            ("otelgpu_wal_segments_removed_total", "wal_segments_removed",
+             "Write-ahead log segments removed once a checkpoint covered them"),
+            ("otelgpu_intervals_skipped_total", "intervals_skipped",
+             "Intervals not computed because no data came for longer than the facts are kept"),
+            ("otelgpu_gpu_seconds_lost_total", "gpu_seconds_lost",
+             "GPU-seconds of nodes whose costs could not be computed at all (see the log)"),
         ):
             family = _counter(name, doc)
             family.add_metric([], float(cast(float, s[field])))
@@ -139,6 +147,12 @@ class CostCollector(Collector):
         yield self._by_label("otelgpu_checkpoint_errors_total",
                              "Checkpoints that could not be written or read, by reason", ["reason"],
                              s["checkpoint_errors"])
+        yield self._by_label("otelgpu_wal_errors_total", "Write-ahead log writes that failed (requests answered "
+                             "'retry later'), by error", ["error"], s["wal_errors"])
+        yield self._by_label("otelgpu_wal_corruptions_total", "Torn or corrupt write-ahead log records found at replay, "
+                             "by where (tail: the crash's last write)", ["where"], s["wal_corruptions"])
+        yield self._by_label("otelgpu_interval_errors_total", "Intervals (whole) and nodes (node) whose computation "
+                             "failed and fell back (see the log)", ["scope"], s["interval_errors"])
         active = GaugeMetricFamily("otelgpu_series_active", "Live cost series in the store")
         active.add_metric([], float(cast(Mapping[str, int], s["series_active"]).get("cost", 0)))
         yield active

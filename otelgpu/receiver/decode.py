@@ -1,8 +1,10 @@
 """OTLP ExportMetricsServiceRequest -> PointBatch: columnar arrays of interned label codes.
 
 One pass over the request. Unknown metrics are skipped on their name alone; for known metrics
-each point becomes one row of flat arrays (no dict or object per point). A point that cannot be
-used is rejected with a reason, counted, and never stops the rest of the request.
+each point becomes one row of flat arrays (no dict or object per point). Every point is validated
+on its own: a point that cannot be used (no value, a non-finite or absurd value, an empty or huge
+label, a timestamp far from this sidecar's clock) is rejected with a reason, counted, and never
+stops or alters the rest of the request. Labels otelgpu never reads are not interned at all.
 """
 
 from __future__ import annotations
@@ -12,22 +14,28 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.schema import KNOWN_METRICS, REQUIRED_LABELS, VALUE_RANGE
+from otelgpu.receiver.limits import Limits, value_problem
+from otelgpu.receiver.schema import KNOWN_METRICS, REQUIRED_LABELS
 
 NO_RECORDED_VALUE = 1
-# A point stamped further ahead of this clock would drag the interval watermark into the future
-# and make every later point "late": it is rejected instead.
-MAX_FUTURE_NS = 600 * 1_000_000_000
+# A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
+# intervals close while a target is down.
+LIVENESS_METRIC = "up"
 
 
 @dataclass
 class PointBatch:
-    """Accepted points of one request, as parallel arrays. `attr_*` hold each row's labels."""
+    """Accepted points of one request, as parallel arrays. `attr_*` hold each row's labels.
+
+    `sources` gives, per scrape target (resource) of the request, the newest usable timestamp it
+    carried: the interval watermark is taken across targets, so one target cannot drag it.
+    `wal` is the (start, end) position of the batch's record in the write-ahead log, if logged."""
 
     metric: np.ndarray  # int16, Metric codes
     time_ns: np.ndarray  # int64
@@ -40,6 +48,8 @@ class PointBatch:
     attr_val: np.ndarray  # int32
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: int = 0  # points of metrics otelgpu does not consume
+    sources: dict[str, int] = field(default_factory=dict)
+    wal: Optional[tuple[tuple[int, int], tuple[int, int]]] = None
 
     def __len__(self) -> int:
         return len(self.metric)
@@ -61,15 +71,40 @@ class PointBatch:
         return out
 
     def select(self, rows: np.ndarray) -> "PointBatch":
-        """A new batch with only `rows` (a boolean mask)."""
+        """A new batch with only `rows` (a boolean mask, or indices in the order wanted)."""
+        rows = np.asarray(rows)
+        idx = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
         counts = np.diff(self.attr_off)
-        keep_attr = np.repeat(rows, counts)
-        off = np.zeros(int(rows.sum()) + 1, dtype=np.int64)
-        np.cumsum(counts[rows], out=off[1:])
+        off = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(counts[idx], out=off[1:])
+        # Entries of the chosen rows, row by row: each row's start plus 0..count-1.
+        starts = np.repeat(self.attr_off[idx] - off[:-1], counts[idx])
+        entries = starts + np.arange(int(off[-1]), dtype=np.int64)
         return PointBatch(
-            self.metric[rows], self.time_ns[rows], self.value[rows], self.stale[rows],
-            self.resource_node[rows], self.resource_pod[rows], off, self.attr_key[keep_attr], self.attr_val[keep_attr],
+            self.metric[idx], self.time_ns[idx], self.value[idx], self.stale[idx],
+            self.resource_node[idx], self.resource_pod[idx], off, self.attr_key[entries], self.attr_val[entries],
         )
+
+    @staticmethod
+    def concat(parts: list["PointBatch"]) -> "PointBatch":
+        """The rows of `parts`, one after the other (labels re-based)."""
+        if not parts:
+            return empty_batch()
+        offs = [np.zeros(1, np.int64)]
+        base = 0
+        for p in parts:
+            offs.append(p.attr_off[1:] + base)
+            base += int(p.attr_off[-1])
+        return PointBatch(*(np.concatenate([getattr(p, name) for p in parts]) for name in
+                            ("metric", "time_ns", "value", "stale", "resource_node", "resource_pod")),
+                          np.concatenate(offs), np.concatenate([p.attr_key for p in parts]),
+                          np.concatenate([p.attr_val for p in parts]))
+
+
+def empty_batch() -> PointBatch:
+    i32 = np.zeros(0, np.int32)
+    return PointBatch(np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool),
+                      i32, i32, np.zeros(1, np.int64), i32, i32)
 
 
 def describe_rejections(rejected: Counter[str]) -> str:
@@ -86,82 +121,114 @@ def _any_value_str(v) -> str:  # noqa: ANN001 - protobuf AnyValue
     return str(getattr(v, kind))
 
 
-def decode(request: ExportMetricsServiceRequest, strings: Interner) -> PointBatch:
-    metric, stale = array("h"), array("b")
-    time_ns, value = array("q"), array("d")
-    res_node, res_pod, attr_off = array("i"), array("i"), array("q", [0])
-    attr_key, attr_val = array("i"), array("i")
-    rejected: Counter[str] = Counter()
-    ignored = 0
+def source_of(resource_attrs: dict[str, str]) -> str:
+    """A scrape target's identity: job and instance, as the prometheus receiver names them."""
+    instance = (resource_attrs.get("service.instance.id") or resource_attrs.get("k8s.pod.name")
+                or resource_attrs.get("k8s.node.name") or "")
+    return f"{resource_attrs.get('service.name', '')}/{instance}"
+
+
+_RESOURCE_KEYS = ("k8s.node.name", "k8s.pod.name", "service.name", "service.instance.id")
+
+
+class _Columns:
+    """The growing columns of one decode."""
+
+    def __init__(self) -> None:
+        self.metric, self.stale = array("h"), array("b")
+        self.time_ns, self.value = array("q"), array("d")
+        self.res_node, self.res_pod, self.attr_off = array("i"), array("i"), array("q", [0])
+        self.attr_key, self.attr_val = array("i"), array("i")
+
+    def batch(self, rejected: Counter[str], ignored: int, sources: dict[str, int]) -> PointBatch:
+        def arr(a: array, dtype: type) -> np.ndarray:
+            return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype)
+
+        return PointBatch(arr(self.metric, np.int16), arr(self.time_ns, np.int64), arr(self.value, np.float64),
+                          arr(self.stale, np.int8).astype(bool), arr(self.res_node, np.int32),
+                          arr(self.res_pod, np.int32), arr(self.attr_off, np.int64), arr(self.attr_key, np.int32),
+                          arr(self.attr_val, np.int32), rejected, ignored, sources)
+
+
+def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Optional[Limits] = None,
+           now_ns: Optional[int] = None) -> PointBatch:
+    """`now_ns` is the receive clock the timestamps are checked against (default: now)."""
+    lim = limits or Limits()
+    now = time.time_ns() if now_ns is None else now_ns
+    horizon = now + lim.max_future_ns
+    floor = now - lim.max_age_ns if lim.max_age_ns else 1
+    cols, rejected, ignored = _Columns(), Counter[str](), 0
+    sources: dict[str, int] = {}
     code = strings.code
-    horizon = time.time_ns() + MAX_FUTURE_NS
     for rm in request.resource_metrics:
-        node = own_pod = -1
-        for kv in rm.resource.attributes:
-            if kv.key == "k8s.node.name":
-                node = code(_any_value_str(kv.value))
-            elif kv.key == "k8s.pod.name":
-                own_pod = code(_any_value_str(kv.value))
+        res = {kv.key: _any_value_str(kv.value) for kv in rm.resource.attributes if kv.key in _RESOURCE_KEYS}
+        node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
+        own_pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
+        newest = 0
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 which = m.WhichOneof("data")
                 mcode = KNOWN_METRICS.get(m.name)
+                points = getattr(m, which).data_points if which in ("gauge", "sum") else ()
                 if mcode is None:
-                    ignored += len(getattr(m, which).data_points) if which in ("gauge", "sum") else 1
+                    ignored += len(points) if which in ("gauge", "sum") else 1
+                    if m.name == LIVENESS_METRIC:
+                        newest = max([newest] + [p.time_unix_nano for p in points if floor <= p.time_unix_nano <= horizon])
                     continue
                 if which not in ("gauge", "sum"):
                     n = len(getattr(m, which).data_points) if which else 0
                     rejected[f"{m.name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
                     continue
-                required = [code(k) for k in REQUIRED_LABELS[mcode]]
-                lo, hi = VALUE_RANGE.get(mcode, (-math.inf, math.inf))
-                for p in m.gauge.data_points if which == "gauge" else m.sum.data_points:
-                    is_stale = bool(p.flags & NO_RECORDED_VALUE)
-                    kind = p.WhichOneof("value")
-                    v = math.nan if is_stale or kind is None else (p.as_double if kind == "as_double" else float(p.as_int))
-                    if not is_stale:
-                        if kind is None:
-                            rejected[f"{m.name} point without a value"] += 1
-                            continue
-                        if not math.isfinite(v):
-                            rejected[f"{m.name} non-finite value"] += 1
-                            continue
-                        if not lo <= v <= hi:
-                            rejected[f"{m.name} value outside [{lo:g}, {hi:g}]"] += 1  # fixed key: bounded self-metric
-                            continue
-                    if p.time_unix_nano == 0:
-                        rejected[f"{m.name} point without a timestamp"] += 1
+                for p in points:
+                    reason, labels = _check(m.name, mcode, p, lim, floor, horizon)
+                    if reason:
+                        rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
                         continue
-                    if p.time_unix_nano > horizon:
-                        rejected[f"{m.name} timestamp more than 10 minutes in the future"] += 1
-                        continue
-                    start = len(attr_key)
-                    for kv in p.attributes:
-                        attr_key.append(code(kv.key))
-                        attr_val.append(code(_any_value_str(kv.value)))
-                    present = attr_key[start:]
-                    missing = [k for k in required if k not in present]
-                    if missing:
-                        del attr_key[start:], attr_val[start:]
-                        rejected[f"{m.name} missing label {strings.string(missing[0])}"] += 1
-                        continue
-                    metric.append(mcode)
-                    stale.append(is_stale)
-                    time_ns.append(p.time_unix_nano)
-                    value.append(v)
-                    res_node.append(node)
-                    res_pod.append(own_pod)
-                    attr_off.append(len(attr_key))
-    return PointBatch(
-        metric=np.frombuffer(metric, dtype=np.int16).copy(),
-        time_ns=np.frombuffer(time_ns, dtype=np.int64).copy(),
-        value=np.frombuffer(value, dtype=np.float64).copy(),
-        stale=np.frombuffer(stale, dtype=np.int8).astype(bool),
-        resource_node=np.frombuffer(res_node, dtype=np.int32).copy(),
-        resource_pod=np.frombuffer(res_pod, dtype=np.int32).copy(),
-        attr_off=np.frombuffer(attr_off, dtype=np.int64).copy(),
-        attr_key=np.frombuffer(attr_key, dtype=np.int32).copy(),
-        attr_val=np.frombuffer(attr_val, dtype=np.int32).copy(),
-        rejected=rejected,
-        ignored=ignored,
-    )
+                    for k, v in labels:
+                        cols.attr_key.append(code(k))
+                        cols.attr_val.append(code(v))
+                    stale = bool(p.flags & NO_RECORDED_VALUE)
+                    cols.metric.append(mcode)
+                    cols.stale.append(stale)
+                    cols.time_ns.append(p.time_unix_nano)
+                    cols.value.append(math.nan if stale else _value(p))
+                    cols.res_node.append(node)
+                    cols.res_pod.append(own_pod)
+                    cols.attr_off.append(len(cols.attr_key))
+                    newest = max(newest, p.time_unix_nano)
+        if newest:
+            src = source_of(res)
+            sources[src] = max(sources.get(src, 0), newest)
+    return cols.batch(rejected, ignored, sources)
+
+
+def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint
+    kind = p.WhichOneof("value")
+    return p.as_double if kind == "as_double" else float(p.as_int) if kind == "as_int" else math.nan
+
+
+def _check(name: str, mcode: int, p, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
+           horizon: int) -> tuple[str, list[tuple[str, str]]]:
+    """(reason the point is rejected, "" if usable; the labels kept, as strings)."""
+    t = p.time_unix_nano
+    if t == 0:
+        return f"{name} point without a timestamp", []
+    if t > horizon:
+        return f"{name} timestamp ahead of the receive clock", []
+    if t < floor:
+        return f"{name} timestamp older than the age limit", []
+    if len(p.attributes) > lim.max_attributes:
+        return f"{name} has too many labels", []
+    wanted = lim.wanted
+    labels = [(kv.key, _any_value_str(kv.value)) for kv in p.attributes if wanted is None or kv.key in wanted]
+    if any(len(v) > lim.max_label_bytes or len(k) > lim.max_label_bytes for k, v in labels):
+        return f"{name} label value longer than {lim.max_label_bytes}", []
+    present = dict(labels)
+    for key in REQUIRED_LABELS[mcode]:
+        if not present.get(key):
+            return f"{name} {'missing' if key not in present else 'empty'} label {key}", []
+    if not p.flags & NO_RECORDED_VALUE:
+        problem = value_problem(mcode, _value(p), present)
+        if problem:
+            return f"{name} {problem}", []
+    return "", labels

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from typing import Optional, Protocol
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -17,7 +18,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
 from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
 from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.limits import Limits
+from otelgpu.receiver.record import encode_batch
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.wal import Wal
 
 
 class Consumer(Protocol):
@@ -53,26 +57,54 @@ def answer(consumer: Consumer, request: ExportMetricsServiceRequest, transport: 
 
 
 class Ingest:
-    def __init__(self, strings: Interner, queue_size: int, retry_after_s: float, metrics: SelfMetrics) -> None:
+    """With a write-ahead log, a request is answered only once its accepted points are on disk:
+    the batch is appended to the log and queued under one lock (so the log's order is the order
+    the pipeline processes them in), then the request waits for the group commit."""
+
+    def __init__(self, strings: Interner, queue_size: int, retry_after_s: float, metrics: SelfMetrics,
+                 limits: Optional[Limits] = None, wal: Optional[Wal] = None) -> None:
         self.strings = strings
         self.retry_after_s = retry_after_s
         self.metrics = metrics
+        self.limits = limits or Limits()
+        self.wal = wal
         self._queue: queue.Queue[PointBatch] = queue.Queue(maxsize=queue_size)
+        self._order = threading.Lock()
 
     def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
         if self._queue.full():  # decide before decoding: an overloaded sidecar should not work more
             raise RetryableError("otelgpu queue is full", self.retry_after_s)
-        batch = decode(request, self.strings)
+        batch = decode(request, self.strings, self.limits)
         if len(batch):
-            try:
-                self._queue.put_nowait(batch)
-            except queue.Full:  # the sender retries the whole request: count nothing of it yet
-                raise RetryableError("otelgpu queue is full", self.retry_after_s) from None
+            self._enqueue(batch)
             self.metrics.add("points_received", len(batch))
         for reason, n in batch.rejected.items():
             self.metrics.count("points_rejected", reason, n)
         self.metrics.add("points_ignored", batch.ignored)
         return batch.rejected_count, describe_rejections(batch.rejected)
+
+    def _enqueue(self, batch: PointBatch) -> None:
+        """Log (when durable) and queue `batch`; returns once it is safe to answer."""
+        payload = encode_batch(batch, self.strings) if self.wal is not None else b""
+        with self._order:
+            if self._queue.full():  # the sender retries the whole request: nothing of it is kept
+                raise RetryableError("otelgpu queue is full", self.retry_after_s)
+            if self.wal is not None:
+                try:
+                    batch.wal = self.wal.append(payload)
+                except OSError as exc:
+                    self._disk_failed(exc)
+            self._queue.put_nowait(batch)  # cannot be full: only this lock's holder puts
+        if self.wal is not None and batch.wal is not None:
+            try:
+                self.wal.sync(batch.wal[1])
+            except OSError as exc:  # queued already: the resend is deduplicated
+                self._disk_failed(exc)
+
+    def _disk_failed(self, exc: OSError) -> None:
+        self.metrics.count("wal_errors", type(exc).__name__)
+        log.error("write-ahead log not written (%s): answering 'retry later'", exc)
+        raise RetryableError(f"write-ahead log unavailable: {exc.strerror or exc}", self.retry_after_s) from exc
 
     def get(self, timeout: Optional[float]) -> Optional[PointBatch]:
         try:

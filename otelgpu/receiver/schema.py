@@ -82,13 +82,48 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     Metric.MEMORY_WORKING_SET: (),
 }
 
-# Valid value ranges; DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage.
+# Valid value ranges. DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage;
+# the rest are bounds no real cluster reaches, so that one absurd point is rejected instead of
+# turning into a billion GPUs or an infinite cost. Info-style series (labels, phase) are 0 or 1.
+HUGE = 1e15
 VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.GR_ENGINE_ACTIVE: (0.0, 1.0 + 1e-6),
     Metric.GPU_UTIL: (0.0, 100.0 + 1e-6),
-    Metric.CPU_USAGE: (0.0, float("inf")),
-    Metric.MEMORY_WORKING_SET: (0.0, float("inf")),
+    Metric.FB_USED: (0.0, HUGE),
+    Metric.FB_FREE: (0.0, HUGE),
+    Metric.POWER_USAGE: (0.0, 1e6),
+    Metric.ENERGY: (0.0, 1e18),
+    Metric.POD_LABELS: (0.0, 1.0),
+    Metric.NAMESPACE_LABELS: (0.0, 1.0),
+    Metric.POD_INFO: (0.0, 1.0),
+    Metric.POD_PHASE: (0.0, 1.0),
+    Metric.NODE_LABELS: (0.0, 1.0),
+    Metric.POD_ANNOTATIONS: (0.0, 1.0),
+    Metric.REPLICASET_OWNER: (0.0, 1.0),
+    Metric.JOB_OWNER: (0.0, 1.0),
+    Metric.CPU_USAGE: (0.0, HUGE),  # core-seconds: a year of 10,000 cores is 3e11
+    Metric.MEMORY_WORKING_SET: (0.0, HUGE),  # bytes: 1 PB
 }
+
+# Requests and capacities by kube-state-metrics resource: GPU units are whole numbers (a node has at
+# most a few dozen GPUs, times time-slicing replicas), cores and bytes stay below any machine's size.
+MAX_GPU_UNITS = 4096
+MAX_CORES = 100_000.0
+MAX_BYTES = HUGE
+MAX_OTHER = 1e18
+
+
+def quantity_problem(resource: str, value: float) -> str:
+    """Why a request or capacity of `resource` cannot be used ("" when it can)."""
+    if resource.startswith("nvidia_com_"):
+        if value != int(value) or not 0 <= value <= MAX_GPU_UNITS:
+            return f"{resource} not a whole number in [0, {MAX_GPU_UNITS}]"
+        return ""
+    limit = MAX_CORES if resource == "cpu" else MAX_BYTES if resource == "memory" else MAX_OTHER
+    if not 0 <= value <= limit:
+        return f"{resource} outside [0, {limit:g}]"
+    return ""
+
 
 # Activity values with these metrics describe the device, not the slice: never sum them across MIG instances.
 DEVICE_WIDE = frozenset({Metric.POWER_USAGE, Metric.ENERGY})

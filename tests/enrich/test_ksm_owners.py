@@ -36,6 +36,7 @@ def test_owner_chains_and_annotations_from_kube_state_metrics():
     cfg = make_config(tags__model=TagRule(annotations=("ml.example.com/model",)))
     p = offline_pipeline(cfg)
     feed(p, _ksm())
+    p.close_due(flush=True)  # facts apply when the interval they are stamped in closes
     view = p.facts.view()
     got = {name: workload(ns, name, pod, view.owners) for (ns, name), pod in view.pods.items()}
     assert got == {"serve-abc-1": ("Deployment", "serve"), "nightly-290-x": ("CronJob", "nightly"),

@@ -18,8 +18,16 @@ def samples(*rows) -> PodSamples:
                       c.astype(np.int32), series.astype(np.int32), v.astype(float), np.zeros(len(k)))
 
 
+def interner(n: int = 10) -> Interner:
+    """Codes 0..n-1 stand for strings (the tracker keeps counters by their strings)."""
+    strings = Interner()
+    for i in range(n):
+        strings.code(f"s{i}")
+    return strings
+
+
 def test_rates_across_intervals_resets_and_stale_points() -> None:
-    tracker = UsageTracker(Interner())
+    tracker = UsageTracker(interner())
     # Interval 1: pod 1 uses 2 cores (counter 0, 120, 240 at 0, 60, 120 s), arriving out of order.
     first = tracker.use(samples((CPU, 120, 1, 5, 9, 240.0), (CPU, 0, 1, 5, 9, 0.0), (CPU, 60, 1, 5, 9, 120.0)), 0, 180 * S)
     assert first[(0, 1)].cpu_cores == pytest.approx(2.0)

@@ -144,7 +144,7 @@ class ApiFacts:
         with self._lock:
             return key in self.owners
 
-    def view(self) -> FactsView:
+    def view(self, as_of_ns: int | None = None) -> FactsView:
         """A consistent copy; forgets deleted pods past their grace and owners no pod refers to."""
         cutoff = self.clock() - self.grace_s
         with self._lock:
@@ -268,7 +268,7 @@ class KubeSource:
             time.sleep(0.05)
         return True
 
-    def view(self) -> FactsView:
+    def view(self, as_of_ns: int | None = None) -> FactsView:
         view = self.facts.view()
         self.facts.publish()  # deleted pods past their grace are gone now
         return view

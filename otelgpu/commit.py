@@ -1,0 +1,81 @@
+"""Hands closed intervals to the exporters in the order that keeps the data-path promises.
+
+With a checkpoint directory, each interval's snapshot is first *staged* with every exporter (written
+to its persisted queue, not yet sendable), then the checkpoint is written (the commit point: the
+cumulative state, the facts and the write-ahead log position), and only then are the snapshots
+*released* to be sent. So what an exporter has delivered is never ahead of what a restarted process
+continues from (a counter never goes backwards), a snapshot staged by a process that died before
+its checkpoint is dropped at the next start (that interval is recomputed from the log instead), and
+a committed one is delivered after a restart with the same timestamps and values. Without a
+checkpoint directory, snapshots go straight to the in-memory queues.
+
+If staging or the checkpoint write fails (disk full, read-only volume), nothing is released: the
+snapshots wait and the next interval tries again, so exports pause rather than run ahead of what
+is durable; the failure is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from otelgpu.checkpoint import Checkpoint
+from otelgpu.exporter.delivery import Delivery, flatten, merge, snapshot_of
+from otelgpu.exporter.store import Point
+from otelgpu.telemetry import SelfMetrics
+from otelgpu.wal import Position, Wal
+
+log = logging.getLogger(__name__)
+
+
+class Committer:
+    def __init__(self, deliveries: list[Delivery], checkpoint: Optional[Checkpoint], wal: Optional[Wal],
+                 metrics: SelfMetrics) -> None:
+        self.deliveries, self.checkpoint, self.wal, self.metrics = deliveries, checkpoint, wal, metrics
+        self._unstaged: dict[str, list[tuple[int, list[Point]]]] = {d.name: [] for d in deliveries}
+        self._through = 0  # end of the newest interval handed over
+
+    def add(self, end_ns: int, snapshot: list[Point]) -> None:
+        self._through = end_ns
+        for d in self.deliveries:
+            waiting = self._unstaged[d.name]
+            waiting.append((end_ns, snapshot))
+            if len(waiting) > d.config.queue_size:  # a disk that stays broken must not grow memory
+                (e1, older), (e2, newer) = waiting[0], waiting[1]
+                waiting[:2] = [(e2, flatten(merge(snapshot_of(older), snapshot_of(newer))))]
+
+    def commit(self, state: Callable[[], dict[str, Any]], replay_from: Position) -> bool:
+        """Stage, checkpoint, release. Returns False when something had to wait."""
+        if self.checkpoint is None:
+            for d in self.deliveries:
+                for _, snapshot in self._unstaged[d.name]:
+                    d.put(snapshot)
+                self._unstaged[d.name].clear()
+            return True
+        if not self._stage():
+            return False
+        if not self.checkpoint.save(state()):
+            return False
+        for d in self.deliveries:
+            d.release(self._through)
+        if self.wal is not None:
+            self.wal.rotate()
+            self.metrics.add("wal_segments_removed", self.wal.truncate_before(replay_from))
+        return True
+
+    def _stage(self) -> bool:
+        ok = True
+        for d in self.deliveries:
+            waiting = self._unstaged[d.name]
+            while waiting:
+                end_ns, snapshot = waiting[0]
+                try:
+                    d.stage(snapshot, end_ns)
+                except OSError as exc:
+                    self.metrics.count("checkpoint_errors", "stage")
+                    log.error("%s: snapshot of the interval ending %d not persisted (%s); exports wait until "
+                              "the checkpoint directory takes writes again", d.name, end_ns, exc)
+                    ok = False
+                    break
+                waiting.pop(0)
+        return ok

@@ -1,0 +1,106 @@
+"""One interval's costs, isolated per node when something goes wrong.
+
+The join and the cost models run over the whole interval at once. Should that raise (input no
+validation foresaw, a bug), the interval is not lost: it is computed again node by node, so every
+node that computes still gets its exact costs, and a node that fails even alone has its capacity
+booked to idle series marked `error="processing"` (the explicit bucket), or, when not even its
+capacity can be priced, its GPU time counted as lost. Every such fall-back is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from otelgpu.attribution.models import CostModels, Series
+from otelgpu.enrich.join import Joiner
+from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.usage import PodUse
+from otelgpu.enrich.window import Interval
+from otelgpu.exporter.store import Attrs, attrs_of
+from otelgpu.receiver.interner import Interner
+from otelgpu.telemetry import SelfMetrics
+
+log = logging.getLogger(__name__)
+CLUSTER_GAUGES = ("tag_coverage",)  # ratios over the whole cluster: not made of per-node parts
+
+
+@dataclass
+class Costs:
+    sums: Series
+    gauges: Series
+    unpriced_gpus: int = 0
+    gpus_without_device_data: int = 0
+
+
+class IntervalCosts:
+    def __init__(self, joiner: Joiner, models: CostModels, strings: Interner, metrics: SelfMetrics) -> None:
+        self.joiner, self.models, self.s, self.metrics = joiner, models, strings, metrics
+
+    def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]]) -> Costs:
+        try:
+            return self._one(interval, interval.samples, use, None)
+        except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
+            log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
+            self.metrics.count("interval_errors", "whole")
+            return self._per_node(interval, use)
+
+    def _one(self, interval: Interval, samples: Samples, use, only_node: Optional[str]) -> Costs:  # noqa: ANN001
+        joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node)
+        sums, gauges = self.models.attribute(joined, interval.seconds)
+        return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data)
+
+    def _per_node(self, interval: Interval, use) -> Costs:  # noqa: ANN001
+        s = interval.samples
+        names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0}
+        names |= set(self.joiner.source.view(interval.end_ns).nodes)
+        total = Costs({}, {})
+        for name in sorted(names):
+            rows = np.flatnonzero(s.node == self.s.find(name))
+            try:
+                part = self._one(interval, s.take(rows), use, name)
+            except Exception:  # noqa: BLE001
+                log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
+                self.metrics.count("interval_errors", "node")
+                part = self._capacity_only(interval, s.take(rows), name)
+                if part is None:
+                    continue
+            _add(total, part)
+        return total
+
+    def _capacity_only(self, interval: Interval, s: Samples, name: str) -> Optional[Costs]:
+        """The node's GPUs as nobody's (its samples without holders or activity), marked."""
+        none = np.full(len(s), -1, dtype=np.int32)
+        bare = Samples(s.metric, s.time_ns, np.full(len(s), np.nan), s.stale, s.node, s.uuid, s.gi, s.profile,
+                       s.model, none, none, none, none, none)
+        try:
+            joined = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True)
+            sums, _ = self.models.attribute(joined, interval.seconds)
+        except Exception:  # noqa: BLE001
+            log.exception("node %s: not even its capacity could be costed in the interval ending %d",
+                          name, interval.end_ns)
+            gpus = len({(int(u), int(g)) for u, g in zip(s.uuid, s.gi)})
+            self.metrics.add("gpu_seconds_lost", gpus * interval.seconds)
+            return None
+        marked = {m: {_marked(a): v for a, v in series.items()} for m, series in sums.items()}
+        return Costs(marked, {}, joined.unpriced_gpus, joined.gpus_without_device_data)
+
+
+def _marked(attrs: Attrs) -> Attrs:
+    return attrs_of({**dict(attrs), "error": "processing"})
+
+
+def _add(total: Costs, part: Costs) -> None:
+    for metric, series in part.sums.items():
+        into = total.sums.setdefault(metric, defaultdict(float))
+        for attrs, value in series.items():
+            into[attrs] += value
+    for metric, series in part.gauges.items():
+        if metric not in CLUSTER_GAUGES:
+            total.gauges.setdefault(metric, {}).update(series)
+    total.unpriced_gpus += part.unpriced_gpus
+    total.gpus_without_device_data += part.gpus_without_device_data

@@ -1,0 +1,54 @@
+"""What a point must satisfy to be used: timestamps near the receive clock, bounded labels, sane
+values; and which label keys otelgpu reads at all (the others are never interned)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional
+
+from otelgpu.config import ReceiverConfig
+from otelgpu.receiver.schema import VALUE_RANGE, Metric, quantity_problem
+
+NS = 1_000_000_000
+
+# Labels read from the series otelgpu consumes (docs/pipeline.md and docs/cost-model.md section 5).
+DCGM_KEYS = ("UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName", "Hostname", "hostname", "namespace", "pod",
+             "container", "exported_namespace", "exported_pod", "exported_container", "pod_uid", "vgpu")
+KSM_KEYS = ("namespace", "pod", "uid", "node", "phase", "resource", "container", "created_by_kind",
+            "created_by_name", "replicaset", "job_name", "owner_kind", "owner_name", "owner_is_controller")
+CADVISOR_KEYS = ("namespace", "pod", "container", "id")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_age_ns: int = 0  # 0: no age limit
+    max_future_ns: int = 120 * NS
+    max_label_bytes: int = 4096
+    max_attributes: int = 512
+    wanted: Optional[frozenset[str]] = None  # label keys kept; None keeps every key
+
+    @classmethod
+    def of(cls, config: ReceiverConfig, wanted: Optional[frozenset[str]] = None) -> "Limits":
+        return cls(config.max_point_age_seconds * NS, config.max_future_seconds * NS, config.max_label_value_bytes,
+                   config.max_attributes_per_point, wanted)
+
+
+def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:
+    """The fixed keys plus the kube-state-metrics `label_*` / `annotation_*` keys that tags, node
+    pricing and workloads read (`fact_labels`)."""
+    return frozenset(DCGM_KEYS) | frozenset(KSM_KEYS) | frozenset(CADVISOR_KEYS) | frozenset(fact_labels)
+
+
+def value_problem(metric: int, value: float, labels: Mapping[str, str]) -> str:
+    """Why a point's value cannot be used ("" when it can)."""
+    if math.isnan(value):
+        return "point without a value"
+    if not math.isfinite(value):
+        return "non-finite value"
+    lo, hi = VALUE_RANGE.get(Metric(metric), (-math.inf, math.inf))
+    if not lo <= value <= hi:
+        return f"value outside [{lo:g}, {hi:g}]"
+    if metric in (Metric.POD_REQUESTS, Metric.NODE_CAPACITY):
+        return quantity_problem(labels.get("resource", ""), value)
+    return ""

@@ -1,0 +1,101 @@
+"""A decoded batch as bytes for the write-ahead log, and back.
+
+Codes are process-local, so a record carries its own string table: the distinct strings its rows
+use, once each, and the rows refer to them by position. Replaying a record interns them again.
+Layout (little-endian): version u8, counts (rows, label entries, strings, sources) u32 x 4, string
+lengths u32[], string bytes, then the columns as raw arrays.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from otelgpu.receiver.decode import PointBatch
+from otelgpu.receiver.interner import Interner
+
+VERSION = 1
+_HEAD = struct.Struct("<BIIII")
+
+
+class RecordError(ValueError):
+    """Bytes that are not a batch record this version can read."""
+
+
+def encode_batch(batch: PointBatch, strings: Interner) -> bytes:
+    used = np.concatenate([batch.attr_key, batch.attr_val, batch.resource_node, batch.resource_pod])
+    codes, local = np.unique(used[used >= 0], return_inverse=True)
+    table = strings.strings()
+    text = [table[c].encode() for c in codes.tolist()] + [s.encode() for s in batch.sources]
+    n, na = len(batch), len(batch.attr_key)
+    where = np.full(int(codes[-1]) + 1 if len(codes) else 0, -1, dtype=np.int32)
+    where[codes] = np.arange(len(codes), dtype=np.int32)
+
+    def local_of(col: np.ndarray) -> np.ndarray:
+        out = np.full(len(col), -1, dtype=np.int32)
+        out[col >= 0] = where[col[col >= 0]]
+        return out
+
+    parts = [
+        _HEAD.pack(VERSION, n, na, len(codes), len(batch.sources)),
+        np.array([len(t) for t in text], dtype="<u4").tobytes(), b"".join(text),
+        batch.metric.astype("<i2").tobytes(), batch.time_ns.astype("<i8").tobytes(),
+        batch.value.astype("<f8").tobytes(), batch.stale.astype(np.uint8).tobytes(),
+        local_of(batch.resource_node).astype("<i4").tobytes(), local_of(batch.resource_pod).astype("<i4").tobytes(),
+        np.diff(batch.attr_off).astype("<u4").tobytes(),
+        local_of(batch.attr_key).astype("<i4").tobytes(), local_of(batch.attr_val).astype("<i4").tobytes(),
+        np.array(list(batch.sources.values()), dtype="<i8").tobytes(),
+    ]
+    return b"".join(parts)
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = memoryview(data), 0
+
+    def take(self, n_bytes: int) -> memoryview:
+        if self.at + n_bytes > len(self.data):
+            raise RecordError("record is shorter than its counts say")
+        out = self.data[self.at:self.at + n_bytes]
+        self.at += n_bytes
+        return out
+
+    def array(self, dtype: str, n: int) -> np.ndarray:
+        size = np.dtype(dtype).itemsize
+        return np.frombuffer(self.take(size * n), dtype=dtype).copy()
+
+
+def decode_batch(data: bytes, strings: Interner) -> PointBatch:
+    """The batch a record holds, its strings interned in `strings`. RecordError if malformed."""
+    r = _Reader(data)
+    version, n, na, ns, nsrc = _HEAD.unpack(r.take(_HEAD.size))
+    if version != VERSION:
+        raise RecordError(f"record version {version}, this otelgpu reads {VERSION}")
+    lengths = r.array("<u4", ns + nsrc)
+    blob = bytes(r.take(int(lengths.sum())))
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    try:
+        text = [blob[a:b].decode() for a, b in zip(bounds, bounds[1:])]
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"string table is not UTF-8: {exc}") from None
+    codes = np.array([strings.code(s) for s in text[:ns]] + [-1], dtype=np.int32)  # [-1]: local -1 -> -1
+
+    def codes_of(col: np.ndarray) -> np.ndarray:
+        if len(col) and (col.min() < -1 or col.max() >= ns):
+            raise RecordError("label reference outside the string table")
+        return codes[col]
+
+    metric, time_ns, value = r.array("<i2", n), r.array("<i8", n), r.array("<f8", n)
+    stale = r.array("u1", n).astype(bool)
+    node, pod = codes_of(r.array("<i4", n)), codes_of(r.array("<i4", n))
+    counts = r.array("<u4", n).astype(np.int64)
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if off[-1] != na:
+        raise RecordError("label counts do not add up")
+    key, val = codes_of(r.array("<i4", na)), codes_of(r.array("<i4", na))
+    newest = r.array("<i8", nsrc)
+    if r.at != len(r.data):
+        raise RecordError("trailing bytes after the record")
+    return PointBatch(metric, time_ns, value, stale, node, pod, off, key, val,
+                      sources=dict(zip(text[ns:], newest.tolist())))
