@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -42,6 +42,9 @@ class IntervalCosts:
         self.joiner, self.models, self.s, self.metrics = joiner, models, strings, metrics
 
     def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]]) -> Costs:
+        known = set(self.joiner.source.view(interval.end_ns).nodes)
+        samples = self.joiner.devices.fill(interval.samples, interval.start_ns, interval.end_ns, known)
+        interval = replace(interval, samples=samples)
         try:
             return self._one(interval, interval.samples, use, None)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval

@@ -68,7 +68,8 @@ class Pipeline:
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
         self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
-                             cpu_only_nodes=a.scad.cpu_only_nodes)
+                             cpu_only_nodes=a.scad.cpu_only_nodes,
+                             device_memory_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
         self.costs = IntervalCosts(self.joiner, self.models, self.strings, self.metrics)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
@@ -144,6 +145,7 @@ class Pipeline:
         if "facts" in state:
             self.facts.restore(state["facts"])
         self.usage.restore(state.get("usage", []))
+        self.joiner.devices.restore(state.get("devices", []))
         self.windows.resume_after(self.store.last_time_ns, int((state.get("windows") or {}).get("watermark_ns", 0)))
 
     def _replay(self, start: Position, processed: Position) -> None:
@@ -165,7 +167,7 @@ class Pipeline:
 
     def _checkpoint_state(self) -> dict:
         return {"store": self.store.state(), "tag_values": self.tag_values.state(), "facts": self.facts.state(),
-                "usage": self.usage.state(), "windows": {"watermark_ns": self.windows.watermark_ns},
+                "usage": self.usage.state(), "devices": self.joiner.devices.state(), "windows": {"watermark_ns": self.windows.watermark_ns},
                 "wal": {"replay_from": list(self._replay_from()), "processed": list(self._processed or (0, 0))}}
 
     def _replay_from(self) -> Position:

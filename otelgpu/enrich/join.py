@@ -18,6 +18,7 @@ from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import NodePrice, Pricer
 from otelgpu.config import TAG_NAMES
+from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
 from otelgpu.enrich.labels import TagResolver, Tags
 from otelgpu.enrich.nodes import (
@@ -30,7 +31,7 @@ from otelgpu.enrich.nodes import (
     profile_of_resource,
 )
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.timeline import Holdings, dedupe, entities_of, group_ids, holdings
+from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
 from otelgpu.exporter.store import Attrs, attrs_of
@@ -96,8 +97,9 @@ class _Row:
 class Joiner:
     def __init__(self, strings: Interner, facts: FactSource, tags: TagResolver, mig: MigProfiles,
                  pricer: Pricer, fraction_rule: str, *, pod_resources: bool = False,
-                 cpu_only_nodes: bool = False) -> None:
+                 cpu_only_nodes: bool = False, device_memory_ns: int = 600 * 10**9) -> None:
         self.s, self.source, self.tags, self.mig = strings, facts, tags, mig
+        self.devices = DeviceMemory(strings, device_memory_ns)
         self.facts = FactsView({}, {}, {}, {})  # this interval's, taken at the start of join()
         self._start = 0
         self._ksm_reporting = False
@@ -198,10 +200,14 @@ class Joiner:
         # does not show holds nothing (it ended, or has not started). Claims fill in only on nodes
         # whose exporter maps no pods at all (pod mapping off or broken).
         mapped = {st(int(E.node[int(e)])) for e in H.entity[H.holder_pod >= 0]}
+        shown = {(st(int(n)), st(int(p))) for n, p in zip(H.holder_ns, H.holder_pod) if p >= 0}
         claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, resource) -> pods, one per unit
+        dark_claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # the same for time DCGM went dark
         for node, key, resource, qty in self._gpu_requests():
             if node not in mapped:
                 claims.setdefault((node, resource), []).extend([key] * qty)
+            if key not in shown:
+                dark_claims.setdefault((node, resource), []).extend([key] * qty)
         means, measured = H.mean_activity, H.measured_share
         out: list[_Row] = []
         for i in np.flatnonzero(H.holder_pod < 0):
@@ -211,8 +217,14 @@ class Joiner:
             node, profile = st(int(E.node[e])), st(int(E.profile[e]))
             single = nodes[int(E.node[e])].mig_strategy == "single"
             resource = mig_resource(profile) if kind[e] == "mig" and not single else "nvidia_com_gpu"
-            queue = claims.get((node, resource))
             share = min(H.held_s[i] / dt, 1.0)
+            if H.holder_pod[i] == DARK:
+                holder = self._dark_holder(node, st(int(E.uuid[e])), st(int(E.gi[e])), dark_claims.get((node, resource)))
+                if holder is not None:
+                    out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, 0.0, np.nan, holder,
+                                    kind[e], profile, "ksm_request", "none"))
+                continue
+            queue = claims.get((node, resource))
             mean = means[i]
             if queue:
                 out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, 0.0, np.nan, queue.pop(0),
@@ -221,6 +233,17 @@ class Joiner:
                 out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, measured[i], mean,
                                 ("", ""), kind[e], profile, "active_without_pod", "device"))
         return out
+
+    def _dark_holder(self, node: str, uuid: str, gi: str, queue: list[tuple[str, str]] | None) -> tuple[str, str] | None:
+        """Who holds a unit while its exporter is dark: the pod that held it last, if it is still
+        Running, else a Running pod of the node that requests that kind of unit; else nobody."""
+        last = self.devices.last_holder(node, uuid, gi)
+        pod = self.facts.pod(last, self._start) if last is not None else None
+        if last is not None and pod is not None and pod.phase == "Running" and not pod.deleted and not self._gone(pod):
+            if queue and last in queue:
+                queue.remove(last)
+            return last
+        return queue.pop(0) if queue else None
 
     def _gone(self, pod: PodFacts) -> bool:
         """A pod known from kube-state-metrics only (API facts, which carry the creation time, say

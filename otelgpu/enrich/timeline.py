@@ -17,6 +17,7 @@ from otelgpu.enrich.samples import Samples
 from otelgpu.receiver.schema import Metric
 
 NONE = -1
+DARK = -2  # holder of the time an entity had no live series: its exporter's scrape failed or went silent
 
 
 def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,8 +78,8 @@ def entities_of(s: Samples) -> tuple[np.ndarray, Entities]:
     return ent, Entities(s.node[first], s.uuid[first], s.gi[first], s.profile[first], s.model[first])
 
 
-def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each distinct (entity, time) step's duration in seconds, and each row's step."""
+def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each distinct (entity, time) step's duration in seconds, each row's step, each step's entity."""
     keys = np.stack([ent, t], axis=1)
     steps, row_step = np.unique(keys, axis=0, return_inverse=True)
     row_step = row_step.reshape(-1)
@@ -91,7 +92,7 @@ def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.nda
     first = np.ones(len(st_t), dtype=bool)
     first[1:] = st_ent[1:] != st_ent[:-1]
     begin = np.where(first, start, st_t)
-    return (nxt - begin) / 1e9, row_step
+    return (nxt - begin) / 1e9, row_step, st_ent
 
 
 def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Holdings:
@@ -101,7 +102,7 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
     per-process GPU_UTIL series, else the device activity split equally among the holders
     present); the caller turns that into activity of the replicas held.
     """
-    dur, row_step = _steps(ent, s.time_ns, start, end)
+    dur, row_step, step_ent = _steps(ent, s.time_ns, start, end)
     live = ~s.stale
     has_pod = (s.pod >= 0) & live
     # In a step where a pod is present, the entity's pod-less series name no holder of their own.
@@ -142,7 +143,7 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
     _, vfirst = group_ids(hold[vg], s.vgpu[rows][vg])
     replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
 
-    return Holdings(
+    held = Holdings(
         entity=r_ent[hold_first], holder_ns=r_ns[hold_first], holder_pod=r_pod[hold_first],
         held_s=np.bincount(pair_hold, weights=pair_dur, minlength=n_hold),
         act_s=np.bincount(pair_hold, weights=np.where(measured, pair_dur, 0.0), minlength=n_hold),
@@ -150,6 +151,27 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
         replicas=replicas,
         per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
     )
+    return _with_dark(held, dur, row_step, step_ent, live)
+
+
+def _with_dark(h: Holdings, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray, live: np.ndarray) -> Holdings:
+    """Steps in which an entity has no live series at all (only staleness markers: a failed
+    scrape) become one DARK holding per entity: time someone may well have held it, unmeasured."""
+    step_live = np.zeros(len(dur), dtype=bool)
+    step_live[row_step[live]] = True
+    dark = np.flatnonzero(~step_live & (dur > 0))
+    if not len(dark):
+        return h
+    ents, inverse = np.unique(step_ent[dark], return_inverse=True)
+    n = len(ents)
+    zeros, marks = np.zeros(n), np.full(n, DARK, dtype=h.holder_ns.dtype)
+    return Holdings(
+        np.concatenate([h.entity, ents.astype(h.entity.dtype)]), np.concatenate([h.holder_ns, marks]),
+        np.concatenate([h.holder_pod, marks]),
+        np.concatenate([h.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n)]),
+        np.concatenate([h.act_s, zeros]), np.concatenate([h.act_integral, zeros]),
+        np.concatenate([h.replicas, np.zeros(n, h.replicas.dtype)]),
+        np.concatenate([h.per_pod_activity, np.zeros(n, bool)]))
 
 
 def _mean_by(group: np.ndarray, value: np.ndarray, n: int, reduce_sum: bool = False) -> np.ndarray:

@@ -102,8 +102,9 @@ class Windows:
         newest = sorted(self._sources.values(), reverse=True)
         if newest:
             self.watermark_ns = max(self.watermark_ns, newest[1] if len(newest) > 1 else newest[0])
-        # Targets at or behind the watermark can no longer move it: forget them (bounded memory).
-        self._sources = {s: t for s, t in self._sources.items() if t > self.watermark_ns}
+        # Targets behind the watermark can no longer move it: forget them (bounded memory). Those at
+        # it stay: they are what outvotes a lone target ahead in a later batch.
+        self._sources = {s: t for s, t in self._sources.items() if t >= self.watermark_ns}
 
     def due(self, flush: bool = False) -> list[Interval]:
         """Intervals whose end plus lateness the watermark has passed (all of them when flushing),

@@ -1,0 +1,92 @@
+"""What otelgpu remembers of each node's GPUs between intervals, so that money never vanishes
+when dcgm-exporter does.
+
+A failed scrape reaches otelgpu as staleness markers on every series of the target, then as
+nothing at all. For a node whose exporter went silent, the GPUs and MIG instances it last reported
+are brought into the next intervals as *dark* entities (only a staleness marker at the interval's
+start): they still cost their capacity, and the join places on them the pod that held each one
+last, or the Running pods that request that kind of unit, unmeasured. A node is remembered while
+kube-state-metrics or the Kubernetes API report it, and forgotten once they report nodes without
+it (drained, scaled in); a node only DCGM ever showed is remembered for `memory_ns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from otelgpu.enrich.samples import Samples
+from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.schema import Metric
+
+Entity = tuple[str, str, str, str]  # uuid, GPU_I_ID, GPU_I_PROFILE, modelName
+Key = tuple[str, str, str]  # node, uuid, GPU_I_ID
+
+
+@dataclass
+class _Node:
+    seen_ns: int
+    entities: list[Entity]
+
+
+class DeviceMemory:
+    def __init__(self, strings: Interner, memory_ns: int) -> None:
+        self.s, self.memory_ns = strings, memory_ns
+        self._nodes: dict[str, _Node] = {}
+        self._holders: dict[Key, tuple[str, str]] = {}  # the pod that held each entity last
+
+    def fill(self, s: Samples, start_ns: int, end_ns: int, known_nodes: set[str]) -> Samples:
+        """`s` plus one staleness marker at `start_ns` for each entity of each remembered node
+        that sent nothing this interval; remembers what `s` shows."""
+        st, code = self.s.string, self.s.code
+        present = {st(int(c)) for c in np.unique(s.node)}
+        self._remember(s, present, end_ns)
+        rows: list[tuple[int, ...]] = []
+        for name in [n for n in self._nodes if n not in present]:
+            node = self._nodes[name]
+            known = name in known_nodes
+            if (known_nodes and not known) or (not known and end_ns - node.seen_ns > self.memory_ns):
+                self._forget(name)
+                continue
+            rows += [(code(name), code(u), code(g) if g else -1, code(p) if p else -1, code(m))
+                     for u, g, p, m in node.entities]
+        if not rows:
+            return s
+        n = len(rows)
+        cols = np.array(rows, dtype=np.int32).T
+        none = np.full(n, -1, dtype=np.int32)
+        dark = Samples(np.full(n, Metric.GR_ENGINE_ACTIVE, np.int16), np.full(n, start_ns, np.int64),
+                       np.full(n, np.nan), np.ones(n, bool), cols[0], cols[1], cols[2], cols[3], cols[4],
+                       none, none, none, none, none)
+        return Samples.concat([s, dark])
+
+    def _remember(self, s: Samples, present: set[str], end_ns: int) -> None:
+        st = self.s.string
+        live = ~s.stale
+        for name in present:
+            rows = np.flatnonzero((s.node == self.s.find(name)) & live)
+            if not len(rows):
+                continue  # only staleness markers: what it had is still what it has
+            _, first = np.unique(np.stack([s.uuid[rows], s.gi[rows]], axis=1), axis=0, return_index=True)
+            self._nodes[name] = _Node(end_ns, [(st(int(s.uuid[r])), st(int(s.gi[r])), st(int(s.profile[r])),
+                                                st(int(s.model[r]))) for r in rows[first]])
+        held = np.flatnonzero(live & (s.pod >= 0))
+        for r in held[np.argsort(s.time_ns[held], kind="stable")]:  # the latest sample wins
+            key = (st(int(s.node[r])), st(int(s.uuid[r])), st(int(s.gi[r])))
+            self._holders[key] = (st(int(s.namespace[r])), st(int(s.pod[r])))
+
+    def _forget(self, name: str) -> None:
+        del self._nodes[name]
+        for key in [k for k in self._holders if k[0] == name]:
+            del self._holders[key]
+
+    def last_holder(self, node: str, uuid: str, gi: str) -> tuple[str, str] | None:
+        return self._holders.get((node, uuid, gi))
+
+    def state(self) -> list[list]:
+        return [[name, n.seen_ns, [list(e) for e in n.entities]] for name, n in self._nodes.items()]
+
+    def restore(self, state: list[list]) -> None:
+        self._nodes = {str(name): _Node(int(seen), [tuple(map(str, e)) for e in ents])  # type: ignore[misc]
+                       for name, seen, ents in state}
