@@ -74,7 +74,7 @@ def decode_batch(data: bytes, strings: Interner) -> PointBatch:
         raise RecordError(f"record version {version}, this otelgpu reads {VERSION}")
     lengths = r.array("<u4", ns + nsrc)
     blob = bytes(r.take(int(lengths.sum())))
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    bounds = [0] + np.cumsum(lengths.astype(np.int64)).tolist()
     try:
         text = [blob[a:b].decode() for a, b in zip(bounds, bounds[1:])]
     except UnicodeDecodeError as exc:
@@ -90,7 +90,7 @@ def decode_batch(data: bytes, strings: Interner) -> PointBatch:
     stale = r.array("u1", n).astype(bool)
     node, pod = codes_of(r.array("<i4", n)), codes_of(r.array("<i4", n))
     counts = r.array("<u4", n).astype(np.int64)
-    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    off = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
     if off[-1] != na:
         raise RecordError("label counts do not add up")
     key, val = codes_of(r.array("<i4", na)), codes_of(r.array("<i4", na))
