@@ -1,0 +1,120 @@
+"""`kill -9` at random instants while a Collector-like sender streams and resends whatever was not
+acknowledged, and backend outages with series ending during them: read back from a real Prometheus,
+every cost total equals an uninterrupted run's exactly and no counter ever resets.
+
+The sender behaves as the Collector's exporter does: it sends each request until it is answered
+OK, retrying through refused connections and UNAVAILABLE while the sidecar restarts."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+from sidecar import Sidecar
+from test_prometheus_end_to_end import INTERVAL_S, TOTALS, config, in_process, scenario
+
+from otelgpu.enrich.window import NS
+
+if TYPE_CHECKING:
+    from promserver import PrometheusServer
+
+pytest_plugins = ["promserver"]
+
+
+def send_until_acknowledged(side: Sidecar, request, kill_after_s: float | None = None) -> None:  # noqa: ANN001
+    """One request, resent until a sidecar answers OK. With `kill_after_s`, the sidecar is killed
+    that long after the first attempt starts (possibly while the request is in flight) and
+    restarted from its checkpoint."""
+    killer = None
+    if kill_after_s is not None:
+        killer = threading.Timer(kill_after_s, side.kill)
+        killer.start()
+    while True:
+        try:
+            side.export(request)
+            break
+        except grpc.RpcError as err:
+            assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                  grpc.StatusCode.DEADLINE_EXCEEDED), err
+            if killer is not None:
+                killer.join()
+            if side.proc is not None and side.proc.poll() is not None:
+                side.start()
+            time.sleep(0.05)  # the Collector's backoff, shortened
+    if killer is not None:
+        killer.join()
+        if side.proc is not None and side.proc.poll() is not None:
+            side.start()  # killed after the answer: the next request goes to a fresh process
+
+
+def totals(prom: PrometheusServer, cluster: str, at: float) -> dict[tuple[str, str], float]:
+    return {(m["cost_model"], m["team"]): v for m, v in prom.query(TOTALS.format(cluster=cluster), at)}
+
+
+def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: PrometheusServer,
+                                                                    tmp_path: Path) -> None:
+    c = scenario()
+    end = c.t0 / NS + 3600
+    in_process(c, config("uninterrupted", prometheus.write_url))
+    rng = random.Random(20261123)
+    requests = c.scrapes(60, 3600)
+    kills = set(rng.sample(range(3, len(requests) - 2), 5))
+    side = Sidecar(tmp_path, config("killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")}))
+    side.start()
+    try:
+        for i, request in enumerate(requests):
+            send_until_acknowledged(side, request, rng.uniform(0.0, 0.03) if i in kills else None)
+        assert side.stop() == 0
+    finally:
+        side.close()
+    log = side.log.read_text()
+    assert log.count("continuing") >= len(kills) and "replayed" in log
+
+    reference, killed = totals(prometheus, "uninterrupted", end), totals(prometheus, "killed", end)
+    assert killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
+    resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="killed"}[2h])', end)
+    assert resets and all(v == 0 for _, v in resets)
+    window = 'sum by (team) (increase(gpu_cost_allocated_total{{cluster="{}", cost_model="request"}}[30m]))'
+    for at in (c.t0 / NS + 1800, c.t0 / NS + 2700):
+        ref = {m["team"]: v for m, v in prometheus.query(window.format("uninterrupted"), at)}
+        got = {m["team"]: v for m, v in prometheus.query(window.format("killed"), at)}
+        assert got == pytest.approx(ref, rel=1e-9)
+
+
+def test_restart_during_an_outage_delivers_the_series_that_ended_meanwhile(prometheus: PrometheusServer,
+                                                                            tmp_path: Path) -> None:
+    c = scenario()  # nlp's pod ends at 25 minutes: its series end while Prometheus is away
+    end = c.t0 / NS + 3600
+    in_process(c, config("steady", prometheus.write_url))
+    doc = config("outage-restart", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")})
+    side = Sidecar(tmp_path, doc).start()
+    requests = c.scrapes(60, 3600)
+    try:
+        for request in requests[:15]:
+            send_until_acknowledged(side, request)
+        side.wait_for("otelgpu_exports_total", 2)
+        prometheus.stop()
+        for request in requests[15:40]:  # 15 to 40 minutes: nlp ends at 25
+            send_until_acknowledged(side, request)
+        side.wait_for("otelgpu_export_failures_total", 1)
+        assert side.stop() == 0  # SIGTERM while the backend is still down: the queue stays on disk
+        prometheus.start(port=prometheus.port)
+        side.start()
+        for request in requests[40:]:
+            send_until_acknowledged(side, request)
+        assert side.stop() == 0
+    finally:
+        side.close()
+    assert totals(prometheus, "outage-restart", end) == pytest.approx(totals(prometheus, "steady", end), rel=1e-12)
+    # nlp's series were delivered with their last value and then ended (a stale marker).
+    last = prometheus.query('max_over_time(gpu_cost_allocated_total{cluster="outage-restart", team="nlp", '
+                            'cost_model="request"}[2h])', end)
+    assert last and last[0][1] == pytest.approx(5 * 12.0 * INTERVAL_S / 3600)
+    assert not prometheus.query('gpu_cost_allocated_total{cluster="outage-restart", team="nlp"}', end)
+    resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="outage-restart"}[2h])', end)
+    assert all(v == 0 for _, v in resets)
