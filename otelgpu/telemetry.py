@@ -24,6 +24,9 @@ class SelfMetrics:
         self.export_series_rejected: Counter[tuple[str, str]] = Counter()  # left out by an exporter, (exporter, reason)
         self.export_snapshots_merged: Counter[str] = Counter()  # merged in a full queue, by exporter
         self.export_queue: dict[str, int] = {}  # exporter -> snapshots waiting (a gauge)
+        self.export_snapshots_recovered: Counter[str] = Counter()  # found on disk at start and queued, by exporter
+        self.export_snapshots_persisted: Counter[str] = Counter()  # left on disk at shutdown, by exporter
+        self.export_outbox_errors: Counter[tuple[str, str]] = Counter()  # persisted queue, (exporter, reason)
         self.series_ended = 0  # series ended with a NO_RECORDED_VALUE point
         self.series_active: dict[str, int] = {}  # "cost" -> live series in the store (a gauge)
         self.checkpoints_written = 0
@@ -77,6 +80,9 @@ class SelfMetrics:
                 "export_series_rejected": dict(self.export_series_rejected),
                 "export_snapshots_merged": dict(self.export_snapshots_merged),
                 "export_queue": dict(self.export_queue),
+                "export_snapshots_recovered": dict(self.export_snapshots_recovered),
+                "export_snapshots_persisted": dict(self.export_snapshots_persisted),
+                "export_outbox_errors": dict(self.export_outbox_errors),
                 "series_ended": self.series_ended,
                 "series_active": dict(self.series_active),
                 "checkpoints_written": self.checkpoints_written,

@@ -8,7 +8,7 @@ import threading
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Mapping, Optional, Sequence
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from otelgpu.errors import RetryableError
+from otelgpu.exporter.otlp import NO_RECORDED_VALUE
+from otelgpu.exporter.store import MetricSpec, Point
 from otelgpu.receiver.grpc_server import retry_status
 
 SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
@@ -85,3 +87,31 @@ def serve_sink(sink: MetricsSink, port: int = 0) -> Iterator[int]:
         yield port
     finally:
         server.stop(grace=None).wait()
+
+
+Row = tuple[str, tuple[tuple[str, str], ...], int, int, Optional[float]]  # metric key, attrs, start, time, value
+
+
+def _row(metric: str, attrs: Sequence[tuple[str, str]], start: int, t: int, value: Optional[float]) -> Row:
+    return (metric, tuple(sorted(attrs)), start, t, value)
+
+
+def as_sent(points: Sequence[Point], specs: Mapping[str, MetricSpec]) -> list[Row]:
+    """What OTLP carries of the points, sorted: gauges have no start time, ended points no value."""
+    return sorted(_row(p.metric, p.attrs, p.start_ns if specs[p.metric].kind == "sum" else 0, p.time_ns,
+                       None if p.ended else p.value) for p in points)
+
+
+def received_rows(sink: MetricsSink, specs: Mapping[str, MetricSpec]) -> list[list[Row]]:
+    """Each accepted request's points, as as_sent() writes them."""
+    key = {spec.name: k for k, spec in specs.items()}
+    out = []
+    for r in sink.received:
+        rows = []
+        for m in r.request.resource_metrics[0].scope_metrics[0].metrics:
+            for dp in (m.sum.data_points if m.HasField("sum") else m.gauge.data_points):
+                value = None if dp.flags & NO_RECORDED_VALUE else dp.as_double
+                attrs = [(kv.key, kv.value.string_value) for kv in dp.attributes]
+                rows.append(_row(key[m.name], attrs, dp.start_time_unix_nano, dp.time_unix_nano, value))
+        out.append(sorted(rows))
+    return out

@@ -1,5 +1,5 @@
-"""Delivery of cost snapshots: what a sender reports for one attempt, and the bounded queue
-that retries it with backoff."""
+"""Delivery of cost snapshots: the bounded queue in front of one sender that retries with backoff,
+in memory or persisted in a directory of its own (`outbox.py`)."""
 
 from __future__ import annotations
 
@@ -9,72 +9,29 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 from otelgpu.config import DeliveryConfig
-from otelgpu.exporter.store import Attrs, Point
+from otelgpu.exporter.outbox import Outbox
+from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult
+from otelgpu.exporter.snapshot import Snapshot, flatten, merge, snapshot_of
+from otelgpu.exporter.store import Point
 from otelgpu.telemetry import SelfMetrics
+
+__all__ = ["DELIVERED", "Delivery", "Progress", "SendResult", "Sender"]
 
 log = logging.getLogger(__name__)
 
 MAX_SERVER_DELAY_S = 300.0  # a RetryInfo or Retry-After delay longer than this is cut to it
 
 
-@dataclass(frozen=True)
-class SendResult:
-    """Outcome of one attempt to deliver a snapshot.
-
-    ok: delivered. Otherwise `retryable` says whether the same snapshot may be sent again (OTLP
-    UNAVAILABLE, HTTP 429 and 5xx, connection errors) and `retry_after` carries the server's own
-    delay when it gave one (gRPC RetryInfo, HTTP Retry-After), in seconds. `reason` is a short,
-    fixed label for counting (`unavailable`, `http_429`, `http_400`, `connection`, ...), `detail`
-    the server's message for the log."""
-
-    ok: bool
-    retryable: bool = False
-    reason: str = ""
-    detail: str = ""
-    retry_after: Optional[float] = None
-
-
-DELIVERED = SendResult(ok=True)
-
-
-class Sender(Protocol):
-    name: str  # exporter label in the self-metrics: "otlp", "remote_write"
-
-    def send(self, points: Sequence[Point]) -> SendResult:
-        """One attempt to deliver these points (one snapshot). Must not raise."""
-
-    def close(self) -> None:
-        """Release connections; a send in progress may fail."""
-
-
-Key = tuple[str, Attrs]
-Snapshot = dict[Key, list[Point]]  # points of each series, in time order
-
-
-def snapshot_of(points: Sequence[Point]) -> Snapshot:
-    out: Snapshot = {}
-    for p in points:
-        out.setdefault((p.metric, p.attrs), []).append(p)
-    return out
-
-
-def merge(older: Snapshot, newer: Snapshot) -> Snapshot:
-    """Two snapshots as one, losing no money: a series' cumulative value superseded by a later
-    value of the same series (same start time) is dropped; ended points, and the last value before
-    each of them, are kept, as is a series that only the older snapshot has."""
-    out: Snapshot = dict(older)
-    for key, points in newer.items():
-        chain = out.get(key, []) + points
-        out[key] = [p for i, p in enumerate(chain)
-                    if p.ended or i + 1 == len(chain) or chain[i + 1].ended or chain[i + 1].start_ns != p.start_ns]
-    return out
-
-
-def flatten(snapshot: Snapshot) -> list[Point]:
-    return [p for points in snapshot.values() for p in points]
+@dataclass
+class _Entry:
+    end_ns: int
+    snapshot: Snapshot
+    progress: Progress
+    released: bool  # sendable; staged snapshots wait for the pipeline's checkpoint
 
 
 class Delivery:
@@ -82,22 +39,31 @@ class Delivery:
 
     The head snapshot is sent until it is delivered or refused for good: retryable failures wait
     the server's delay (RetryInfo, Retry-After) or an exponential backoff with jitter, then the same
-    snapshot goes again. The cumulative series make this lossless: while the path is down, newer
-    snapshots queue; when `queue_size` are waiting the two oldest not in flight are merged (newest
-    value per series), so an outage costs time resolution, never money. A snapshot refused for good
-    (a non-retryable answer) is dropped and counted with its points; the next snapshot carries the
-    same series again. `close()` sends what is queued until its deadline, then counts the rest as
-    undeliverable (a checkpoint keeps the values for the next start)."""
+    snapshot goes again, resuming after what the receiver accepted (`Progress`). The cumulative
+    series make this lossless: while the path is down, newer snapshots queue; when more than
+    `queue_size` are waiting the two oldest that nothing was sent of are merged (newest value per
+    series), so an outage costs time resolution, never money. A snapshot refused for good (a
+    non-retryable answer) is dropped and counted with its points; the next snapshot carries the
+    same series again.
+
+    With a `directory`, every snapshot is a file there before it can be sent, and stays until it is
+    delivered or refused: `recover()` queues a dead run's snapshots again, `close()` leaves what its
+    deadline did not deliver for the next start. `stage()` then `release()` let the pipeline commit
+    its own checkpoint between persisting a snapshot and letting it go. Without a directory,
+    `close()` counts what is left as undeliverable. `stage`, `release`, `put` and `recover` are
+    called from one thread (the pipeline's)."""
 
     def __init__(self, sender: Sender, config: DeliveryConfig, metrics: SelfMetrics,
-                 random: Callable[[], float] = random.random) -> None:
+                 random: Callable[[], float] = random.random, directory: str | Path | None = None) -> None:
         self.sender = sender
         self.config = config
         self.metrics = metrics
         self._random = random
-        self._queue: deque[Snapshot] = deque()
+        self._outbox = Outbox(directory, sender.name, metrics) if directory is not None else None
+        self._queue: deque[_Entry] = deque()
         self._cond = threading.Condition()
         self._in_flight = False
+        self._newest_released = -1  # interval ends must increase: file names sort in interval order
         self._deadline: Optional[float] = None  # monotonic time by which close() gives up
         self._thread = threading.Thread(target=self._run, name=f"otelgpu-export-{sender.name}", daemon=True)
         self._started = False
@@ -106,23 +72,121 @@ class Delivery:
     def name(self) -> str:
         return self.sender.name
 
-    def put(self, points: Sequence[Point]) -> None:
-        """Queue one interval's snapshot; never blocks on the network. The first one starts the
-        sending thread."""
+    def recover(self, committed_ns: int) -> int:
+        """At start, before anything is staged: queue the directory's snapshots that end at or
+        before `committed_ns`, oldest first, and delete newer ones (staged by a run that died before
+        its checkpoint committed them; the pipeline computes them again). Returns how many were
+        queued."""
+        if self._outbox is None:
+            return 0
+        with self._cond:
+            if self._queue:
+                raise RuntimeError("recover() must come before any snapshot is staged")
+        found, uncommitted = self._outbox.recover(committed_ns)
+        with self._cond:
+            for r in found:
+                self._queue.append(_Entry(r.end_ns, snapshot_of(r.points), self._progress(r.end_ns, r.done), True))
+                self._newest_released = r.end_ns
+            self.metrics.count("export_snapshots_recovered", self.name, len(found))
+            self._changed()
+        if found or uncommitted:
+            log.info("%s: %d undelivered snapshot(s) recovered from %s, %d uncommitted one(s) deleted",
+                     self.name, len(found), self._outbox.directory, uncommitted)
+        return len(found)
+
+    def stage(self, points: Sequence[Point], end_ns: int) -> None:
+        """Persist (with a directory) and hold one interval's snapshot, not sendable before
+        `release()`. Raises OSError when the file cannot be written (nothing is queued then), and
+        ValueError when `end_ns` is not after every released snapshot. A staged snapshot of the
+        same or a later end is replaced: it was never released."""
         if not points:
             return
         with self._cond:
-            if not self._started:
-                self._started = True
-                self._thread.start()
-            self._queue.append(snapshot_of(points))
-            if len(self._queue) > self.config.queue_size:
-                i = 1 if self._in_flight else 0
-                self._queue[i] = merge(self._queue[i], self._queue[i + 1])
-                del self._queue[i + 1]
-                self.metrics.count("export_snapshots_merged", self.name)
-            self.metrics.set("export_queue", self.name, len(self._queue))
-            self._cond.notify_all()
+            if end_ns <= self._newest_released:
+                raise ValueError(f"snapshot ending {end_ns} is not after the last one released "
+                                 f"({self._newest_released})")
+            replaced = [e for e in self._queue if e.end_ns >= end_ns]
+        if self._outbox is not None:
+            try:
+                self._outbox.write(end_ns, points)
+            except OSError as exc:
+                self.metrics.count("export_outbox_errors", (self.name, "write"))
+                log.error("%s: snapshot ending %d not persisted: %s", self.name, end_ns, exc)
+                raise
+            for e in replaced:
+                if e.end_ns != end_ns:  # the same end's file was just written over
+                    self._outbox.delete(e.end_ns)
+        with self._cond:
+            for e in replaced:
+                self._queue.remove(e)
+            self._queue.append(_Entry(end_ns, snapshot_of(points), self._progress(end_ns), False))
+            self._changed()
+
+    def release(self, through_ns: int) -> None:
+        """Staged snapshots ending at or before `through_ns` become sendable."""
+        with self._cond:
+            for e in self._queue:
+                if not e.released and e.end_ns <= through_ns:
+                    e.released = True
+                    self._newest_released = e.end_ns
+            self._changed()
+
+    def put(self, points: Sequence[Point]) -> None:
+        """Queue one interval's snapshot, sendable at once (stage and release; its end is its
+        newest point's time); never blocks on the network."""
+        if points:
+            end_ns = max(p.time_ns for p in points)
+            self.stage(points, end_ns)
+            self.release(end_ns)
+
+    def _progress(self, end_ns: int, done: int = 0) -> Progress:
+        if self._outbox is None:
+            return Progress(done)
+        outbox = self._outbox
+
+        def persist(n: int) -> None:  # on the sending thread, inside sender.send(): must not raise
+            try:
+                outbox.save_progress(end_ns, n)
+            except OSError as exc:
+                self.metrics.count("export_outbox_errors", (self.name, "write"))
+                log.error("%s: progress of snapshot %d not persisted (a restart resends its part): %s",
+                          self.name, end_ns, exc)
+        return Progress(done, persist)
+
+    def _changed(self) -> None:
+        """Under the lock: bound the queue, start the thread once there is something to send."""
+        self._bound()
+        if self._sendable() and not self._started:
+            self._started = True
+            self._thread.start()
+        self.metrics.set("export_queue", self.name, len(self._queue))
+        self._cond.notify_all()
+
+    def _bound(self) -> None:
+        """Merge the two oldest snapshots that nothing was sent of while more than `queue_size`
+        wait. On disk the merged snapshot replaces the newer file before the older one goes, naming
+        it as absorbed: after a crash in between, recover() deletes the older file."""
+        q = self._queue
+        while len(q) > self.config.queue_size:
+            i = next((i for i in range(len(q) - 1) if q[i + 1].released and not (i == 0 and self._in_flight)
+                      and q[i].progress.done == 0 and q[i + 1].progress.done == 0), None)
+            if i is None:  # only staged or started snapshots: nothing may be merged yet
+                return
+            merged = merge(q[i].snapshot, q[i + 1].snapshot)
+            if self._outbox is not None:
+                try:
+                    self._outbox.write(q[i + 1].end_ns, flatten(merged), absorbed=(q[i].end_ns,))
+                except OSError as exc:
+                    self.metrics.count("export_outbox_errors", (self.name, "write"))
+                    log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
+                    return
+                self._outbox.delete(q[i].end_ns)
+            q[i + 1].snapshot = merged
+            del q[i]
+            self.metrics.count("export_snapshots_merged", self.name)
+
+    def _sendable(self) -> bool:
+        return bool(self._queue) and self._queue[0].released
 
     @property
     def depth(self) -> int:
@@ -130,10 +194,10 @@ class Delivery:
             return len(self._queue)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until the queue is empty (tests, benchmarks)."""
+        """Wait until no released snapshot waits (tests, benchmarks)."""
         end = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._in_flight:
+            while self._sendable() or self._in_flight:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
@@ -151,23 +215,25 @@ class Delivery:
         attempt = 0
         while True:
             with self._cond:
-                while not self._queue and self._deadline is None:
+                while not self._sendable() and self._deadline is None:
                     self._cond.wait()
-                if not self._queue or self._past_deadline():
+                if not self._sendable() or self._past_deadline():
                     return
                 head = self._queue[0]
                 self._in_flight = True
-            points = flatten(head)
-            result = self.sender.send(points)
+            points = flatten(head.snapshot)
+            result = self.sender.send(points, head.progress)
+            if (result.ok or not result.retryable) and self._outbox is not None:
+                self._outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
             with self._cond:
                 self._in_flight = False
-                if result.ok:
-                    self._queue.popleft()
+                if result.ok or not result.retryable:
+                    if self._queue and self._queue[0] is head:  # close() may have given up on it
+                        self._queue.popleft()
                     attempt = 0
+                if result.ok:
                     self.metrics.count("exports", self.name)
                 elif not result.retryable:
-                    self._queue.popleft()
-                    attempt = 0
                     self._give_up(points, result.reason)
                     log.error("%s export refused (%s), not retried; the next interval resends the series: %s",
                               self.name, result.reason, result.detail)
@@ -177,10 +243,9 @@ class Delivery:
                     if attempt == 1 or attempt % 10 == 0:
                         log.warning("%s export failed (%s: %s), attempt %d, retrying in %.1f s", self.name,
                                     result.reason, result.detail, attempt, delay)
-                self.metrics.set("export_queue", self.name, len(self._queue))
                 if not result.ok:
                     self.metrics.count("export_failures", (self.name, result.reason or "unknown"))
-                self._cond.notify_all()
+                self._changed()
                 if result.retryable and not result.ok:
                     end = time.monotonic() + delay
                     while (left := min(end, self._deadline or end) - time.monotonic()) > 0:
@@ -201,9 +266,10 @@ class Delivery:
             self._cond.notify_all()
 
     def close(self, timeout: Optional[float] = None) -> int:
-        """Deliver what is queued within `timeout` (default: the configured shutdown timeout, or
-        the deadline given to `finish_by`), then stop. Returns the snapshots left undelivered
-        (counted with reason `shutdown`)."""
+        """Deliver what is released within `timeout` (default: the configured shutdown timeout, or
+        the deadline given to `finish_by`), then stop. Returns the snapshots left undelivered: with
+        a directory they stay there for the next start (counted as persisted), without one they are
+        given up (counted with reason `shutdown`)."""
         timeout = self.config.shutdown_timeout_seconds if timeout is None else timeout
         self.finish_by(time.monotonic() + timeout)
         if self._started:
@@ -211,10 +277,16 @@ class Delivery:
         with self._cond:
             left = list(self._queue)
             self._queue.clear()
-            for snapshot in left:
-                self._give_up(flatten(snapshot), "shutdown")
+            if self._outbox is not None:
+                self.metrics.count("export_snapshots_persisted", self.name, len(left))
+            else:
+                for e in left:
+                    self._give_up(flatten(e.snapshot), "shutdown")
             self.metrics.set("export_queue", self.name, 0)
-        if left:
+        if left and self._outbox is not None:
+            log.warning("%s: %d snapshot(s) not delivered before the shutdown deadline stay in %s for the next start",
+                        self.name, len(left), self._outbox.directory)
+        elif left:
             log.error("%s: %d snapshot(s) not delivered before the shutdown deadline", self.name, len(left))
         self.sender.close()
         return len(left)

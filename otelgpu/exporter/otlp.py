@@ -33,7 +33,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
-from otelgpu.exporter.delivery import DELIVERED, SendResult
+from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.store import MetricSpec, Point
 from otelgpu.telemetry import SelfMetrics
 
@@ -133,7 +133,9 @@ class OtlpSender:
                          else grpc.insecure_channel(target))
         self._stub = MetricsServiceStub(self._channel)
 
-    def send(self, points: Sequence[Point]) -> SendResult:
+    def send(self, points: Sequence[Point], progress: Optional[Progress] = None) -> SendResult:
+        """`progress` is not used: an attempt sends the whole snapshot again. A cumulative point
+        repeated with the same timestamp, start time and value is a no-op for OTLP consumers."""
         try:
             for request in build_requests(points, self._specs, self._cluster, instance=self._instance):
                 response = self._stub.Export(request, metadata=self._headers, timeout=self._config.timeout_seconds,

@@ -144,6 +144,16 @@ class CostCollector(Collector):
         yield self._by_label("otelgpu_export_snapshots_merged_total",
                              "Snapshots merged because the export queue was full (resolution lost, no cost)",
                              ["exporter"], s["export_snapshots_merged"])
+        yield self._by_label("otelgpu_export_snapshots_recovered_total",
+                             "Undelivered snapshots found in the export queue's directory at start and queued again",
+                             ["exporter"], s["export_snapshots_recovered"])
+        yield self._by_label("otelgpu_export_snapshots_persisted_total",
+                             "Snapshots not delivered by the shutdown deadline, left on disk for the next start",
+                             ["exporter"], s["export_snapshots_persisted"])
+        yield self._by_label("otelgpu_export_outbox_errors_total",
+                             "Persisted export queue problems, by exporter and reason (corrupt, incompatible: a "
+                             "snapshot file set aside at start; corrupt_progress; write; delete; read)",
+                             ["exporter", "reason"], s["export_outbox_errors"])
         yield self._by_label("otelgpu_checkpoint_errors_total",
                              "Checkpoints that could not be written or read, by reason", ["reason"],
                              s["checkpoint_errors"])

@@ -16,7 +16,9 @@ One `send()` is one attempt; the delivery queue (`delivery.py`) retries a whole 
 retryable failure: HTTP 429 (honouring Retry-After), 5xx, connection errors and timeouts. Other 4xx
 answers are final. A snapshot split into several requests may fail part-way; sent again, it leaves
 out what the receiver already accepted, since Prometheus refuses a sample older than a series'
-newest one, even an identical one.
+newest one, even an identical one. What was accepted is the snapshot's `Progress`, a count of
+samples in the encoding's fixed order, which the delivery queue persists beside the snapshot, so a
+restarted process resumes where the dead one stopped.
 
 With `sigv4` set, every request is signed with botocore's SigV4, using the standard AWS credential
 chain, re-read per request so that rotating credentials (IRSA) stay valid.
@@ -45,7 +47,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from otelgpu.config import RemoteWriteConfig
 from otelgpu.errors import ConfigError
-from otelgpu.exporter.delivery import DELIVERED, SendResult
+from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
 from otelgpu.exporter.store import MetricSpec, Point
 from otelgpu.telemetry import SelfMetrics
@@ -115,6 +117,8 @@ def build_series(points: Sequence[Point], specs: Mapping[str, MetricSpec], clust
         key = tuple(sorted(labels.items()))
         samples.setdefault(key, {})[p.time_ns // 1_000_000] = STALE_NAN if p.ended else float(p.value)
     out = {}
+    # Sorted series, each in time order: the same points always encode to the same samples in the
+    # same order, which is what makes a Progress count (samples accepted) meaningful on a resend.
     for key in sorted(samples):
         reason = _rejection(key)
         if reason:
@@ -130,6 +134,18 @@ def _rejection(labels: Labels) -> str:
     if any(not _VALID_LABEL.match(k) or (k.startswith("__") and k != "__name__") for k, _ in labels):
         return "invalid_label_name"
     return ""
+
+
+def after(series: Mapping[Labels, list[tuple[int, float]]], done: int) -> dict[Labels, list[tuple[int, float]]]:
+    """The series without their first `done` samples, in series order: what is left to send of a
+    snapshot whose first `done` samples the receiver accepted."""
+    out = {}
+    for labels, samples in series.items():
+        if done >= len(samples):
+            done -= len(samples)
+            continue
+        out[labels], done = samples[done:], 0
+    return out
 
 
 def build_requests(series: Mapping[Labels, list[tuple[int, float]]], max_samples: int) -> Iterator[Any]:
@@ -210,7 +226,6 @@ class RemoteWriteSender:
         self._metrics = metrics
         self.rejected_series: Counter[str] = Counter()
         self._logged: set[str] = set()
-        self._accepted: dict[Labels, int] = {}  # newest ms timestamp accepted per series, in a partial send
         self._headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
                          "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": _user_agent(),
                          **config.headers}
@@ -225,13 +240,16 @@ class RemoteWriteSender:
         self._pool = (urllib3.PoolManager(cert_reqs="CERT_NONE") if config.insecure_skip_tls_verify
                       else urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=config.ca_file))
 
-    def send(self, points: Sequence[Point]) -> SendResult:
+    def send(self, points: Sequence[Point], progress: Optional[Progress] = None) -> SendResult:
+        """One attempt, starting after the first `progress.done` samples and advancing `progress`
+        after each accepted request (a fresh Progress when None: the whole snapshot)."""
+        progress = Progress() if progress is None else progress
         try:
             series, rejected = build_series(points, self._specs, self._cluster, self._config.external_labels)
             self._count_rejected(rejected)
-            series = self._not_yet_accepted(series)
-            requests = [(r, bytes(cramjam.snappy.compress_raw(r.SerializeToString())))
-                        for r in build_requests(series, self._config.max_samples_per_request)]
+            todo = build_requests(after(series, progress.done), self._config.max_samples_per_request)
+            requests = [(sum(len(ts.samples) for ts in r.timeseries),
+                         bytes(cramjam.snappy.compress_raw(r.SerializeToString()))) for r in todo]
         except Exception as exc:  # an encoding bug must not take the exporter thread down
             log.exception("remote write: encoding failed")
             return SendResult(ok=False, retryable=False, reason="encode", detail=str(exc))
@@ -239,9 +257,12 @@ class RemoteWriteSender:
         # again later. Prometheus takes a sample identical to a series' newest stored one (same
         # timestamp, same value bits) as a no-op, but refuses any older sample, identical or not, as
         # "out of order sample" (400, and the whole request is rolled back), as the tests against a
-        # real Prometheus show. So what was accepted is remembered until the snapshot is through,
-        # and not sent again.
-        for request, body in requests:
+        # real Prometheus show. So each accepted request advances the progress, and a resend
+        # (here or after a restart) starts after it. A process killed between an accepted request
+        # and its advance resends that one request: a no-op where it holds one sample per series
+        # (an interval's snapshot); a merged snapshot's older samples may then be refused (400,
+        # counted), and the next snapshot carries every total again.
+        for n, body in requests:
             try:
                 result = self._post(body)
             except Exception as exc:  # a bug would fail the same way again: not retried
@@ -249,18 +270,8 @@ class RemoteWriteSender:
                 return SendResult(ok=False, retryable=False, reason="error", detail=str(exc))
             if not result.ok:
                 return result
-            for ts in request.timeseries:
-                self._accepted[tuple((label.name, label.value) for label in ts.labels)] = ts.samples[-1].timestamp
-        # Through: later snapshots hold only newer samples (interval ends strictly increase), and a
-        # merged one holds this one's only if it was merged while this one was undelivered.
-        self._accepted.clear()
+            progress.advance(n)
         return DELIVERED
-
-    def _not_yet_accepted(self, series: dict[Labels, list[tuple[int, float]]]) -> dict[Labels, list[tuple[int, float]]]:
-        """The samples newer than what the receiver accepted in an earlier, partly failed send."""
-        kept = {labels: [s for s in samples if s[0] > self._accepted.get(labels, -2**63)]
-                for labels, samples in series.items()}
-        return {labels: samples for labels, samples in kept.items() if samples}
 
     def close(self) -> None:
         self._pool.clear()

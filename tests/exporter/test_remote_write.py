@@ -25,10 +25,13 @@ from typing import Any, Iterator
 import cramjam
 import pytest
 from botocore.credentials import ReadOnlyCredentials
+from support import eventually
 
-from otelgpu.config import RemoteWriteConfig, SigV4Config
+from otelgpu.config import DeliveryConfig, RemoteWriteConfig, SigV4Config
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.remote_write import MAX_LABELS, RemoteWriteSender, WriteRequest, retry_after, sign
+from otelgpu.exporter.sending import Progress
 from otelgpu.exporter.store import Point, cost_metrics
 from otelgpu.telemetry import SelfMetrics
 
@@ -368,21 +371,25 @@ def test_first_failure_stops_the_send(receiver) -> None:
 
 def test_a_partly_failed_snapshot_resends_only_the_rest(receiver) -> None:
     # Prometheus refuses a sample older than a series' newest, even an identical one: what the
-    # receiver accepted before the failure must not be sent again.
+    # receiver accepted before the failure must not be sent again. The progress, a count of
+    # samples in the encoding's fixed order, says where to resume.
     receiver.replies.extend([Reply(204), Reply(503)])
     pods = [(("k8s.pod.name", f"p{i}"),) for i in range(2)]
     points = [Point("allocated", pods[0], T, T + k * MIN, float(k)) for k in range(1, 4)]
     points += [Point("allocated", pods[1], T, T + MIN, 10.0)]
     sender = RemoteWriteSender(_config(receiver.url, max_samples_per_request=2), SPECS, "c1")
-    assert sender.send(points).reason == "http_503"
-    later = Point("allocated", pods[0], T, T + 4 * MIN, 4.0)  # merged in by the queue meanwhile
-    assert sender.send(points + [later]).ok
+    progress = Progress()
+    assert sender.send(points, progress).reason == "http_503"
+    assert progress.done == 2  # the first request only
+    # The same snapshot in another order, as a restarted process might hold it: same samples.
+    assert sender.send(points[::-1], progress).ok and progress.done == 4
+    assert sender.send(points, progress).ok  # all of it accepted: nothing left to send
     assert sender.send([Point("allocated", pods[0], T, T + 5 * MIN, 5.0)]).ok  # a new snapshot: all of it
 
     sent = [[(dict(_labels(ts))["k8s_pod_name"], s.value) for ts in r.timeseries for s in ts.samples]
             for r in receiver.write_requests()]
     assert sent == [[("p0", 1.0), ("p0", 2.0)], [("p0", 3.0), ("p1", 10.0)],  # the second failed
-                    [("p0", 3.0), ("p0", 4.0)], [("p1", 10.0)], [("p0", 5.0)]]
+                    [("p0", 3.0), ("p1", 10.0)], [("p0", 5.0)]]
 
 
 def test_nothing_to_send_sends_nothing(receiver) -> None:
@@ -461,3 +468,25 @@ def test_series_over_70_labels_are_left_out_and_counted(receiver, caplog) -> Non
     for request in receiver.write_requests():
         assert sorted(len(ts.labels) for ts in request.timeseries) == [5, MAX_LABELS]
         assert sorted(ts.samples[0].value for ts in request.timeseries) == [2.0, 4.0]
+
+
+def test_the_queue_never_merges_a_partly_accepted_snapshot(receiver) -> None:
+    """The progress counts samples of one snapshot: merging newer snapshots into it while it waits
+    for its retry would make the count point into other samples."""
+    receiver.replies.extend([Reply(204), Reply(503, {"Retry-After": "3"})])
+    pods = [(("k8s.pod.name", f"p{i}"),) for i in range(3)]
+    metrics = SelfMetrics()
+    sender = RemoteWriteSender(_config(receiver.url, max_samples_per_request=2), SPECS, "c1", metrics)
+    delivery = Delivery(sender, DeliveryConfig(queue_size=2), metrics)
+    delivery.put([Point("allocated", pod, T, T + MIN, 1.0) for pod in pods])
+    eventually(lambda: len(receiver.received) == 2, timeout=10)  # [p0, p1] accepted, [p2] not: waits 3 s
+    for k in (2, 3, 4):  # the queue overflows while the first snapshot waits
+        delivery.put([Point("allocated", pod, T, T + k * MIN, float(k)) for pod in pods])
+    assert delivery.depth == 2 and metrics.export_snapshots_merged["remote_write"] == 2
+    assert delivery.wait_idle(20) and delivery.close() == 0
+
+    sent = [[(dict(_labels(ts))["k8s_pod_name"], s.value) for ts in r.timeseries for s in ts.samples]
+            for r in receiver.write_requests()]
+    assert sent == [[("p0", 1.0), ("p1", 1.0)], [("p2", 1.0)], [("p2", 1.0)],  # the rest of the first
+                    [("p0", 4.0), ("p1", 4.0)], [("p2", 4.0)]]  # the merged newer ones: the newest values
+    assert metrics.exports["remote_write"] == 2

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from otelgpu.config import RemoteWriteConfig
 from otelgpu.exporter.remote_write import RemoteWriteSender
+from otelgpu.exporter.sending import Progress
 from otelgpu.exporter.store import Point, cost_metrics
 
 if TYPE_CHECKING:
@@ -142,8 +143,10 @@ def test_a_partly_failed_snapshot_lands_once_after_the_resend(prometheus: Promet
     proxy = FlakyProxy(prometheus.write_url, fail={3})
     try:
         sender = RemoteWriteSender(RemoteWriteConfig(url=proxy.url, max_samples_per_request=2), cost_metrics(), "c1")
-        assert sender.send(points).reason == "http_503"  # two requests stored, the third fails
-        assert sender.send(points).ok  # what the delivery queue does next
+        progress = Progress()
+        assert sender.send(points, progress).reason == "http_503"  # two requests stored, the third fails
+        assert progress.done == 4
+        assert sender.send(points, progress).ok  # what the delivery queue does next
     finally:
         proxy.stop()
     ((_, samples),) = prometheus.query_range('gpu_cost_allocated_total{k8s_pod_name="a"}',

@@ -1,0 +1,171 @@
+"""An exporter's persisted queue: one directory, one file per snapshot, like the Collector's
+persistent sending queue.
+
+`<end_ns, 20 digits>.snap` holds a snapshot (`snapshot.py`'s format), so the lexical order of the
+names is the interval order; `<end_ns>.progress` how much of it the receiver already accepted.
+Every write goes to a temporary file, is fsynced, renamed into place, and the directory is fsynced,
+so a crash leaves the old file or the new one, never a mix. A file that cannot be read at start is
+renamed aside (`<name>.rejected`), logged and counted; the start goes on without it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from otelgpu.errors import ConfigError
+from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
+from otelgpu.exporter.store import Point
+from otelgpu.telemetry import SelfMetrics
+
+log = logging.getLogger(__name__)
+
+_SNAP = re.compile(r"^(\d{20})\.snap$")
+_PROGRESS = struct.Struct("<8sQI")  # magic, items accepted, CRC32 of the two before
+_PROGRESS_MAGIC = b"OGPUPROG"
+
+
+@dataclass(frozen=True)
+class Recovered:
+    end_ns: int
+    points: list[Point]
+    done: int  # items of it the receiver had accepted (Progress.done)
+    absorbed: tuple[int, ...] = ()
+
+
+class Outbox:
+    def __init__(self, directory: str | Path, exporter: str, metrics: SelfMetrics) -> None:
+        self.directory = Path(directory)
+        self.exporter = exporter
+        self.metrics = metrics
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError([f"{exporter} export queue directory {str(self.directory)!r} is not usable: "
+                               f"{exc}"]) from None
+
+    def path(self, end_ns: int, suffix: str = ".snap") -> Path:
+        return self.directory / f"{end_ns:020d}{suffix}"
+
+    def write(self, end_ns: int, points: Sequence[Point], absorbed: Sequence[int] = ()) -> None:
+        """Persist a snapshot (replacing one of the same end); raises OSError when it cannot.
+        `absorbed`: the ends of snapshots merged into it, whose files are deleted after this write;
+        should the process die in between, recover() deletes them instead of sending them again."""
+        self._write(self.path(end_ns), encode(points, end_ns, absorbed))
+
+    def save_progress(self, end_ns: int, done: int) -> None:
+        body = _PROGRESS_MAGIC + struct.pack("<Q", done)
+        self._write(self.path(end_ns, ".progress"), _PROGRESS.pack(_PROGRESS_MAGIC, done, zlib.crc32(body)))
+
+    def delete(self, end_ns: int) -> None:
+        """Remove a snapshot and its progress. A failure is logged and counted: the file comes back
+        at the next start and is sent again, which repeats points but loses none."""
+        try:
+            # The snapshot first: a progress left behind is cleaned up at the next start, while a
+            # snapshot without its progress would be sent from its start again.
+            for suffix in (".snap", ".progress"):
+                self.path(end_ns, suffix).unlink(missing_ok=True)
+            self._sync_directory()
+        except OSError as exc:
+            self._error("delete", f"could not delete {self.path(end_ns)}: {exc}")
+
+    def recover(self, committed_ns: int) -> tuple[list[Recovered], int]:
+        """The readable snapshots ending at or before `committed_ns`, oldest first, and the number
+        of newer ones deleted: they were staged by a run that died before committing them."""
+        found: list[Recovered] = []
+        uncommitted = 0
+        try:
+            entries = sorted(os.listdir(self.directory))
+        except OSError as exc:
+            self._error("read", f"{self.directory} is unreadable, nothing recovered: {exc}")
+            return found, uncommitted
+        for entry in entries:
+            match = _SNAP.match(entry)
+            if entry.endswith(".tmp"):  # a write cut short: the file it was to replace is intact
+                self._unlink(self.directory / entry)
+            elif match and int(match[1]) > committed_ns:
+                self.delete(int(match[1]))
+                uncommitted += 1
+            elif match:
+                recovered = self._read(int(match[1]))
+                if recovered is not None:
+                    found.append(recovered)
+        for entry in entries:  # progress whose snapshot is gone
+            if entry.endswith(".progress") and not (self.directory / entry).with_suffix(".snap").exists():
+                self._unlink(self.directory / entry)
+        # A merge cut short: its older snapshot still here, though the merged one holds it already.
+        # Sent again, its older samples would be refused by Prometheus as out of order.
+        merged = {end for r in found for end in r.absorbed}
+        for r in found:
+            if r.end_ns in merged:
+                self.delete(r.end_ns)
+        return [r for r in found if r.end_ns not in merged], uncommitted
+
+    def _read(self, end_ns: int) -> Recovered | None:
+        path = self.path(end_ns)
+        try:
+            snapshot = decode(path.read_bytes())
+            if snapshot.end_ns != end_ns:
+                raise SnapshotFormatError("corrupt", f"holds the snapshot ending {snapshot.end_ns}, not {end_ns}")
+        except (OSError, ValueError) as exc:  # SnapshotFormatError, or anything else unreadable
+            reason = exc.reason if isinstance(exc, SnapshotFormatError) else "corrupt"
+            self._reject(end_ns, reason, str(exc))
+            return None
+        return Recovered(end_ns, snapshot.points, self._read_progress(end_ns), snapshot.absorbed)
+
+    def _read_progress(self, end_ns: int) -> int:
+        path = self.path(end_ns, ".progress")
+        try:
+            magic, done, crc = _PROGRESS.unpack(path.read_bytes())
+        except FileNotFoundError:
+            return 0
+        except (OSError, struct.error):
+            magic, done, crc = b"", 0, -1
+        if magic != _PROGRESS_MAGIC or crc != zlib.crc32(magic + struct.pack("<Q", done)):
+            # Sent again from its start: Prometheus may refuse the repeat as out of order (counted),
+            # the next snapshot carries the same series again.
+            self._error("corrupt_progress", f"{path} is unreadable; its snapshot is sent from the start")
+            return 0
+        return done
+
+    def _unlink(self, path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            self._error("delete", f"could not delete {path}: {exc}")
+
+    def _reject(self, end_ns: int, reason: str, message: str) -> None:
+        path = self.path(end_ns)
+        aside = path.with_name(path.name + ".rejected")
+        try:
+            os.replace(path, aside)
+            self.path(end_ns, ".progress").unlink(missing_ok=True)
+            where = f"moved to {aside}"
+        except OSError as exc:
+            where = f"could not be moved aside ({exc})"
+        self._error(reason, f"snapshot {path} not sent ({reason}): {message}; {where}")
+
+    def _error(self, reason: str, message: str) -> None:
+        self.metrics.count("export_outbox_errors", (self.exporter, reason))
+        log.error("%s export queue: %s", self.exporter, message)
+
+    def _write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self._sync_directory()
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename or unlink itself must survive a power loss
+        finally:
+            os.close(fd)

@@ -1,0 +1,120 @@
+"""One interval's snapshot of the cost series: grouped by series, merged when a queue is full, and
+encoded as a compact binary file for the persisted queue.
+
+The file: a fixed header (magic, format version, table length, point count), a JSON table with the
+snapshot's end time, the ends of the snapshots merged into it, its metric keys and each distinct
+attribute set once, then six little-endian
+columns (metric index, attribute-set index, start_ns, time_ns, value, ended) and a CRC32 of
+everything before it. Values keep their exact bits (NaN of an ended point included), points their
+order, so a decoded snapshot is the one that was written."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from otelgpu.exporter.store import Attrs, Point
+
+Key = tuple[str, Attrs]
+Snapshot = dict[Key, list[Point]]  # points of each series, in time order
+
+MAGIC = b"OGPUSNAP"
+VERSION = 1
+_HEADER = struct.Struct("<8sHHIQ")  # magic, version, reserved, table bytes, points
+_CRC = struct.Struct("<I")
+_COLUMNS = (np.dtype("<u2"), np.dtype("<u4"), np.dtype("<i8"), np.dtype("<i8"), np.dtype("<f8"), np.dtype("u1"))
+_POINT_BYTES = sum(d.itemsize for d in _COLUMNS)
+
+
+def snapshot_of(points: Sequence[Point]) -> Snapshot:
+    out: Snapshot = {}
+    for p in points:
+        out.setdefault((p.metric, p.attrs), []).append(p)
+    return out
+
+
+def merge(older: Snapshot, newer: Snapshot) -> Snapshot:
+    """Two snapshots as one, losing no money: a series' cumulative value superseded by a later
+    value of the same series (same start time) is dropped; ended points, and the last value before
+    each of them, are kept, as is a series that only the older snapshot has."""
+    out: Snapshot = dict(older)
+    for key, points in newer.items():
+        chain = out.get(key, []) + points
+        out[key] = [p for i, p in enumerate(chain)
+                    if p.ended or i + 1 == len(chain) or chain[i + 1].ended or chain[i + 1].start_ns != p.start_ns]
+    return out
+
+
+def flatten(snapshot: Snapshot) -> list[Point]:
+    return [p for points in snapshot.values() for p in points]
+
+
+class SnapshotFormatError(ValueError):
+    """Bytes that are not a snapshot this version can read; `reason` is `corrupt` or `incompatible`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SnapshotFile(NamedTuple):
+    end_ns: int
+    points: list[Point]
+    absorbed: tuple[int, ...]  # ends of the snapshots merged into this one: their files are redundant
+
+
+def encode(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = ()) -> bytes:
+    metrics: dict[str, int] = {}
+    attrs: dict[Attrs, int] = {}  # each attribute set once: a pod's metrics share it
+    columns = (
+        [metrics.setdefault(p.metric, len(metrics)) for p in points],
+        [attrs.setdefault(p.attrs, len(attrs)) for p in points],
+        [p.start_ns for p in points], [p.time_ns for p in points],
+        [p.value for p in points], [p.ended for p in points],
+    )
+    table = json.dumps({"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(metrics),
+                        "attrs": [[list(kv) for kv in a] for a in attrs]}, separators=(",", ":")).encode()
+    body = b"".join([_HEADER.pack(MAGIC, VERSION, 0, len(table), len(points)), table,
+                     *(np.asarray(c, dtype=d).tobytes() for c, d in zip(columns, _COLUMNS))])
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def decode(data: bytes) -> SnapshotFile:
+    """The snapshot in a file's bytes; SnapshotFormatError saying why they are unusable."""
+    if len(data) < _HEADER.size + _CRC.size or data[:len(MAGIC)] != MAGIC:
+        raise SnapshotFormatError("corrupt", "not an otelgpu snapshot (bad header)")
+    _, version, _, table_len, n = _HEADER.unpack_from(data)
+    if version != VERSION:
+        raise SnapshotFormatError("incompatible",
+                                  f"format v{version} is not readable by this otelgpu (reads v{VERSION})")
+    if _CRC.unpack_from(data, len(data) - _CRC.size)[0] != zlib.crc32(memoryview(data)[:-_CRC.size]):
+        raise SnapshotFormatError("corrupt", "checksum mismatch: the file is truncated or altered")
+    at = _HEADER.size + table_len
+    if at + n * _POINT_BYTES + _CRC.size != len(data):
+        raise SnapshotFormatError("corrupt", f"length {len(data)} does not match {n} points")
+    end_ns, absorbed, metrics, attrs = _table(data[_HEADER.size:at])
+    columns = []
+    for dtype in _COLUMNS:
+        columns.append(np.frombuffer(data, dtype=dtype, count=n, offset=at))
+        at += n * dtype.itemsize
+    if n and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
+        raise SnapshotFormatError("corrupt", "a point refers to a metric or attribute set not in the table")
+    points = [Point(metrics[m], attrs[a], s, t, v, bool(e)) for m, a, s, t, v, e in zip(*(c.tolist() for c in columns))]
+    return SnapshotFile(end_ns, points, absorbed)
+
+
+def _table(raw: bytes) -> tuple[int, tuple[int, ...], list[str], list[Attrs]]:
+    try:
+        table: Any = json.loads(raw)
+        end_ns, absorbed = int(table["end_ns"]), tuple(int(e) for e in table["absorbed"])
+        metrics = [str(m) for m in table["metrics"]]
+        attrs = [tuple((k, v) for k, v in a) for a in table["attrs"]]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SnapshotFormatError("corrupt", f"bad table: {exc!r}") from None
+    if not all(isinstance(k, str) and isinstance(v, str) for a in attrs for k, v in a):
+        raise SnapshotFormatError("corrupt", "bad table: an attribute is not a pair of strings")
+    return end_ns, absorbed, metrics, attrs

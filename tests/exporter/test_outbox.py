@@ -1,0 +1,261 @@
+"""The persisted export queue: the snapshot file format, stage and release, recovery after a crash
+(a Delivery abandoned without close(), its files left as they were), merging on disk, corrupt
+files, and shutdown, against a real in-process OTLP/gRPC server."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from otlpsink import MetricsSink, as_sent, received_rows, serve_sink
+from support import eventually
+
+from otelgpu.config import DeliveryConfig, OtlpExporterConfig
+from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.outbox import Outbox
+from otelgpu.exporter.otlp import OtlpSender
+from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
+from otelgpu.exporter.store import CostStore, Point
+from otelgpu.telemetry import SelfMetrics
+
+GONE = (("namespace", "ml"), ("pod", "short-job"))
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as s:  # a port nobody listens on: every attempt is refused, retryable
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, directory: Path | None, **kw) -> Delivery:
+    config = DeliveryConfig(**{"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **kw})
+    sender = OtlpSender(OtlpExporterConfig(endpoint=endpoint, timeout_seconds=5.0), store.specs, metrics, "c1")
+    return Delivery(sender, config, metrics, directory=directory)
+
+
+def _crash(delivery: Delivery) -> None:
+    """The process dies: no close(), the files stay as they are. Its thread, which could only fail
+    against the dead endpoint, is stopped so that it stays out of the next run's way."""
+    delivery.finish_by(time.monotonic())
+    delivery.sender.close()
+
+
+def _snaps(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("*.snap"))
+
+
+# -- the file format -----------------------------------------------------------------------------
+
+def _bits(value: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+def test_a_snapshot_file_decodes_to_the_same_points() -> None:
+    pod = (("k8s.pod.name", "träin-0"), ("team", "a"))
+    points = [Point("allocated", pod, 10, 20, 1e-300), Point("held", pod, 10, 20, -0.0),
+              Point("idle", (), 5, 20, 12.5), Point("activity", pod, 20, 20, math.nan, ended=True),
+              Point("allocated", (("pod", "x"),), 3, 20, math.nan, ended=True)]
+    end_ns, back, absorbed = decode(encode(points, 20, absorbed=[10]))
+    assert end_ns == 20 and absorbed == (10,) and len(back) == len(points)
+    for a, b in zip(points, back):  # same order, same bits (NaN and -0.0 compare badly)
+        assert (a.metric, a.attrs, a.start_ns, a.time_ns, a.ended, _bits(a.value)) == \
+            (b.metric, b.attrs, b.start_ns, b.time_ns, b.ended, _bits(b.value))
+    assert decode(encode([], 7)) == (7, [], ())
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: d[:-1], "corrupt"),  # truncated
+    (lambda d: d[:40] + bytes([d[40] ^ 1]) + d[41:], "corrupt"),  # one bit flipped
+    (lambda d: b"garbage", "corrupt"),
+    (lambda d: d[:8] + struct.pack("<H", 99) + d[10:], "incompatible"),  # a later format
+], ids=["truncated", "bit-flip", "garbage", "version"])
+def test_a_damaged_snapshot_file_is_refused(damage, reason) -> None:
+    data = encode([Point("allocated", (("pod", "a"),), 1, 2, 3.0)], 2)
+    with pytest.raises(SnapshotFormatError) as error:
+        decode(damage(data))
+    assert error.value.reason == reason
+
+
+# -- stage, release, recover ---------------------------------------------------------------------
+
+def test_staged_snapshots_are_on_disk_and_sent_only_once_released(otlp_sink, store, intervals, tmp_path) -> None:
+    delivery = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
+    snaps = [intervals.record(i) for i in range(2)]
+    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(2)]
+    for points, end in zip(snaps, ends):
+        delivery.stage(points, end)
+    assert _snaps(tmp_path) == [f"{end:020d}.snap" for end in ends]  # persisted before sendable
+    assert delivery.wait_idle(5) and otlp_sink.calls == 0 and delivery.depth == 2
+
+    delivery.release(ends[0])
+    assert delivery.wait_idle(10)
+    assert received_rows(otlp_sink, store.specs) == [as_sent(snaps[0], store.specs)]
+    assert _snaps(tmp_path) == [f"{ends[1]:020d}.snap"]  # the delivered one's file is gone
+    delivery.release(ends[1])
+    assert delivery.wait_idle(10) and _snaps(tmp_path) == [] and not list(tmp_path.iterdir())
+    assert delivery.close() == 0
+
+
+def test_released_snapshots_survive_a_crash_and_unreleased_ones_are_deleted(otlp_sink, store, intervals,
+                                                                            tmp_path) -> None:
+    T0, MIN = intervals.T0, intervals.MIN
+    metrics = SelfMetrics()
+    old = _delivery(_dead_endpoint(), store, metrics, tmp_path)
+    store.record(T0 - MIN, T0, sums={"allocated": {GONE: 2.0}}, gauges={})
+    snaps = [intervals.record(i) for i in range(3)]  # short-job ends in the second: value and marker
+    assert [p.attrs for p in snaps[1] if p.ended] == [GONE]
+    ends = [T0 + (i + 1) * MIN for i in range(3)]
+    for points, end in zip(snaps, ends):
+        old.stage(points, end)
+    old.release(ends[1])  # the third was staged, but its interval never committed
+    eventually(lambda: metrics.export_failures[("otlp", "unavailable")] >= 2, timeout=30)  # tried, not delivered
+    _crash(old)
+
+    metrics = SelfMetrics()
+    new = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
+    assert new.recover(ends[1]) == 2
+    assert metrics.export_snapshots_recovered["otlp"] == 2
+    assert f"{ends[2]:020d}.snap" not in _snaps(tmp_path)
+    assert new.wait_idle(10)
+    # Same timestamps, start times and values, and short-job's last value with its end marker.
+    assert received_rows(otlp_sink, store.specs) == [as_sent(s, store.specs) for s in snaps[:2]]
+    assert ("allocated", GONE, T0 - MIN, ends[1], None) in received_rows(otlp_sink, store.specs)[1]
+    assert not list(tmp_path.iterdir())
+    assert new.close() == 0 and not metrics.export_snapshots_dropped
+
+
+def test_merging_on_overflow_bounds_the_files_and_keeps_every_total(store, intervals, tmp_path) -> None:
+    """The Collector is down for many intervals, then the process dies: the directory never holds
+    more than queue_size snapshots, and after the restart the totals and the end of a series that
+    ended meanwhile arrive."""
+    T0, MIN = intervals.T0, intervals.MIN
+    metrics = SelfMetrics()
+    old = _delivery(_dead_endpoint(), store, metrics, tmp_path, queue_size=3)
+    store.record(T0 - MIN, T0, sums={"allocated": {GONE: 2.0}}, gauges={})
+    old.put(store.points())
+    for i in range(8):
+        old.put(intervals.record(i))  # short-job ends after the second of these
+        assert len(_snaps(tmp_path)) == old.depth <= 3
+    assert metrics.export_snapshots_merged["otlp"] == 9 - old.depth >= 6
+    _crash(old)
+
+    sink = MetricsSink()
+    metrics = SelfMetrics()
+    with serve_sink(sink):
+        new = _delivery(sink.endpoint, store, metrics, tmp_path, queue_size=3)
+        assert new.recover(T0 + 8 * MIN) == len(_snaps(tmp_path))
+        assert new.wait_idle(10)
+        new.close()
+    latest, ended = {}, set()
+    for request in received_rows(sink, store.specs):
+        for metric, attrs, _, _, value in request:
+            if metric == "allocated":
+                pod = dict(attrs)["pod"]
+                if value is None:
+                    ended.add(pod)
+                else:
+                    latest[pod] = value
+    assert latest == {"train-0": 12.0, "short-job": 2.0} and ended == {"short-job"}
+    assert not metrics.export_snapshots_dropped and not list(tmp_path.iterdir())
+
+
+def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, store, intervals,
+                                                                     tmp_path) -> None:
+    """The merged snapshot was renamed over the newer file, the older one not yet deleted: the
+    older one is redundant (for remote write, its samples resent after the merged ones would be
+    refused as out of order), so recovery deletes it."""
+    metrics = SelfMetrics()
+    old = _delivery(_dead_endpoint(), store, metrics, tmp_path, queue_size=2)
+    snaps = [intervals.record(i) for i in range(3)]
+    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(3)]
+    for points, end in zip(snaps, ends):
+        old.stage(points, end)
+    old.release(ends[2])  # three sendable, two allowed: the first two are merged, nothing in flight yet
+    assert metrics.export_snapshots_merged["otlp"] == 1
+    assert _snaps(tmp_path) == [f"{e:020d}.snap" for e in ends[1:]]
+    _crash(old)
+    merged = decode((tmp_path / f"{ends[1]:020d}.snap").read_bytes())
+    assert merged.absorbed == (ends[0],)
+    Outbox(tmp_path, "otlp", SelfMetrics()).write(ends[0], snaps[0])  # as if its delete never happened
+
+    new = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
+    assert new.recover(ends[2]) == 2
+    assert new.wait_idle(10) and new.close() == 0
+    assert received_rows(otlp_sink, store.specs) == [as_sent(merged.points, store.specs),
+                                                     as_sent(snaps[2], store.specs)]
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_corrupt_file_is_set_aside_and_counted_the_others_delivered(otlp_sink, store, intervals,
+                                                                       tmp_path) -> None:
+    old = _delivery(_dead_endpoint(), store, SelfMetrics(), tmp_path)
+    snaps = [intervals.record(i) for i in range(3)]
+    for points in snaps:
+        old.put(points)
+    _crash(old)
+    middle = tmp_path / _snaps(tmp_path)[1]
+    data = bytearray(middle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    middle.write_bytes(bytes(data))
+    (tmp_path / f"{1:020d}.snap").write_bytes(b"\x00" * 3)  # cut short in a way no rename allows
+    last = tmp_path / _snaps(tmp_path)[-1]
+    last.with_suffix(".progress").write_bytes(b"\x01")  # unreadable: the snapshot goes from its start
+    (tmp_path / f"{2:020d}.progress").write_bytes(b"")  # the progress of a snapshot long gone
+    (tmp_path / f".{last.name}.tmp").write_bytes(b"half")  # a write cut short
+
+    metrics = SelfMetrics()
+    new = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
+    assert new.recover(intervals.T0 + 3 * intervals.MIN) == 2
+    assert metrics.export_outbox_errors == {("otlp", "corrupt"): 2, ("otlp", "corrupt_progress"): 1}
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".rejected")) == \
+        [_snaps(tmp_path)[0], last.with_suffix(".progress").name, last.name]
+    assert sorted(p.name for p in tmp_path.glob("*.rejected")) == [f"{1:020d}.snap.rejected",
+                                                                   middle.name + ".rejected"]
+    assert new.wait_idle(10)
+    assert received_rows(otlp_sink, store.specs) == [as_sent(snaps[0], store.specs), as_sent(snaps[2], store.specs)]
+    new.close()
+
+
+def test_shutdown_leaves_undelivered_snapshots_for_the_next_start(otlp_sink, store, intervals, tmp_path) -> None:
+    metrics = SelfMetrics()
+    old = _delivery(_dead_endpoint(), store, metrics, tmp_path, shutdown_timeout_seconds=0.2)
+    snaps = [intervals.record(i) for i in range(2)]
+    for points in snaps:
+        old.put(points)
+    assert old.close() == 2
+    assert metrics.export_snapshots_persisted["otlp"] == 2 and not metrics.export_snapshots_dropped
+    assert len(_snaps(tmp_path)) == 2
+
+    new = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
+    assert new.recover(intervals.T0 + 2 * intervals.MIN) == 2
+    assert new.wait_idle(10) and new.close() == 0
+    assert received_rows(otlp_sink, store.specs) == [as_sent(s, store.specs) for s in snaps]
+
+
+def test_a_failed_write_raises_and_queues_nothing(otlp_sink, store, intervals, tmp_path) -> None:
+    directory = tmp_path / "otlp"
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics, directory)
+    shutil.rmtree(directory)
+    directory.write_bytes(b"")  # a file where the directory was: every write fails
+    first = intervals.record(0)
+    end = intervals.T0 + intervals.MIN
+    with pytest.raises(OSError):
+        delivery.stage(first, end)
+    assert delivery.depth == 0 and metrics.export_outbox_errors[("otlp", "write")] == 1
+
+    directory.unlink()
+    directory.mkdir()
+    delivery.stage(first, end)  # the pipeline stages the uncommitted interval again
+    delivery.stage(first, end)  # and again: the same end replaces what was staged
+    assert delivery.depth == 1 and _snaps(directory) == [f"{end:020d}.snap"]
+    delivery.release(end)
+    with pytest.raises(ValueError, match="not after the last one released"):
+        delivery.stage(first, end)
+    assert delivery.wait_idle(10) and delivery.close() == 0
+    assert received_rows(otlp_sink, store.specs) == [as_sent(first, store.specs)]
