@@ -20,7 +20,8 @@ import logging
 from typing import Any, Callable, Optional
 
 from otelgpu.checkpoint import Checkpoint
-from otelgpu.exporter.delivery import Delivery, flatten, merge, snapshot_of
+from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.snapshot import flatten, merge, snapshot_of
 from otelgpu.exporter.store import Point
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Position, Wal

@@ -25,7 +25,8 @@ from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.errors import ConfigError
-from otelgpu.exporter.delivery import Delivery, Sender
+from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.store import CostStore, Point
@@ -42,6 +43,7 @@ from otelgpu.wal import Position, Wal
 
 log = logging.getLogger("otelgpu")
 
+_NO_FACTS = {"pods": [], "nodes": [], "namespaces": [], "owners": []}
 FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgotten
 KUBE_SYNC_WAIT_S = 10.0  # how long start() waits for the first Kubernetes API lists
 
@@ -76,6 +78,7 @@ class Pipeline:
         directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
         self.checkpoint = (Checkpoint(directory, Identity(config.cluster.name, a.currency), self.metrics)
                            if directory else None)
+        log_from = self._restore() if directory else None
         self.wal = Wal(directory / "wal", self.metrics) if directory else None
         self.deliveries = self._deliveries(directory)
         self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
@@ -84,7 +87,10 @@ class Pipeline:
                              self.metrics, Limits.of(config.receiver, wanted), self.wal)
         self._processed: Optional[Position] = None  # log position through which batches are processed
         self._skipped_reported = 0
-        self._restore()
+        for delivery in self.deliveries:
+            delivery.recover(self.store.last_time_ns)  # committed snapshots again; uncommitted ones dropped
+        if log_from is not None:
+            self._replay(*log_from)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name))
         self.telemetry = (TelemetryServer(config.exporter.prometheus, self.registry, lambda: self.ready)
@@ -110,34 +116,41 @@ class Pipeline:
 
             sender = RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics)
             senders.append((sender, e.remote_write.delivery))
-        out = []
-        for sender, cfg in senders:
-            durable = {"directory": directory / "exports" / sender.name} if directory else {}
-            out.append(Delivery(sender, cfg, self.metrics, **durable))
-        return out
+        return [Delivery(sender, cfg, self.metrics, directory=directory / "exports" / sender.name if directory else None)
+                for sender, cfg in senders]
 
-    def _restore(self) -> None:
-        """Continue from the last checkpoint: its state, the exporters' committed snapshots, then
-        the write-ahead log from the oldest record an open interval still needs."""
-        if self.checkpoint is None or self.wal is None:
-            return
+    def _restore(self) -> Optional[tuple[Position, Position]]:
+        """Continue from the last checkpoint. Returns where to replay the write-ahead log from and
+        through where the checkpoint already holds its effects; None when the checkpoint was set
+        aside, and then the log is set aside with it (its records belong to that state)."""
+        assert self.checkpoint is not None
+        existed = self.checkpoint.path.exists()
         state = self.checkpoint.load()
-        replay_from, processed = (0, 0), (0, 0)
-        if state is not None:
-            try:
-                self._restore_state(state)
-                wal = state.get("wal") or {}
-                replay_from = tuple(wal.get("replay_from", (0, 0)))  # type: ignore[assignment]
-                processed = tuple(wal.get("processed", (0, 0)))  # type: ignore[assignment]
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                self._restore_state({"store": {"last_time_ns": 0, "attrs": [], "sums": []}})
-                self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
-            else:
-                log.info("continuing %d cost series from %s (last interval ended %s UTC)", self.store.active_series(),
-                         self.checkpoint.path, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.store.last_time_ns / NS)))
-        for delivery in self.deliveries:
-            delivery.recover(self.store.last_time_ns)
-        self._replay(replay_from, processed)
+        if state is None:
+            if existed:
+                self._set_log_aside()
+            return (0, 0), (0, 0)  # no checkpoint yet: the whole log, if a run died before its first
+        try:
+            self._restore_state(state)
+            wal = state.get("wal") or {}
+            replay_from = tuple(int(x) for x in wal.get("replay_from", (0, 0)))
+            processed = tuple(int(x) for x in wal.get("processed", (0, 0)))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._restore_state({"store": {"last_time_ns": 0, "attrs": [], "sums": []}, "facts": _NO_FACTS})
+            self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
+            self._set_log_aside()
+            return None
+        log.info("continuing %d cost series from %s (last interval ended %s UTC)", self.store.active_series(),
+                 self.checkpoint.path, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.store.last_time_ns / NS)))
+        return replay_from, processed  # type: ignore[return-value]
+
+    def _set_log_aside(self) -> None:
+        assert self.checkpoint is not None
+        logdir = self.checkpoint.directory / "wal"
+        if logdir.exists():
+            aside = logdir.with_name(f"wal.rejected-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            logdir.rename(aside)
+            log.error("write-ahead log %s set aside with the checkpoint, moved to %s", logdir, aside)
 
     def _restore_state(self, state: dict) -> None:
         self.store.restore(state["store"])
@@ -295,7 +308,8 @@ class Pipeline:
             delivery.finish_by(time.monotonic() + delivery.config.shutdown_timeout_seconds)
         if self.deliveries:
             left = sum(delivery.close() for delivery in self.deliveries)
-            log.info("shutting down: exports %s after %.1f s", f"gave up {left} snapshot(s)" if left else "delivered",
+            kept = "kept on disk for the next start" if self.checkpoint else "gave up"
+            log.info("shutting down: exports %s after %.1f s", f"{kept}: {left} snapshot(s)" if left else "delivered",
                      time.monotonic() - began)
         if self.wal:
             self.wal.close()
