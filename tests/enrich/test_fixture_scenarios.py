@@ -107,11 +107,23 @@ def test_order_of_sources_within_lateness_does_not_matter(fixture_run):
         late_ksm.store.totals("allocated", ("pod", "team")))
 
 
+def shifted(request, seconds: int):
+    """The same scrape `seconds` later (kube-state-metrics is scraped again)."""
+    out = copy.deepcopy(request)
+    for rm in out.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for dp in getattr(m, m.WhichOneof("data")).data_points:
+                    dp.time_unix_nano += seconds * 10**9
+    return out
+
+
 def test_data_later_than_the_allowance_is_counted_late_not_used():
     s1 = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
     p = offline_pipeline(make_config(attribution__lateness_seconds=0,
                                      attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
-    feed(p, ksm(), s1, otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
+    # The watermark moves once two targets are past interval 1 (one target alone cannot move it).
+    feed(p, ksm(), s1, otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"), shifted(ksm(), 30))
     assert p.metrics.intervals_computed == 1  # scrape 2 moved the watermark past interval 1
     before = dict(by_pod(p))
     feed(p, s1)  # a resend of scrape 1 after its interval closed
