@@ -1,9 +1,11 @@
 """Pod, namespace and node facts from the Kubernetes API: one list-then-watch thread per resource,
-one thread resolving ReplicaSet and Job owners, and the store they write and the join reads.
+one thread resolving ReplicaSet and Job owners, writing the store the join reads (store.py).
 
 `scope: node` watches the pods of one node (`spec.nodeName`) and that node only; namespaces are
 always watched whole (few, and their labels carry tags). Deleted pods stay for
 `deleted_pod_grace_seconds`, marked deleted, so the interval they ended in is still attributed.
+The store keeps `history_seconds` of changes, so `view(as_of_ns)` gives the facts as they were
+when an interval ended.
 """
 
 from __future__ import annotations
@@ -13,157 +15,22 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 from kubernetes import client
 
 from otelgpu.config import KubernetesConfig
-from otelgpu.enrich.facts import FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
+from otelgpu.enrich.facts import FactsView, OwnerKey, PodFacts
 from otelgpu.enrich.kube import objects as O
 from otelgpu.enrich.kube.client import api_client
-from otelgpu.enrich.kube.reflector import Obj, Reflector, WatchSpec, api_message, reason_of
+from otelgpu.enrich.kube.reflector import Reflector, WatchSpec, api_message, reason_of
+from otelgpu.enrich.kube.store import NS, RESOLVED_KINDS, ApiFacts
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
 
-NS = 1_000_000_000
 OWNER_RETRY_S = 600.0  # an owner that could not be read is asked for again after this
-RESOLVED_KINDS = {"ReplicaSet": "replicasets", "Job": "jobs"}
-
-
-class ApiFacts:
-    """Written by the watch threads, read through view() by the pipeline; one lock."""
-
-    def __init__(self, tags: TagResolver, grace_s: float, clock: Callable[[], float] = time.time,
-                 metrics: Optional[SelfMetrics] = None) -> None:
-        self.tags, self.grace_s, self.clock, self.metrics = tags, grace_s, clock, metrics
-        self._lock = threading.Lock()
-        self.pods: dict[tuple[str, str], PodFacts] = {}
-        self.deleted_at: dict[tuple[str, str], float] = {}
-        self.previous: dict[tuple[str, str], PodFacts] = {}  # the pod a same-name pod replaced
-        self.previous_at: dict[tuple[str, str], float] = {}
-        self.nodes: dict[str, NodeFacts] = {}
-        self.namespaces: dict[str, NamespaceFacts] = {}
-        self.owners: dict[OwnerKey, OwnerFacts] = {}
-        self.on_pod: Optional[Callable[[str, PodFacts], None]] = None  # owner resolution hook
-
-    def _pod(self, obj: Obj) -> tuple[tuple[str, str], PodFacts]:
-        m = O.meta(obj)
-        pod = O.pod_facts(obj, self.tags.pod_label_keys, self.tags.annotation_keys, int(self.clock() * NS))
-        return (m.get("namespace", ""), m.get("name", "")), pod
-
-    def replace(self, resource: str, objects: Iterable[Obj]) -> None:
-        self._replace(resource, objects)
-        self.publish()
-
-    def _replace(self, resource: str, objects: Iterable[Obj]) -> None:
-        now = self.clock()
-        if resource == "pods":
-            fresh = dict(self._pod(o) for o in objects)
-            with self._lock:
-                for key, pod in self.pods.items():
-                    if key not in fresh:  # deleted while the watch was down
-                        fresh[key] = self._deleted(key, pod, now)
-                for key in list(self.deleted_at):
-                    if key in fresh and not fresh[key].deleted:
-                        del self.deleted_at[key]
-                self.pods = fresh
-            self._resolve(fresh)
-        elif resource == "nodes":
-            nodes = {O.meta(o).get("name", ""): O.node_facts(o, int(now * NS)) for o in objects}
-            with self._lock:
-                self.nodes = nodes
-        else:
-            nss = {O.meta(o).get("name", ""): O.namespace_facts(o, self.tags.namespace_label_keys, int(now * NS))
-                   for o in objects}
-            with self._lock:
-                self.namespaces = nss
-
-    def upsert(self, resource: str, obj: Obj) -> None:
-        self._upsert(resource, obj)
-        self.publish()
-
-    def _upsert(self, resource: str, obj: Obj) -> None:
-        name = O.meta(obj).get("name", "")
-        if resource == "pods":
-            key, pod = self._pod(obj)
-            with self._lock:
-                old = self.pods.get(key)
-                if old is not None and old.uid != pod.uid:  # recreated under the same name
-                    self.previous[key] = PodFacts(**{**old.__dict__, "deleted": True})
-                    self.previous_at[key] = self.deleted_at.get(key, self.clock())
-                self.pods[key] = pod
-                self.deleted_at.pop(key, None)
-            self._resolve({key: pod})
-        elif resource == "nodes":
-            facts = O.node_facts(obj, int(self.clock() * NS))
-            with self._lock:
-                self.nodes[name] = facts
-        else:
-            ns = O.namespace_facts(obj, self.tags.namespace_label_keys, int(self.clock() * NS))
-            with self._lock:
-                self.namespaces[name] = ns
-
-    def delete(self, resource: str, obj: Obj) -> None:
-        m = O.meta(obj)
-        with self._lock:
-            if resource == "pods":
-                key = (m.get("namespace", ""), m.get("name", ""))
-                pod = self.pods.get(key)
-                if pod is not None and (not m.get("uid") or m.get("uid") == pod.uid):
-                    self.pods[key] = self._deleted(key, pod, self.clock())
-            elif resource == "nodes":
-                self.nodes.pop(m.get("name", ""), None)
-            else:
-                self.namespaces.pop(m.get("name", ""), None)
-        self.publish()
-
-    def publish(self) -> None:
-        """Object counts into the otelgpu_kube_objects gauge."""
-        if self.metrics is not None:
-            for resource, n in self.counts().items():
-                self.metrics.set("kube_objects", resource, n)
-
-    def _deleted(self, key: tuple[str, str], pod: PodFacts, now: float) -> PodFacts:
-        if not pod.deleted:
-            self.deleted_at[key] = now
-            pod = PodFacts(**{**pod.__dict__, "deleted": True})
-        return pod
-
-    def _resolve(self, pods: dict[tuple[str, str], PodFacts]) -> None:
-        if self.on_pod is not None:
-            for (namespace, _), pod in pods.items():
-                self.on_pod(namespace, pod)
-
-    def set_owner(self, key: OwnerKey, owner: OwnerFacts) -> None:
-        with self._lock:
-            self.owners[key] = owner
-
-    def has_owner(self, key: OwnerKey) -> bool:
-        with self._lock:
-            return key in self.owners
-
-    def view(self, as_of_ns: int | None = None) -> FactsView:
-        """A consistent copy; forgets deleted pods past their grace and owners no pod refers to."""
-        cutoff = self.clock() - self.grace_s
-        with self._lock:
-            for key in [k for k, t in self.deleted_at.items() if t < cutoff]:
-                del self.deleted_at[key]
-                if key in self.pods and self.pods[key].deleted:
-                    del self.pods[key]
-            for key in [k for k, t in self.previous_at.items() if t < cutoff]:
-                del self.previous_at[key]
-                self.previous.pop(key, None)
-            used = {(ns, p.owner_kind, p.owner_name) for (ns, _), p in self.pods.items()}
-            self.owners = {k: v for k, v in self.owners.items() if k in used or k[1] not in RESOLVED_KINDS}
-            return FactsView(dict(self.pods), dict(self.nodes), dict(self.namespaces), dict(self.owners),
-                             dict(self.previous))
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return {"pods": len(self.pods), "nodes": len(self.nodes), "namespaces": len(self.namespaces),
-                    "owners": len(self.owners)}
 
 
 class OwnerResolver:
@@ -223,17 +90,19 @@ class OwnerResolver:
                           "(or set kubernetes.resolve_owners: false); using the owner's name meanwhile.",
                           resource, api_message(exc), resource)
             return
-        self.facts.set_owner(key, O.owner_facts(obj, int(self.clock() * NS)))
+        created = O.timestamp_ns(O.meta(obj).get("creationTimestamp"))
+        self.facts.set_owner(key, O.owner_facts(obj, int(self.clock() * NS)), created)
 
 
 class KubeSource:
     """Starts and stops the watches; `facts.view()` is what the join merges in."""
 
     def __init__(self, cfg: KubernetesConfig, tags: TagResolver, metrics: SelfMetrics,
-                 api: Optional[client.ApiClient] = None, clock: Callable[[], float] = time.time) -> None:
+                 api: Optional[client.ApiClient] = None, clock: Callable[[], float] = time.time,
+                 history_seconds: float = 900.0) -> None:
         self.cfg, self.metrics = cfg, metrics
         self.api = api or api_client(cfg)
-        self.facts = ApiFacts(tags, cfg.deleted_pod_grace_seconds, clock, metrics)
+        self.facts = ApiFacts(tags, cfg.deleted_pod_grace_seconds, clock, metrics, history_seconds)
         self.stop = threading.Event()
         core = client.CoreV1Api(self.api)
         node = cfg.node_name if cfg.scope == "node" else None
@@ -268,8 +137,9 @@ class KubeSource:
             time.sleep(0.05)
         return True
 
-    def view(self, as_of_ns: int | None = None) -> FactsView:
-        view = self.facts.view()
+    def view(self, as_of_ns: Optional[int] = None) -> FactsView:
+        """The facts as they were just before `as_of_ns` (an interval's end), or now when None."""
+        view = self.facts.view(as_of_ns)
         self.facts.publish()  # deleted pods past their grace are gone now
         return view
 
