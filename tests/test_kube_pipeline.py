@@ -54,6 +54,8 @@ def sidecar():
 
     def start(api: FakeKubeApi) -> Pipeline:
         p = offline_pipeline(api_config(api))
+        # Changes take effect when observed; here that is the data time the scenario has reached.
+        p.kube.facts.clock = lambda: p.windows.watermark_ns / NS
         p.start_sources()
         started.append(p)
         return p
@@ -65,7 +67,12 @@ def sidecar():
 
 def seed(api: FakeKubeApi, cluster: Cluster) -> None:
     for obj in cluster.namespace_objects() + cluster.node_objects() + [cluster.pod_object(p) for p in cluster.pods]:
-        api.apply(obj)
+        api.apply(before_t0(obj))
+
+
+def before_t0(obj: dict) -> dict:
+    """Created an hour before the scenario starts (not when the local API endpoint stores it)."""
+    return {**obj, "metadata": {"creationTimestamp": _rfc3339(T0 - 3600 * NS), **obj["metadata"]}}
 
 
 def run_halves(pipeline: Pipeline, cluster: Cluster, between: Any, ksm: bool = False) -> int:
@@ -149,7 +156,8 @@ def _rfc3339(t_ns: int) -> str:
 def test_refused_pods_fall_back_to_kube_state_metrics_then_the_api_takes_over(api, sidecar, caplog):
     cluster = two_gpu_cluster()
     seed(api, cluster)
-    api.apply(cluster.pod_object(replace(cluster.pods[0], labels={**cluster.pods[0].labels, "cost-center": "cc-9"})))
+    api.apply(before_t0(cluster.pod_object(replace(cluster.pods[0], labels={**cluster.pods[0].labels,
+                                                                             "cost-center": "cc-9"}))))
     api.forbid("list", "pods")
     p = sidecar(api)
     def allow() -> None:
@@ -190,7 +198,7 @@ def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
     results = {}
     with FakeKubeApi(token="t") as api:
         for obj in objects.objects(nodes, ns_labels):
-            api.apply(obj)
+            api.apply(before_t0(obj))
         for source in ("kube-state-metrics", "api"):
             config = demo_config(metrics_port=0)
             if source == "api":
