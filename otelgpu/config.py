@@ -32,17 +32,35 @@ def _endpoint(value: str) -> str:
 
 @dataclass(config=_STRICT)
 class GrpcReceiverConfig:
+    """Exports beyond `max_concurrent_requests` running plus `max_queued_requests` waiting are
+    answered UNAVAILABLE with RetryInfo. Connections are closed after `max_connection_idle_seconds`
+    without an RPC, and after `max_connection_age_seconds` (in-flight RPCs get the grace period),
+    so senders reconnect and spread over new replicas; null turns either off."""
+
     endpoint: str = "0.0.0.0:4317"
     max_recv_msg_size_mib: int = Field(64, ge=1, le=1024)
     max_concurrent_requests: int = Field(16, ge=10, le=256)
+    max_queued_requests: int = Field(16, ge=0, le=10_000)
+    max_connection_idle_seconds: Optional[float] = Field(300.0, gt=0, le=86_400)
+    max_connection_age_seconds: Optional[float] = Field(600.0, gt=0, le=86_400)
+    max_connection_age_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
 
 
 @dataclass(config=_STRICT)
 class HttpReceiverConfig:
+    """At most `max_connections` open connections, one thread each; beyond it the connection idle
+    the longest is closed to make room, or, when none is idle, the newcomer is answered 503. A
+    request (headers and body) must arrive within `read_timeout_seconds` of its first byte, and its
+    answer be taken within as long again; a keep-alive connection with no request for
+    `idle_timeout_seconds` is closed."""
+
     endpoint: str = "0.0.0.0:4318"
     enabled: bool = True
+    max_connections: int = Field(32, ge=1, le=10_000)
+    read_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    idle_timeout_seconds: float = Field(60.0, gt=0, le=3600)
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
 

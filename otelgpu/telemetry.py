@@ -15,6 +15,8 @@ class SelfMetrics:
         self.points_late = 0  # accepted, but their interval had already closed
         self.points_rejected: Counter[str] = Counter()  # by reason
         self.requests: Counter[tuple[str, str]] = Counter()  # (transport, outcome)
+        # Connections (HTTP) or RPCs (gRPC) the receivers refused or cut off: (transport, reason)
+        self.receiver_connections_refused: Counter[tuple[str, str]] = Counter()
         self.intervals_computed = 0
         self.exports: Counter[str] = Counter()  # snapshots delivered, by exporter
         self.export_failures: Counter[tuple[str, str]] = Counter()  # failed attempts, (exporter, reason)
@@ -71,6 +73,7 @@ class SelfMetrics:
                 "points_late": self.points_late,
                 "points_rejected": dict(self.points_rejected),
                 "requests": dict(self.requests),
+                "receiver_connections_refused": dict(self.receiver_connections_refused),
                 "intervals_computed": self.intervals_computed,
                 "export_failures": dict(self.export_failures),
                 "exports": dict(self.exports),

@@ -126,6 +126,10 @@ class CostCollector(Collector):
             yield gauge
         yield self._by_label("otelgpu_requests_total", "Export requests received, by transport and outcome",
                              ["transport", "outcome"], s["requests"])
+        yield self._by_label("otelgpu_receiver_connections_refused_total",
+                             "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, by transport "
+                             "and reason (connection_limit, idle_evicted, idle_timeout, read_timeout, "
+                             "concurrent_requests)", ["transport", "reason"], s["receiver_connections_refused"])
         yield self._by_label("otelgpu_exports_total", "Cost snapshots delivered, by exporter",
                              ["exporter"], s["exports"])
         yield self._by_label("otelgpu_export_failures_total", "Failed delivery attempts, by exporter and reason",

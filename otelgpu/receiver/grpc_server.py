@@ -6,14 +6,25 @@ The wire contract (docs/pipeline.md, "Receiving OTLP"):
 - undecodable request: INVALID_ARGUMENT (never retried); anything unexpected: INTERNAL, logged and
   counted, and the server keeps serving (a crash would turn the sender's retries into a crash loop).
 Every status comes from otelgpu.errors.status_for.
+
+Limits (`receiver.grpc`): `max_concurrent_requests` workers run Exports and `max_queued_requests`
+more may wait for one. Beyond that an Export is refused at once, before its message is read, with
+UNAVAILABLE and RetryInfo, not with grpcio's own `maximum_concurrent_rpcs` answer: that one is a bare
+RESOURCE_EXHAUSTED, which the Collector drops for good when it carries no RetryInfo. Refusals run on
+a thread of their own (grpcio's `experimental_thread_pool`), so they never wait behind busy workers,
+and are counted in `receiver_connections_refused{transport="grpc", reason="concurrent_requests"}`.
+`maximum_concurrent_rpcs` stays as a backstop at twice the admitted number, reached only if
+refusals themselves pile up. Idle and old connections are closed by gRPC itself
+(`grpc.max_connection_idle_ms`, `grpc.max_connection_age_ms` with its grace), the latter so that
+senders reconnect and spread over replicas added since.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Optional
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -36,6 +47,8 @@ SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 # opentelemetry-python's OTLP exporter reads the delay from this trailer, not from the RetryInfo
 # inside grpc-status-details-bin (which is what the Collector's Go exporter reads): send both.
 RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
+EXPORT = f"/{SERVICE}/Export"
+BUSY_RETRY_AFTER_S = 1.0  # a worker frees as soon as one Export is answered
 
 
 class _AbortStatus(grpc.Status):
@@ -56,6 +69,47 @@ def retry_status(err: RetryableError, code: Optional[grpc.StatusCode] = None) ->
     return _AbortStatus(base.code, base.details, trailers)
 
 
+class _Workers(ThreadPoolExecutor):
+    """The Export workers; `pending` counts the Exports queued or running."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix="otlp-grpc")
+        self._count_lock = threading.Lock()
+        self.pending = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._count_lock:
+            self.pending += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._done(None)
+            raise
+        future.add_done_callback(self._done)  # also when the sender cancelled while it waited
+        return future
+
+    def _done(self, _: Optional[Future]) -> None:
+        with self._count_lock:
+            self.pending -= 1
+
+
+class _Admission(grpc.GenericRpcHandler):
+    """Picks the handler of each new RPC on grpcio's polling thread, before any worker sees it."""
+
+    def __init__(self, workers: _Workers, limit: int, export: grpc.RpcMethodHandler,
+                 refuse: grpc.RpcMethodHandler) -> None:
+        self._workers, self._limit, self._export, self._refuse = workers, limit, export, refuse
+
+    def service(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        if details.method != EXPORT:  # type: ignore[attr-defined]
+            return None
+        return self._export if self._workers.pending < self._limit else self._refuse
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
 class GrpcReceiver:
     def __init__(self, config: GrpcReceiverConfig, consumer: Consumer, metrics: SelfMetrics) -> None:
         self.config = config
@@ -63,37 +117,65 @@ class GrpcReceiver:
         self.metrics = metrics
         self.port: Optional[int] = None
         self._server: Optional[grpc.Server] = None
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._executor: Optional[_Workers] = None
+        self._refusals: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._stopped = False
 
+    @property
+    def requests_in_flight(self) -> int:
+        """Exports admitted and not yet answered: running, or queued for a worker."""
+        return self._executor.pending if self._executor else 0
+
     def start(self) -> None:
         cfg = self.config
-        self._executor = ThreadPoolExecutor(max_workers=cfg.max_concurrent_requests, thread_name_prefix="otlp-grpc")
-        server = grpc.server(
-            self._executor,
-            options=[
-                ("grpc.max_receive_message_length", cfg.max_recv_msg_size_mib * 1024 * 1024),
-                # Without this a second process could bind the same port and silently share traffic.
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        admitted = cfg.max_concurrent_requests + cfg.max_queued_requests
+        self._executor = _Workers(cfg.max_concurrent_requests)
+        self._refusals = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otlp-grpc-refuse")
+        server = grpc.server(self._executor, options=self._options(), maximum_concurrent_rpcs=2 * admitted)
         # Registered by hand with a bytes-in handler rather than add_MetricsServiceServicer_to_server:
         # grpcio answers a request it cannot deserialize with INTERNAL, and the OTLP contract asks
         # for INVALID_ARGUMENT, so the request is parsed here.
-        handler = grpc.unary_unary_rpc_method_handler(
+        export = grpc.unary_unary_rpc_method_handler(
             self._export, request_deserializer=None,
             response_serializer=ExportMetricsServiceResponse.SerializeToString,
         )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler()),))
         try:
             self.port = server.add_insecure_port(cfg.endpoint)
         except RuntimeError as exc:
-            self._executor.shutdown(wait=False)
+            self.shutdown(grace=0)
             raise ConfigError([f"receiver.grpc.endpoint: cannot listen on {cfg.endpoint}: {exc}"]) from exc
         server.start()
         self._server = server
         log.info("OTLP/gRPC receiver listening on port %d", self.port)
+
+    def _options(self) -> list[tuple[str, int]]:
+        cfg = self.config
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_recv_msg_size_mib * 1024 * 1024),
+            # Without this a second process could bind the same port and silently share traffic.
+            ("grpc.so_reuseport", 0),
+        ]
+        if cfg.max_connection_idle_seconds is not None:
+            options.append(("grpc.max_connection_idle_ms", _ms(cfg.max_connection_idle_seconds)))
+        if cfg.max_connection_age_seconds is not None:
+            options.append(("grpc.max_connection_age_ms", _ms(cfg.max_connection_age_seconds)))
+            options.append(("grpc.max_connection_age_grace_ms", _ms(cfg.max_connection_age_grace_seconds)))
+        return options
+
+    def _refusal_handler(self) -> grpc.RpcMethodHandler:
+        limit = self.config.max_concurrent_requests + self.config.max_queued_requests
+
+        def refuse(requests: Any, context: grpc.ServicerContext) -> None:
+            self.metrics.count("receiver_connections_refused", ("grpc", "concurrent_requests"))
+            err = RetryableError(f"more than {limit} concurrent Exports; retry later", BUSY_RETRY_AFTER_S)
+            context.abort_with_status(retry_status(err))
+
+        # Request-streaming, so the refusal never waits for the message; on a thread of its own, so
+        # it never waits behind busy workers either.
+        refuse.experimental_thread_pool = self._refusals  # type: ignore[attr-defined]
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
     def shutdown(self, grace: float = 5.0) -> None:
         with self._lock:
@@ -103,8 +185,9 @@ class GrpcReceiver:
         if self._server is not None:
             # Lets in-flight Exports finish for up to `grace` seconds; new ones are refused.
             self._server.stop(grace).wait()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        for pool in (self._executor, self._refusals):
+            if pool is not None:
+                pool.shutdown(wait=False)
 
     def _export(self, raw: bytes, context: grpc.ServicerContext) -> ExportMetricsServiceResponse:
         outcome, response, failure = self._handle(raw)

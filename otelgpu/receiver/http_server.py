@@ -6,6 +6,10 @@ when the queue is full, and a google.rpc.Status body on errors, each in the requ
 An unsupported Content-Type gets 400 (through errors.status_for, like every other bad request) rather
 than 415: both tell the sender never to retry, and the status mapping stays in one place. Its error
 body is JSON, since the sender's format is unknown.
+
+Connections, request read deadlines and idle keep-alive connections are bounded by
+otelgpu.receiver.connections (`receiver.http.max_connections`, `read_timeout_seconds`,
+`idle_timeout_seconds`); bodies by `max_body_bytes`, after gunzip too.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 import threading
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Optional
 
 import grpc
@@ -29,6 +34,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otelgpu.config import HttpReceiverConfig
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
+from otelgpu.receiver.connections import Connection, ConnectionGate, LimitedHTTPServer
 from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
 
@@ -76,8 +82,30 @@ def _parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the Collector's exporter expects
-    timeout = 30  # a client that stops sending must not hold a thread forever
+    timeout = None  # the connection's own deadlines apply instead (see Connection.recv_into)
     receiver: "HttpReceiver"  # set on the per-receiver subclass
+
+    def __init__(self, request: socket.socket, client_address: Any, server: Any, conn: Connection) -> None:
+        self.conn = conn
+        super().__init__(request, client_address, server)  # serves the connection to its end
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()
+        self.rfile = self.conn.reader()
+
+    def handle_one_request(self) -> None:
+        if not self.conn.next_request():  # evicted while idle, or the receiver is stopping
+            self.close_connection = True
+            return
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        # The request line may have come from the read buffer without a recv: start the deadline here too.
+        if not self.conn.request_started():
+            self.close_connection = True
+            return False
+        return super().parse_request()
 
     def do_POST(self) -> None:
         if self.path.split("?")[0] != PATH:
@@ -108,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _finish(self, outcome: str, code: int, media: str, msg: Message, headers: Optional[dict] = None) -> None:
         self.receiver.metrics.count("requests", ("http", outcome))
         data = json_format.MessageToJson(msg, indent=None).encode() if media == JSON else msg.SerializeToString()
+        self.conn.answering()
         self.send_response(code)
         self.send_header("Content-Type", media)
         self.send_header("Content-Length", str(len(data)))
@@ -123,9 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a stuck client must not keep the process alive at exit
-
+class _Server(LimitedHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Mostly clients that hung up mid-answer; the stdlib would print a traceback to stderr.
         log.debug("OTLP/HTTP connection from %s failed", client_address, exc_info=True)
@@ -138,7 +165,7 @@ class HttpReceiver:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.port: Optional[int] = None
-        self._server: Optional[ThreadingHTTPServer] = None
+        self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._stopped = False
@@ -146,8 +173,10 @@ class HttpReceiver:
     def start(self) -> None:
         host, _, port = self.config.endpoint.rpartition(":")
         handler = type("Handler", (_Handler,), {"receiver": self})
+        c = self.config
+        gate = ConnectionGate(c.max_connections, c.read_timeout_seconds, c.idle_timeout_seconds, self.metrics)
         try:
-            server = _Server((host, int(port)), handler)
+            server = _Server((host, int(port)), handler, gate)
         except OSError as exc:
             raise ConfigError([f"receiver.http.endpoint: cannot listen on {self.config.endpoint}: {exc}"]) from exc
         self._server, self.port = server, server.server_address[1]
@@ -164,6 +193,12 @@ class HttpReceiver:
         if self._server is not None:
             self._server.shutdown()  # only after serve_forever started: it would wait forever otherwise
             self._server.server_close()
+            self._server.gate.close()  # idle keep-alive connections would otherwise wait out their timeout
+
+    def connections(self) -> dict[str, int]:
+        """Open connections by state: `idle` (between requests), `reading` (a request under way) or
+        `closed` (cut off, its thread ending)."""
+        return self._server.gate.states() if self._server else {}
 
     def handle_export(self, req: BaseHTTPRequestHandler, media: str) -> tuple[str, Message, Optional[OtelgpuError]]:
         """(outcome, response body, error to answer with instead)."""

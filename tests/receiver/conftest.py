@@ -63,8 +63,8 @@ def grpc_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., GrpcReceiver]]
 def http_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., HttpReceiver]]:
     started: list[HttpReceiver] = []
 
-    def start(consumer: Consumer, max_body_bytes: int = 64 * 1024 * 1024) -> HttpReceiver:
-        receiver = HttpReceiver(HttpReceiverConfig(endpoint="127.0.0.1:0"), consumer, metrics, max_body_bytes)
+    def start(consumer: Consumer, max_body_bytes: int = 64 * 1024 * 1024, **config: object) -> HttpReceiver:
+        receiver = HttpReceiver(HttpReceiverConfig(endpoint="127.0.0.1:0", **config), consumer, metrics, max_body_bytes)
         receiver.start()
         started.append(receiver)
         return receiver
