@@ -42,8 +42,8 @@ class Committer:
             waiting = self._unstaged[d.name]
             waiting.append((end_ns, snapshot))
             if len(waiting) > d.config.queue_size:  # a disk that stays broken must not grow memory
-                (e1, older), (e2, newer) = waiting[0], waiting[1]
-                waiting[:2] = [(e2, flatten(merge(snapshot_of(older), snapshot_of(newer))))]
+                (_, older), (end, newer) = waiting[0], waiting[1]
+                waiting[:2] = [(end, flatten(merge(snapshot_of(older), snapshot_of(newer))))]
 
     def commit(self, state: Callable[[], dict[str, Any]], replay_from: Position) -> bool:
         """Stage, checkpoint, release. Returns False when something had to wait."""

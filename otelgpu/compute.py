@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 
 from otelgpu.attribution.models import CostModels, Series
+from otelgpu.enrich.facts import FactsView
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodUse
@@ -42,46 +43,47 @@ class IntervalCosts:
         self.joiner, self.models, self.s, self.metrics = joiner, models, strings, metrics
 
     def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]]) -> Costs:
-        known = set(self.joiner.source.view(interval.end_ns).nodes)
-        samples = self.joiner.devices.fill(interval.samples, interval.start_ns, interval.end_ns, known)
+        facts = self.joiner.source.view(interval.end_ns)
+        samples = self.joiner.devices.fill(interval.samples, interval.start_ns, interval.end_ns, set(facts.nodes))
         interval = replace(interval, samples=samples)
         try:
-            return self._one(interval, interval.samples, use, None)
+            return self._one(interval, interval.samples, use, facts, None)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
             log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
             self.metrics.count("interval_errors", "whole")
-            return self._per_node(interval, use)
+            return self._per_node(interval, use, facts)
 
-    def _one(self, interval: Interval, samples: Samples, use, only_node: Optional[str]) -> Costs:  # noqa: ANN001
-        joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node)
+    def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
+             only_node: Optional[str]) -> Costs:
+        joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
         sums, gauges = self.models.attribute(joined, interval.seconds)
         return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data)
 
-    def _per_node(self, interval: Interval, use) -> Costs:  # noqa: ANN001
+    def _per_node(self, interval: Interval, use, facts: FactsView) -> Costs:  # noqa: ANN001
         s = interval.samples
-        names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0}
-        names |= set(self.joiner.source.view(interval.end_ns).nodes)
+        names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})
         for name in sorted(names):
             rows = np.flatnonzero(s.node == self.s.find(name))
             try:
-                part = self._one(interval, s.take(rows), use, name)
+                part = self._one(interval, s.take(rows), use, facts, name)
             except Exception:  # noqa: BLE001
                 log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
                 self.metrics.count("interval_errors", "node")
-                part = self._capacity_only(interval, s.take(rows), name)
+                part = self._capacity_only(interval, s.take(rows), name, facts)
                 if part is None:
                     continue
             _add(total, part)
         return total
 
-    def _capacity_only(self, interval: Interval, s: Samples, name: str) -> Optional[Costs]:
+    def _capacity_only(self, interval: Interval, s: Samples, name: str, facts: FactsView) -> Optional[Costs]:
         """The node's GPUs as nobody's (its samples without holders or activity), marked."""
         none = np.full(len(s), -1, dtype=np.int32)
         bare = Samples(s.metric, s.time_ns, np.full(len(s), np.nan), s.stale, s.node, s.uuid, s.gi, s.profile,
                        s.model, none, none, none, none, none)
         try:
-            joined = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True)
+            joined = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True,
+                                      facts=facts)
             sums, _ = self.models.attribute(joined, interval.seconds)
         except Exception:  # noqa: BLE001
             log.exception("node %s: not even its capacity could be costed in the interval ending %d",

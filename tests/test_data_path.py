@@ -137,11 +137,11 @@ def test_an_interval_that_fails_on_one_node_keeps_every_other_node_exact(monkeyp
     p = pipeline()
     join = p.joiner.join
 
-    def failing_on_gpu_b(samples, start, end, use=None, only_node=None, without_pods=False):
+    def failing_on_gpu_b(samples, start, end, use=None, **options):
         names = {p.strings.string(int(n)) for n in samples.node}
-        if start >= c.t0 + 300 * NS and "gpu-b" in names and not without_pods:
+        if start >= c.t0 + 300 * NS and "gpu-b" in names and not options.get("without_pods"):
             raise ZeroDivisionError("a fault on gpu-b")
-        return join(samples, start, end, use, only_node=only_node, without_pods=without_pods)
+        return join(samples, start, end, use, **options)
 
     monkeypatch.setattr(p.joiner, "join", failing_on_gpu_b)  # fault injection: the code path itself is real
     feed(p, *c.scrapes(30, 600))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cluster import Cluster, Node, Pod, Unit
 from sidecar import Sidecar
-from support import feed
+from support import eventually, feed
 
 from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
@@ -107,8 +107,7 @@ def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) ->
     assert all(d.wait_idle(10) for d in p.deliveries)
     prometheus.stop()  # down for 25 minutes of data: 5 intervals, more than the queue holds
     feed(p, *c.scrapes(60, 2700, from_s=1200))
-    time.sleep(0.5)
-    assert p.metrics.export_failures[("remote_write", "connection")] > 0
+    eventually(lambda: p.metrics.export_failures[("remote_write", "connection")] > 0, timeout=30)
     assert p.metrics.export_snapshots_merged["remote_write"] > 0
     prometheus.start(port=prometheus.port)  # back, same address and data
     feed(p, *c.scrapes(60, 3600, from_s=2700))

@@ -56,12 +56,17 @@ def test_group_commit_covers_every_waiting_writer(tmp_path: Path) -> None:
     assert len(list(reopen(tmp_path).replay((0, 0)))) == 400
 
 
-def test_a_torn_tail_is_dropped_and_counted_the_records_before_it_kept(tmp_path: Path) -> None:
-    wal = reopen(tmp_path)
+def five_records(directory: Path) -> Path:
+    """A closed log of five 59-byte records (8 bytes of header each); its segment file."""
+    wal = reopen(directory)
     for i in range(5):
         wal.append(b"x" * 50 + bytes([i]))
     wal.close()
-    segment = tmp_path / f"{wal.segments()[-1]:08d}"
+    return directory / f"{wal.segments()[-1]:08d}"
+
+
+def test_a_torn_tail_is_dropped_and_counted_the_records_before_it_kept(tmp_path: Path) -> None:
+    segment = five_records(tmp_path)
     data = segment.read_bytes()
     segment.write_bytes(data[:-20])  # the crash cut the last record short
     again = reopen(tmp_path)
@@ -70,11 +75,7 @@ def test_a_torn_tail_is_dropped_and_counted_the_records_before_it_kept(tmp_path:
 
 
 def test_a_flipped_bit_stops_replay_at_that_record(tmp_path: Path) -> None:
-    wal = reopen(tmp_path)
-    for i in range(5):
-        wal.append(b"y" * 50 + bytes([i]))
-    wal.close()
-    segment = tmp_path / f"{wal.segments()[-1]:08d}"
+    segment = five_records(tmp_path)
     data = bytearray(segment.read_bytes())
     data[3 * 59 + 20] ^= 0x10  # inside the fourth record's payload
     segment.write_bytes(bytes(data))

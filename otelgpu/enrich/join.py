@@ -108,10 +108,11 @@ class Joiner:
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
-             without_pods: bool = False) -> Joined:
+             without_pods: bool = False, facts: FactsView | None = None) -> Joined:
         """`only_node`: the join of that node alone (its samples must be the only ones given);
-        `without_pods`: as if no pod were known (its capacity alone)."""
-        self.facts, self._start = self.source.view(end_ns), start_ns
+        `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
+        `end_ns` when the caller has them already."""
+        self.facts, self._start = facts if facts is not None else self.source.view(end_ns), start_ns
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).

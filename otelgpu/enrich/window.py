@@ -79,7 +79,7 @@ class Windows:
             on_time = idx > self.closed_through
             late += int((~on_time).sum())
             for i in np.unique(idx[on_time]):
-                self._slot(int(i), record).__dict__[slot].append(part.take(np.flatnonzero(idx == i)))
+                getattr(self._slot(int(i), record), slot).append(part.take(np.flatnonzero(idx == i)))
         late_facts = empty_batch()
         if facts is not None and len(facts):
             idx = facts.time_ns // self.dt_ns

@@ -219,16 +219,23 @@ def _check(name: str, mcode: int, p, lim: Limits, floor: int,  # noqa: ANN001 - 
         return f"{name} timestamp older than the age limit", []
     if len(p.attributes) > lim.max_attributes:
         return f"{name} has too many labels", []
-    wanted = lim.wanted
+    wanted, required = lim.wanted, REQUIRED_LABELS[mcode]
     labels = [(kv.key, _any_value_str(kv.value)) for kv in p.attributes if wanted is None or kv.key in wanted]
-    if any(len(v) > lim.max_label_bytes or len(k) > lim.max_label_bytes for k, v in labels):
-        return f"{name} label value longer than {lim.max_label_bytes}", []
-    present = dict(labels)
-    for key in REQUIRED_LABELS[mcode]:
-        if not present.get(key):
-            return f"{name} {'missing' if key not in present else 'empty'} label {key}", []
+    found: set[str] = set()  # a set, not a count: a hostile point may repeat a key
+    resource = ""
+    for k, v in labels:
+        if len(v) > lim.max_label_bytes or len(k) > lim.max_label_bytes:
+            return f"{name} label value longer than {lim.max_label_bytes}", []
+        if k in required:
+            if not v:
+                return f"{name} empty label {k}", []
+            found.add(k)
+        if k == "resource":
+            resource = v
+    if len(found) < len(required):
+        return f"{name} missing label {next(k for k in required if k not in found)}", []
     if not p.flags & NO_RECORDED_VALUE:
-        problem = value_problem(mcode, _value(p), present)
+        problem = value_problem(mcode, _value(p), resource)
         if problem:
             return f"{name} {problem}", []
     return "", labels

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Optional
 
 from otelgpu.config import ReceiverConfig
 from otelgpu.receiver.schema import VALUE_RANGE, Metric, quantity_problem
@@ -40,8 +40,9 @@ def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:
     return frozenset(DCGM_KEYS) | frozenset(KSM_KEYS) | frozenset(CADVISOR_KEYS) | frozenset(fact_labels)
 
 
-def value_problem(metric: int, value: float, labels: Mapping[str, str]) -> str:
-    """Why a point's value cannot be used ("" when it can)."""
+def value_problem(metric: int, value: float, resource: str = "") -> str:
+    """Why a point's value cannot be used ("" when it can); `resource` is the point's `resource`
+    label (requests and capacities)."""
     if math.isnan(value):
         return "point without a value"
     if not math.isfinite(value):
@@ -50,5 +51,5 @@ def value_problem(metric: int, value: float, labels: Mapping[str, str]) -> str:
     if not lo <= value <= hi:
         return f"value outside [{lo:g}, {hi:g}]"
     if metric in (Metric.POD_REQUESTS, Metric.NODE_CAPACITY):
-        return quantity_problem(labels.get("resource", ""), value)
+        return quantity_problem(resource, value)
     return ""

@@ -10,6 +10,7 @@ import time
 import grpc
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
 from otlpsink import Answer, MetricsSink, serve_sink
+from support import eventually
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
@@ -166,7 +167,7 @@ def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals
     delivery.put(store.points())
     for i in range(8):
         delivery.put(intervals.record(i))  # short-job ends after the second of these
-    time.sleep(0.3)
+    eventually(lambda: metrics.export_failures[("otlp", "unavailable")] >= 1, timeout=30)  # the outage was seen
     assert delivery.depth <= 3 and metrics.export_snapshots_merged["otlp"] >= 5
     with serve_sink(sink, port):
         assert delivery.wait_idle(10)

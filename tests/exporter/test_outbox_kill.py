@@ -10,17 +10,14 @@ import math
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import grpc
 import pytest
 from otlpsink import MetricsSink, as_sent, received_rows, serve_sink
+from rwproxy import FORWARD, HOLD, RemoteWriteProxy
 from support import REPO, eventually
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig, RemoteWriteConfig
@@ -152,49 +149,6 @@ def _otlp_sender(endpoint: str, store: CostStore, metrics: SelfMetrics) -> OtlpS
 
 # -- remote write into Prometheus ----------------------------------------------------------------
 
-class HoldingProxy:
-    """Forwards the first `forward` remote-write requests to Prometheus and holds the next ones
-    until `gate` is set, then answers them 503 without forwarding."""
-
-    def __init__(self, target: str, forward: int) -> None:
-        proxy = self
-        self.forwarded = self.held = 0
-        self.gate = threading.Event()
-        lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with lock:
-                    go = proxy.forwarded < forward
-                    proxy.forwarded += go
-                    proxy.held += not go
-                status, answer = 503, b"held"
-                if go:
-                    request = urllib.request.Request(target, data=body, headers=dict(self.headers.items()))
-                    with urllib.request.urlopen(request, timeout=10) as response:
-                        status, answer = response.status, response.read()
-                else:
-                    proxy.gate.wait(60)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/write"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def stop(self) -> None:
-        self.gate.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_remote_write_resumes_after_the_accepted_requests_of_a_killed_process(tmp_path, children,
                                                                                prometheus: PrometheusServer) -> None:
     end = prometheus.now_ms()
@@ -212,7 +166,7 @@ def test_remote_write_resumes_after_the_accepted_requests_of_a_killed_process(tm
     staged_only = [Point("allocated", a, times[0] * MS, end * MS, 5.0)]
     snapshots = [(times[-1] * MS, first), ((end - MIN_MS) * MS, second), (end * MS, staged_only)]
 
-    proxy = HoldingProxy(prometheus.write_url, forward=2)
+    proxy = RemoteWriteProxy(prometheus.write_url, lambda n: FORWARD if n <= 2 else HOLD)
     try:
         child = _run_child(tmp_path, "remote_write", proxy.url, snapshots, release=(end - MIN_MS) * MS)
         children.append(child)

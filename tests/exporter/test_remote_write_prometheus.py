@@ -7,11 +7,9 @@ Every scenario ends at the current time: the TSDB refuses samples far behind its
 from __future__ import annotations
 
 import math
-import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
+
+from rwproxy import FAIL, FORWARD, RemoteWriteProxy
 
 from otelgpu.config import RemoteWriteConfig
 from otelgpu.exporter.remote_write import RemoteWriteSender
@@ -97,50 +95,13 @@ def test_prometheus_takes_the_newest_sample_again_but_no_older_one(prometheus: P
     assert (result.ok, result.reason) == (False, "http_400") and "out of order sample" in result.detail
 
 
-class FlakyProxy:
-    """Forwards remote-write requests to Prometheus, answering 503 itself to the ones numbered in
-    `fail` (1 = the first)."""
-
-    def __init__(self, target: str, fail: set[int]) -> None:
-        proxy = self
-        self.count = 0
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                proxy.count += 1
-                status, answer = 503, b"scripted failure"
-                if proxy.count not in fail:
-                    request = urllib.request.Request(target, data=body, headers=dict(self.headers.items()))
-                    try:
-                        with urllib.request.urlopen(request, timeout=10) as response:
-                            status, answer = response.status, response.read()
-                    except urllib.error.HTTPError as error:
-                        status, answer = error.code, error.read()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/write"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_a_partly_failed_snapshot_lands_once_after_the_resend(prometheus: PrometheusServer) -> None:
     end = prometheus.now_ms()
     times = [end - k * MIN_MS for k in (4, 3, 2, 1)]
     points = [_point("allocated", POD_A, t, float(i), times[0]) for i, t in enumerate(times)]
     points += [_point("allocated", POD_B, times[-1], 9.0), _ended("activity", POD_B, times[-1])]
     # Requests of two samples, in label order: [b's stale marker, a t1], [a t2, a t3], [a t4, b].
-    proxy = FlakyProxy(prometheus.write_url, fail={3})
+    proxy = RemoteWriteProxy(prometheus.write_url, lambda n: FAIL if n == 3 else FORWARD)
     try:
         sender = RemoteWriteSender(RemoteWriteConfig(url=proxy.url, max_samples_per_request=2), cost_metrics(), "c1")
         progress = Progress()
