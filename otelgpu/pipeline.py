@@ -302,6 +302,13 @@ class Pipeline:
             self._stop.set()
             self._worker.join(timeout=10)
         closed = self.close_due(flush=True)
+        ahead = self.windows.ahead()
+        if ahead:
+            kept = "kept in the write-ahead log for the next start" if self.wal else "counted as late"
+            log.warning("shutting down: %d points of intervals only targets ahead of the cluster reached: %s",
+                        ahead, kept)
+            if not self.wal:
+                self.metrics.add("points_late", ahead)
         log.info("shutting down: queue drained, %d intervals closed and exported after %.1f s", closed,
                  time.monotonic() - began)
         for delivery in self.deliveries:  # all drain side by side, each to its own deadline

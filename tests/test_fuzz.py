@@ -43,28 +43,7 @@ LATEST_NS = (600 + 300) * NS
 
 # Classes the code does not survive yet, and why. Strict: a class that starts passing fails here
 # until its entry is removed.
-KNOWN: dict[str, str] = {
-    "absurd_requests": "requests are not bounded at decode; a Running pod asking 1e12 GPUs on a node whose "
-                       "exporter maps no pods makes the join build [key] * qty (MemoryError), losing the interval",
-    "absurd_capacity": "capacities are not bounded at decode; nvidia_com_gpu=1e12 on a node without GFD's count "
-                       "label becomes its GPU count and the join's [..] * count raises MemoryError every interval",
-    "absurd_gpu_count": "nvidia.com/gpu.count is parsed unbounded: 10000 adds phantom idle GPUs to a valid node, "
-                        "10**12 on another node raises MemoryError; the point is never rejected",
-    "absurd_replicas": "nvidia.com/gpu.replicas is used unvalidated: 0 or -4 unshare a time-sliced node, 10**6 "
-                       "shrinks every replica",
-    "mig_ids": "GPU_I_ID and GPU_I_PROFILE are free strings: -1, abc or 10**20 on a valid MIG GPU make new "
-               "instances; an unknown profile counts as a whole GPU and the real instances are scaled down",
-    "empty_names": "decode checks that required labels are present, not that they are non-empty: pod='' holds a "
-                   "valid GPU, UUID='' adds a GPU to a valid node, a pod named '' is charged by scad",
-    "far_past": "no lower bound on timestamps: a 1970 or 2000 point opens an interval that closes and starts "
-                "every cost series in 1970, charging the valid pods there",
-    "int_overflow": "int64-max requests are accepted, GPU_I_ID 2**64+1 makes a new MIG instance",
-    "cardinality_bomb": "tag values are capped per process, first come first served: another node's 150 team "
-                        "values fill the cap and a valid pod's team becomes 'other'",
-    "skewed_target": "one watermark, the newest accepted timestamp of any target: one target 9 minutes ahead "
-                     "closes the valid nodes' intervals early and drops their samples as late",
-    "skewed_node": "as skewed_target, with two targets of one node ahead",
-}
+KNOWN: dict[str, str] = {}
 
 
 def config(**exporter: object) -> Config:

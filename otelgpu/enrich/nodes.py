@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from otelgpu.enrich import labels as L
 from otelgpu.enrich.facts import NodeFacts
+from otelgpu.receiver.schema import MAX_GPUS_PER_NODE, gpu_count_label, replicas_label
 
 _CAPACITY_TYPES = {"on_demand": "on-demand", "on-demand": "on-demand", "spot": "spot", "reserved": "reserved",
                    "capacity_block": "reserved", "capacity-block": "reserved"}
@@ -29,10 +30,7 @@ def node_info(facts: NodeFacts | None) -> NodeInfo:
         return NodeInfo("", "unknown", "", 1, "none", "mixed", 0.0, 0.0, False)
     lab = facts.labels
     raw_cap = (lab.get(L.EKS_CAPACITY_TYPE) or lab.get(L.KARPENTER_CAPACITY_TYPE) or "").lower()
-    try:
-        replicas = max(int(lab.get(L.GPU_REPLICAS, "1") or 1), 1)
-    except ValueError:
-        replicas = 1
+    replicas = replicas_label(lab.get(L.GPU_REPLICAS, "1")) or 1
     sharing = lab.get(L.GPU_SHARING, "") or ("time-slicing" if replicas > 1 else "none")
     return NodeInfo(
         instance_type=lab.get(L.INSTANCE_TYPE) or lab.get(L.INSTANCE_TYPE_BETA) or "",
@@ -64,10 +62,11 @@ def profile_of_resource(resource: str) -> str:
 
 def gpu_count(facts: NodeFacts, info: NodeInfo) -> int:
     """Physical GPUs of a node: GFD's nvidia.com/gpu.count, else the advertised nvidia.com/gpu
-    capacity over the time-slicing replicas (MIG nodes without the label cannot be counted)."""
-    try:
-        return int(facts.labels.get(L.GPU_COUNT, ""))
-    except ValueError:
-        if any(r.startswith(MIG_PREFIX) for r in facts.capacity):
-            return 0
-        return int(facts.capacity.get("nvidia_com_gpu", 0) // info.replicas)
+    capacity over the time-slicing replicas (MIG nodes without the label cannot be counted). Labels
+    from the Kubernetes API are not validated at decode: an absurd count is no count."""
+    count = gpu_count_label(facts.labels.get(L.GPU_COUNT, ""))
+    if count is not None:
+        return count
+    if any(r.startswith(MIG_PREFIX) for r in facts.capacity):
+        return 0
+    return int(min(facts.capacity.get("nvidia_com_gpu", 0) // info.replicas, MAX_GPUS_PER_NODE))

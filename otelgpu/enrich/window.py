@@ -7,9 +7,13 @@ after an interval ended never rewrites it. A resent batch is deduplicated when t
 a sample for an interval already closed is counted as late.
 
 The watermark is the data time the cluster as a whole has reached: each scrape target's newest
-timestamp is kept, and the watermark is the second newest of them (the newest when there is one
-target), so one target with a skewed clock or one hostile point cannot drag it ahead and make
-everyone else's data late. Once the first interval has closed, every later interval closes in turn,
+timestamp is kept, and the watermark is the one a majority of targets has reached (the median,
+rounded towards the older; the target itself when there is one). It is recomputed from the targets
+on every batch, so it can move back: one target with a skewed clock, or a few hostile ones, cannot
+drag it ahead, not even when they arrive before the rest of the cluster (nothing closes then, since
+intervals close in order and only up to the watermark). A target not heard from for `silence_s` of
+the receive clock (a node removed, a Collector gone) stops counting, so a fleet that shrinks does not
+hold the watermark back for longer than that. Once the first interval has closed, every later interval closes in turn,
 even one no data fell in (a dcgm-exporter outage, only Kubernetes API facts): the money of the
 nodes known then is still computed. A gap longer than `max_gap_intervals` (a long stop) is skipped
 and reported instead of being invented from facts that old.
@@ -17,8 +21,9 @@ and reported instead of being invented from facts that old.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -53,14 +58,17 @@ class _Open:
 
 
 class Windows:
-    def __init__(self, interval_s: int, lateness_s: int, max_gap_intervals: int = 10) -> None:
+    def __init__(self, interval_s: int, lateness_s: int, max_gap_intervals: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.dt_ns = interval_s * NS
         self.lateness_ns = lateness_s * NS
         self.max_gap = max_gap_intervals
+        self.silence_s = float(interval_s + lateness_s)
+        self.clock = clock  # the receive clock, in seconds
         self.watermark_ns = 0
         self.closed_through = -1  # highest interval index already closed
         self.skipped = 0  # intervals of long gaps not computed
-        self._sources: dict[str, int] = {}  # scrape target -> newest timestamp, while ahead of the watermark
+        self._sources: dict[str, tuple[int, float]] = {}  # scrape target -> (newest timestamp, last heard)
         self._open: dict[int, _Open] = {}
 
     def add(self, samples: Samples, batch: PointBatch, pods: Optional[PodSamples] = None,
@@ -96,22 +104,25 @@ class Windows:
         return slot
 
     def _advance(self, sources: dict[str, int]) -> None:
+        now = self.clock()
         for src, t in sources.items():
-            if t > self._sources.get(src, 0):
-                self._sources[src] = t
-        newest = sorted(self._sources.values(), reverse=True)
-        if newest:
-            self.watermark_ns = max(self.watermark_ns, newest[1] if len(newest) > 1 else newest[0])
-        # Targets behind the watermark can no longer move it: forget them (bounded memory). Those at
-        # it stay: they are what outvotes a lone target ahead in a later batch.
-        self._sources = {s: t for s, t in self._sources.items() if t >= self.watermark_ns}
+            self._sources[src] = (max(t, self._sources.get(src, (0, 0.0))[0]), now)
+        if any(now - heard > self.silence_s for _, heard in self._sources.values()):
+            self._sources = {s: v for s, v in self._sources.items() if now - v[1] <= self.silence_s}
+        if self._sources:
+            newest = sorted((t for t, _ in self._sources.values()), reverse=True)
+            self.watermark_ns = newest[len(newest) // 2]
 
     def due(self, flush: bool = False) -> list[Interval]:
-        """Intervals whose end plus lateness the watermark has passed (all of them when flushing),
-        and, once an interval has closed, the empty intervals after each one (at most `max_gap`
-        in a row; longer gaps are skipped and counted in `skipped`)."""
+        """Intervals whose end plus lateness the watermark has passed, and, once an interval has
+        closed, the empty intervals after each one (at most `max_gap` in a row; longer gaps are
+        skipped and counted in `skipped`). Flushing (a stop) also closes the intervals the cluster
+        has begun: those starting before the watermark plus the lateness. Intervals only a minority
+        of targets ahead of the rest have reached stay open (see `ahead`)."""
         last_due = (self.watermark_ns - self.lateness_ns) // self.dt_ns - 1
-        data = sorted(i for i in self._open if flush or i <= last_due)
+        if flush:
+            last_due = max(last_due, -(-(self.watermark_ns + self.lateness_ns) // self.dt_ns) - 1)
+        data = sorted(i for i in self._open if i <= last_due)
         ready = list(data)
         if self.closed_through >= 0 and not flush:
             anchors = [self.closed_through] + data
@@ -129,6 +140,10 @@ class Windows:
                                 PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts))
             self.closed_through = max(self.closed_through, i)
         return out
+
+    def ahead(self) -> int:
+        """Rows waiting in open intervals (after a flush: those only targets ahead of the cluster reached)."""
+        return sum(sum(len(part) for part in (*slot.samples, *slot.pods, *slot.facts)) for slot in self._open.values())
 
     def replay_from(self) -> Optional[Position]:
         """The earliest log record whose rows still wait in an open interval."""

@@ -20,8 +20,8 @@ import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.limits import Limits, value_problem
-from otelgpu.receiver.schema import KNOWN_METRICS, REQUIRED_LABELS
+from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
+from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, REQUIRED_LABELS
 
 NO_RECORDED_VALUE = 1
 # A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
@@ -222,18 +222,25 @@ def _check(name: str, mcode: int, p, lim: Limits, floor: int,  # noqa: ANN001 - 
     wanted, required = lim.wanted, REQUIRED_LABELS[mcode]
     labels = [(kv.key, _any_value_str(kv.value)) for kv in p.attributes if wanted is None or kv.key in wanted]
     found: set[str] = set()  # a set, not a count: a hostile point may repeat a key
-    resource = ""
+    resource, mig_labels = "", 0
     for k, v in labels:
         if len(v) > lim.max_label_bytes or len(k) > lim.max_label_bytes:
             return f"{name} label value longer than {lim.max_label_bytes}", []
+        if not v and k in IDENTITY_KEYS:  # the Collector drops empty labels; an empty name is no name
+            return f"{name} empty label {k}", []
         if k in required:
-            if not v:
-                return f"{name} empty label {k}", []
             found.add(k)
+        if k in LABEL_CHECKS:
+            problem = LABEL_CHECKS[k](v)
+            if problem:
+                return f"{name} {problem}", []
+            mig_labels |= 1 if k == "GPU_I_ID" else 2 if k == "GPU_I_PROFILE" else 0
         if k == "resource":
             resource = v
     if len(found) < len(required):
         return f"{name} missing label {next(k for k in required if k not in found)}", []
+    if mig_labels in (1, 2):
+        return f"{name} has only one of GPU_I_ID and GPU_I_PROFILE", []
     if not p.flags & NO_RECORDED_VALUE:
         problem = value_problem(mcode, _value(p), resource)
         if problem:

@@ -18,6 +18,8 @@ DCGM_KEYS = ("UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName", "Hostname", "host
 KSM_KEYS = ("namespace", "pod", "uid", "node", "phase", "resource", "container", "created_by_kind",
             "created_by_name", "replicaset", "job_name", "owner_kind", "owner_name", "owner_is_controller")
 CADVISOR_KEYS = ("namespace", "pod", "container", "id")
+# Names of things: a point may lack them, but one that carries them empty names nothing.
+IDENTITY_KEYS = frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -111,6 +112,47 @@ MAX_GPU_UNITS = 4096
 MAX_CORES = 100_000.0
 MAX_BYTES = HUGE
 MAX_OTHER = 1e18
+
+
+# Labels whose values otelgpu turns into numbers or slice sizes, with their sane forms. A node has at
+# most a few dozen GPUs (the largest HGX boards have 16), a time-sliced GPU a few dozen replicas, a
+# MIG-capable GPU at most 7 compute slices and instance ids below 32.
+MAX_GPUS_PER_NODE = 64
+MAX_REPLICAS = 128
+MAX_MIG_INSTANCE_ID = 31
+_MIG_PROFILE = re.compile(r"[1-7]g\.[0-9]{1,4}gb([+-][a-z][a-z.]{0,15})*\Z")  # 1g.10gb, 1g.10gb+me, 1g.24gb-me
+
+
+def small_int(value: str, lo: int, hi: int) -> int | None:
+    """`value` as a plain decimal integer in [lo, hi], else None (signs, spaces, non-ASCII digits
+    and 20-digit numbers are not GPU counts)."""
+    if not (value.isascii() and value.isdigit() and len(value) <= 6):
+        return None
+    n = int(value)
+    return n if lo <= n <= hi else None
+
+
+def gpu_count_label(value: str) -> int | None:
+    """GFD's nvidia.com/gpu.count, if sane."""
+    return small_int(value, 0, MAX_GPUS_PER_NODE)
+
+
+def replicas_label(value: str) -> int | None:
+    """The device plugin's nvidia.com/gpu.replicas (time-slicing), if sane."""
+    return small_int(value, 1, MAX_REPLICAS)
+
+
+def _bounded(parse, what: str):  # noqa: ANN001, ANN202 - a label check from a parser
+    return lambda value: "" if parse(value) is not None else what
+
+
+# Label key -> check of its value: "" when usable, else why not (the rejection reason).
+LABEL_CHECKS = {
+    "GPU_I_ID": _bounded(lambda v: small_int(v, 0, MAX_MIG_INSTANCE_ID), f"GPU_I_ID not in 0..{MAX_MIG_INSTANCE_ID}"),
+    "GPU_I_PROFILE": _bounded(_MIG_PROFILE.match, "GPU_I_PROFILE not a MIG profile"),
+    "label_nvidia_com_gpu_count": _bounded(gpu_count_label, f"nvidia.com/gpu.count not in 0..{MAX_GPUS_PER_NODE}"),
+    "label_nvidia_com_gpu_replicas": _bounded(replicas_label, f"nvidia.com/gpu.replicas not in 1..{MAX_REPLICAS}"),
+}
 
 
 def quantity_problem(resource: str, value: float) -> str:
