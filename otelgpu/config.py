@@ -206,12 +206,16 @@ class TagValuesConfig:
 
     Values are trimmed, runs of inner whitespace replaced by `whitespace`, case changed by `case`,
     cut to `max_length` characters; once a tag has `max_distinct` distinct values, new ones become
-    `overflow_value`. Each capped value is counted in `otelgpu_tag_values_capped_total`."""
+    `overflow_value`. One namespace holds at most `max_distinct_per_namespace` of a tag's values (a
+    quarter of `max_distinct` when unset), so that one namespace minting values cannot take the
+    places of the others'. A value unused for 10 intervals gives its place back. Each capped value is
+    counted in `otelgpu_tag_values_capped_total`."""
 
     case: Literal["keep", "lower", "upper"] = "keep"
     whitespace: str = Field("-", max_length=1)
     max_length: int = Field(63, ge=1, le=1024)
     max_distinct: int = Field(1000, ge=1, le=1_000_000)
+    max_distinct_per_namespace: Optional[int] = Field(None, ge=1, le=1_000_000)
     overflow_value: str = Field("other", min_length=1)
 
 

@@ -64,7 +64,7 @@ class Pipeline:
                                  dropped=config.series.dropped)
         self.pricer = Pricer(a.prices)
         self.usage = UsageTracker(self.strings)
-        self.tag_values = TagValues(config.tag_values, self.metrics)
+        self.tag_values = TagValues(config.tag_values, self.metrics, release_after=FACT_TTL_INTERVALS)
         tags = TagResolver(config.tags, self.tag_values)
         self.kube = KubeSource(config.kubernetes, tags, self.metrics) if config.kubernetes.enabled else None
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
@@ -264,6 +264,7 @@ class Pipeline:
         self.metrics.add("gpu_seconds_without_device_data", costs.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
         self.facts.expire(interval.end_ns)
+        self.tag_values.tick()
         self.usage.expire(interval.end_ns)
         for callback in self.on_interval:
             callback(interval)

@@ -21,3 +21,14 @@ def test_footprint_benchmark_runs_the_node_pod_and_reports_against_its_limits():
     delivered = int(re.search(r"([\d,]+) points delivered", out).group(1).replace(",", ""))
     assert delivered > 0
     assert re.search(r"peak / limit \(512Mi\) = \d\.\d\d", out) and re.search(r"/ request \(50m\) = \d", out)
+
+
+def test_fuzz_benchmark_keeps_the_sidecar_alive_and_answering():
+    res = subprocess.run([sys.executable, "benchmarks/bench_fuzz.py", "--requests", "300"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "alive at end: True; answering: True; exit status after SIGTERM: 0" in out
+    assert int(re.search(r"points rejected: (\d+)", out).group(1)) > 0
+    assert "ERROR lines in the sidecar's log: 0" in out
+    assert re.search(r"memory at end:   VmRSS \d+ kB", out)

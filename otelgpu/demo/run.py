@@ -97,7 +97,7 @@ def compare_models(pipeline: Pipeline, out: TextIO) -> None:
         for (team, model), v in store.totals(metric, ("team", "cost_model")).items():
             charge[(team, model)] = charge.get((team, model), 0.0) + v
     teams = sorted({t for t, _ in charge}, key=lambda t: (-round(charge.get((t, models[0]), 0.0), 9), t))
-    out.write(f"\ncharge by team and cost model: allocated + unused (scad: GPU, vCPU and memory of GPU nodes)\n")
+    out.write("\ncharge by team and cost model: allocated + unused (scad: GPU, vCPU and memory of GPU nodes)\n")
     out.write(f"{'team':<16}" + "".join(f"{m:>12}" for m in models) + "\n")
     for team in teams:
         out.write(f"{team or '(idle)':<16}" + "".join(f"{charge.get((team, m), 0.0):>12.6f}" for m in models) + "\n")

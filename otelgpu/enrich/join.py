@@ -408,7 +408,7 @@ class Joiner:
         if holder == ("", ""):
             return self.tags.resolve({}, {})
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
-                                 pod.annotations if pod else None)
+                                 pod.annotations if pod else None, holder[0])
 
 
 def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:

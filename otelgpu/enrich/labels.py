@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
@@ -69,23 +70,47 @@ class Tags:
 
 
 class TagValues:
-    """Normalises tag values and caps their length and distinct count per tag; counts each value
-    capped once (per distinct raw value while it is remembered)."""
+    """Normalises tag values, cuts them to `max_length`, and bounds the distinct values of each tag.
 
-    def __init__(self, config: TagValuesConfig, metrics: SelfMetrics | None = None) -> None:
+    A tag holds at most `max_distinct` values, and one namespace at most `max_distinct_per_namespace`
+    of them: a namespace that mints a value per pod (a cardinality bomb, a label with a build id)
+    fills its own share and overflows to `overflow_value`, and cannot push the values of other
+    namespaces out. A value a namespace has not used for `release_after` closed intervals (its pods
+    are gone) gives its place back, so the sets follow the cluster instead of its whole history.
+    Each capped value is counted once while it is remembered."""
+
+    def __init__(self, config: TagValuesConfig, metrics: SelfMetrics | None = None, release_after: int = 10) -> None:
         self.config = config
         self.metrics = metrics
-        self._distinct: dict[str, set[str]] = {t: set() for t in TAG_NAMES}
-        self._memo: dict[tuple[str, str], str] = {}
+        self.release_after = release_after
+        self.per_namespace = config.max_distinct_per_namespace or max(config.max_distinct // 4, 1)
+        self.generation = 0  # closed intervals seen
+        self._uses: dict[str, dict[str, dict[str, int]]] = {t: {} for t in TAG_NAMES}  # value -> namespace -> generation
+        self._held: Counter[tuple[str, str]] = Counter()  # (tag, namespace) -> values it holds
+        self._normal: dict[tuple[str, str], str] = {}
+        self._capped: set[tuple[str, str, str]] = set()
 
-    def __call__(self, tag: str, raw: str) -> str:
-        key = (tag, raw)
-        value = self._memo.get(key)
+    def __call__(self, tag: str, raw: str, namespace: str = "") -> str:
+        value = self._normal.get((tag, raw))
         if value is None:
             value = self._normalise(tag, raw)
-            if len(self._memo) >= 4 * self.config.max_distinct * len(TAG_NAMES):
-                self._memo.clear()  # bounded; a value seen again is recounted at most once more
-            self._memo[key] = value
+            if len(self._normal) >= 4 * self.config.max_distinct * len(TAG_NAMES):
+                self._normal.clear()  # bounded; a value cut again is recounted at most once more
+            self._normal[(tag, raw)] = value
+        uses = self._uses[tag]
+        users = uses.get(value)
+        if users is not None and namespace in users:
+            users[namespace] = self.generation
+            return value
+        if self._held[(tag, namespace)] >= self.per_namespace or (users is None and len(uses) >= self.config.max_distinct):
+            if (tag, namespace, value) not in self._capped:
+                if len(self._capped) >= 4 * self.config.max_distinct * len(TAG_NAMES):
+                    self._capped.clear()
+                self._capped.add((tag, namespace, value))
+                self._count(tag, "distinct")
+            return self.config.overflow_value
+        uses.setdefault(value, {})[namespace] = self.generation
+        self._held[(tag, namespace)] += 1
         return value
 
     def _normalise(self, tag: str, raw: str) -> str:
@@ -95,28 +120,48 @@ class TagValues:
         if len(value) > c.max_length:
             value = value[: c.max_length]
             self._count(tag, "length")
-        seen = self._distinct[tag]
-        if value not in seen:
-            if len(seen) >= c.max_distinct:
-                self._count(tag, "distinct")
-                return c.overflow_value
-            seen.add(value)
         return value
 
     def _count(self, tag: str, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.count("tag_values_capped", (tag, reason))
 
-    def state(self) -> dict[str, list[str]]:
-        """The distinct values admitted per tag: a restart keeps mapping the same values to the
-        overflow value."""
-        return {tag: sorted(seen) for tag, seen in self._distinct.items()}
+    def tick(self) -> None:
+        """One interval closed: release what no namespace used in the last `release_after`."""
+        self.generation += 1
+        oldest = self.generation - self.release_after
+        for tag, uses in self._uses.items():
+            for value in list(uses):
+                users = uses[value]
+                for namespace in [n for n, g in users.items() if g < oldest]:
+                    del users[namespace]
+                    self._held[(tag, namespace)] -= 1
+                    if not self._held[(tag, namespace)]:
+                        del self._held[(tag, namespace)]
+                if not users:
+                    del uses[value]
+        self._capped.clear()  # places may have come free: a value capped again is counted again
 
-    def restore(self, state: dict[str, list[str]]) -> None:
-        for tag, values in state.items():
-            if tag in self._distinct:
-                self._distinct[tag] = set(map(str, values[: self.config.max_distinct]))
-        self._memo.clear()
+    def state(self) -> dict:
+        """The values admitted per tag, with who used them when: a restart maps the same values
+        to the overflow value and releases them on the same interval."""
+        return {"generation": self.generation, "uses": self._uses}
+
+    def restore(self, state: dict) -> None:
+        if "uses" not in state:  # an older checkpoint: {tag: [values]}, used now
+            state = {"generation": 0, "uses": {t: {str(v): {"": 0} for v in values} for t, values in state.items()}}
+        self.generation = int(state.get("generation", 0))
+        self._uses = {t: {} for t in TAG_NAMES}
+        self._held.clear()
+        for tag, uses in state["uses"].items():
+            if tag not in self._uses:
+                continue
+            for value, users in list(uses.items())[: self.config.max_distinct]:
+                self._uses[tag][str(value)] = {str(n): int(g) for n, g in users.items()}
+                for namespace in users:
+                    self._held[(tag, str(namespace))] += 1
+        self._normal.clear()
+        self._capped.clear()
 
 
 class TagResolver:
@@ -137,7 +182,8 @@ class TagResolver:
         self.annotation_keys = frozenset(k for r in self._rules for k in r[2])
 
     def resolve(self, pod_labels: Mapping[str, str], namespace_labels: Mapping[str, str],
-                annotations: Mapping[str, str] | None = None) -> Tags:
+                annotations: Mapping[str, str] | None = None, namespace: str = "") -> Tags:
+        """The tags of a pod in `namespace` (whose share of each tag's values they count against)."""
         values: list[str] = []
         found: list[bool] = []
         for tag, (pod_keys, ns_keys, ann_keys, default) in zip(TAG_NAMES, self._rules):
@@ -147,5 +193,5 @@ class TagResolver:
             if value is None and annotations:
                 value = next((annotations[k] for k in ann_keys if annotations.get(k, "").strip()), None)
             found.append(value is not None)
-            values.append(self.values(tag, value) if value is not None else default)
+            values.append(self.values(tag, value, namespace) if value is not None else default)
         return Tags(tuple(values), tuple(found))  # type: ignore[arg-type]

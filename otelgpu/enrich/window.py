@@ -117,11 +117,13 @@ class Windows:
         """Intervals whose end plus lateness the watermark has passed, and, once an interval has
         closed, the empty intervals after each one (at most `max_gap` in a row; longer gaps are
         skipped and counted in `skipped`). Flushing (a stop) also closes the intervals the cluster
-        has begun: those starting before the watermark plus the lateness. Intervals only a minority
-        of targets ahead of the rest have reached stay open (see `ahead`)."""
+        has begun: up to the newest timestamp of a target no more than an interval plus the
+        lateness ahead of the watermark (a target scraped more often than the rest). Intervals only
+        targets further ahead have reached stay open (see `ahead`)."""
         last_due = (self.watermark_ns - self.lateness_ns) // self.dt_ns - 1
         if flush:
-            last_due = max(last_due, -(-(self.watermark_ns + self.lateness_ns) // self.dt_ns) - 1)
+            near = [t for t, _ in self._sources.values() if t <= self.watermark_ns + self.dt_ns + self.lateness_ns]
+            last_due = max(last_due, max(near, default=self.watermark_ns) // self.dt_ns)
         data = sorted(i for i in self._open if i <= last_due)
         ready = list(data)
         if self.closed_through >= 0 and not flush:

@@ -278,7 +278,8 @@ def test_annotations_and_value_caps_in_tags(api, started):
     metrics = SelfMetrics()
     resolver = TagResolver({**_default_tags(), "model": TagRule(pod_labels=("model",),
                                                                 annotations=("ml.example.com/model",))},
-                           TagValues(TagValuesConfig(case="lower", max_length=12, max_distinct=2), metrics))
+                           TagValues(TagValuesConfig(case="lower", max_length=12, max_distinct=2,
+                                                     max_distinct_per_namespace=2), metrics))
     api.apply(pod("a", annotations={"ml.example.com/model": "  Llama 3  70B Instruct ", "other": "x"}))
     source = started(api, tag_resolver=resolver)
     p = source.view().pods[("ml", "a")]
