@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from otelgpu.attribution.engine import warm_up
 from otelgpu.attribution.fractions import MigProfiles
 from otelgpu.attribution.models import CostModels
@@ -45,6 +47,9 @@ log = logging.getLogger("otelgpu")
 
 _NO_FACTS = {"pods": [], "nodes": [], "namespaces": [], "owners": []}
 FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgotten
+# The string interner is compacted once it holds this many strings and twice what the last
+# compaction kept: amortised, each string is copied a bounded number of times.
+COMPACT_STRINGS_FROM = 65_536
 KUBE_SYNC_WAIT_S = 10.0  # how long start() waits for the first Kubernetes API lists
 
 
@@ -87,6 +92,7 @@ class Pipeline:
                              self.metrics, Limits.of(config.receiver, wanted), self.wal)
         self._processed: Optional[Position] = None  # log position through which batches are processed
         self._skipped_reported = 0
+        self._strings_kept = 0  # strings the last compaction kept
         for delivery in self.deliveries:
             delivery.recover(self.store.last_time_ns)  # committed snapshots again; uncommitted ones dropped
         if log_from is not None:
@@ -238,6 +244,23 @@ class Pipeline:
         if batch.wal is not None:
             self._processed = batch.wal[1]
         self.close_due()
+        if len(self.strings) >= max(COMPACT_STRINGS_FROM, 2 * self._strings_kept):
+            self.compact_strings()
+
+    def compact_strings(self) -> None:
+        """Forget the strings of pods, label values and nodes that are gone: keep only what the
+        queued batches and the open intervals still refer to. Runs in the one thread that
+        processes batches, between two of them; receivers wait meanwhile to queue theirs."""
+        before = len(self.strings)
+        with self.ingest.paused() as waiting:
+            arrays = self.windows.codes() + [a for b in waiting for a in b.codes()]
+            table = self.strings.compact(np.concatenate(arrays) if arrays else np.zeros(0, np.int32))
+            for b in waiting:
+                b.remap(table)
+            self.windows.remap(table)
+        self._strings_kept = len(self.strings)
+        self.metrics.add("interner_compactions")
+        log.info("string table compacted: %d strings kept of %d", self._strings_kept, before)
 
     def close_due(self, flush: bool = False) -> int:
         closed = self.windows.due(flush=flush)

@@ -50,6 +50,7 @@ class SelfMetrics:
         self.wal_errors: Counter[str] = Counter()  # log writes that failed, by error
         self.wal_corruptions: Counter[str] = Counter()  # torn or corrupt records at replay (tail | segment | record)
         self.intervals_skipped = 0  # intervals of gaps too long to fill
+        self.interner_compactions = 0  # string table compactions (strings of things gone released)
         self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
         self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
 
@@ -107,6 +108,7 @@ class SelfMetrics:
                 "wal_errors": dict(self.wal_errors),
                 "wal_corruptions": dict(self.wal_corruptions),
                 "intervals_skipped": self.intervals_skipped,
+                "interner_compactions": self.interner_compactions,
                 "interval_errors": dict(self.interval_errors),
                 "gpu_seconds_lost": self.gpu_seconds_lost,
             }

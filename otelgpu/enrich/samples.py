@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import numpy as np
 
@@ -12,7 +13,17 @@ from otelgpu.receiver.schema import Metric
 
 
 class Columns:
-    """A dataclass of equal-length numpy columns: select rows, join parts."""
+    """A dataclass of equal-length numpy columns: select rows, join parts, rewrite the columns of
+    interned string codes (`CODES`) after the interner is compacted."""
+
+    CODES: ClassVar[tuple[str, ...]] = ()
+
+    def codes(self) -> list[np.ndarray]:
+        return [getattr(self, name) for name in self.CODES]
+
+    def remap(self, table: np.ndarray) -> None:
+        for name in self.CODES:
+            setattr(self, name, table[getattr(self, name)])
 
     def __len__(self) -> int:
         return len(getattr(self, fields(self)[0].name))
@@ -27,6 +38,8 @@ class Columns:
 
 @dataclass
 class Samples(Columns):
+    CODES: ClassVar[tuple[str, ...]] = ("node", "uuid", "gi", "profile", "model", "namespace", "pod", "container",
+                                        "pod_uid", "vgpu")
     metric: np.ndarray  # int16
     time_ns: np.ndarray  # int64
     value: np.ndarray  # float64

@@ -12,6 +12,7 @@ would count the same use twice or belong to nobody.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ MAX_RATE_GAP_NS = 600 * 1_000_000_000  # two points further apart than this make
 
 @dataclass
 class PodSamples(Columns):
+    CODES: ClassVar[tuple[str, ...]] = ("namespace", "pod", "container", "series")
     kind: np.ndarray  # int8: RUNNING (value 0/1), CPU (cores over span_s), MEMORY (bytes)
     time_ns: np.ndarray  # int64
     namespace: np.ndarray  # int32 codes

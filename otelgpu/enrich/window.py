@@ -143,6 +143,17 @@ class Windows:
             self.closed_through = max(self.closed_through, i)
         return out
 
+    def codes(self) -> list[np.ndarray]:
+        """The arrays of interned string codes the open intervals hold."""
+        return [a for slot in self._open.values() for part in (*slot.samples, *slot.pods, *slot.facts)
+                for a in part.codes()]
+
+    def remap(self, table: np.ndarray) -> None:
+        """Rewrite those codes after the interner was compacted (`Interner.compact`)."""
+        for slot in self._open.values():
+            for part in (*slot.samples, *slot.pods, *slot.facts):
+                part.remap(table)
+
     def ahead(self) -> int:
         """Rows waiting in open intervals (after a flush: those only targets ahead of the cluster reached)."""
         return sum(sum(len(part) for part in (*slot.samples, *slot.pods, *slot.facts)) for slot in self._open.values())

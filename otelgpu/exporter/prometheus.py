@@ -90,6 +90,8 @@ class CostCollector(Collector):
              "Write-ahead log segments removed once a checkpoint covered them"),
             ("otelgpu_intervals_skipped_total", "intervals_skipped",
              "Intervals not computed because no data came for longer than the facts are kept"),
+            ("otelgpu_interner_compactions_total", "interner_compactions",
+             "String table compactions: label strings of pods, values and nodes gone released"),
             ("otelgpu_gpu_seconds_lost_total", "gpu_seconds_lost",
              "GPU-seconds of nodes whose costs could not be computed at all (see the log)"),
         ):

@@ -14,7 +14,7 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -50,9 +50,20 @@ class PointBatch:
     ignored: int = 0  # points of metrics otelgpu does not consume
     sources: dict[str, int] = field(default_factory=dict)
     wal: Optional[tuple[tuple[int, int], tuple[int, int]]] = None
+    epoch: int = 0  # of the interner its codes are from
+
+    CODES: ClassVar[tuple[str, ...]] = ("resource_node", "resource_pod", "attr_key", "attr_val")
 
     def __len__(self) -> int:
         return len(self.metric)
+
+    def codes(self) -> list[np.ndarray]:
+        return [getattr(self, name) for name in self.CODES]
+
+    def remap(self, table: np.ndarray) -> None:
+        """Rewrite the label codes after the interner was compacted (`Interner.compact`)."""
+        for name in self.CODES:
+            setattr(self, name, table[getattr(self, name)])
 
     @property
     def rejected_count(self) -> int:
@@ -154,6 +165,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
            now_ns: Optional[int] = None) -> PointBatch:
     """`now_ns` is the receive clock the timestamps are checked against (default: now)."""
     lim = limits or Limits()
+    epoch = strings.epoch
     now = time.time_ns() if now_ns is None else now_ns
     horizon = now + lim.max_future_ns
     floor = now - lim.max_age_ns if lim.max_age_ns else 1
@@ -199,7 +211,9 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
         if newest:
             src = source_of(res)
             sources[src] = max(sources.get(src, 0), newest)
-    return cols.batch(rejected, ignored, sources)
+    batch = cols.batch(rejected, ignored, sources)
+    batch.epoch = epoch
+    return batch
 
 
 def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Optional, Protocol
+from contextlib import contextmanager
+from typing import Iterator, Optional, Protocol
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
@@ -75,18 +76,22 @@ class Ingest:
         if self._queue.full():  # decide before decoding: an overloaded sidecar should not work more
             raise RetryableError("otelgpu queue is full", self.retry_after_s)
         batch = decode(request, self.strings, self.limits)
+        while len(batch) and not self._enqueue(batch):  # the interner was compacted meanwhile
+            batch = decode(request, self.strings, self.limits)
         if len(batch):
-            self._enqueue(batch)
             self.metrics.add("points_received", len(batch))
         for reason, n in batch.rejected.items():
             self.metrics.count("points_rejected", reason, n)
         self.metrics.add("points_ignored", batch.ignored)
         return batch.rejected_count, describe_rejections(batch.rejected)
 
-    def _enqueue(self, batch: PointBatch) -> None:
-        """Log (when durable) and queue `batch`; returns once it is safe to answer."""
+    def _enqueue(self, batch: PointBatch) -> bool:
+        """Log (when durable) and queue `batch`; returns once it is safe to answer. False, with
+        nothing logged or queued, when its codes are from before a compaction of the interner."""
         payload = encode_batch(batch, self.strings) if self.wal is not None else b""
         with self._order:
+            if batch.epoch != self.strings.epoch:
+                return False
             if self._queue.full():  # the sender retries the whole request: nothing of it is kept
                 raise RetryableError("otelgpu queue is full", self.retry_after_s)
             if self.wal is not None:
@@ -100,6 +105,16 @@ class Ingest:
                 self.wal.sync(batch.wal[1])
             except OSError as exc:  # queued already: the resend is deduplicated
                 self._disk_failed(exc)
+        return True
+
+    @contextmanager
+    def paused(self) -> Iterator[list[PointBatch]]:
+        """Nothing is queued while inside; yields the batches waiting in the queue (to compact the
+        interner: only the consumer takes batches out, so they stay while it is inside)."""
+        with self._order:
+            with self._queue.mutex:
+                waiting = list(self._queue.queue)
+            yield waiting
 
     def _disk_failed(self, exc: OSError) -> None:
         self.metrics.count("wal_errors", type(exc).__name__)

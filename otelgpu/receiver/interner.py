@@ -1,17 +1,25 @@
-"""String interning: label keys and values become small integer codes once, at decode time."""
+"""String interning: label keys and values become small integer codes once, at decode time.
+
+The table is compacted once it has grown well past what is in use (pods, label values and nodes
+that are gone): the single consumer of decoded batches keeps only the codes that queued batches
+and open intervals still hold, renumbers them and rewrites those arrays (`compact`). `epoch`
+counts compactions, so a batch decoded across one is recognised and decoded again."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 
 class Interner:
-    """A thread-safe, append-only table of strings. Code -1 means "absent"."""
+    """A thread-safe table of strings. Code -1 means "absent"."""
 
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
         self._strings: list[str] = []
         self._lock = threading.Lock()
+        self.epoch = 0  # compactions so far: codes of different epochs must never meet
 
     def code(self, s: str) -> int:
         c = self._codes.get(s)
@@ -25,7 +33,7 @@ class Interner:
         return c
 
     def find(self, s: str) -> int:
-        """The code of `s` if it was ever interned, else -1 (never adds)."""
+        """The code of `s` if it is interned, else -1 (never adds)."""
         return self._codes.get(s, -1)
 
     def string(self, code: int) -> str:
@@ -33,6 +41,21 @@ class Interner:
 
     def strings(self) -> list[str]:
         return self._strings
+
+    def compact(self, used: np.ndarray) -> np.ndarray:
+        """Keep only the strings whose codes are in `used`, renumbered in their order. Returns the
+        remap table: `remap[old]` is the new code of a kept string, -1 for a dropped one, and
+        `remap[-1]` is -1, so `remap[codes]` rewrites an array of codes, absent ones included. The
+        caller must rewrite every array of codes still in use, and nothing may decode meanwhile
+        with the old codes (see Ingest.paused)."""
+        with self._lock:
+            keep = np.unique(used[used >= 0]) if len(used) else np.zeros(0, np.int64)
+            remap = np.full(len(self._strings) + 1, -1, np.int32)
+            remap[keep] = np.arange(len(keep), dtype=np.int32)
+            self._strings = [self._strings[i] for i in keep]
+            self._codes = {s: i for i, s in enumerate(self._strings)}
+            self.epoch += 1
+            return remap
 
     def __len__(self) -> int:
         return len(self._strings)
