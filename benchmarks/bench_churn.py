@@ -8,7 +8,8 @@ fed one scrape per interval. Prints, every tenth of the run, the process's VmRSS
 the label table, the pods kube-state-metrics facts hold, the live cost series and the tag values
 admitted; then the growth of VmRSS from the end of the warm-up to the end, per thousand pods.
 
-Usage: python benchmarks/bench_churn.py [--pods 100000] [--per-interval 500] [--warm-up 20000] [--no-compaction]
+Usage: python benchmarks/bench_churn.py [--pods 100000] [--per-interval 500] [--warm-up 20000] [--nodes 4]
+       [--no-compaction]
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=100_000, help="distinct pods over the run, warm-up included")
     ap.add_argument("--per-interval", type=int, default=500, help="pods alive in each interval")
     ap.add_argument("--warm-up", type=int, default=20_000, help="pods before the baseline is taken")
+    ap.add_argument("--nodes", type=int, default=4, help="GPU nodes, 8 A100 each")
     ap.add_argument("--no-compaction", action="store_true", help="never compact the label string table (to compare)")
     args = ap.parse_args()
     if args.no_compaction:
         pipeline_module.COMPACT_STRINGS_FROM = sys.maxsize
     nodes = [Node(f"gpu-{k}", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{k}-{i}", A100) for i in range(8)],
-                  capacity={"nvidia_com_gpu": 8}) for k in range(4)]
+                  capacity={"nvidia_com_gpu": 8}) for k in range(args.nodes)]
     p = Pipeline(make_config(attribution__interval_seconds=INTERVAL_S, attribution__lateness_seconds=0,
                              attribution__cost_models=["request", "scad"],
                              attribution__prices__gpu_hour_by_gpu_model={A100: 4.0}), serve_receivers=False)

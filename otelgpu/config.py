@@ -373,6 +373,9 @@ class KubernetesConfig:
     insecure_skip_tls_verify: bool = False
     resolve_owners: bool = True  # get ReplicaSets and Jobs to reach their Deployments and CronJobs
     deleted_pod_grace_seconds: float = Field(600.0, ge=0, le=86_400)
+    # Changes of each object kept, so an interval reads facts as they were at its end: at least
+    # the interval plus the lateness (the interval waits that long before it is computed).
+    history_seconds: float = Field(900.0, ge=0, le=86_400)
     page_size: int = Field(500, ge=1, le=10_000)
     watch_timeout_seconds: int = Field(300, ge=1, le=3600)  # the server ends a watch after this; rewatched
     backoff_initial_seconds: float = Field(0.5, gt=0, le=60)

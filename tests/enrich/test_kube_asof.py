@@ -58,7 +58,7 @@ def started(clock):
     sources: list[KubeSource] = []
 
     def start(api: FakeKubeApi, **kw: Any) -> KubeSource:
-        source = KubeSource(config(api), tags(), SelfMetrics(), clock=clock, **kw)
+        source = KubeSource(config(api, **kw), tags(), SelfMetrics(), clock=clock)
         source.start()
         sources.append(source)
         assert source.wait_synced(WAIT_S), "the first lists did not complete"

@@ -4,7 +4,7 @@ one thread resolving ReplicaSet and Job owners, writing the store the join reads
 `scope: node` watches the pods of one node (`spec.nodeName`) and that node only; namespaces are
 always watched whole (few, and their labels carry tags). Deleted pods stay for
 `deleted_pod_grace_seconds`, marked deleted, so the interval they ended in is still attributed.
-The store keeps `history_seconds` of changes, so `view(as_of_ns)` gives the facts as they were
+The store keeps `kubernetes.history_seconds` of changes, so `view(as_of_ns)` gives the facts as they were
 when an interval ended.
 """
 
@@ -98,11 +98,10 @@ class KubeSource:
     """Starts and stops the watches; `facts.view()` is what the join merges in."""
 
     def __init__(self, cfg: KubernetesConfig, tags: TagResolver, metrics: SelfMetrics,
-                 api: Optional[client.ApiClient] = None, clock: Callable[[], float] = time.time,
-                 history_seconds: float = 900.0) -> None:
+                 api: Optional[client.ApiClient] = None, clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.metrics = cfg, metrics
         self.api = api or api_client(cfg)
-        self.facts = ApiFacts(tags, cfg.deleted_pod_grace_seconds, clock, metrics, history_seconds)
+        self.facts = ApiFacts(tags, cfg.deleted_pod_grace_seconds, clock, metrics, cfg.history_seconds)
         self.stop = threading.Event()
         core = client.CoreV1Api(self.api)
         node = cfg.node_name if cfg.scope == "node" else None
