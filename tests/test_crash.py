@@ -63,17 +63,21 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
     in_process(c, config("uninterrupted", prometheus.write_url))
     rng = random.Random(20261123)
     requests = c.scrapes(60, 3600)
-    kills = set(rng.sample(range(3, len(requests) - 2), 5))
+    kills = set(rng.sample(range(3, len(requests) - 2), 12))
     side = Sidecar(tmp_path, config("killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")}))
     side.start()
     try:
         for i, request in enumerate(requests):
-            send_until_acknowledged(side, request, rng.uniform(0.0, 0.03) if i in kills else None)
+            # From before the request is decoded to after its interval is checkpointed and exported.
+            send_until_acknowledged(side, request, rng.uniform(0.0, 0.1) if i in kills else None)
         assert side.stop() == 0
     finally:
         side.close()
     log = side.log.read_text()
-    assert log.count("continuing") >= len(kills) and "replayed" in log
+    # Every kill was followed by a start that replayed the log (and continued from a checkpoint,
+    # once the first interval had closed).
+    assert log.count("kernels ready") == len(kills) + 1
+    assert "continuing" in log and "replayed" in log
 
     reference, killed = totals(prometheus, "uninterrupted", end), totals(prometheus, "killed", end)
     assert killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
