@@ -141,7 +141,7 @@ class Pipeline:
             wal = state.get("wal") or {}
             replay_from = tuple(int(x) for x in wal.get("replay_from", (0, 0)))
             processed = tuple(int(x) for x in wal.get("processed", (0, 0)))
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             self._restore_state({"store": {"last_time_ns": 0, "attrs": [], "sums": []}, "facts": _NO_FACTS})
             self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
             self._set_log_aside()

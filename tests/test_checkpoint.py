@@ -135,6 +135,19 @@ def test_valid_file_with_content_that_does_not_restore(tmp_path: Path, caplog) -
     assert "does not restore" in caplog.text
 
 
+def test_content_that_fails_late_in_the_restore_leaves_nothing_half_restored(tmp_path: Path, caplog) -> None:
+    """The store restores, then the tag values do not: the run starts afresh, store included."""
+    identity = Identity("prod", "USD")
+    (tmp_path / FILE).write_bytes(encode(identity, {
+        "store": {"last_time_ns": 5, "attrs": [[["team", "a"]]], "sums": [["allocated", 0, 0, 5, 1.0, 0]]},
+        "tag_values": {"generation": 3, "uses": {"team": ["not", "a", "mapping"]}}}, 0))
+    p = pipeline(tmp_path)
+    assert p.metrics.checkpoint_errors["corrupt"] == 1
+    assert p.store.points() == [] and p.store.last_time_ns == 0
+    assert p.tag_values.generation == 0 and p.tag_values.state()["uses"]["team"] == {}
+    assert "does not restore" in caplog.text
+
+
 def test_one_directory_one_process(tmp_path: Path) -> None:
     held = Checkpoint(tmp_path, Identity("prod", "USD"), SelfMetrics())
     with pytest.raises(ConfigError, match="in use by another otelgpu process"):
