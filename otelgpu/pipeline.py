@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from otelgpu.compute import IntervalCosts
 from otelgpu.config import Config, DeliveryConfig
 from otelgpu.enrich.facts import FactSource, KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
-from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
@@ -42,6 +41,9 @@ from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Position, Wal
+
+if TYPE_CHECKING:
+    from otelgpu.enrich.kube.source import KubeSource
 
 log = logging.getLogger("otelgpu")
 
@@ -71,7 +73,11 @@ class Pipeline:
         self.usage = UsageTracker(self.strings)
         self.tag_values = TagValues(config.tag_values, self.metrics, release_after=FACT_TTL_INTERVALS)
         tags = TagResolver(config.tags, self.tag_values)
-        self.kube = KubeSource(config.kubernetes, tags, self.metrics) if config.kubernetes.enabled else None
+        self.kube: Optional[KubeSource] = None
+        if config.kubernetes.enabled:  # the kubernetes client costs some 20 MiB: imported only when used
+            from otelgpu.enrich.kube import source as kube_source
+
+            self.kube = kube_source.KubeSource(config.kubernetes, tags, self.metrics)
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
         self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
