@@ -36,6 +36,59 @@ def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFa
     return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
 
 
+# Self-metrics counted by label: (name, SelfMetrics field, labels, help).
+_LABELLED_COUNTERS = (
+    ("otelgpu_points_rejected_total", "points_rejected", ("reason",),
+     "Data points rejected, by reason"),
+    ("otelgpu_scad_request_fallbacks_total", "scad_request_fallbacks", ("resource",),
+     "Pod-intervals scad charged on requests because no usage was scraped, by resource"),
+    ("otelgpu_tag_values_capped_total", "tag_values_capped", ("tag", "reason"),
+     "Tag values cut to max_length (reason=length) or replaced by the overflow value "
+     "(reason=distinct), by tag"),
+    ("otelgpu_kube_watch_events_total", "kube_events", ("resource", "type"),
+     "Kubernetes API watch events applied, by resource and type"),
+    ("otelgpu_kube_lists_total", "kube_lists", ("resource", "reason"),
+     "Kubernetes API full lists, by resource and why (initial; gone: the watch was too far behind, 410)"),
+    ("otelgpu_kube_errors_total", "kube_errors", ("resource", "verb", "reason"),
+     "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, not_found, "
+     "connection, timeout, server_error, invalid)"),
+    ("otelgpu_requests_total", "requests", ("transport", "outcome"),
+     "Export requests received, by transport and outcome"),
+    ("otelgpu_receiver_connections_refused_total", "receiver_connections_refused", ("transport", "reason"),
+     "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, by transport and reason "
+     "(connection_limit, idle_evicted, idle_timeout, read_timeout, concurrent_requests)"),
+    ("otelgpu_exports_total", "exports", ("exporter",),
+     "Cost snapshots delivered, by exporter"),
+    ("otelgpu_export_failures_total", "export_failures", ("exporter", "reason"),
+     "Failed delivery attempts, by exporter and reason"),
+    ("otelgpu_export_snapshots_dropped_total", "export_snapshots_dropped", ("exporter", "reason"),
+     "Snapshots given up (refused for good, or left at the shutdown deadline)"),
+    ("otelgpu_export_points_undeliverable_total", "export_points_undeliverable", ("exporter", "reason"),
+     "Points of the snapshots given up"),
+    ("otelgpu_export_points_rejected_total", "export_points_rejected", ("exporter",),
+     "Points the receiver refused in a partial success"),
+    ("otelgpu_export_series_rejected_total", "export_series_rejected", ("exporter", "reason"),
+     "Series an exporter left out (e.g. over 70 labels)"),
+    ("otelgpu_export_snapshots_merged_total", "export_snapshots_merged", ("exporter",),
+     "Snapshots merged because the export queue was full (resolution lost, no cost)"),
+    ("otelgpu_export_snapshots_recovered_total", "export_snapshots_recovered", ("exporter",),
+     "Undelivered snapshots found in the export queue's directory at start and queued again"),
+    ("otelgpu_export_snapshots_persisted_total", "export_snapshots_persisted", ("exporter",),
+     "Snapshots not delivered by the shutdown deadline, left on disk for the next start"),
+    ("otelgpu_export_outbox_errors_total", "export_outbox_errors", ("exporter", "reason"),
+     "Persisted export queue problems, by exporter and reason (corrupt, incompatible: a snapshot file "
+     "set aside at start; corrupt_progress; write; delete; read)"),
+    ("otelgpu_checkpoint_errors_total", "checkpoint_errors", ("reason",),
+     "Checkpoints that could not be written or read, by reason"),
+    ("otelgpu_wal_errors_total", "wal_errors", ("error",),
+     "Write-ahead log writes that failed (requests answered 'retry later'), by error"),
+    ("otelgpu_wal_corruptions_total", "wal_corruptions", ("where",),
+     "Torn or corrupt write-ahead log records found at replay, by where (tail: the crash's last write)"),
+    ("otelgpu_interval_errors_total", "interval_errors", ("scope",),
+     "Intervals (whole) and nodes (node) whose computation failed and fell back (see the log)"),
+)
+
+
 class CostCollector(Collector):
     """Cost families from the store plus `otelgpu_*` self-metrics. Register it on a registry of its
     own (`cost_registry`): the global one would mix in process metrics and refuse a second instance."""
@@ -98,23 +151,8 @@ class CostCollector(Collector):
             family = _counter(name, doc)
             family.add_metric([], float(cast(float, s[field])))
             yield family
-        yield self._by_label("otelgpu_points_rejected_total", "Data points rejected, by reason",
-                             ["reason"], s["points_rejected"])
-        yield self._by_label("otelgpu_scad_request_fallbacks_total",
-                             "Pod-intervals scad charged on requests because no usage was scraped, by resource",
-                             ["resource"], s["scad_request_fallbacks"])
-        yield self._by_label("otelgpu_tag_values_capped_total",
-                             "Tag values cut to max_length (reason=length) or replaced by the overflow value "
-                             "(reason=distinct), by tag", ["tag", "reason"], s["tag_values_capped"])
-        yield self._by_label("otelgpu_kube_watch_events_total", "Kubernetes API watch events applied, by resource and type",
-                             ["resource", "type"], s["kube_events"])
-        yield self._by_label("otelgpu_kube_lists_total",
-                             "Kubernetes API full lists, by resource and why (initial; gone: the watch was too far behind, 410)",
-                             ["resource", "reason"], s["kube_lists"])
-        yield self._by_label("otelgpu_kube_errors_total",
-                             "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, "
-                             "not_found, connection, timeout, server_error, invalid)", ["resource", "verb", "reason"],
-                             s["kube_errors"])
+        for name, field, labels, doc in _LABELLED_COUNTERS:
+            yield self._by_label(name, doc, labels, s[field])
         for name, field, label, doc in (
             ("otelgpu_kube_objects", "kube_objects", "resource", "Kubernetes objects held from the API, by resource"),
             ("otelgpu_kube_synced", "kube_synced", "resource",
@@ -126,55 +164,12 @@ class CostCollector(Collector):
             for key, value in sorted(cast(Mapping[str, int], s[field]).items()):
                 gauge.add_metric([key], float(value))
             yield gauge
-        yield self._by_label("otelgpu_requests_total", "Export requests received, by transport and outcome",
-                             ["transport", "outcome"], s["requests"])
-        yield self._by_label("otelgpu_receiver_connections_refused_total",
-                             "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, by transport "
-                             "and reason (connection_limit, idle_evicted, idle_timeout, read_timeout, "
-                             "concurrent_requests)", ["transport", "reason"], s["receiver_connections_refused"])
-        yield self._by_label("otelgpu_exports_total", "Cost snapshots delivered, by exporter",
-                             ["exporter"], s["exports"])
-        yield self._by_label("otelgpu_export_failures_total", "Failed delivery attempts, by exporter and reason",
-                             ["exporter", "reason"], s["export_failures"])
-        yield self._by_label("otelgpu_export_snapshots_dropped_total",
-                             "Snapshots given up (refused for good, or left at the shutdown deadline)",
-                             ["exporter", "reason"], s["export_snapshots_dropped"])
-        yield self._by_label("otelgpu_export_points_undeliverable_total", "Points of the snapshots given up",
-                             ["exporter", "reason"], s["export_points_undeliverable"])
-        yield self._by_label("otelgpu_export_points_rejected_total",
-                             "Points the receiver refused in a partial success", ["exporter"],
-                             s["export_points_rejected"])
-        yield self._by_label("otelgpu_export_series_rejected_total",
-                             "Series an exporter left out (e.g. over 70 labels)", ["exporter", "reason"],
-                             s["export_series_rejected"])
-        yield self._by_label("otelgpu_export_snapshots_merged_total",
-                             "Snapshots merged because the export queue was full (resolution lost, no cost)",
-                             ["exporter"], s["export_snapshots_merged"])
-        yield self._by_label("otelgpu_export_snapshots_recovered_total",
-                             "Undelivered snapshots found in the export queue's directory at start and queued again",
-                             ["exporter"], s["export_snapshots_recovered"])
-        yield self._by_label("otelgpu_export_snapshots_persisted_total",
-                             "Snapshots not delivered by the shutdown deadline, left on disk for the next start",
-                             ["exporter"], s["export_snapshots_persisted"])
-        yield self._by_label("otelgpu_export_outbox_errors_total",
-                             "Persisted export queue problems, by exporter and reason (corrupt, incompatible: a "
-                             "snapshot file set aside at start; corrupt_progress; write; delete; read)",
-                             ["exporter", "reason"], s["export_outbox_errors"])
-        yield self._by_label("otelgpu_checkpoint_errors_total",
-                             "Checkpoints that could not be written or read, by reason", ["reason"],
-                             s["checkpoint_errors"])
-        yield self._by_label("otelgpu_wal_errors_total", "Write-ahead log writes that failed (requests answered "
-                             "'retry later'), by error", ["error"], s["wal_errors"])
-        yield self._by_label("otelgpu_wal_corruptions_total", "Torn or corrupt write-ahead log records found at replay, "
-                             "by where (tail: the crash's last write)", ["where"], s["wal_corruptions"])
-        yield self._by_label("otelgpu_interval_errors_total", "Intervals (whole) and nodes (node) whose computation "
-                             "failed and fell back (see the log)", ["scope"], s["interval_errors"])
         active = GaugeMetricFamily("otelgpu_series_active", "Live cost series in the store")
         active.add_metric([], float(cast(Mapping[str, int], s["series_active"]).get("cost", 0)))
         yield active
 
     @staticmethod
-    def _by_label(name: str, doc: str, labels: list[str], counts: object) -> CounterMetricFamily:
+    def _by_label(name: str, doc: str, labels: Iterable[str], counts: object) -> CounterMetricFamily:
         family = _counter(name, doc, labels)
         for key, value in sorted(cast(Mapping[object, float], counts).items(), key=str):
             values = list(key) if isinstance(key, tuple) else [key]
