@@ -91,7 +91,9 @@ class Sidecar:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log
-            time.sleep(2)
+            deadline = time.monotonic() + 5
+            while "most recent call first" not in self.log.read_text(errors="replace") and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise AssertionError("no exit after SIGTERM:\n" + self.log.read_text()[-6000:]) from None
 
     def close(self) -> None:

@@ -3,11 +3,10 @@ rotates, and a clear error where none can be found."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 from kubeapi import FakeKubeApi
+from support import eventually
 
 from otelgpu.config import KubernetesConfig, _default_tags
 from otelgpu.enrich.kube.source import KubeSource
@@ -58,10 +57,7 @@ def test_token_file_is_reread_when_it_rotates(tmp_path):
             token.write_text("second\n")
             api.drop_watches()  # the next requests carry the file's new content
             api.apply(_pod("after-rotation"))
-            deadline = time.monotonic() + 5
-            while ("ml", "after-rotation") not in source.view().pods:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            eventually(lambda: ("ml", "after-rotation") in source.view().pods)
             assert source.metrics.snapshot()["kube_errors"].get(("pods", "watch", "unauthorized"), 0) == 0
         finally:
             source.shutdown()

@@ -15,6 +15,7 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from kubeapi import FakeKubeApi
+from support import eventually
 
 TOKEN = "s3cret-token"
 
@@ -60,13 +61,6 @@ def soon(action: Callable[[], None], when: Callable[[], bool] = lambda: True) ->
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
-
-
-def until(condition: Callable[[], bool], within: float = 2) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def raw_lines(resp: urllib3.HTTPResponse, count: int | None = None) -> list[dict]:
@@ -219,9 +213,9 @@ def test_drop_watches_breaks_open_stream(server: FakeKubeApi, v1: client.CoreV1A
 
 def test_client_hanging_up_ends_its_watch(server: FakeKubeApi, v1: client.CoreV1Api) -> None:
     resp = v1.list_namespace(watch=True, _preload_content=False)
-    until(lambda: server.watch_count() == 1)
+    eventually(lambda: server.watch_count() == 1)
     resp.close()
-    until(lambda: server.watch_count() == 0)
+    eventually(lambda: server.watch_count() == 0)
 
 
 def test_silenced_watch_hangs(server: FakeKubeApi, v1: client.CoreV1Api) -> None:
@@ -324,7 +318,7 @@ def test_get_objects_of_each_api_group(server: FakeKubeApi, api_client: ApiClien
 
 def test_stop_is_prompt_with_open_watches(v1: client.CoreV1Api, server: FakeKubeApi) -> None:
     streams = [v1.list_namespace(watch=True, _preload_content=False, _request_timeout=3) for _ in range(3)]
-    until(lambda: server.watch_count() == 3)
+    eventually(lambda: server.watch_count() == 3)
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 0.5

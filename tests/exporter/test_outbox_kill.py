@@ -39,7 +39,7 @@ GONE = (("namespace", "ml"), ("pod", "short-job"))
 # The child: builds the sender named in the spec, stages every snapshot, releases through
 # spec["release"], says so, and waits to be killed.
 CHILD = r"""
-import json, sys, time
+import json, signal, sys
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig, RemoteWriteConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
@@ -61,7 +61,7 @@ for end_ns, points in spec["snapshots"]:
     delivery.stage([Point(m, tuple(map(tuple, a)), s, t, v, e) for m, a, s, t, v, e in points], end_ns)
 delivery.release(spec["release"])
 print("released", flush=True)
-time.sleep(600)
+signal.pause()  # until the test kills this process
 """
 
 
