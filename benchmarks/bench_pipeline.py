@@ -15,7 +15,6 @@ from otelgpu.attribution.engine import UnitRows, attribute_request, scad, warm_u
 from otelgpu.attribution.reference import attribute_request_reference, scad_reference
 from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request
-from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.receiver.decode import decode
@@ -47,13 +46,12 @@ def main() -> None:
     p = Pipeline(_config(), serve_receivers=False)
     warm_up()
     start = time.process_time()
-    batches = [decode(r, p.strings) for r in reqs]
+    batches = [decode(r, p.strings, p.ingest.limits) for r in reqs]
     decode_s = time.process_time() - start
     points = sum(len(b) + b.ignored for b in batches)
     start = time.process_time()
     for b in batches:
-        p.facts.update(b)
-        p.windows.add(dcgm_samples(b, p.strings), int(b.time_ns.max()))
+        p.process(b)
     p.close_due(flush=True)
     join_s = time.process_time() - start
 

@@ -32,3 +32,10 @@ def test_fuzz_benchmark_keeps_the_sidecar_alive_and_answering():
     assert int(re.search(r"points rejected: (\d+)", out).group(1)) > 0
     assert "ERROR lines in the sidecar's log: 0" in out
     assert re.search(r"memory at end:   VmRSS \d+ kB", out)
+
+
+def test_pipeline_benchmark_runs():
+    res = subprocess.run([sys.executable, "benchmarks/bench_pipeline.py", "--nodes", "5", "--scrapes", "3"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"decode: [\d,]+ points/s", res.stdout) and re.search(r"ratio \d+x", res.stdout)
