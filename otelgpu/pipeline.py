@@ -27,9 +27,9 @@ from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.delivery import Delivery
-from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
+from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Point
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
@@ -65,7 +65,8 @@ class Pipeline:
         a = config.attribution
         self.strings = Interner()
         self.metrics = SelfMetrics()
-        self.facts = KsmFacts(self.strings, ttl_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
+        remembered_ns = max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS  # facts and devices not reported
+        self.facts = KsmFacts(self.strings, ttl_ns=remembered_ns)
         self.windows = Windows(a.interval_seconds, a.lateness_seconds, max_gap_intervals=FACT_TTL_INTERVALS)
         self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
                                  dropped=config.series.dropped)
@@ -82,7 +83,7 @@ class Pipeline:
         self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
                              cpu_only_nodes=a.scad.cpu_only_nodes,
-                             device_memory_ns=max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS)
+                             device_memory_ns=remembered_ns)
         self.costs = IntervalCosts(self.joiner, self.models, self.strings, self.metrics)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
@@ -192,7 +193,8 @@ class Pipeline:
 
     def _checkpoint_state(self) -> dict:
         return {"store": self.store.state(), "tag_values": self.tag_values.state(), "facts": self.facts.state(),
-                "usage": self.usage.state(), "devices": self.joiner.devices.state(), "windows": {"watermark_ns": self.windows.watermark_ns},
+                "usage": self.usage.state(), "devices": self.joiner.devices.state(),
+                "windows": {"watermark_ns": self.windows.watermark_ns},
                 "wal": {"replay_from": list(self._replay_from()), "processed": list(self._processed or (0, 0))}}
 
     def _replay_from(self) -> Position:

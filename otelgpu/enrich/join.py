@@ -177,7 +177,8 @@ class Joiner:
             mean = means[i]
             if shared[e]:
                 node = nodes[int(E.node[e])]
-                k = int(H.replicas[i]) or self._requested_replicas(holder, gpus_per_pod[(int(H.holder_ns[i]), int(H.holder_pod[i]))])
+                held = gpus_per_pod[(int(H.holder_ns[i]), int(H.holder_pod[i]))]
+                k = int(H.replicas[i]) or self._requested_replicas(holder, held)
                 r = node.replicas if node.replicas > 1 else max(int(pods_per_ent[e]), 1)
                 f = f * min(k, r) / r
                 unit_kind = "replica"

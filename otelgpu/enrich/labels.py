@@ -102,7 +102,8 @@ class TagValues:
         if users is not None and namespace in users:
             users[namespace] = self.generation
             return value
-        if self._held[(tag, namespace)] >= self.per_namespace or (users is None and len(uses) >= self.config.max_distinct):
+        tag_full = users is None and len(uses) >= self.config.max_distinct
+        if tag_full or self._held[(tag, namespace)] >= self.per_namespace:
             if (tag, namespace, value) not in self._capped:
                 if len(self._capped) >= 4 * self.config.max_distinct * len(TAG_NAMES):
                     self._capped.clear()

@@ -8,22 +8,13 @@ from typing import ClassVar
 import numpy as np
 
 from otelgpu.receiver.decode import PointBatch
-from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.schema import Metric
 
 
-class Columns:
+class Columns(Coded):
     """A dataclass of equal-length numpy columns: select rows, join parts, rewrite the columns of
     interned string codes (`CODES`) after the interner is compacted."""
-
-    CODES: ClassVar[tuple[str, ...]] = ()
-
-    def codes(self) -> list[np.ndarray]:
-        return [getattr(self, name) for name in self.CODES]
-
-    def remap(self, table: np.ndarray) -> None:
-        for name in self.CODES:
-            setattr(self, name, table[getattr(self, name)])
 
     def __len__(self) -> int:
         return len(getattr(self, fields(self)[0].name))

@@ -13,10 +13,12 @@ on every batch, so it can move back: one target with a skewed clock, or a few ho
 drag it ahead, not even when they arrive before the rest of the cluster (nothing closes then, since
 intervals close in order and only up to the watermark). A target not heard from for `silence_s` of
 the receive clock (a node removed, a Collector gone) stops counting, so a fleet that shrinks does not
-hold the watermark back for longer than that. Once the first interval has closed, every later interval closes in turn,
-even one no data fell in (a dcgm-exporter outage, only Kubernetes API facts): the money of the
-nodes known then is still computed. A gap longer than `max_gap_intervals` (a long stop) is skipped
-and reported instead of being invented from facts that old.
+hold the watermark back for longer than that.
+
+Once the first interval has closed, every later interval closes in turn, even one no data fell in
+(a dcgm-exporter outage, only Kubernetes API facts): the money of the nodes known then is still
+computed. A gap longer than `max_gap_intervals` (a long stop) is skipped and reported instead of
+being invented from facts that old.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class _Open:
     pods: list[PodSamples] = field(default_factory=list)
     facts: list[PointBatch] = field(default_factory=list)
     first_record: Optional[Position] = None  # earliest log record that put rows here
+
+    def parts(self) -> list:  # Samples, PodSamples and PointBatch alike: len, codes(), remap()
+        return [*self.samples, *self.pods, *self.facts]
 
 
 class Windows:
@@ -145,18 +150,17 @@ class Windows:
 
     def codes(self) -> list[np.ndarray]:
         """The arrays of interned string codes the open intervals hold."""
-        return [a for slot in self._open.values() for part in (*slot.samples, *slot.pods, *slot.facts)
-                for a in part.codes()]
+        return [a for slot in self._open.values() for part in slot.parts() for a in part.codes()]
 
     def remap(self, table: np.ndarray) -> None:
         """Rewrite those codes after the interner was compacted (`Interner.compact`)."""
         for slot in self._open.values():
-            for part in (*slot.samples, *slot.pods, *slot.facts):
+            for part in slot.parts():
                 part.remap(table)
 
     def ahead(self) -> int:
         """Rows waiting in open intervals (after a flush: those only targets ahead of the cluster reached)."""
-        return sum(sum(len(part) for part in (*slot.samples, *slot.pods, *slot.facts)) for slot in self._open.values())
+        return sum(len(part) for slot in self._open.values() for part in slot.parts())
 
     def replay_from(self) -> Optional[Position]:
         """The earliest log record whose rows still wait in an open interval."""

@@ -12,7 +12,8 @@ partly read body) for as long as it likes. Here:
   deadline for the request, not a timeout per recv; its answer gets as long again to be taken;
 - a connection waiting for its next request is closed after `idle_timeout_s`.
 So partly read bodies hold at most `max_connections` times the body limit, each for at most
-`read_timeout_s`, however slow or numerous the clients. Each refusal and cut-off is counted in `receiver_connections_refused{transport="http", reason}`.
+`read_timeout_s`, however slow or numerous the clients. Each refusal and cut-off is counted in
+`receiver_connections_refused{transport="http", reason}`.
 """
 
 from __future__ import annotations

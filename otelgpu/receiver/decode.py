@@ -19,7 +19,7 @@ from typing import ClassVar, Optional
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
 from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, REQUIRED_LABELS
 
@@ -30,7 +30,7 @@ LIVENESS_METRIC = "up"
 
 
 @dataclass
-class PointBatch:
+class PointBatch(Coded):
     """Accepted points of one request, as parallel arrays. `attr_*` hold each row's labels.
 
     `sources` gives, per scrape target (resource) of the request, the newest usable timestamp it
@@ -56,14 +56,6 @@ class PointBatch:
 
     def __len__(self) -> int:
         return len(self.metric)
-
-    def codes(self) -> list[np.ndarray]:
-        return [getattr(self, name) for name in self.CODES]
-
-    def remap(self, table: np.ndarray) -> None:
-        """Rewrite the label codes after the interner was compacted (`Interner.compact`)."""
-        for name in self.CODES:
-            setattr(self, name, table[getattr(self, name)])
 
     @property
     def rejected_count(self) -> int:

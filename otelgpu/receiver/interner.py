@@ -8,8 +8,23 @@ counts compactions, so a batch decoded across one is recognised and decoded agai
 from __future__ import annotations
 
 import threading
+from typing import ClassVar
 
 import numpy as np
+
+
+class Coded:
+    """Columns of interned codes (named in `CODES`) that a compaction rewrites."""
+
+    CODES: ClassVar[tuple[str, ...]] = ()
+
+    def codes(self) -> list[np.ndarray]:
+        return [getattr(self, name) for name in self.CODES]
+
+    def remap(self, table: np.ndarray) -> None:
+        """Rewrite the codes with the table `Interner.compact` returned."""
+        for name in self.CODES:
+            setattr(self, name, table[getattr(self, name)])
 
 
 class Interner:
