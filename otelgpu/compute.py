@@ -22,7 +22,7 @@ from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.window import Interval
-from otelgpu.exporter.store import Attrs, attrs_of
+from otelgpu.exporter.store import with_attrs
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics
 
@@ -64,13 +64,13 @@ class IntervalCosts:
         names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})
         for name in sorted(names):
-            rows = np.flatnonzero(s.node == self.s.find(name))
+            mine = s.take(np.flatnonzero(s.node == self.s.find(name)))
             try:
-                part = self._one(interval, s.take(rows), use, facts, name)
+                part = self._one(interval, mine, use, facts, name)
             except Exception:  # noqa: BLE001
                 log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
                 self.metrics.count("interval_errors", "node")
-                part = self._capacity_only(interval, s.take(rows), name, facts)
+                part = self._capacity_only(interval, mine, name, facts)
                 if part is None:
                     continue
             _add(total, part)
@@ -91,12 +91,9 @@ class IntervalCosts:
             gpus = len({(int(u), int(g)) for u, g in zip(s.uuid, s.gi)})
             self.metrics.add("gpu_seconds_lost", gpus * interval.seconds)
             return None
-        marked = {m: {_marked(a): v for a, v in series.items()} for m, series in sums.items()}
+        error = {"error": "processing"}
+        marked = {m: {with_attrs(a, error): v for a, v in series.items()} for m, series in sums.items()}
         return Costs(marked, {}, joined.unpriced_gpus, joined.gpus_without_device_data)
-
-
-def _marked(attrs: Attrs) -> Attrs:
-    return attrs_of({**dict(attrs), "error": "processing"})
 
 
 def _add(total: Costs, part: Costs) -> None:

@@ -24,16 +24,12 @@ import numpy as np
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.config import TAG_NAMES, AttributionConfig
 from otelgpu.enrich.join import Joined
-from otelgpu.exporter.store import Attrs, attrs_of
+from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.telemetry import SelfMetrics
 
 Series = dict[str, dict[Attrs, float]]
 SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "unattributed")
 RESOURCES = ("gpu", "cpu", "memory")
-
-
-def _with(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
-    return attrs_of({**dict(attrs), **extra})
 
 
 @dataclass
@@ -101,7 +97,7 @@ class CostModels:
             att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
                                              rows.row_measured, rows.row_activity), dt)
         extra = [dict(common, resource="gpu", price_source=node_source[n]) for n in range(n_node)]
-        row_attrs = [_with(a, extra[int(row_node[i])]) for i, a in enumerate(j.row_attrs)]
+        row_attrs = [with_attrs(a, extra[int(row_node[i])]) for i, a in enumerate(j.row_attrs)]
         alloc = att.alloc
         if model == "hybrid":
             measured = att.alloc - att.unmeasured > 0
@@ -118,7 +114,7 @@ class CostModels:
                 sums["unmeasured"][attrs] += float(att.unmeasured[i])
         for i, attrs in enumerate(row_attrs):
             sums["allocated"][attrs] += float(alloc[i])
-        node_attrs = [_with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
+        node_attrs = [with_attrs(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
         capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
         gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc, row_attrs)
         idles = [("gpu", gpu_idle, capacity, node_attrs)]
@@ -174,12 +170,12 @@ class CostModels:
         result = []
         for x, resource in enumerate(("cpu", "memory")):
             extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(j.nodes))]
-            attrs = [_with(p.attrs, dict(extra[p.node], activity_basis=basis[i][x])) for i, p in enumerate(pods)]
+            attrs = [with_attrs(p.attrs, dict(extra[p.node], activity_basis=basis[i][x])) for i, p in enumerate(pods)]
             for i, a in enumerate(attrs):
                 if qty[i, x] > 0:
                     sums["allocated"][a] += float(out.split[i, x])
                     sums["unused"][a] += float(out.unused[i, x])
-            node_attrs = [_with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
+            node_attrs = [with_attrs(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
             idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
             result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
         return result
@@ -202,7 +198,7 @@ class CostModels:
             if amount[n] <= 0 and not node.gpus:
                 continue
             if policy.policy == "platform":
-                attrs = _with(node_attrs[n], dict(self.platform, attribution="idle"))
+                attrs = with_attrs(node_attrs[n], dict(self.platform, attribution="idle"))
                 sums["unused"][attrs] += float(amount[n])
             else:
                 sums["idle"][node_attrs[n]] += float(amount[n])
@@ -228,7 +224,7 @@ class CostModels:
                 continue
             gauges["tag_coverage"][scope + (("tag", "all"),)] = float(base.alloc[rows & found.all(axis=1)].sum()) / total
             for k, name in enumerate(TAG_NAMES):
-                gauges["tag_coverage"][attrs_of({**dict(scope), "tag": name})] = \
+                gauges["tag_coverage"][with_attrs(scope, {"tag": name})] = \
                     float(base.alloc[rows & found[:, k]].sum()) / total
         return gauges
 

@@ -20,6 +20,11 @@ def attrs_of(pairs: Mapping[str, str]) -> Attrs:
     return tuple(sorted((k, v) for k, v in pairs.items() if v != ""))
 
 
+def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
+    """`attrs` with the keys of `extra` added or replaced."""
+    return attrs_of({**dict(attrs), **extra})
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     name: str  # OTLP name
