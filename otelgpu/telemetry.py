@@ -51,6 +51,7 @@ class SelfMetrics:
         self.wal_corruptions: Counter[str] = Counter()  # torn or corrupt records at replay (tail | segment | record)
         self.intervals_skipped = 0  # intervals of gaps too long to fill
         self.interner_compactions = 0  # string table compactions (strings of things gone released)
+        self.requests_decoded_by_reference = 0  # requests the columnar decoder left to protobuf
         self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
         self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
 
@@ -109,6 +110,7 @@ class SelfMetrics:
                 "wal_corruptions": dict(self.wal_corruptions),
                 "intervals_skipped": self.intervals_skipped,
                 "interner_compactions": self.interner_compactions,
+                "requests_decoded_by_reference": self.requests_decoded_by_reference,
                 "interval_errors": dict(self.interval_errors),
                 "gpu_seconds_lost": self.gpu_seconds_lost,
             }

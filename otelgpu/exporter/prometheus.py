@@ -145,6 +145,8 @@ class CostCollector(Collector):
              "Intervals not computed because no data came for longer than the facts are kept"),
             ("otelgpu_interner_compactions_total", "interner_compactions",
              "String table compactions: label strings of pods, values and nodes gone released"),
+            ("otelgpu_requests_decoded_by_reference_total", "requests_decoded_by_reference",
+             "Requests decoded by protobuf instead of the columnar decoder: malformed, or written unusually"),
             ("otelgpu_gpu_seconds_lost_total", "gpu_seconds_lost",
              "GPU-seconds of nodes whose costs could not be computed at all (see the log)"),
         ):

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
-from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, REQUIRED_LABELS
+from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, REQUIRED_KEYS, REQUIRED_LABELS
 
 NO_RECORDED_VALUE = 1
 # A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
@@ -216,39 +216,82 @@ def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint
 def _check(name: str, mcode: int, p, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
            horizon: int) -> tuple[str, list[tuple[str, str]]]:
     """(reason the point is rejected, "" if usable; the labels kept, as strings)."""
-    t = p.time_unix_nano
+    reason = time_problem(name, p.time_unix_nano, floor, horizon)
+    if reason:
+        return reason, []
+    labels = wanted_labels(p.attributes, lim)
+    shape = label_shape(len(p.attributes), labels, lim)
+    stale = bool(p.flags & NO_RECORDED_VALUE)
+    reason = point_problem(name, mcode, shape, stale, math.nan if stale else _value(p))
+    return reason, ([] if reason else labels)
+
+
+# The checks of a point, in the order they are made; the columnar decoder (receiver/columnar.py)
+# makes the same ones, the label checks once per distinct label set.
+
+def time_problem(name: str, t: int, floor: int, horizon: int) -> str:
     if t == 0:
-        return f"{name} point without a timestamp", []
+        return f"{name} point without a timestamp"
     if t > horizon:
-        return f"{name} timestamp ahead of the receive clock", []
+        return f"{name} timestamp ahead of the receive clock"
     if t < floor:
-        return f"{name} timestamp older than the age limit", []
-    if len(p.attributes) > lim.max_attributes:
-        return f"{name} has too many labels", []
-    wanted, required = lim.wanted, REQUIRED_LABELS[mcode]
-    labels = [(kv.key, _any_value_str(kv.value)) for kv in p.attributes if wanted is None or kv.key in wanted]
+        return f"{name} timestamp older than the age limit"
+    return ""
+
+
+def wanted_labels(attributes, lim: Limits) -> list[tuple[str, str]]:  # noqa: ANN001 - repeated KeyValue
+    wanted = lim.wanted
+    return [(kv.key, _any_value_str(kv.value)) for kv in attributes if wanted is None or kv.key in wanted]
+
+
+@dataclass(frozen=True)
+class LabelShape:
+    """What the checks need of a point's labels: the first problem with them ("" if none), the
+    required keys present, whether only one of the MIG pair is, the last `resource` value."""
+
+    problem: str = ""
+    found: frozenset[str] = frozenset()
+    mig_half: bool = False
+    resource: str = ""
+
+
+TOO_MANY_LABELS = LabelShape("has too many labels")
+
+
+def label_shape(n_attributes: int, labels: list[tuple[str, str]], lim: Limits) -> LabelShape:
+    if n_attributes > lim.max_attributes:
+        return TOO_MANY_LABELS
     found: set[str] = set()  # a set, not a count: a hostile point may repeat a key
     resource, mig_labels = "", 0
     for k, v in labels:
         if len(v) > lim.max_label_bytes or len(k) > lim.max_label_bytes:
-            return f"{name} label value longer than {lim.max_label_bytes}", []
+            return LabelShape(f"label value longer than {lim.max_label_bytes}")
         if not v and k in IDENTITY_KEYS:  # the Collector drops empty labels; an empty name is no name
-            return f"{name} empty label {k}", []
-        if k in required:
+            return LabelShape(f"empty label {k}")
+        if k in REQUIRED_KEYS:
             found.add(k)
         if k in LABEL_CHECKS:
             problem = LABEL_CHECKS[k](v)
             if problem:
-                return f"{name} {problem}", []
+                return LabelShape(problem)
             mig_labels |= 1 if k == "GPU_I_ID" else 2 if k == "GPU_I_PROFILE" else 0
         if k == "resource":
             resource = v
-    if len(found) < len(required):
-        return f"{name} missing label {next(k for k in required if k not in found)}", []
-    if mig_labels in (1, 2):
-        return f"{name} has only one of GPU_I_ID and GPU_I_PROFILE", []
-    if not p.flags & NO_RECORDED_VALUE:
-        problem = value_problem(mcode, _value(p), resource)
+    return LabelShape("", frozenset(found), mig_labels in (1, 2), resource)
+
+
+def point_problem(name: str, mcode: int, shape: LabelShape, stale: bool, value: float) -> str:
+    """Why a point with a usable timestamp cannot be used ("" when it can)."""
+    if shape.problem:
+        return f"{name} {shape.problem}"
+    required = REQUIRED_LABELS[mcode]
+    for k in required:
+        if k not in shape.found:
+            return f"{name} missing label {k}"
+    if shape.mig_half:
+        return f"{name} has only one of GPU_I_ID and GPU_I_PROFILE"
+    if not stale:
+        problem = value_problem(mcode, value, shape.resource)
         if problem:
-            return f"{name} {problem}", []
-    return "", labels
+            return f"{name} {problem}"
+    return ""

@@ -28,16 +28,12 @@ from typing import Any, Callable, Optional
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
-from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 from otelgpu.config import GrpcReceiverConfig
-from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
+from otelgpu.errors import ConfigError, OtelgpuError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
 
@@ -135,7 +131,7 @@ class GrpcReceiver:
         server = grpc.server(self._executor, options=self._options(), maximum_concurrent_rpcs=2 * admitted)
         # Registered by hand with a bytes-in handler rather than add_MetricsServiceServicer_to_server:
         # grpcio answers a request it cannot deserialize with INTERNAL, and the OTLP contract asks
-        # for INVALID_ARGUMENT, so the request is parsed here.
+        # for INVALID_ARGUMENT; and the columnar decoder reads the bytes themselves.
         export = grpc.unary_unary_rpc_method_handler(
             self._export, request_deserializer=None,
             response_serializer=ExportMetricsServiceResponse.SerializeToString,
@@ -200,10 +196,6 @@ class GrpcReceiver:
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
     def _handle(self, raw: bytes) -> tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]:
-        """(outcome, response, error to answer with instead of the response)."""
-        empty = ExportMetricsServiceResponse()
-        try:
-            request = ExportMetricsServiceRequest.FromString(raw)
-        except DecodeError as exc:
-            return "invalid", empty, PermanentError(f"undecodable ExportMetricsServiceRequest: {exc}")
-        return answer(self.consumer, request, "gRPC")
+        """(outcome, response, error to answer with instead of the response). The consumer decodes
+        the bytes (an undecodable request is its PermanentError)."""
+        return answer(self.consumer, raw, "gRPC")

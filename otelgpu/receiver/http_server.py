@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otelgpu.config import HttpReceiverConfig
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
 from otelgpu.receiver.connections import Connection, ConnectionGate, LimitedHTTPServer
-from otelgpu.receiver.ingest import Consumer, answer
+from otelgpu.receiver.ingest import Consumer, Request, answer
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -64,18 +64,18 @@ def _inflate(body: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
-def _parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
+def _parse(body: bytes, media: str) -> Request:
+    """A JSON body as a message; a protobuf body stays bytes, for the columnar decoder."""
+    if media != JSON:
+        return body
     request = ExportMetricsServiceRequest()
     try:
-        if media == JSON:
-            doc = json.loads(body)
-            if not isinstance(doc, dict):  # json_format would take `[]` for an empty request
-                raise PermanentError("OTLP/JSON body must be an object")
-            # Unknown fields are ignored, as the OTLP/JSON specification asks of receivers.
-            json_format.ParseDict(doc, request, ignore_unknown_fields=True)
-        else:
-            request.ParseFromString(body)
-    except (DecodeError, json_format.ParseError, ValueError, RecursionError) as exc:
+        doc = json.loads(body)
+        if not isinstance(doc, dict):  # json_format would take `[]` for an empty request
+            raise PermanentError("OTLP/JSON body must be an object")
+        # Unknown fields are ignored, as the OTLP/JSON specification asks of receivers.
+        json_format.ParseDict(doc, request, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, RecursionError) as exc:
         raise PermanentError(f"undecodable ExportMetricsServiceRequest: {exc}") from None
     return request
 

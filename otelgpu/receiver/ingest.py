@@ -7,16 +7,17 @@ import logging
 import queue
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional, Protocol
+from typing import Iterator, Optional, Protocol, Union
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsPartialSuccess,
     ExportMetricsServiceResponse,
 )
 
 from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
+from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
@@ -25,11 +26,16 @@ from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Wal
 
 
-class Consumer(Protocol):
-    def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
-        """Take one request. Returns (rejected points, reason text; empty when none).
+Request = Union[bytes, ExportMetricsServiceRequest]
 
-        Raises RetryableError when the sidecar cannot take it now.
+
+class Consumer(Protocol):
+    def consume(self, request: Request) -> tuple[int, str]:
+        """Take one request, as its protobuf bytes or as a message. Returns (rejected points,
+        reason text; empty when none).
+
+        Raises RetryableError when the sidecar cannot take it now, PermanentError when the bytes
+        are not a request.
         """
 
 
@@ -38,7 +44,7 @@ log = logging.getLogger(__name__)
 Answer = tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]
 
 
-def answer(consumer: Consumer, request: ExportMetricsServiceRequest, transport: str) -> Answer:
+def answer(consumer: Consumer, request: Request, transport: str) -> Answer:
     """Hand `request` to `consumer`: (outcome, response, error to answer with instead), shared by
     both transports so they keep one contract."""
     empty = ExportMetricsServiceResponse()
@@ -69,21 +75,35 @@ class Ingest:
         self.metrics = metrics
         self.limits = limits or Limits()
         self.wal = wal
+        self.columnar = ColumnarDecoder(strings, self.limits)
         self._queue: queue.Queue[PointBatch] = queue.Queue(maxsize=queue_size)
         self._order = threading.Lock()
 
-    def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
+    def consume(self, request: Request) -> tuple[int, str]:
         if self._queue.full():  # decide before decoding: an overloaded sidecar should not work more
             raise RetryableError("otelgpu queue is full", self.retry_after_s)
-        batch = decode(request, self.strings, self.limits)
+        raw = request if isinstance(request, bytes) else request.SerializeToString()
+        batch = self._decode(raw)
         while len(batch) and not self._enqueue(batch):  # the interner was compacted meanwhile
-            batch = decode(request, self.strings, self.limits)
+            batch = self._decode(raw)
         if len(batch):
             self.metrics.add("points_received", len(batch))
         for reason, n in batch.rejected.items():
             self.metrics.count("points_rejected", reason, n)
         self.metrics.add("points_ignored", batch.ignored)
         return batch.rejected_count, describe_rejections(batch.rejected)
+
+    def _decode(self, raw: bytes) -> PointBatch:
+        """The columnar decoder's batch; the reference decoder's where protobuf must read the bytes."""
+        batch = self.columnar.decode(raw)
+        if batch is None:
+            self.metrics.add("requests_decoded_by_reference")
+            try:
+                request = ExportMetricsServiceRequest.FromString(raw)
+            except DecodeError as exc:
+                raise PermanentError(f"undecodable ExportMetricsServiceRequest: {exc}") from None
+            batch = decode(request, self.strings, self.limits)
+        return batch
 
     def _enqueue(self, batch: PointBatch) -> bool:
         """Log (when durable) and queue `batch`; returns once it is safe to answer. False, with

@@ -82,6 +82,7 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     Metric.CPU_USAGE: (),
     Metric.MEMORY_WORKING_SET: (),
 }
+REQUIRED_KEYS = tuple(sorted({k for keys in REQUIRED_LABELS.values() for k in keys}))
 
 # Valid value ranges. DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage;
 # the rest are bounds no real cluster reaches, so that one absurd point is rejected instead of
@@ -155,15 +156,22 @@ LABEL_CHECKS = {
 }
 
 
+def quantity_bounds(resource: str) -> tuple[float, float, bool]:
+    """(lowest, highest, whole numbers only) for a request or capacity of `resource`."""
+    if resource.startswith("nvidia_com_"):
+        return 0.0, MAX_GPU_UNITS, True
+    return 0.0, MAX_CORES if resource == "cpu" else MAX_BYTES if resource == "memory" else MAX_OTHER, False
+
+
 def quantity_problem(resource: str, value: float) -> str:
     """Why a request or capacity of `resource` cannot be used ("" when it can)."""
-    if resource.startswith("nvidia_com_"):
-        if value != int(value) or not 0 <= value <= MAX_GPU_UNITS:
-            return f"{resource} not a whole number in [0, {MAX_GPU_UNITS}]"
+    lo, hi, whole = quantity_bounds(resource)
+    if whole:
+        if value != int(value) or not lo <= value <= hi:
+            return f"{resource} not a whole number in [{lo:g}, {hi:g}]"
         return ""
-    limit = MAX_CORES if resource == "cpu" else MAX_BYTES if resource == "memory" else MAX_OTHER
-    if not 0 <= value <= limit:
-        return f"{resource} outside [0, {limit:g}]"
+    if not lo <= value <= hi:
+        return f"{resource} outside [{lo:g}, {hi:g}]"
     return ""
 
 

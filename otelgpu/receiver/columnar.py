@@ -1,0 +1,356 @@
+"""The columnar decoder: an ExportMetricsServiceRequest's bytes -> PointBatch, with no Python work
+per point.
+
+The numba kernel (`wire.scan`) reads the bytes once and matches each point's attributes, by their
+wire bytes, against a table of the label sets seen before. A label set is decoded, checked and
+interned the first time it is seen; every later point carrying the same bytes (the next scrape of
+the same GPU or pod, the other metrics of the same series) reuses it. What is left per point is
+numpy over whole columns: timestamp, label and value checks, the attribute rows of the accepted
+points. A point some fast check cannot pass is judged by the reference's own checks
+(decode.time_problem, point_problem), so rejections carry the reference's reasons.
+
+Where the kernel is not sure it reads the bytes as protobuf does, `decode` returns None and the
+caller uses the reference decoder (decode.py): the two always agree (tests/receiver/test_columnar.py).
+
+The table follows the live cluster: once it has doubled since it was last swept, the label sets
+no point has carried for SET_IDLE_NS of data time (pods gone, series ended) are dropped, as a
+compaction of the interner drops strings. It holds interned codes, so it is emptied whenever the
+interner is compacted. One decode at a time uses it (a lock): the kernel holds the GIL anyway.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from typing import Optional
+
+import numpy as np
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.metrics.v1.metrics_pb2 import NumberDataPoint
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from otelgpu.receiver import wire
+from otelgpu.receiver.decode import (
+    _RESOURCE_KEYS,
+    NO_RECORDED_VALUE,
+    TOO_MANY_LABELS,
+    LabelShape,
+    PointBatch,
+    _any_value_str,
+    label_shape,
+    point_problem,
+    source_of,
+    time_problem,
+    wanted_labels,
+)
+from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.limits import Limits
+from otelgpu.receiver.schema import (
+    KNOWN_METRICS,
+    REQUIRED_LABELS,
+    VALUE_RANGE,
+    Metric,
+    quantity_bounds,
+)
+
+_CODES = max(int(m) for m in Metric) + 1
+NAMES = {int(code): name for name, code in KNOWN_METRICS.items()}
+_QUANTITY = np.zeros(_CODES, bool)
+_QUANTITY[[Metric.POD_REQUESTS, Metric.NODE_CAPACITY]] = True
+_LO = np.full(_CODES, -np.inf)
+_HI = np.full(_CODES, np.inf)
+for _m, (_lo, _hi) in VALUE_RANGE.items():
+    _LO[_m], _HI[_m] = _lo, _hi
+
+MAX_SETS = 1 << 21  # beyond this many label sets (or arena bytes x 64) the table starts afresh
+MAX_SHAPES = 1 << 12  # distinct label shapes: a few dozen in a cluster; beyond, the table starts afresh
+SWEEP_FROM = 1 << 12  # sets before the first sweep
+SET_IDLE_NS = 300 * 10**9  # a set no point carried for this long (data time) is dropped at a sweep
+MAX_RESOURCES = 4096  # distinct scrape-target resources remembered
+
+
+def _names() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The metric names the kernel recognises: the consumed ones and the liveness metric."""
+    names = [(n.encode(), int(c)) for n, c in KNOWN_METRICS.items()] + [(b"up", wire.LIVENESS)]
+    blob = np.frombuffer(b"".join(n for n, _ in names), np.uint8).copy()
+    off = np.zeros(len(names) + 1, np.int64)
+    np.cumsum([len(n) for n, _ in names], out=off[1:])
+    return blob, off, np.array([c for _, c in names], np.int64)
+
+
+_NAME_BLOB, _NAME_OFF, _NAME_CODE = _names()
+
+
+def _grown(a: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
+    if need <= len(a):
+        return a
+    out = np.full(max(need, 2 * len(a)), fill, a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+class _Unsure(Exception):
+    """Protobuf must read this request: the reference decoder takes it."""
+
+
+class ColumnarDecoder:
+    """Decodes requests for one interner with one set of limits."""
+
+    def __init__(self, strings: Interner, limits: Optional[Limits] = None) -> None:
+        self.strings = strings
+        self.limits = limits or Limits()
+        self.lock = threading.Lock()
+        self.seed = np.uint64(random.getrandbits(64))  # crafted hash collisions cannot be planned
+        self.clears = 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self.epoch = self.strings.epoch
+        self.renumbered = getattr(self, "renumbered", 0) + 1  # set ids change at every clear and sweep
+        self.sets = 0
+        self.slots = np.full(1 << 12, -1, np.int32)
+        self.set_hash = np.zeros(1 << 10, np.uint64)
+        self.set_shape = np.zeros(1 << 10, np.int32)
+        self.set_seen = np.zeros(1 << 10, np.int64)  # newest time of an accepted point carrying it
+        self.newest_ns = 0
+        self.kept = 0  # sets the last sweep kept
+        self.arena = np.zeros(1 << 16, np.uint8)
+        self.arena_off = np.zeros((1 << 10) + 1, np.int64)
+        self.label_off = np.zeros((1 << 10) + 1, np.int64)
+        self.label_key = np.zeros(1 << 12, np.int32)
+        self.label_val = np.zeros(1 << 12, np.int32)
+        # Distinct label shapes, with what the vectorised checks need of each.
+        self.shapes: list[LabelShape] = []
+        self._shape_index: dict[LabelShape, int] = {}
+        self.shape_ok = np.zeros((0, _CODES), bool)  # no problem, required keys present, MIG pair whole
+        self.shape_q = np.zeros((0, 3))  # quantity bounds of its `resource`: lo, hi, whole
+        self._resources: dict[bytes, tuple[int, int, str]] = {}
+        self.clears += 1
+
+    def __len__(self) -> int:
+        return self.sets
+
+    def decode(self, raw: bytes, now_ns: Optional[int] = None) -> Optional[PointBatch]:
+        """The batch, or None when the reference decoder must read `raw`."""
+        lim = self.limits
+        now = time.time_ns() if now_ns is None else now_ns
+        horizon = now + lim.max_future_ns
+        floor = now - lim.max_age_ns if lim.max_age_ns else 1
+        buf = np.frombuffer(raw, np.uint8)
+        with self.lock:
+            epoch = self.strings.epoch
+            if (epoch != self.epoch or self.sets > MAX_SETS or len(self.arena) > 64 * MAX_SETS
+                    or len(self.shapes) > MAX_SHAPES):
+                self._clear()
+            elif self.sets >= max(SWEEP_FROM, 2 * self.kept):
+                self.sweep(self.newest_ns - SET_IDLE_NS)
+            cols = self._scan(buf, floor, horizon)
+            if cols is None:
+                return None
+            try:
+                resources = [self._resource(raw, int(a), int(b)) for a, b in cols["r_res"]]
+                self._learn(raw, buf, cols)
+            except _Unsure:
+                return None
+            label_off, label_key, label_val = self.label_off, self.label_key, self.label_val
+            shapes, shape_ok, shape_q = self.shapes, self.shape_ok, self.shape_q
+            set_shape = self.set_shape[:self.sets].copy()
+            numbering = self.renumbered
+        batch, rows = _columns(cols, resources, floor, horizon, set_shape, shapes, shape_ok, shape_q,
+                               label_off, label_key, label_val)
+        if len(rows):
+            with self.lock:
+                if self.renumbered == numbering:  # not emptied or swept meanwhile
+                    np.maximum.at(self.set_seen, cols["p_set"][rows], batch.time_ns)
+                    self.newest_ns = max(self.newest_ns, int(batch.time_ns.max()))
+        batch.epoch = epoch
+        return batch
+
+    def sweep(self, cutoff_ns: int) -> None:
+        """Drop the label sets no accepted point carried since `cutoff_ns`."""
+        n = self.sets
+        keep = np.flatnonzero(self.set_seen[:n] >= cutoff_ns)
+        arena_off, label_off = self.arena_off, self.label_off
+        self.arena, new_arena_off = _gather(self.arena, arena_off, keep)
+        self.label_key, new_label_off = _gather(self.label_key, label_off, keep)
+        self.label_val, _ = _gather(self.label_val, label_off, keep)
+        self.arena_off, self.label_off = new_arena_off, new_label_off
+        self.set_hash, self.set_shape, self.set_seen = (a[keep].copy() for a in (self.set_hash, self.set_shape,
+                                                                                  self.set_seen))
+        self.sets = self.kept = len(keep)
+        self.renumbered += 1
+        self.slots = np.full(max(1 << 12, 1 << int(2 * max(len(keep), 1)).bit_length()), -1, np.int32)
+        for k in range(self.sets):
+            wire.place_set(self.slots, self.set_hash, k)
+
+    def _scan(self, buf: np.ndarray, floor: int, horizon: int) -> Optional[dict[str, np.ndarray]]:
+        cap, rcap = max(16, len(buf) // 24), 64
+        while True:
+            c = {
+                "p_metric": np.empty(cap, np.int16), "p_res": np.empty(cap, np.int32),
+                "p_time": np.empty(cap, np.int64), "p_value": np.empty(cap, np.float64),
+                "p_flags": np.empty(cap, np.int64), "p_nattr": np.empty(cap, np.int32),
+                "p_set": np.empty(cap, np.int32), "p_hash": np.empty(cap, np.uint64),
+                "p_dp": np.empty((cap, 2), np.int64),
+                "r_res": np.empty((rcap, 2), np.int64), "r_live": np.empty(rcap, np.int64),
+                "wrong": np.zeros((_CODES, len(wire.WHICH)), np.int64),
+            }
+            status, n, nres, ignored = wire.scan(
+                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, *wire.SCHEMA[:3], self.slots, self.set_hash, self.arena,
+                self.arena_off, self.seed, floor, horizon, self.limits.max_attributes,
+                c["p_metric"], c["p_res"], c["p_time"], c["p_value"], c["p_flags"], c["p_nattr"], c["p_set"],
+                c["p_hash"], c["p_dp"], c["r_res"], c["r_live"], c["wrong"])
+            if status != wire.OK:
+                return None
+            if n <= cap and nres <= rcap:
+                break
+            cap, rcap = max(cap, n), max(rcap, nres)
+        out = {k: (v[:n] if k.startswith("p_") else v[:nres]) for k, v in c.items() if k != "wrong"}
+        out["wrong"], out["ignored"] = c["wrong"], np.int64(ignored)
+        return out
+
+    def _learn(self, raw: bytes, buf: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+        """Enter the label sets of this request not yet in the table, and point their points at them."""
+        p_set, p_hash, p_dp = cols["p_set"], cols["p_hash"], cols["p_dp"]
+        unknown = np.flatnonzero(p_set == -1)
+        while len(unknown):
+            _, first = np.unique(p_hash[unknown], return_index=True)
+            for i in unknown[np.sort(first)].tolist():  # in the request's order: strings too are interned so
+                self._add(raw, buf, int(p_dp[i, 0]), int(p_dp[i, 1]), p_hash[i])
+            found = np.empty(len(unknown), np.int32)
+            wire.find_sets(buf, p_dp[unknown], p_hash[unknown], self.limits.max_attributes, self.slots, self.set_hash,
+                           self.arena, self.arena_off, found)
+            p_set[unknown] = found
+            unknown = unknown[found == -1]  # two sets with one hash: the next round enters the other
+
+    def _add(self, raw: bytes, buf: np.ndarray, a: int, b: int, h: np.uint64) -> None:
+        try:
+            point = NumberDataPoint.FromString(raw[a:b])
+        except DecodeError:
+            raise _Unsure() from None
+        labels = wanted_labels(point.attributes, self.limits)
+        shape = label_shape(len(point.attributes), labels, self.limits)
+        codes = [] if shape.problem else [(self.strings.code(k), self.strings.code(v)) for k, v in labels]
+        s = self.sets
+        self.set_hash = _grown(self.set_hash, s + 1)
+        self.set_shape = _grown(self.set_shape, s + 1)
+        self.set_seen = _grown(self.set_seen, s + 1)
+        self.arena_off = _grown(self.arena_off, s + 2)
+        self.label_off = _grown(self.label_off, s + 2)
+        at = int(self.arena_off[s])
+        self.arena = _grown(self.arena, at + (b - a))
+        size = wire.attribute_bytes(buf, a, b, self.arena[at:])
+        self.arena_off[s + 1] = at + size
+        lat = int(self.label_off[s])
+        self.label_key = _grown(self.label_key, lat + len(codes))
+        self.label_val = _grown(self.label_val, lat + len(codes))
+        if codes:
+            self.label_key[lat:lat + len(codes)], self.label_val[lat:lat + len(codes)] = zip(*codes)
+        self.label_off[s + 1] = lat + len(codes)
+        self.set_hash[s] = h
+        self.set_shape[s] = self._shape(shape)
+        self.set_seen[s] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
+        self.sets = s + 1
+        if 2 * self.sets > len(self.slots):
+            self.slots = np.full(2 * len(self.slots), -1, np.int32)
+            for k in range(self.sets):
+                wire.place_set(self.slots, self.set_hash, k)
+        else:
+            wire.place_set(self.slots, self.set_hash, s)
+
+    def _shape(self, shape: LabelShape) -> int:
+        index = self._shape_index.get(shape)
+        if index is None:
+            index = self._shape_index[shape] = len(self.shapes)
+            self.shapes.append(shape)
+            ok = np.zeros(_CODES, bool)
+            if not shape.problem and not shape.mig_half:
+                for m in NAMES:
+                    ok[m] = all(k in shape.found for k in REQUIRED_LABELS[Metric(m)])
+            self.shape_ok = np.vstack([self.shape_ok, ok[None, :]])
+            lo, hi, whole = quantity_bounds(shape.resource)
+            self.shape_q = np.vstack([self.shape_q, [[lo, hi, float(whole)]]])
+        return index
+
+    def _resource(self, raw: bytes, a: int, b: int) -> tuple[int, int, str]:
+        """(node code, own pod code, source) of a scrape target's Resource at raw[a:b]."""
+        key = raw[a:b] if a >= 0 else b""
+        known = self._resources.get(key)
+        if known is not None:
+            return known
+        try:
+            attrs = Resource.FromString(key).attributes
+        except DecodeError:
+            raise _Unsure() from None
+        res = {kv.key: _any_value_str(kv.value) for kv in attrs if kv.key in _RESOURCE_KEYS}
+        lim, code = self.limits, self.strings.code
+        node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
+        pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
+        out = (node, pod, source_of(res))
+        if len(self._resources) < MAX_RESOURCES:
+            self._resources[key] = out
+        return out
+
+
+def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The runs values[off[k]:off[k+1]] of the sets `keep`, packed, and their new offsets."""
+    counts = off[keep + 1] - off[keep]
+    new_off = np.zeros(len(keep) + 1, np.int64)
+    np.cumsum(counts, out=new_off[1:])
+    entries = np.repeat(off[keep] - new_off[:-1], counts) + np.arange(int(new_off[-1]), dtype=np.int64)
+    return values[entries], new_off
+
+
+def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str]], floor: int, horizon: int,
+             set_shape: np.ndarray, shapes: list[LabelShape], shape_ok: np.ndarray, shape_q: np.ndarray,
+             label_off: np.ndarray, label_key: np.ndarray,
+             label_val: np.ndarray) -> tuple[PointBatch, np.ndarray]:
+    """The batch, and the scanned points it kept (indices into c's columns)."""
+    metric, t, value, sets = c["p_metric"].astype(np.int64), c["p_time"], c["p_value"], c["p_set"]
+    stale = (c["p_flags"] & NO_RECORDED_VALUE) != 0
+    known = sets >= 0
+    shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
+    # The checks every usable point passes, over whole columns; a point failing one is judged below.
+    ok = known & (t != 0) & (t <= horizon) & (t >= floor)
+    if len(shapes):
+        ok &= shape_ok[shape, metric]
+        q = shape_q[shape]
+        with np.errstate(invalid="ignore"):
+            in_range = np.isfinite(value) & (_LO[metric] <= value) & (value <= _HI[metric])
+            quantity = (q[:, 0] <= value) & (value <= q[:, 1]) & ((q[:, 2] == 0) | (value == np.floor(value)))
+        ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
+    rejected: Counter[str] = Counter()
+    for i in np.flatnonzero(~ok).tolist():
+        name, m = NAMES[int(metric[i])], int(metric[i])
+        s = int(sets[i])
+        label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
+        reason = (time_problem(name, int(t[i]), floor, horizon)
+                  or point_problem(name, m, label, bool(stale[i]), float(value[i])))
+        if reason:
+            rejected[reason] += 1
+        else:
+            ok[i] = True
+    for m, which in zip(*np.nonzero(c["wrong"])):
+        kind = wire.WHICH[which] or "no data"
+        rejected[f"{NAMES[int(m)]} arrived as {kind}, expected gauge or sum"] += int(c["wrong"][m, which])
+
+    rows = np.flatnonzero(ok)
+    res = c["p_res"][rows]
+    res_node = np.array([r[0] for r in resources], np.int32)
+    res_pod = np.array([r[1] for r in resources], np.int32)
+    chosen = sets[rows].astype(np.int64)
+    keys, off = _gather(label_key, label_off, chosen)
+    vals, _ = _gather(label_val, label_off, chosen)
+    times = t[rows]
+    batch = PointBatch(metric[rows].astype(np.int16), times, np.where(stale[rows], np.nan, value[rows]),
+                       stale[rows], res_node[res] if len(rows) else np.zeros(0, np.int32),
+                       res_pod[res] if len(rows) else np.zeros(0, np.int32), off, keys, vals,
+                       rejected, int(c["ignored"]))
+    newest = c["r_live"].copy()
+    np.maximum.at(newest, res, times)
+    for r in np.flatnonzero(newest).tolist():
+        src = resources[r][2]
+        batch.sources[src] = max(batch.sources.get(src, 0), int(newest[r]))
+    return batch, rows

@@ -1,0 +1,627 @@
+"""numba kernels over the protobuf bytes of an ExportMetricsServiceRequest.
+
+`scan` walks the request once and writes one row per data point of a consumed gauge or sum
+metric (its metric code, scrape target, timestamp, value, flags and the label set its attributes
+match in the label-set table), without making a Python object per point. Everything else is only
+checked: metrics otelgpu does not consume are skipped on their name, their points never read
+beyond the framing and string checks that protobuf's own parser makes.
+
+The kernels never decide a request is undecodable. Wherever their reading could differ from
+protobuf's (a truncated or corrupt field, bad UTF-8 in a string, a field repeated where protobuf
+keeps the last, a field of an unexpected wire type, deep nesting, groups) they answer UNSURE and
+the request is decoded by the reference decoder (receiver/decode.py), whose answer stands. So on
+every request both decoders give the same columns, and protobuf alone says what is malformed.
+
+The schema tables (`SCHEMA`) come from the protobuf descriptors, so every string field of the
+metrics protocol is checked the way protobuf checks it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+OK, UNSURE = 0, 1
+
+# Field kinds in the schema tables.
+UNKNOWN, VARINT, I64, I32, STRING, BYTES, MESSAGE = range(7)
+MAX_FIELD = 16  # OTLP's metric messages number their fields below this; higher ones are unknown
+MAX_DEPTH = 48  # protobuf's limit is 100: deeper requests go to the reference decoder
+
+_VARINT_TYPES = {3, 4, 5, 8, 13, 14, 17, 18}  # int64 uint64 int32 bool uint32 enum sint32 sint64
+_I64_TYPES = {1, 6, 16}  # double fixed64 sfixed64
+_I32_TYPES = {2, 7, 15}  # float fixed32 sfixed32
+
+
+class Schema(NamedTuple):
+    kind: np.ndarray  # int8 [type, field]
+    child: np.ndarray  # int32 [type, field]: message type of a MESSAGE field
+    packed: np.ndarray  # bool [type, field]: a repeated number, which may come packed
+    types: dict[str, int]  # message full name -> type index
+
+
+def _schema() -> Schema:
+    order: dict[str, int] = {}
+    found = []
+
+    def walk(d) -> None:  # noqa: ANN001 - a protobuf Descriptor
+        if d.full_name in order:
+            return
+        order[d.full_name] = len(found)
+        found.append(d)
+        for f in d.fields:
+            if f.message_type is not None:
+                walk(f.message_type)
+
+    walk(ExportMetricsServiceRequest.DESCRIPTOR)
+    kind = np.zeros((len(found), MAX_FIELD), np.int8)
+    child = np.full((len(found), MAX_FIELD), -1, np.int32)
+    packed = np.zeros((len(found), MAX_FIELD), np.bool_)
+    for t, d in enumerate(found):
+        for f in d.fields:
+            if f.number >= MAX_FIELD:
+                raise AssertionError(f"{d.full_name}.{f.name} is numbered {f.number}: raise MAX_FIELD")
+            if f.type in _VARINT_TYPES:
+                kind[t, f.number] = VARINT
+            elif f.type in _I64_TYPES:
+                kind[t, f.number] = I64
+            elif f.type in _I32_TYPES:
+                kind[t, f.number] = I32
+            elif f.type == 9:
+                kind[t, f.number] = STRING
+            elif f.type == 12:
+                kind[t, f.number] = BYTES
+            elif f.type == 11:
+                kind[t, f.number], child[t, f.number] = MESSAGE, order[f.message_type.full_name]
+            else:  # groups: never in OTLP
+                raise AssertionError(f"{d.full_name}.{f.name} has protobuf type {f.type}")
+            packed[t, f.number] = f.is_repeated and kind[t, f.number] in (VARINT, I64, I32)
+    return Schema(kind, child, packed, order)
+
+
+SCHEMA = _schema()
+_T = SCHEMA.types
+T_RESOURCE = _T["opentelemetry.proto.resource.v1.Resource"]
+T_SCOPE = _T["opentelemetry.proto.common.v1.InstrumentationScope"]
+T_KEYVALUE = _T["opentelemetry.proto.common.v1.KeyValue"]
+T_EXEMPLAR = _T["opentelemetry.proto.metrics.v1.Exemplar"]
+T_METRIC = _T["opentelemetry.proto.metrics.v1.Metric"]
+T_NDP = _T["opentelemetry.proto.metrics.v1.NumberDataPoint"]
+# Metric's `data` oneof: field number -> its message type, in WhichOneof's names (decode.py).
+DATA_FIELDS = {5: "gauge", 7: "sum", 9: "histogram", 10: "exponential_histogram", 11: "summary"}
+DATA_TYPES = np.full(MAX_FIELD, -1, np.int32)
+for _f in DATA_FIELDS:
+    DATA_TYPES[_f] = SCHEMA.child[T_METRIC, _f]
+# Codes of the data kinds in the `wrong` counts: 0 is "no data", then the oneof's fields in order.
+WHICH = (None, *DATA_FIELDS.values())
+_WHICH_OF_FIELD = np.zeros(MAX_FIELD, np.int64)
+for _i, _f in enumerate(DATA_FIELDS):
+    _WHICH_OF_FIELD[_f] = _i + 1
+
+BEYOND = np.int64(2**63 - 1)  # a time past int64: ahead of any clock
+# Metric name codes beyond the consumed metrics' own (schema.Metric): not consumed.
+IGNORED, LIVENESS = -1, -2
+
+
+@njit(cache=True, nogil=True)
+def _varint(buf, i, end):  # noqa: ANN001, ANN202 - numba
+    """(value, position after it); position -1 when the varint is truncated or longer than 10 bytes."""
+    result = np.uint64(0)
+    shift = np.uint64(0)
+    for _ in range(10):
+        if i >= end:
+            return np.uint64(0), -1
+        b = buf[i]
+        i += 1
+        result |= np.uint64(b & 0x7F) << shift
+        if b < 0x80:
+            return result, i
+        shift += np.uint64(7)
+    return np.uint64(0), -1
+
+
+@njit(cache=True, nogil=True)
+def _fixed64(buf, i):  # noqa: ANN001, ANN202
+    v = np.uint64(0)
+    for k in range(8):
+        v |= np.uint64(buf[i + k]) << np.uint64(8 * k)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _as_double(buf, i):  # noqa: ANN001, ANN202
+    one = np.empty(1, np.uint64)
+    one[0] = _fixed64(buf, i)
+    return one.view(np.float64)[0]
+
+
+@njit(cache=True, nogil=True)
+def _utf8(buf, a, b):  # noqa: ANN001, ANN202
+    """Whether buf[a:b] is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF)."""
+    i = a
+    while i < b:
+        if i + 8 <= b and _fixed64(buf, i) & np.uint64(0x8080808080808080) == 0:
+            i += 8
+            continue
+        c = buf[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if 0xC2 <= c <= 0xDF:
+            n, lo, hi = 1, 0x80, 0xBF
+        elif c == 0xE0:
+            n, lo, hi = 2, 0xA0, 0xBF
+        elif 0xE1 <= c <= 0xEC or 0xEE <= c <= 0xEF:
+            n, lo, hi = 2, 0x80, 0xBF
+        elif c == 0xED:
+            n, lo, hi = 2, 0x80, 0x9F
+        elif c == 0xF0:
+            n, lo, hi = 3, 0x90, 0xBF
+        elif 0xF1 <= c <= 0xF3:
+            n, lo, hi = 3, 0x80, 0xBF
+        elif c == 0xF4:
+            n, lo, hi = 3, 0x80, 0x8F
+        else:
+            return False
+        if i + n >= b:
+            return False
+        d = buf[i + 1]
+        if d < lo or d > hi:
+            return False
+        for k in range(2, n + 1):
+            if buf[i + k] < 0x80 or buf[i + k] > 0xBF:
+                return False
+        i += n + 1
+    return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _field(buf, i, end):  # noqa: ANN001, ANN202
+    """The field at i: (number, wire type, content start, content end, next position); next -1
+    when it is not one the kernels read with certainty (then the caller answers UNSURE)."""
+    if i < end and buf[i] < 0x80:  # one-byte tags: fields 1 to 15, nearly every field of OTLP
+        tag = np.int64(buf[i])
+        i += 1
+    else:
+        big, i = _varint(buf, i, end)
+        if i < 0 or big > np.uint64(0xFFFFFFFF):
+            return 0, 0, 0, 0, -1
+        tag = np.int64(big)
+    number = tag >> 3
+    wire = tag & 7
+    if number == 0:
+        return 0, 0, 0, 0, -1
+    if wire == 2:
+        if i < end and buf[i] < 0x80:
+            n = np.int64(buf[i])
+            i += 1
+        else:
+            big, i = _varint(buf, i, end)
+            if i < 0 or big > np.uint64(end - i):
+                return 0, 0, 0, 0, -1
+            n = np.int64(big)
+        if n > end - i:
+            return 0, 0, 0, 0, -1
+        return number, wire, i, i + n, i + n
+    if wire == 0:
+        _, j = _varint(buf, i, end)
+        return number, wire, i, j, j
+    if wire == 1:
+        return (number, wire, i, i + 8, i + 8) if i + 8 <= end else (0, 0, 0, 0, -1)
+    if wire == 5:
+        return (number, wire, i, i + 4, i + 4) if i + 4 <= end else (0, 0, 0, 0, -1)
+    return 0, 0, 0, 0, -1  # groups (3, 4) and the invalid wire types 6 and 7
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wire_of(kind):  # noqa: ANN001, ANN202
+    if kind == 1:
+        return 0
+    if kind == 2:
+        return 1
+    if kind == 3:
+        return 5
+    return 2
+
+
+@njit(cache=True, nogil=True)
+def _packed_ok(buf, a, b, kind):  # noqa: ANN001, ANN202
+    if kind == 2:
+        return (b - a) % 8 == 0
+    if kind == 3:
+        return (b - a) % 4 == 0
+    i = a
+    while i < b:
+        _, i = _varint(buf, i, b)
+        if i < 0:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _plain_keyvalue(buf, a, b):  # noqa: ANN001, ANN202
+    """Whether buf[a:b] is a valid KeyValue of the common form: a key, then a value holding one
+    string. False for any other form, valid or not (the general walk then reads it)."""
+    number, wire, ka, kb, i = _field(buf, a, b)
+    if number != 1 or wire != 2 or i < 0:
+        return False
+    number, wire, va, vb, i = _field(buf, i, b)
+    if number != 2 or wire != 2 or i != b:
+        return False
+    number, wire, sa, sb, i = _field(buf, va, vb)
+    if number != 1 or wire != 2 or i != vb:
+        return False
+    return _utf8(buf, ka, kb) and _utf8(buf, sa, sb)
+
+
+@njit(cache=True, nogil=True)
+def check(buf, start, end, t, kind, child, packed, stack):  # noqa: ANN001, ANN201
+    """Whether buf[start:end] reads as a message of type `t` exactly as protobuf would read it:
+    sound framing, valid UTF-8 in every string field, every known field of its own wire type,
+    nesting below MAX_DEPTH. Returns -1 for "not sure" (not "invalid"), else how many fields
+    numbered 1 of wire type 2 the message has at its top (the data points of a Gauge or Sum).
+    `stack` is scratch space of shape (2, MAX_DEPTH)."""
+    depth = 0
+    ones = 0
+    i = start
+    while True:
+        if i == end:
+            if depth == 0:
+                return ones
+            depth -= 1
+            t = stack[0, depth]
+            end = stack[1, depth]
+            continue
+        number, wire, a, b, nxt = _field(buf, i, end)
+        if nxt < 0:
+            return -1
+        if depth == 0 and number == 1 and wire == 2:
+            ones += 1
+        k = kind[t, number] if number < MAX_FIELD else 0
+        if k == 0:
+            i = nxt
+            continue
+        if wire != _wire_of(k):
+            if not (wire == 2 and packed[t, number] and _packed_ok(buf, a, b, k)):
+                return -1
+        elif k == 4:
+            if not _utf8(buf, a, b):
+                return -1
+        elif k == 6:
+            if child[t, number] == T_KEYVALUE and _plain_keyvalue(buf, a, b):
+                i = nxt
+                continue
+            if depth + 1 >= MAX_DEPTH:
+                return -1
+            stack[0, depth] = t
+            stack[1, depth] = end
+            depth += 1
+            t = child[t, number]
+            end = b
+            i = a
+            continue
+        i = nxt
+
+
+@njit(cache=True, nogil=True)
+def _hash_step(h, w):  # noqa: ANN001, ANN202
+    h = (h ^ w) * np.uint64(0x9E3779B97F4A7C15)
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=True, nogil=True)
+def hash_span(buf, a, b, h):  # noqa: ANN001, ANN201
+    """Mix buf[a:b] into the hash h, eight bytes at a time."""
+    i = a
+    while i + 8 <= b:
+        h = _hash_step(h, _fixed64(buf, i))
+        i += 8
+    w = np.uint64(b - a)
+    k = 0
+    while i < b:
+        w ^= np.uint64(buf[i]) << np.uint64(8 + 8 * k)  # k < 7: the length stays in the low byte
+        i += 1
+        k += 1
+    return _hash_step(h, w)
+
+
+@njit(cache=True, nogil=True)
+def _same(buf, spans, n, arena, a, b):  # noqa: ANN001, ANN202
+    """Whether the attribute fields buf[spans[k,0]:spans[k,1]], k < n, are arena[a:b]."""
+    total = 0
+    for k in range(n):
+        total += spans[k, 1] - spans[k, 0]
+    if total != b - a:
+        return False
+    j = a
+    for k in range(n):
+        for i in range(spans[k, 0], spans[k, 1]):
+            if buf[i] != arena[j]:
+                return False
+            j += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def find_set(buf, spans, n, h, slots, set_hash, arena, arena_off):  # noqa: ANN001, ANN201
+    """The label set whose attribute bytes are the n spans of buf, or -1."""
+    mask = len(slots) - 1
+    at = np.int64(h & np.uint64(mask))
+    while True:
+        s = slots[at]
+        if s < 0:
+            return -1
+        if set_hash[s] == h and _same(buf, spans, n, arena, arena_off[s], arena_off[s + 1]):
+            return s
+        at = (at + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def place_set(slots, set_hash, s):  # noqa: ANN001, ANN201
+    """Enter set s (its hash in set_hash[s]) in the open-addressing table `slots`."""
+    mask = len(slots) - 1
+    at = np.int64(set_hash[s] & np.uint64(mask))
+    while slots[at] >= 0:
+        at = (at + 1) & mask
+    slots[at] = s
+
+
+@njit(cache=True, nogil=True)
+def attribute_bytes(buf, a, b, out):  # noqa: ANN001, ANN201
+    """The attribute fields (number 7) of the NumberDataPoint at buf[a:b], each whole (tag, length
+    and content), one after the other into `out`; returns how many bytes."""
+    i = a
+    n = 0
+    while i < b:
+        number, wire, _, _, nxt = _field(buf, i, b)
+        if number == 7 and wire == 2:
+            for k in range(i, nxt):
+                out[n] = buf[k]
+                n += 1
+        i = nxt
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN202
+    n = b - a
+    for k in range(len(names_code)):
+        s = names_off[k]
+        if names_off[k + 1] - s != n:
+            continue
+        same = True
+        for i in range(n):
+            if buf[a + i] != names[s + i]:
+                same = False
+                break
+        if same:
+            return names_code[k]
+    return IGNORED
+
+
+@njit(cache=True, nogil=True)
+def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001, ANN201, C901
+         slots, set_hash, arena, arena_off, seed, floor, horizon, max_attributes,
+         p_metric, p_res, p_time, p_value, p_flags, p_nattr, p_set, p_hash, p_dp,
+         r_res, r_live, wrong):
+    """One pass over the request. Returns (status, points, scrape targets, ignored points).
+
+    Per point of a consumed gauge or sum (up to the arrays' length; the count goes on, so a caller
+    can size them and scan again): p_metric, p_res (target index), p_time, p_value (as_double,
+    or as_int as a float, NaN without either), p_flags, p_nattr (attribute fields), p_set (label
+    set, -1 if not in the table, -2 if more than max_attributes), p_hash (of the attribute
+    fields), p_dp (the point's byte span). Per target: r_res (span of its Resource, -1 without
+    one), r_live (newest liveness `up` time within floor..horizon, else 0). wrong[metric, which]
+    counts points of consumed metrics that arrived as another kind of data (see WHICH)."""
+    T_RM, T_SM = child[0, 1], child[child[0, 1], 2]
+    cap, rcap = len(p_metric), len(r_live)
+    spans = np.empty((max_attributes + 1, 2), np.int64)
+    stack = np.empty((2, MAX_DEPTH), np.int64)
+    npts = 0
+    nres = 0
+    ignored = 0
+    i = 0
+    end = len(buf)
+    while i < end:
+        number, wire, a, b, i = _field(buf, i, end)
+        if i < 0:
+            return UNSURE, 0, 0, 0
+        if kind[0, number if number < MAX_FIELD else 0] == 0:
+            continue
+        if number != 1 or wire != 2:
+            return UNSURE, 0, 0, 0
+        r = nres
+        nres += 1
+        if r < rcap:
+            r_res[r, 0] = -1
+            r_res[r, 1] = -1
+            r_live[r] = 0
+        j = a
+        seen_resource = False
+        while j < b:  # ResourceMetrics
+            number, wire, c, d, j = _field(buf, j, b)
+            if j < 0:
+                return UNSURE, 0, 0, 0
+            k = kind[T_RM, number] if number < MAX_FIELD else 0
+            if k == 0:
+                continue
+            if wire != _wire_of(k):
+                return UNSURE, 0, 0, 0
+            if number == 1:  # the resource: read by the caller, once per target
+                if seen_resource:
+                    return UNSURE, 0, 0, 0
+                seen_resource = True
+                if r < rcap:
+                    r_res[r, 0] = c
+                    r_res[r, 1] = d
+                continue
+            if number != 2:  # schema_url
+                if not _utf8(buf, c, d):
+                    return UNSURE, 0, 0, 0
+                continue
+            m = c
+            while m < d:  # ScopeMetrics
+                number, wire, e, f, m = _field(buf, m, d)
+                if m < 0:
+                    return UNSURE, 0, 0, 0
+                k = kind[T_SM, number] if number < MAX_FIELD else 0
+                if k == 0:
+                    continue
+                if wire != _wire_of(k):
+                    return UNSURE, 0, 0, 0
+                if number != 2:  # the scope, schema_url
+                    if k == 4:
+                        if not _utf8(buf, e, f):
+                            return UNSURE, 0, 0, 0
+                    elif check(buf, e, f, child[T_SM, number], kind, child, packed, stack) < 0:
+                        return UNSURE, 0, 0, 0
+                    continue
+                # A Metric: its name, and which of the data oneof it carries (exactly one field).
+                name_a, name_b, data_field, data_a, data_b = -1, -1, 0, 0, 0
+                q = e
+                while q < f:
+                    number, wire, g, h, q = _field(buf, q, f)
+                    if q < 0:
+                        return UNSURE, 0, 0, 0
+                    k = kind[T_METRIC, number] if number < MAX_FIELD else 0
+                    if k == 0:
+                        continue
+                    if wire != _wire_of(k):
+                        return UNSURE, 0, 0, 0
+                    if number == 1:
+                        if name_a >= 0:
+                            return UNSURE, 0, 0, 0
+                        name_a, name_b = g, h
+                    elif DATA_TYPES[number] >= 0:
+                        if data_field:
+                            return UNSURE, 0, 0, 0
+                        data_field, data_a, data_b = number, g, h
+                    if k == 4:
+                        if not _utf8(buf, g, h):
+                            return UNSURE, 0, 0, 0
+                    elif number == 12:  # metadata
+                        if check(buf, g, h, child[T_METRIC, number], kind, child, packed, stack) < 0:
+                            return UNSURE, 0, 0, 0
+                if name_a < 0:
+                    name_a, name_b = 0, 0
+                code = _metric_code(buf, name_a, name_b, names, names_off, names_code)
+                numeric = data_field == 5 or data_field == 7
+                if not data_field:
+                    if code >= 0:
+                        wrong[code, 0] += 1
+                    else:
+                        ignored += 1
+                    continue
+                dtype = DATA_TYPES[data_field]
+                if code < 0 or not numeric:
+                    # Not consumed, or not as numbers: checked, never read; its points counted.
+                    n = check(buf, data_a, data_b, dtype, kind, child, packed, stack)
+                    if n < 0:
+                        return UNSURE, 0, 0, 0
+                    if code >= 0:
+                        wrong[code, _WHICH_OF_FIELD[data_field]] += max(n, 1)
+                        continue
+                    if code != LIVENESS or not numeric:
+                        ignored += n if numeric else 1
+                        continue
+                s = data_a
+                while s < data_b:  # Gauge or Sum
+                    number, wire, pa, pb, s = _field(buf, s, data_b)
+                    if s < 0:
+                        return UNSURE, 0, 0, 0
+                    k = kind[dtype, number] if number < MAX_FIELD else 0
+                    if k == 0:
+                        continue
+                    if wire != _wire_of(k):
+                        return UNSURE, 0, 0, 0
+                    if number != 1:  # aggregation_temporality, is_monotonic
+                        continue
+                    # A NumberDataPoint.
+                    t = np.uint64(0)
+                    value = np.nan
+                    flags = np.uint64(0)
+                    seen = 0
+                    nattr = 0
+                    hsh = seed
+                    x = pa
+                    while x < pb:
+                        number, wire, va, vb, nx = _field(buf, x, pb)
+                        if nx < 0:
+                            return UNSURE, 0, 0, 0
+                        if number >= MAX_FIELD or kind[T_NDP, number] == 0:
+                            x = nx
+                            continue
+                        if wire != _wire_of(kind[T_NDP, number]):
+                            return UNSURE, 0, 0, 0
+                        if number == 7:
+                            if nattr <= max_attributes:
+                                spans[nattr, 0] = x
+                                spans[nattr, 1] = nx
+                                hsh = hash_span(buf, x, nx, hsh)
+                            nattr += 1
+                        elif number == 5:  # exemplars
+                            if check(buf, va, vb, T_EXEMPLAR, kind, child, packed, stack) < 0:
+                                return UNSURE, 0, 0, 0
+                        else:
+                            bit = 1 << number
+                            if seen & bit:  # protobuf keeps the last: rare enough to leave to it
+                                return UNSURE, 0, 0, 0
+                            seen |= bit
+                            if number == 3:
+                                t = _fixed64(buf, va)
+                            elif number == 4:
+                                if seen & (1 << 6):
+                                    return UNSURE, 0, 0, 0
+                                value = _as_double(buf, va)
+                            elif number == 6:
+                                if seen & (1 << 4):
+                                    return UNSURE, 0, 0, 0
+                                value = np.float64(np.int64(_fixed64(buf, va)))
+                            elif number == 8:
+                                v, _ = _varint(buf, va, vb)
+                                flags = v & np.uint64(0xFFFFFFFF)
+                        x = nx
+                    if code == LIVENESS:
+                        ignored += 1
+                        tt = np.int64(t)
+                        if t <= np.uint64(0x7FFFFFFFFFFFFFFF) and floor <= tt <= horizon and r < rcap:
+                            if tt > r_live[r]:
+                                r_live[r] = tt
+                        continue
+                    if npts < cap:
+                        p_metric[npts] = code
+                        p_res[npts] = r
+                        p_time[npts] = np.int64(t) if t <= np.uint64(0x7FFFFFFFFFFFFFFF) else BEYOND
+                        p_value[npts] = value
+                        p_flags[npts] = np.int64(flags)
+                        p_nattr[npts] = nattr
+                        p_hash[npts] = hsh
+                        p_dp[npts, 0] = pa
+                        p_dp[npts, 1] = pb
+                        if nattr > max_attributes:
+                            p_set[npts] = -2
+                        else:
+                            p_set[npts] = find_set(buf, spans, nattr, hsh, slots, set_hash, arena, arena_off)
+                    npts += 1
+    return OK, npts, nres, ignored
+
+
+
+@njit(cache=True, nogil=True)
+def find_sets(buf, dp, hashes, max_attributes, slots, set_hash, arena, arena_off, out):  # noqa: ANN001, ANN201
+    """find_set for the NumberDataPoints at the byte spans `dp` (their attribute hashes given)."""
+    spans = np.empty((max_attributes + 1, 2), np.int64)
+    for p in range(len(hashes)):
+        n = 0
+        i, end = dp[p, 0], dp[p, 1]
+        while i < end:
+            number, wire, _, _, nxt = _field(buf, i, end)
+            if number == 7 and wire == 2 and n <= max_attributes:
+                spans[n, 0] = i
+                spans[n, 1] = nxt
+                n += 1
+            i = nxt
+        out[p] = find_set(buf, spans, n, hashes[p], slots, set_hash, arena, arena_off)

@@ -1,0 +1,268 @@
+"""The columnar decoder (numba over the wire bytes) against the reference decoder (protobuf
+messages, a Python loop per point): on every fixture, on the fuzz classes' hostile traffic, on
+random bit flips and cuts, and on values and labels at every bound, both give the same points,
+labels, rejections (with their reasons), ignored counts and scrape targets, or both refuse the
+bytes. Where the kernel is unsure it hands the request to the reference; valid Collector traffic
+never needs to."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import struct
+from typing import Optional
+
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from fuzz_traffic import plan, valid_cluster
+from fuzzing import STRUCTURED, WIRE
+from otelgpu.enrich.window import NS
+from otelgpu.receiver import wire
+from otelgpu.receiver.columnar import ColumnarDecoder
+from otelgpu.receiver.decode import PointBatch, decode
+from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.limits import Limits, wanted_keys
+from otelgpu.receiver.schema import KNOWN_METRICS, MAX_BYTES, MAX_CORES, MAX_GPU_UNITS
+from support import fixtures_dir, otlp_fixture, prom_fixture_request
+
+T = 1_700_000_000 * NS
+LIMITS = Limits(max_age_ns=86400 * NS, wanted=wanted_keys({"label_team", "label_nvidia_com_gpu_count"}))
+
+
+def as_strings(batch: PointBatch, strings: Interner) -> tuple:
+    """A batch with its codes turned back into strings: comparable across interners."""
+    rows = []
+    for i in range(len(batch)):
+        a, b = batch.attr_off[i], batch.attr_off[i + 1]
+        labels = tuple((strings.string(int(k)), strings.string(int(v)))
+                       for k, v in zip(batch.attr_key[a:b], batch.attr_val[a:b]))
+        value = batch.value[i]
+        rows.append((int(batch.metric[i]), int(batch.time_ns[i]), "nan" if math.isnan(value) else value.hex(),
+                     bool(batch.stale[i]), strings.string(int(batch.resource_node[i])),
+                     strings.string(int(batch.resource_pod[i])), labels))
+    return rows, dict(batch.rejected), batch.ignored, batch.sources
+
+
+def reference(raw: bytes, limits: Limits, now: int) -> Optional[tuple]:
+    """The reference decoder's reading of `raw`; None where protobuf refuses it."""
+    try:
+        request = ExportMetricsServiceRequest.FromString(raw)
+    except DecodeError:
+        return None
+    strings = Interner()
+    return as_strings(decode(request, strings, limits, now_ns=now), strings)
+
+
+class Both:
+    """One columnar decoder kept across requests (its label-set table fills as a sidecar's does),
+    compared with a fresh reference reading of each request."""
+
+    def __init__(self, limits: Limits = LIMITS) -> None:
+        self.limits = limits
+        self.strings = Interner()
+        self.columnar = ColumnarDecoder(self.strings, limits)
+        self.unsure = 0
+
+    def same(self, raw: bytes, now: int = T) -> Optional[tuple]:
+        expected = reference(raw, self.limits, now)
+        batch = self.columnar.decode(raw, now_ns=now)
+        if batch is None:  # the kernel left it to protobuf: the sidecar then decodes it as the reference
+            self.unsure += 1
+            return expected
+        assert expected is not None, "the columnar decoder took bytes protobuf refuses"
+        got = as_strings(batch, self.strings)
+        assert got == expected
+        return got
+
+
+def request_bytes(*points: tuple[str, dict[str, str], float]) -> bytes:
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.add(key="service.name", value=AnyValue(string_value="kube-state-metrics"))
+    rm.resource.attributes.add(key="k8s.node.name", value=AnyValue(string_value="n1"))
+    metrics = rm.scope_metrics.add().metrics
+    for name, labels, value in points:
+        p = metrics.add(name=name).gauge.data_points.add(time_unix_nano=T, as_double=value)
+        p.attributes.extend(KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in labels.items())
+    return req.SerializeToString()
+
+
+# --- fixtures ---------------------------------------------------------------------------------------
+
+OTEL = sorted(p.name for p in (fixtures_dir() / "otel").glob("*.json"))
+PROM = sorted(str(p.relative_to(fixtures_dir())) for p in (fixtures_dir() / "dcgm").glob("*.prom"))
+
+
+@pytest.mark.parametrize("name", OTEL)
+def test_collector_fixtures_decode_the_same_and_take_the_fast_path(name):
+    req = otlp_fixture(name)
+    times = [p.time_unix_nano for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+             for p in (m.gauge.data_points or m.sum.data_points)]
+    now = max(times, default=T)
+    both = Both(Limits())
+    first = both.same(req.SerializeToString(), now)
+    again = both.same(req.SerializeToString(), now)  # from the label-set table this time
+    assert first == again and both.unsure == 0
+    assert len(both.columnar) > 0 or not first[0]
+
+
+@pytest.mark.parametrize("path", PROM)
+def test_dcgm_exporter_fixtures_decode_the_same(path):
+    both = Both()
+    raw = prom_fixture_request(path, T, "ip-10-0-0-1").SerializeToString()
+    got = both.same(raw)
+    assert got[0] or got[2], "the fixture has points, consumed or ignored"
+    assert both.same(raw) == got and both.unsure == 0
+
+
+# --- fuzzed traffic -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(STRUCTURED) + sorted(WIRE))
+def test_every_fuzz_class_decodes_the_same(name):
+    generators = {**STRUCTURED, **WIRE}
+    t0 = T // (3600 * NS) * 3600 * NS
+    valid = valid_cluster(t0).scrapes(60, 900)
+    both = Both(Limits(max_age_ns=86400 * NS, wanted=LIMITS.wanted))
+    sends = plan(random.Random(name), valid, {name: generators[name]}, per_class=4)
+    for s in sends:
+        both.same(s.wire(), now=t0 + 900 * NS)
+    valid_unsure = sum(both.columnar.decode(s.wire(), now_ns=t0 + 900 * NS) is None for s in sends if s.valid
+                       and name not in ("swapped_types",))
+    assert valid_unsure == 0
+
+
+def test_random_bit_flips_and_cuts_decode_the_same_or_are_refused_by_both():
+    rng = random.Random(7)
+    t0 = T // (3600 * NS) * 3600 * NS
+    raws = [r.SerializeToString() for r in valid_cluster(t0).scrapes(60, 300)]
+    both = Both()
+    outcomes = {"refused": 0, "decoded": 0}
+    for k in range(int(os.environ.get("OTELGPU_FLIPS", "400"))):
+        data = bytearray(rng.choice(raws))
+        if k % 4 == 0:
+            data = data[:rng.randrange(len(data))]
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        got = both.same(bytes(data), now=t0 + 300 * NS)
+        outcomes["refused" if got is None else "decoded"] += 1
+    assert outcomes["refused"] and outcomes["decoded"]  # both kinds were met
+
+
+# --- values and labels at every bound -------------------------------------------------------------------
+
+EDGES = [0.0, -0.0, 1.0, 1.0 + 1e-6, 1.0 + 2e-6, -1e-300, 0.5, 100.0, 100.0 + 1e-6, 100.1, 4.0, 4.5,
+         float(MAX_GPU_UNITS), MAX_GPU_UNITS + 1.0, MAX_CORES, MAX_CORES * 1.0000001, MAX_BYTES, MAX_BYTES * 2,
+         1e18, 1e19, math.nan, math.inf, -math.inf, struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]]
+LABELS = {"UUID": ["GPU-1", ""], "namespace": ["ml", ""], "pod": ["p", ""], "resource": [
+    "nvidia_com_gpu", "nvidia_com_mig_1g_10gb", "cpu", "memory", "pods", "ephemeral_storage"],
+    "node": ["n1"], "phase": ["Running"], "GPU_I_ID": ["3", "32", "x"], "GPU_I_PROFILE": ["1g.10gb", "9g.1gb"],
+    "label_nvidia_com_gpu_count": ["8", "65", "-1"], "replicaset": ["rs"], "owner_kind": ["Deployment"],
+    "owner_name": ["d"], "job_name": ["j"], "container": ["main", ""], "label_team": ["a" * 5000, "t"],
+    "ignored_key": ["x"]}
+
+
+def test_values_and_labels_at_every_bound_are_judged_the_same():
+    rng = random.Random(3)
+    names = sorted(KNOWN_METRICS)
+    both = Both(Limits(max_age_ns=86400 * NS, max_label_bytes=4096, max_attributes=12, wanted=LIMITS.wanted))
+    for _ in range(60):
+        points = []
+        for _ in range(40):
+            keys = rng.sample(sorted(LABELS), rng.randint(0, len(LABELS)))
+            points.append((rng.choice(names), {k: rng.choice(LABELS[k]) for k in keys}, rng.choice(EDGES)))
+        both.same(request_bytes(*points))
+    assert both.unsure == 0
+
+
+def test_unusual_but_valid_encodings_go_to_the_reference():
+    """Written so that protobuf keeps the last of a repeated field, switches a oneof, or skips a
+    group: the kernel does not guess, and the result is the reference's."""
+    base = request_bytes(("DCGM_FI_DEV_GPU_UTIL", {"UUID": "GPU-1"}, 50.0))
+    req = ExportMetricsServiceRequest.FromString(base)
+    point = req.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    point_bytes = point.SerializeToString()
+    later = point_bytes + b"\x19" + struct.pack("<Q", T + 1)  # time_unix_nano again: protobuf keeps T + 1
+    metric = req.resource_metrics[0].scope_metrics[0].metrics[0]
+    with_group = metric.SerializeToString() + b"\xa3\x01\xa4\x01"  # an empty group, field 20
+    for raw in (_swap(base, point_bytes, later), _swap(base, metric.SerializeToString(), with_group)):
+        both = Both()
+        assert both.columnar.decode(raw, now_ns=T) is None
+        assert both.same(raw) is not None
+    assert reference(_swap(base, point_bytes, later), LIMITS, T)[0][0][1] == T + 1
+
+
+def _swap(raw: bytes, old: bytes, new: bytes) -> bytes:
+    """`raw` with the message `old` (and the lengths of the messages around it) replaced by `new`."""
+    req = ExportMetricsServiceRequest.FromString(raw)
+    m = req.resource_metrics[0].scope_metrics[0].metrics[0]
+    if old == m.SerializeToString():
+        sm = req.resource_metrics[0].scope_metrics[0]
+        sm_bytes = b"".join(_ld(2, new if i == 0 else x.SerializeToString()) for i, x in enumerate(sm.metrics))
+    else:
+        g = m.gauge
+        gauge = _ld(1, new) + b"".join(_ld(1, p.SerializeToString()) for p in g.data_points[1:])
+        metric = _ld(1, m.name.encode()) + _ld(5, gauge)
+        sm_bytes = _ld(2, metric)
+    rm = req.resource_metrics[0]
+    rm_bytes = _ld(1, rm.resource.SerializeToString()) + _ld(2, sm_bytes)
+    return _ld(1, rm_bytes)
+
+
+def _ld(number: int, payload: bytes) -> bytes:
+    out, n = bytearray([number << 3 | 2]), len(payload)
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out) + payload
+
+
+# --- the label-set table ----------------------------------------------------------------------------------
+
+def test_a_compaction_empties_the_label_set_table():
+    both = Both()
+    raw = request_bytes(("kube_pod_info", {"namespace": "ml", "pod": "p"}, 1.0))
+    both.same(raw)
+    assert len(both.columnar) == 1
+    both.strings.compact(np.zeros(0, np.int32))  # every code dropped: the table's codes are stale
+    again = both.same(raw)
+    assert both.columnar.epoch == 1 and again[0][0][-1] == (("namespace", "ml"), ("pod", "p"))
+
+
+def test_sets_with_one_hash_are_told_apart_by_their_bytes():
+    buf = np.frombuffer(b"\x3a\x02ab" + b"\x3a\x02cd", np.uint8)
+    arena = np.frombuffer(b"\x3a\x02cd\x3a\x02ab", np.uint8).copy()
+    arena_off = np.array([0, 4, 8], np.int64)
+    set_hash = np.array([42, 42], np.uint64)  # the same hash: only the bytes differ
+    slots = np.full(8, -1, np.int32)
+    for s in range(2):
+        wire.place_set(slots, set_hash, s)
+    spans = np.array([[0, 4], [4, 8]], np.int64)
+    assert wire.find_set(buf, spans[:1], 1, np.uint64(42), slots, set_hash, arena, arena_off) == 1
+    assert wire.find_set(buf, spans[1:], 1, np.uint64(42), slots, set_hash, arena, arena_off) == 0
+    assert wire.find_set(buf, spans, 2, np.uint64(42), slots, set_hash, arena, arena_off) == -1
+
+
+def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch):
+    from otelgpu.receiver import columnar
+
+    monkeypatch.setattr(columnar, "SWEEP_FROM", 6)
+    both = Both()
+    gone = [request_bytes(("kube_pod_info", {"namespace": "ml", "pod": f"old-{k}"}, 1.0)) for k in range(4)]
+    for raw in gone:
+        both.same(raw)
+    later = T + columnar.SET_IDLE_NS + NS
+    live = [request_bytes(("kube_pod_info", {"namespace": "ml", "pod": f"new-{k}"}, 1.0)).replace(
+        struct.pack("<Q", T), struct.pack("<Q", later)) for k in range(2)]
+    for raw in live:
+        both.same(raw, now=later)
+    assert len(both.columnar) == 6 and both.columnar.kept == 0
+    both.same(live[0], now=later)  # six sets: this decode sweeps first
+    assert len(both.columnar) == 2 and both.columnar.kept == 2  # only the pods still reported
+    assert both.same(gone[0], now=later)[0]  # a swept set comes back as it was
+    assert len(both.columnar) == 3
