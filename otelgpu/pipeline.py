@@ -31,6 +31,7 @@ from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Point
+from otelgpu.receiver import columnar
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
@@ -214,6 +215,7 @@ class Pipeline:
 
     def start(self) -> None:
         kernels = warm_up()  # the first request must never wait for the JIT
+        kernels["decode"] = columnar.warm_up()
         log.info("kernels ready: %s", ", ".join(f"{name} {how}" for name, how in kernels.items()))
         self.start_sources()
         if self.telemetry:

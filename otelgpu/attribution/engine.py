@@ -122,10 +122,11 @@ def warm_up() -> dict[str, str]:
     share(np.array([0]), np.array([1.0]), np.array([1.0]))
     hybrid(np.array([0]), 1, np.array([1.0]), np.array([0.5]), np.array([True]), 0.5)
     scad(np.array([0]), np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2)), 60.0)
-    return {name: _how(k) for name, k in KERNELS.items()}
+    return {name: how_loaded(k) for name, k in KERNELS.items()}
 
 
-def _how(kernel) -> str:
+def how_loaded(kernel) -> str:  # noqa: ANN001 - a numba dispatcher
+    """"cached", "compiled" or "interpreted": how a kernel that has run came to be."""
     stats = getattr(kernel, "stats", None)  # none under NUMBA_DISABLE_JIT=1 (coverage runs)
     if stats is None:
         return "interpreted"

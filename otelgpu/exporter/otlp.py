@@ -1,9 +1,12 @@
 """Push cost snapshots to the Collector's `otlp/cost` receiver over OTLP/gRPC.
 
-Requests are built straight from the store's points with the OTLP protobuf messages: cumulative
-monotonic sums whose start time never moves (Prometheus remote write drops delta sums), gauges, and
-`NO_RECORDED_VALUE` on a series' last point, which the SDK's data model cannot express and which
-the Collector's prometheusremotewrite exporter turns into a stale marker.
+Requests carry cumulative monotonic sums whose start time never moves (Prometheus remote write
+drops delta sums), gauges, and `NO_RECORDED_VALUE` on a series' last point, which the SDK's data
+model cannot express and which the Collector's prometheusremotewrite exporter turns into a stale
+marker. They are written as bytes by `RequestWriter`: each series' attributes encoded once and
+kept while the series lives, each point its start, time and value packed beside them, and the
+request, scope and metric headers encoded once. `build_requests` builds the same requests with the
+protobuf messages, the readable reference: both give the same bytes (tests/exporter/test_otlp_bytes.py).
 
 One `send()` is one attempt; the delivery queue (`delivery.py`) retries. Failures are classified as
 the OTLP specification says: UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE and
@@ -14,13 +17,16 @@ code is final. A server's RetryInfo delay is honoured.
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Iterator, Mapping, Optional, Sequence
 
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     AggregationTemporality,
@@ -34,7 +40,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
-from otelgpu.exporter.store import MetricSpec, Point
+from otelgpu.exporter.store import Attrs, MetricSpec, Point
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,81 @@ def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], clu
         yield ExportMetricsServiceRequest(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope])])
 
 
+_NUMBERS = struct.Struct("<BQBQBd")  # start_time_unix_nano, time_unix_nano, as_double: tags and values
+_GAUGE_NUMBERS = struct.Struct("<BQBd")  # time_unix_nano, as_double
+_ENDED = struct.Struct("<BQBQ")  # start and time of an ended sum: no value, flags after the attributes
+_ENDED_GAUGE = struct.Struct("<BQ")
+_FLAGS_NO_VALUE = b"\x40\x01"  # field 8 (flags) = NO_RECORDED_VALUE
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+class RequestWriter:
+    """`build_requests` as protobuf bytes, with no message object per point: a series' attribute
+    bytes are cached while it appears in the snapshots (the cache keeps only the last snapshot's
+    series), everything else per point is one struct.pack."""
+
+    def __init__(self, specs: Mapping[str, MetricSpec], cluster: str, instance: str = "") -> None:
+        self.specs = specs
+        first = next(build_requests([Point(next(iter(specs)), (), 1, 1, 0.0)], specs, cluster, instance=instance))
+        rm = first.resource_metrics[0]
+        self._resource = _len_field(1, rm.resource.SerializeToString())
+        self._scope = _len_field(1, rm.scope_metrics[0].scope.SerializeToString())
+        self._heads: dict[str, tuple[bytes, int, bytes]] = {}  # metric: (Metric fields before data, data field, after points)
+        for key, spec in specs.items():
+            head = (_len_field(1, spec.name.encode()) + _len_field(2, spec.description.encode())
+                    + _len_field(3, spec.unit.encode()))
+            tail = b"\x10\x02\x18\x01" if spec.kind == "sum" else b""  # cumulative, monotonic
+            self._heads[key] = (head, 7 if spec.kind == "sum" else 5, tail)
+        self._attrs: dict[Attrs, bytes] = {}
+
+    def requests(self, points: Sequence[Point], max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[bytes]:
+        by_metric: dict[str, list[Point]] = {}
+        for p in points:
+            by_metric.setdefault(p.metric, []).append(p)
+        ordered = [(key, p) for key in self.specs for p in by_metric.get(key, ())]
+        cached, self._attrs = self._attrs, {}
+        for begin in range(0, len(ordered), max_points):
+            metrics: dict[str, list[bytes]] = {}
+            for key, p in ordered[begin:begin + max_points]:
+                attrs = self._attrs.get(p.attrs)
+                if attrs is None:
+                    attrs = cached.get(p.attrs) or b"".join(_len_field(7, _keyvalue(k, v)) for k, v in p.attrs)
+                    self._attrs[p.attrs] = attrs
+                metrics.setdefault(key, []).append(_len_field(1, self._point(key, p, attrs)))
+            body = b"".join(self._metric(key, pts) for key, pts in metrics.items())
+            scope_metrics = _len_field(2, self._scope + body)
+            yield _len_field(1, self._resource + scope_metrics)
+
+    def _point(self, key: str, p: Point, attrs: bytes) -> bytes:
+        if self.specs[key].kind == "sum":
+            if p.ended:
+                return _ENDED.pack(0x11, p.start_ns, 0x19, p.time_ns) + attrs + _FLAGS_NO_VALUE
+            return _NUMBERS.pack(0x11, p.start_ns, 0x19, p.time_ns, 0x21, p.value) + attrs
+        if p.ended:
+            return _ENDED_GAUGE.pack(0x19, p.time_ns) + attrs + _FLAGS_NO_VALUE
+        return _GAUGE_NUMBERS.pack(0x19, p.time_ns, 0x21, p.value) + attrs
+
+    def _metric(self, key: str, points: list[bytes]) -> bytes:
+        head, data_field, tail = self._heads[key]
+        return _len_field(2, head + _len_field(data_field, b"".join(points) + tail))
+
+
+def _keyvalue(key: str, value: str) -> bytes:
+    return _len_field(1, key.encode()) + _len_field(2, _len_field(1, value.encode()))
+
+
 def _retry_delay(error: grpc.RpcError) -> Optional[float]:
     """RetryInfo's delay from the rich status, or from the `google.rpc.retryinfo-bin` trailer."""
     blobs = []
@@ -122,24 +203,25 @@ class OtlpSender:
     def __init__(self, config: OtlpExporterConfig, specs: Mapping[str, MetricSpec], metrics: SelfMetrics,
                  cluster: str, instance: str = "") -> None:
         self._config = config
-        self._specs = specs
         self._metrics = metrics
-        self._cluster, self._instance = cluster, instance
         # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
         self._headers = tuple((k.lower(), v) for k, v in config.headers.items())
         self._compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
         target, tls = _target(config.endpoint, config.insecure)
         self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials()) if tls
                          else grpc.insecure_channel(target))
-        self._stub = MetricsServiceStub(self._channel)
+        self._writer = RequestWriter(specs, cluster, instance)
+        self._export = self._channel.unary_unary(
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request_serializer=None,
+            response_deserializer=ExportMetricsServiceResponse.FromString)
 
     def send(self, points: Sequence[Point], progress: Optional[Progress] = None) -> SendResult:
         """`progress` is not used: an attempt sends the whole snapshot again. A cumulative point
         repeated with the same timestamp, start time and value is a no-op for OTLP consumers."""
         try:
-            for request in build_requests(points, self._specs, self._cluster, instance=self._instance):
-                response = self._stub.Export(request, metadata=self._headers, timeout=self._config.timeout_seconds,
-                                             compression=self._compression)
+            for request in self._writer.requests(points):
+                response = self._export(request, metadata=self._headers, timeout=self._config.timeout_seconds,
+                                        compression=self._compression)
                 rejected = response.partial_success.rejected_data_points
                 if rejected:  # accepted in part: never resent (the receiver would refuse them again)
                     self._metrics.count("export_points_rejected", self.name, rejected)

@@ -354,3 +354,21 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str]], fl
         src = resources[r][2]
         batch.sources[src] = max(batch.sources.get(src, 0), int(newest[r]))
     return batch, rows
+
+
+def warm_up() -> str:
+    """Compile (or load from numba's cache) the decoder's kernels with one small request; returns
+    how (see attribution.engine.how_loaded)."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otelgpu.attribution.engine import how_loaded
+
+    req = ExportMetricsServiceRequest()
+    m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="DCGM_FI_DEV_GPU_UTIL")
+    m.gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=1.0).attributes.add(key="UUID").value.string_value = "x"
+    raw = req.SerializeToString()
+    decoder = ColumnarDecoder(Interner())
+    decoder.decode(raw)
+    decoder.decode(raw)  # again: found in the table this time
+    decoder.sweep(0)
+    return how_loaded(wire.scan)

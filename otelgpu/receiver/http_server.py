@@ -9,7 +9,8 @@ body is JSON, since the sender's format is unknown.
 
 Connections, request read deadlines and idle keep-alive connections are bounded by
 otelgpu.receiver.connections (`receiver.http.max_connections`, `read_timeout_seconds`,
-`idle_timeout_seconds`); bodies by `max_body_bytes`, after gunzip too.
+`idle_timeout_seconds`); bodies by `max_body_bytes`, after gunzip too (gzip is inflated with ISA-L;
+a body whose gzip trailer declares more than the limit is refused before any of it is inflated).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import logging
 import math
 import socket
 import threading
-import zlib
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Optional
 
 import grpc
 from google.protobuf import json_format
+from isal import isal_zlib
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -48,13 +49,18 @@ _NOT_POST = status_pb2.Status(code=grpc.StatusCode.UNIMPLEMENTED.value[0], messa
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
-    """gunzip `body` (all members), refusing output beyond `limit` bytes without producing it."""
+    """gunzip `body` (all members) with ISA-L, refusing output beyond `limit` bytes without
+    producing it. A gzip body declares its size (ISIZE, the last four bytes, modulo 2**32): one
+    declaring more than `limit` is refused before anything is inflated; one that lies about it is
+    still cut off at `limit`."""
+    if body[:3] == b"\x1f\x8b\x08" and len(body) >= 18 and int.from_bytes(body[-4:], "little") > limit:
+        raise PermanentError(f"decompressed body exceeds {limit} bytes (declared size)", too_large=True)
     out = bytearray()
     while body:
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        d = isal_zlib.decompressobj(wbits=16 + isal_zlib.MAX_WBITS)
         try:
             out += d.decompress(body, limit + 1 - len(out))
-        except zlib.error as exc:
+        except isal_zlib.error as exc:
             raise PermanentError(f"invalid gzip body: {exc}") from None
         if len(out) > limit or d.unconsumed_tail:
             raise PermanentError(f"decompressed body exceeds {limit} bytes", too_large=True)

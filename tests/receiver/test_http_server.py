@@ -98,22 +98,31 @@ def test_undecodable_body_is_400(http_receiver, make_ingest, metrics, body, cont
 def test_bad_gzip_is_400(http_receiver, make_ingest, otel_request):
     receiver = http_receiver(make_ingest())
     zipped = gzip.compress(otel_request(DCGM1).SerializeToString())
-    for body in (b"plainly not gzip", zipped[: len(zipped) // 2]):
+    for body in (b"plainly not gzip", zipped[: len(zipped) // 2], zipped[: len(zipped) // 3]):
         headers = {"Content-Type": PB, "Content-Encoding": "gzip"}
         response = requests.post(f"http://127.0.0.1:{receiver.port}/v1/metrics", data=body, headers=headers, timeout=5)
-        assert response.status_code == 400
+        # A gzip body is first judged by the size its last four bytes declare: a cut one may declare
+        # more than the limit (413). Either answer tells the sender never to retry.
+        declared = int.from_bytes(body[-4:], "little") if body[:2] == b"\x1f\x8b" else 0
+        assert response.status_code == (413 if declared > receiver.max_body_bytes else 400)
 
 
 def test_oversize_body_is_413_plain_and_inflated(http_receiver, make_ingest, otel_request, metrics):
     body = otel_request(DCGM1).SerializeToString()
     receiver = http_receiver(make_ingest(), max_body_bytes=len(body) - 1)
     assert post(receiver, body).status_code == 413
-    # compresses to well under the limit but inflates past it: refused without inflating it all
-    bomb = post(receiver, b"\0" * (50 * 1024 * 1024), gzipped=True)
-    assert bomb.status_code == 413
-    assert metrics.requests[("http", "invalid")] == 2
-    roomy = http_receiver(make_ingest(), max_body_bytes=len(body))
-    assert post(roomy, body, gzipped=True).status_code == 200
+    assert post(receiver, b"\0" * (50 * 1024 * 1024), gzipped=True).status_code == 413  # even compressed
+    # compresses to well under the limit but inflates past it: refused on its declared size alone
+    roomy = http_receiver(make_ingest(), max_body_bytes=2**20)
+    bomb = post(roomy, b"\0" * (50 * 1024 * 1024), gzipped=True)
+    assert bomb.status_code == 413 and "declared size" in bomb.text
+    liar = gzip.compress(b"\0" * (50 * 1024 * 1024))[:-4] + (10).to_bytes(4, "little")  # declares 10 bytes
+    headers = {"Content-Type": PB, "Content-Encoding": "gzip"}
+    cut = requests.post(f"http://127.0.0.1:{roomy.port}/v1/metrics", data=liar, headers=headers, timeout=30)
+    assert cut.status_code == 413 and "declared size" not in cut.text  # inflated only up to the limit
+    assert metrics.requests[("http", "invalid")] == 4
+    exact = http_receiver(make_ingest(), max_body_bytes=len(body))
+    assert post(exact, body, gzipped=True).status_code == 200
 
 
 def test_other_paths_and_methods(http_receiver, make_ingest):
