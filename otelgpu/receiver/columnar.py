@@ -10,7 +10,9 @@ points. A point some fast check cannot pass is judged by the reference's own che
 (decode.time_problem, point_problem), so rejections carry the reference's reasons.
 
 Where the kernel is not sure it reads the bytes as protobuf does, `decode` returns None and the
-caller uses the reference decoder (decode.py): the two always agree (tests/receiver/test_columnar.py).
+caller uses the reference decoder (decode.py): the two agree on every request protobuf reads, and
+on one it refuses for a defect in what otelgpu skips, the columnar decoder takes the rest (see
+receiver/wire.py and tests/receiver/test_columnar.py).
 
 The table follows the live cluster: once it has doubled since it was last swept, the label sets
 no point has carried for SET_IDLE_NS of data time (pods gone, series ended) are dropped, as a
@@ -198,7 +200,7 @@ class ColumnarDecoder:
                 "wrong": np.zeros((_CODES, len(wire.WHICH)), np.int64),
             }
             status, n, nres, ignored = wire.scan(
-                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, *wire.SCHEMA[:3], self.slots, self.set_hash, self.arena,
+                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, *wire.SCHEMA[:2], self.slots, self.set_hash, self.arena,
                 self.arena_off, self.seed, floor, horizon, self.limits.max_attributes,
                 c["p_metric"], c["p_res"], c["p_time"], c["p_value"], c["p_flags"], c["p_nattr"], c["p_set"],
                 c["p_hash"], c["p_dp"], c["r_res"], c["r_live"], c["wrong"])

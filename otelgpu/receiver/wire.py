@@ -2,18 +2,22 @@
 
 `scan` walks the request once and writes one row per data point of a consumed gauge or sum
 metric (its metric code, scrape target, timestamp, value, flags and the label set its attributes
-match in the label-set table), without making a Python object per point. Everything else is only
-checked: metrics otelgpu does not consume are skipped on their name, their points never read
-beyond the framing and string checks that protobuf's own parser makes.
+match in the label-set table), without making a Python object per point. What otelgpu does not
+read is skipped on its framing alone: the metrics it does not consume (their points are counted,
+never opened), scopes, descriptions, units, exemplars, schema URLs.
 
-The kernels never decide a request is undecodable. Wherever their reading could differ from
-protobuf's (a truncated or corrupt field, bad UTF-8 in a string, a field repeated where protobuf
-keeps the last, a field of an unexpected wire type, deep nesting, groups) they answer UNSURE and
-the request is decoded by the reference decoder (receiver/decode.py), whose answer stands. So on
-every request both decoders give the same columns, and protobuf alone says what is malformed.
+The kernels never decide a request is undecodable. Wherever their reading of what otelgpu reads
+could differ from protobuf's (a truncated or overrunning field, a field repeated where protobuf
+keeps the last, a field of an unexpected wire type, a group, a oneof given twice) they answer
+UNSURE, and the request is decoded by the reference decoder (receiver/decode.py), whose answer
+stands. So on every request protobuf reads, both decoders give the same columns. A request
+protobuf refuses only for a defect inside what otelgpu skips (bad UTF-8 in the description of a
+metric it ignores, say) is refused whole by the reference decoder; the columnar decoder takes its
+other points, as the Collector's own receiver, which does not check UTF-8, would. The strings
+otelgpu does read (resources, the labels of consumed points) are parsed by protobuf once per
+distinct label set, so they are checked as protobuf checks them.
 
-The schema tables (`SCHEMA`) come from the protobuf descriptors, so every string field of the
-metrics protocol is checked the way protobuf checks it.
+The schema table (`SCHEMA`: the wire type of each field) comes from the protobuf descriptors.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ OK, UNSURE = 0, 1
 # Field kinds in the schema tables.
 UNKNOWN, VARINT, I64, I32, STRING, BYTES, MESSAGE = range(7)
 MAX_FIELD = 16  # OTLP's metric messages number their fields below this; higher ones are unknown
-MAX_DEPTH = 48  # protobuf's limit is 100: deeper requests go to the reference decoder
 
 _VARINT_TYPES = {3, 4, 5, 8, 13, 14, 17, 18}  # int64 uint64 int32 bool uint32 enum sint32 sint64
 _I64_TYPES = {1, 6, 16}  # double fixed64 sfixed64
@@ -39,7 +42,6 @@ _I32_TYPES = {2, 7, 15}  # float fixed32 sfixed32
 class Schema(NamedTuple):
     kind: np.ndarray  # int8 [type, field]
     child: np.ndarray  # int32 [type, field]: message type of a MESSAGE field
-    packed: np.ndarray  # bool [type, field]: a repeated number, which may come packed
     types: dict[str, int]  # message full name -> type index
 
 
@@ -59,7 +61,6 @@ def _schema() -> Schema:
     walk(ExportMetricsServiceRequest.DESCRIPTOR)
     kind = np.zeros((len(found), MAX_FIELD), np.int8)
     child = np.full((len(found), MAX_FIELD), -1, np.int32)
-    packed = np.zeros((len(found), MAX_FIELD), np.bool_)
     for t, d in enumerate(found):
         for f in d.fields:
             if f.number >= MAX_FIELD:
@@ -78,16 +79,11 @@ def _schema() -> Schema:
                 kind[t, f.number], child[t, f.number] = MESSAGE, order[f.message_type.full_name]
             else:  # groups: never in OTLP
                 raise AssertionError(f"{d.full_name}.{f.name} has protobuf type {f.type}")
-            packed[t, f.number] = f.is_repeated and kind[t, f.number] in (VARINT, I64, I32)
-    return Schema(kind, child, packed, order)
+    return Schema(kind, child, order)
 
 
 SCHEMA = _schema()
 _T = SCHEMA.types
-T_RESOURCE = _T["opentelemetry.proto.resource.v1.Resource"]
-T_SCOPE = _T["opentelemetry.proto.common.v1.InstrumentationScope"]
-T_KEYVALUE = _T["opentelemetry.proto.common.v1.KeyValue"]
-T_EXEMPLAR = _T["opentelemetry.proto.metrics.v1.Exemplar"]
 T_METRIC = _T["opentelemetry.proto.metrics.v1.Metric"]
 T_NDP = _T["opentelemetry.proto.metrics.v1.NumberDataPoint"]
 # Metric's `data` oneof: field number -> its message type, in WhichOneof's names (decode.py).
@@ -136,46 +132,6 @@ def _as_double(buf, i):  # noqa: ANN001, ANN202
     one = np.empty(1, np.uint64)
     one[0] = _fixed64(buf, i)
     return one.view(np.float64)[0]
-
-
-@njit(cache=True, nogil=True)
-def _utf8(buf, a, b):  # noqa: ANN001, ANN202
-    """Whether buf[a:b] is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF)."""
-    i = a
-    while i < b:
-        if i + 8 <= b and _fixed64(buf, i) & np.uint64(0x8080808080808080) == 0:
-            i += 8
-            continue
-        c = buf[i]
-        if c < 0x80:
-            i += 1
-            continue
-        if 0xC2 <= c <= 0xDF:
-            n, lo, hi = 1, 0x80, 0xBF
-        elif c == 0xE0:
-            n, lo, hi = 2, 0xA0, 0xBF
-        elif 0xE1 <= c <= 0xEC or 0xEE <= c <= 0xEF:
-            n, lo, hi = 2, 0x80, 0xBF
-        elif c == 0xED:
-            n, lo, hi = 2, 0x80, 0x9F
-        elif c == 0xF0:
-            n, lo, hi = 3, 0x90, 0xBF
-        elif 0xF1 <= c <= 0xF3:
-            n, lo, hi = 3, 0x80, 0xBF
-        elif c == 0xF4:
-            n, lo, hi = 3, 0x80, 0x8F
-        else:
-            return False
-        if i + n >= b:
-            return False
-        d = buf[i + 1]
-        if d < lo or d > hi:
-            return False
-        for k in range(2, n + 1):
-            if buf[i + k] < 0x80 or buf[i + k] > 0xBF:
-                return False
-        i += n + 1
-    return True
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -228,82 +184,17 @@ def _wire_of(kind):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _packed_ok(buf, a, b, kind):  # noqa: ANN001, ANN202
-    if kind == 2:
-        return (b - a) % 8 == 0
-    if kind == 3:
-        return (b - a) % 4 == 0
-    i = a
-    while i < b:
-        _, i = _varint(buf, i, b)
-        if i < 0:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _plain_keyvalue(buf, a, b):  # noqa: ANN001, ANN202
-    """Whether buf[a:b] is a valid KeyValue of the common form: a key, then a value holding one
-    string. False for any other form, valid or not (the general walk then reads it)."""
-    number, wire, ka, kb, i = _field(buf, a, b)
-    if number != 1 or wire != 2 or i < 0:
-        return False
-    number, wire, va, vb, i = _field(buf, i, b)
-    if number != 2 or wire != 2 or i != b:
-        return False
-    number, wire, sa, sb, i = _field(buf, va, vb)
-    if number != 1 or wire != 2 or i != vb:
-        return False
-    return _utf8(buf, ka, kb) and _utf8(buf, sa, sb)
-
-
-@njit(cache=True, nogil=True)
-def check(buf, start, end, t, kind, child, packed, stack):  # noqa: ANN001, ANN201
-    """Whether buf[start:end] reads as a message of type `t` exactly as protobuf would read it:
-    sound framing, valid UTF-8 in every string field, every known field of its own wire type,
-    nesting below MAX_DEPTH. Returns -1 for "not sure" (not "invalid"), else how many fields
-    numbered 1 of wire type 2 the message has at its top (the data points of a Gauge or Sum).
-    `stack` is scratch space of shape (2, MAX_DEPTH)."""
-    depth = 0
-    ones = 0
-    i = start
-    while True:
-        if i == end:
-            if depth == 0:
-                return ones
-            depth -= 1
-            t = stack[0, depth]
-            end = stack[1, depth]
-            continue
-        number, wire, a, b, nxt = _field(buf, i, end)
-        if nxt < 0:
+def _count_points(buf, a, b):  # noqa: ANN001, ANN202
+    """How many data points (fields numbered 1, of wire type 2) the Gauge, Sum, Histogram, ... at
+    buf[a:b] holds, reading only its framing; -1 when the framing is broken."""
+    n = 0
+    while a < b:
+        number, wire, _, _, a = _field(buf, a, b)
+        if a < 0:
             return -1
-        if depth == 0 and number == 1 and wire == 2:
-            ones += 1
-        k = kind[t, number] if number < MAX_FIELD else 0
-        if k == 0:
-            i = nxt
-            continue
-        if wire != _wire_of(k):
-            if not (wire == 2 and packed[t, number] and _packed_ok(buf, a, b, k)):
-                return -1
-        elif k == 4:
-            if not _utf8(buf, a, b):
-                return -1
-        elif k == 6:
-            if child[t, number] == T_KEYVALUE and _plain_keyvalue(buf, a, b):
-                i = nxt
-                continue
-            if depth + 1 >= MAX_DEPTH:
-                return -1
-            stack[0, depth] = t
-            stack[1, depth] = end
-            depth += 1
-            t = child[t, number]
-            end = b
-            i = a
-            continue
-        i = nxt
+        if number == 1 and wire == 2:
+            n += 1
+    return n
 
 
 @njit(cache=True, nogil=True)
@@ -338,9 +229,16 @@ def _same(buf, spans, n, arena, a, b):  # noqa: ANN001, ANN202
         return False
     j = a
     for k in range(n):
-        for i in range(spans[k, 0], spans[k, 1]):
+        i, end = spans[k, 0], spans[k, 1]
+        while i + 8 <= end:
+            if _fixed64(buf, i) != _fixed64(arena, j):
+                return False
+            i += 8
+            j += 8
+        while i < end:
             if buf[i] != arena[j]:
                 return False
+            i += 1
             j += 1
     return True
 
@@ -403,7 +301,7 @@ def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN2
 
 
 @njit(cache=True, nogil=True)
-def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001, ANN201, C901
+def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201, C901
          slots, set_hash, arena, arena_off, seed, floor, horizon, max_attributes,
          p_metric, p_res, p_time, p_value, p_flags, p_nattr, p_set, p_hash, p_dp,
          r_res, r_live, wrong):
@@ -419,7 +317,6 @@ def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001
     T_RM, T_SM = child[0, 1], child[child[0, 1], 2]
     cap, rcap = len(p_metric), len(r_live)
     spans = np.empty((max_attributes + 1, 2), np.int64)
-    stack = np.empty((2, MAX_DEPTH), np.int64)
     npts = 0
     nres = 0
     ignored = 0
@@ -458,9 +355,7 @@ def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001
                     r_res[r, 0] = c
                     r_res[r, 1] = d
                 continue
-            if number != 2:  # schema_url
-                if not _utf8(buf, c, d):
-                    return UNSURE, 0, 0, 0
+            if number != 2:  # schema_url: not read
                 continue
             m = c
             while m < d:  # ScopeMetrics
@@ -472,12 +367,7 @@ def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001
                     continue
                 if wire != _wire_of(k):
                     return UNSURE, 0, 0, 0
-                if number != 2:  # the scope, schema_url
-                    if k == 4:
-                        if not _utf8(buf, e, f):
-                            return UNSURE, 0, 0, 0
-                    elif check(buf, e, f, child[T_SM, number], kind, child, packed, stack) < 0:
-                        return UNSURE, 0, 0, 0
+                if number != 2:  # the scope, schema_url: not read
                     continue
                 # A Metric: its name, and which of the data oneof it carries (exactly one field).
                 name_a, name_b, data_field, data_a, data_b = -1, -1, 0, 0, 0
@@ -499,12 +389,6 @@ def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001
                         if data_field:
                             return UNSURE, 0, 0, 0
                         data_field, data_a, data_b = number, g, h
-                    if k == 4:
-                        if not _utf8(buf, g, h):
-                            return UNSURE, 0, 0, 0
-                    elif number == 12:  # metadata
-                        if check(buf, g, h, child[T_METRIC, number], kind, child, packed, stack) < 0:
-                            return UNSURE, 0, 0, 0
                 if name_a < 0:
                     name_a, name_b = 0, 0
                 code = _metric_code(buf, name_a, name_b, names, names_off, names_code)
@@ -516,17 +400,16 @@ def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001
                         ignored += 1
                     continue
                 dtype = DATA_TYPES[data_field]
-                if code < 0 or not numeric:
-                    # Not consumed, or not as numbers: checked, never read; its points counted.
-                    n = check(buf, data_a, data_b, dtype, kind, child, packed, stack)
+                if (code < 0 and code != LIVENESS) or not numeric:
+                    # Not read: skipped on its framing, its points only counted.
+                    n = _count_points(buf, data_a, data_b)
                     if n < 0:
                         return UNSURE, 0, 0, 0
                     if code >= 0:
                         wrong[code, _WHICH_OF_FIELD[data_field]] += max(n, 1)
-                        continue
-                    if code != LIVENESS or not numeric:
+                    else:
                         ignored += n if numeric else 1
-                        continue
+                    continue
                 s = data_a
                 while s < data_b:  # Gauge or Sum
                     number, wire, pa, pb, s = _field(buf, s, data_b)
@@ -562,10 +445,7 @@ def scan(buf, names, names_off, names_code, kind, child, packed,  # noqa: ANN001
                                 spans[nattr, 1] = nx
                                 hsh = hash_span(buf, x, nx, hsh)
                             nattr += 1
-                        elif number == 5:  # exemplars
-                            if check(buf, va, vb, T_EXEMPLAR, kind, child, packed, stack) < 0:
-                                return UNSURE, 0, 0, 0
-                        else:
+                        elif number != 5:  # exemplars are not read
                             bit = 1 << number
                             if seen & bit:  # protobuf keeps the last: rare enough to leave to it
                                 return UNSURE, 0, 0, 0
