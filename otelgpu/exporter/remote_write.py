@@ -20,8 +20,9 @@ newest one, even an identical one. What was accepted is the snapshot's `Progress
 samples in the encoding's fixed order, which the delivery queue persists beside the snapshot, so a
 restarted process resumes where the dead one stopped.
 
-With `sigv4` set, every request is signed with botocore's SigV4, using the standard AWS credential
-chain, re-read per request so that rotating credentials (IRSA) stay valid.
+With `sigv4` set, every request is signed with botocore's SigV4 (`sigv4.py`, imported only then:
+botocore costs some 8 MiB), using the standard AWS credential chain, re-read per request so that
+rotating credentials (IRSA) stay valid.
 """
 
 from __future__ import annotations
@@ -33,20 +34,14 @@ import re
 import struct
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import timezone
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import cramjam
 import urllib3
-from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials, ReadOnlyCredentials
-from botocore.exceptions import BotoCoreError, ClientError
-from botocore.session import Session
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from otelgpu.config import RemoteWriteConfig
-from otelgpu.errors import ConfigError
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
 from otelgpu.exporter.store import MetricSpec, Point
@@ -58,9 +53,6 @@ MAX_LABELS = 70  # AMP's limit per series, __name__ included
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]  # Prometheus' value.StaleNaN
 _VALID_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DETAIL_CHARS = 500
-CREDENTIAL_CHAIN = ("environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), shared config and credentials "
-                    "files (AWS_PROFILE), web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets), "
-                    "container credentials (ECS, EKS Pod Identity), EC2 instance metadata")
 
 
 def _message_classes() -> dict[str, Any]:
@@ -167,25 +159,6 @@ def build_requests(series: Mapping[Labels, list[tuple[int, float]]], max_samples
         yield request
 
 
-def sign(request_headers: Mapping[str, str], url: str, body: bytes, credentials: ReadOnlyCredentials,
-         region: str, service: str, now: Optional[datetime] = None, method: str = "POST") -> dict[str, str]:
-    """The headers with SigV4's added (X-Amz-Date, X-Amz-Security-Token with session credentials,
-    Authorization), signed by botocore over the exact body at `now` (UTC; default: the clock).
-
-    These are SigV4Auth.add_auth's own steps, two of them botocore internals, except that the time
-    comes from `now` through the request context, where every step reads it, rather than from
-    botocore's clock. The AWS test-suite vectors in the tests hold them to the published values."""
-    request = AWSRequest(method=method, url=url, data=body, headers=dict(request_headers))
-    auth = SigV4Auth(credentials, service, region)
-    when = datetime.now(timezone.utc) if now is None else now
-    when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
-    request.context["timestamp"] = when.strftime(SIGV4_TIMESTAMP)
-    auth._modify_request_before_signing(request)  # X-Amz-Date from the context, the session token
-    canonical = auth.canonical_request(request)
-    auth._inject_signature_to_request(request, auth.signature(auth.string_to_sign(request, canonical), request))
-    return dict(request.headers.items())
-
-
 def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
     """Seconds to wait from a Retry-After header: delay-seconds or an HTTP-date; None if absent or bad."""
     if not value:
@@ -229,14 +202,11 @@ class RemoteWriteSender:
         self._headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
                          "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": _user_agent(),
                          **config.headers}
-        self._credentials: Optional[Credentials] = None
+        self._signer: Optional[Any] = None
         if config.sigv4 is not None:
-            try:
-                self._credentials = Session().get_credentials()
-            except BotoCoreError as exc:
-                raise ConfigError([f"exporter.remote_write.sigv4: AWS credentials unusable: {exc}"]) from exc
-            if self._credentials is None:
-                raise ConfigError([f"exporter.remote_write.sigv4: no AWS credentials found; tried {CREDENTIAL_CHAIN}"])
+            from otelgpu.exporter.sigv4 import Signer
+
+            self._signer = Signer(config.sigv4.region, config.sigv4.service)
         self._pool = (urllib3.PoolManager(cert_reqs="CERT_NONE") if config.insecure_skip_tls_verify
                       else urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=config.ca_file))
 
@@ -288,13 +258,12 @@ class RemoteWriteSender:
                           "(otelgpu_export_series_rejected_total)", n, reason, MAX_LABELS)
 
     def _post(self, body: bytes) -> SendResult:
-        headers, sigv4 = self._headers, self._config.sigv4
-        if self._credentials is not None and sigv4 is not None:
+        headers = self._headers
+        if self._signer is not None:
             try:
-                frozen = self._credentials.get_frozen_credentials()  # refreshes what is about to expire
-            except (BotoCoreError, ClientError, OSError) as exc:  # STS down, token file being rotated
+                headers = self._signer.headers(headers, self._config.url, body)
+            except self._signer.CredentialsUnavailable as exc:  # STS down, token file being rotated
                 return SendResult(ok=False, retryable=True, reason="credentials", detail=str(exc))
-            headers = sign(headers, self._config.url, body, frozen, sigv4.region, sigv4.service)
         try:
             response = self._pool.request("POST", self._config.url, body=body, headers=headers, retries=False,
                                           timeout=urllib3.Timeout(total=self._config.timeout_seconds))

@@ -1,0 +1,37 @@
+"""A sidecar imports only what its configuration uses: the Kubernetes client (some 20 MiB) only
+with `kubernetes.enabled`, botocore (some 8 MiB) only with remote write signed by SigV4."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import REPO
+
+PROBE = """
+import json, sys
+sys.path.insert(0, "tests")
+from support import make_config
+from otelgpu.pipeline import Pipeline
+overrides = json.loads(sys.argv[1])
+Pipeline(make_config(**overrides), serve_receivers=False)
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"botocore", "kubernetes"})))
+"""
+
+
+def loaded(**overrides: object) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(overrides)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                                                      "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_remote_write_without_sigv4_and_no_kubernetes_import_neither():
+    assert loaded(exporter__remote_write__url="http://127.0.0.1:9/api/v1/write") == []
+
+
+def test_sigv4_imports_botocore():
+    assert loaded(exporter__remote_write__url="https://aps.example/api/v1/remote_write",
+                  exporter__remote_write__sigv4__region="eu-west-1") == ["botocore"]
