@@ -183,6 +183,21 @@ def _wire_of(kind):  # noqa: ANN001, ANN202
     return 2
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _next_known(buf, i, end, kind, t):  # noqa: ANN001, ANN202
+    """The field at i of a message of type t, as _field; number 0 for a field the schema does not
+    know (to skip), next -1 also for a known field of another wire type."""
+    number, wire, a, b, nxt = _field(buf, i, end)
+    if nxt < 0:
+        return 0, 0, 0, 0, -1
+    k = kind[t, number] if number < MAX_FIELD else 0
+    if k == 0:
+        return 0, wire, a, b, nxt
+    if wire != _wire_of(k):
+        return 0, 0, 0, 0, -1
+    return number, wire, a, b, nxt
+
+
 @njit(cache=True, nogil=True)
 def _count_points(buf, a, b):  # noqa: ANN001, ANN202
     """How many data points (fields numbered 1, of wire type 2) the Gauge, Sum, Histogram, ... at
@@ -339,14 +354,11 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
         j = a
         seen_resource = False
         while j < b:  # ResourceMetrics
-            number, wire, c, d, j = _field(buf, j, b)
+            number, wire, c, d, j = _next_known(buf, j, b, kind, T_RM)
             if j < 0:
                 return UNSURE, 0, 0, 0
-            k = kind[T_RM, number] if number < MAX_FIELD else 0
-            if k == 0:
+            if number == 0:
                 continue
-            if wire != _wire_of(k):
-                return UNSURE, 0, 0, 0
             if number == 1:  # the resource: read by the caller, once per target
                 if seen_resource:
                     return UNSURE, 0, 0, 0
@@ -359,28 +371,22 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
                 continue
             m = c
             while m < d:  # ScopeMetrics
-                number, wire, e, f, m = _field(buf, m, d)
+                number, wire, e, f, m = _next_known(buf, m, d, kind, T_SM)
                 if m < 0:
                     return UNSURE, 0, 0, 0
-                k = kind[T_SM, number] if number < MAX_FIELD else 0
-                if k == 0:
+                if number == 0:
                     continue
-                if wire != _wire_of(k):
-                    return UNSURE, 0, 0, 0
                 if number != 2:  # the scope, schema_url: not read
                     continue
                 # A Metric: its name, and which of the data oneof it carries (exactly one field).
                 name_a, name_b, data_field, data_a, data_b = -1, -1, 0, 0, 0
                 q = e
                 while q < f:
-                    number, wire, g, h, q = _field(buf, q, f)
+                    number, wire, g, h, q = _next_known(buf, q, f, kind, T_METRIC)
                     if q < 0:
                         return UNSURE, 0, 0, 0
-                    k = kind[T_METRIC, number] if number < MAX_FIELD else 0
-                    if k == 0:
+                    if number == 0:
                         continue
-                    if wire != _wire_of(k):
-                        return UNSURE, 0, 0, 0
                     if number == 1:
                         if name_a >= 0:
                             return UNSURE, 0, 0, 0
@@ -412,14 +418,11 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
                     continue
                 s = data_a
                 while s < data_b:  # Gauge or Sum
-                    number, wire, pa, pb, s = _field(buf, s, data_b)
+                    number, wire, pa, pb, s = _next_known(buf, s, data_b, kind, dtype)
                     if s < 0:
                         return UNSURE, 0, 0, 0
-                    k = kind[dtype, number] if number < MAX_FIELD else 0
-                    if k == 0:
+                    if number == 0:
                         continue
-                    if wire != _wire_of(k):
-                        return UNSURE, 0, 0, 0
                     if number != 1:  # aggregation_temporality, is_monotonic
                         continue
                     # A NumberDataPoint.
@@ -431,14 +434,12 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
                     hsh = seed
                     x = pa
                     while x < pb:
-                        number, wire, va, vb, nx = _field(buf, x, pb)
+                        number, wire, va, vb, nx = _next_known(buf, x, pb, kind, T_NDP)
                         if nx < 0:
                             return UNSURE, 0, 0, 0
-                        if number >= MAX_FIELD or kind[T_NDP, number] == 0:
+                        if number == 0:
                             x = nx
                             continue
-                        if wire != _wire_of(kind[T_NDP, number]):
-                            return UNSURE, 0, 0, 0
                         if number == 7:
                             if nattr <= max_attributes:
                                 spans[nattr, 0] = x
