@@ -27,6 +27,7 @@ from typing import Iterator, Optional
 
 import pytest
 from sidecar import free_port
+from support import poll
 
 CONFIG = "global:\n  scrape_interval: 1m\n"  # no scrape jobs: remote write is the only input
 READY_TIMEOUT_S = 20.0
@@ -85,18 +86,16 @@ class PrometheusServer:
         pytest.fail(f"Prometheus did not become ready within {READY_TIMEOUT_S} s; its log ends:\n{log_tail}")
 
     def _wait_ready(self) -> bool:
-        end = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < end:
+        def ready() -> Optional[bool]:
             if self._process is None or self._process.poll() is not None:
-                return False
+                return True  # exited: stop waiting (the caller sees it is not running)
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return True
+                    return response.status == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.02)
-        return False
+                return False
+
+        return bool(poll(ready, READY_TIMEOUT_S)) and self._process is not None and self._process.poll() is None
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +16,8 @@ import yaml
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
+
+from support import eventually, poll
 
 
 def free_port() -> int:
@@ -44,16 +45,15 @@ class Sidecar:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(self.config)],
                                          stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                pass
+        def ready() -> bool:
             assert self.proc.poll() is None, "sidecar exited:\n" + self.log.read_text()[-4000:]
-            assert time.monotonic() < deadline, "sidecar not ready:\n" + self.log.read_text()[-4000:]
-            time.sleep(0.1)
+            try:
+                return requests.get(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        eventually(ready, timeout, message=lambda: "sidecar not ready:\n" + self.log.read_text()[-4000:])
+        return self
 
     def export(self, *reqs: ExportMetricsServiceRequest) -> None:
         with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
@@ -72,11 +72,8 @@ class Sidecar:
         return total
 
     def wait_for(self, name: str, at_least: float, timeout: float = 30) -> float:
-        deadline = time.monotonic() + timeout
-        while (value := self.metric(name)) < at_least:
-            assert time.monotonic() < deadline, f"{name} = {value} < {at_least}:\n" + self.log.read_text()[-4000:]
-            time.sleep(0.1)
-        return value
+        return eventually(lambda: (value := self.metric(name)) >= at_least and (value,), timeout,
+                          message=lambda: f"{name} < {at_least}:\n" + self.log.read_text()[-4000:])[0]
 
     def kill(self) -> None:
         """kill -9: no shutdown, no flush."""
@@ -91,9 +88,7 @@ class Sidecar:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log
-            deadline = time.monotonic() + 5
-            while "most recent call first" not in self.log.read_text(errors="replace") and time.monotonic() < deadline:
-                time.sleep(0.05)
+            poll(lambda: "most recent call first" in self.log.read_text(errors="replace"))
             raise AssertionError("no exit after SIGTERM:\n" + self.log.read_text()[-6000:]) from None
 
     def close(self) -> None:

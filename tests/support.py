@@ -123,10 +123,28 @@ class CollectorSink:
         self.server.stop(grace=None)
 
 
-def eventually(check: Any, timeout: float = 5.0) -> Any:
-    """Poll `check` until it returns something true; fail after `timeout` seconds."""
+def poll(check: Any, timeout: float = 5.0, ignoring: tuple[type[BaseException], ...] = (),
+         interval: float = 0.02) -> Any:
+    """Call `check` until it returns something true, and return that; the last falsy result after
+    `timeout` seconds. `ignoring`: exceptions that mean "not yet" (the last one is raised at the
+    deadline)."""
     deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+    while True:
+        try:
+            result = check()
+        except ignoring:
+            if time.monotonic() >= deadline:
+                raise
+            result = None
+        if result or time.monotonic() >= deadline:
+            return result
+        time.sleep(interval)
+
+
+def eventually(check: Any, timeout: float = 5.0, ignoring: tuple[type[BaseException], ...] = (),
+               message: Any = "condition not met in time") -> Any:
+    """Poll `check` until it returns something true; fail after `timeout` seconds with `message`
+    (a string, or a callable giving one then)."""
+    result = poll(check, timeout, ignoring)
+    assert result, message() if callable(message) else message
     return result

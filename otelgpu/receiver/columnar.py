@@ -105,12 +105,12 @@ class ColumnarDecoder:
         self.limits = limits or Limits()
         self.lock = threading.Lock()
         self.seed = np.uint64(random.getrandbits(64))  # crafted hash collisions cannot be planned
-        self.clears = 0
+        self.renumbered = 0  # set ids change at every clear and sweep
         self._clear()
 
     def _clear(self) -> None:
         self.epoch = self.strings.epoch
-        self.renumbered = getattr(self, "renumbered", 0) + 1  # set ids change at every clear and sweep
+        self.renumbered += 1
         self.sets = 0
         self.slots = np.full(1 << 12, -1, np.int32)
         self.set_hash = np.zeros(1 << 10, np.uint64)
@@ -129,7 +129,6 @@ class ColumnarDecoder:
         self.shape_ok = np.zeros((0, _CODES), bool)  # no problem, required keys present, MIG pair whole
         self.shape_q = np.zeros((0, 3))  # quantity bounds of its `resource`: lo, hi, whole
         self._resources: dict[bytes, tuple[int, int, str]] = {}
-        self.clears += 1
 
     def __len__(self) -> int:
         return self.sets
@@ -158,7 +157,7 @@ class ColumnarDecoder:
                 return None
             label_off, label_key, label_val = self.label_off, self.label_key, self.label_val
             shapes, shape_ok, shape_q = self.shapes, self.shape_ok, self.shape_q
-            set_shape = self.set_shape[:self.sets].copy()
+            set_shape = self.set_shape[:self.sets]  # a view: sets are only appended, sweeps make new arrays
             numbering = self.renumbered
         batch, rows = _columns(cols, resources, floor, horizon, set_shape, shapes, shape_ok, shape_q,
                                label_off, label_key, label_val)
@@ -179,13 +178,15 @@ class ColumnarDecoder:
         self.label_key, new_label_off = _gather(self.label_key, label_off, keep)
         self.label_val, _ = _gather(self.label_val, label_off, keep)
         self.arena_off, self.label_off = new_arena_off, new_label_off
-        self.set_hash, self.set_shape, self.set_seen = (a[keep].copy() for a in (self.set_hash, self.set_shape,
-                                                                                  self.set_seen))
+        self.set_hash, self.set_shape, self.set_seen = self.set_hash[keep], self.set_shape[keep], self.set_seen[keep]
         self.sets = self.kept = len(keep)
         self.renumbered += 1
-        self.slots = np.full(max(1 << 12, 1 << int(2 * max(len(keep), 1)).bit_length()), -1, np.int32)
-        for k in range(self.sets):
-            wire.place_set(self.slots, self.set_hash, k)
+        self._rehash(max(1 << 12, 1 << (2 * self.sets).bit_length()))
+
+    def _rehash(self, size: int) -> None:
+        """A slot table of `size` (a power of two) holding every set."""
+        self.slots = np.full(size, -1, np.int32)
+        wire.place_sets(self.slots, self.set_hash, self.sets)
 
     def _scan(self, buf: np.ndarray, floor: int, horizon: int) -> Optional[dict[str, np.ndarray]]:
         cap, rcap = max(16, len(buf) // 24), 64
@@ -193,16 +194,16 @@ class ColumnarDecoder:
             c = {
                 "p_metric": np.empty(cap, np.int16), "p_res": np.empty(cap, np.int32),
                 "p_time": np.empty(cap, np.int64), "p_value": np.empty(cap, np.float64),
-                "p_flags": np.empty(cap, np.int64), "p_nattr": np.empty(cap, np.int32),
+                "p_flags": np.empty(cap, np.int64),
                 "p_set": np.empty(cap, np.int32), "p_hash": np.empty(cap, np.uint64),
                 "p_dp": np.empty((cap, 2), np.int64),
                 "r_res": np.empty((rcap, 2), np.int64), "r_live": np.empty(rcap, np.int64),
                 "wrong": np.zeros((_CODES, len(wire.WHICH)), np.int64),
             }
             status, n, nres, ignored = wire.scan(
-                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, *wire.SCHEMA[:2], self.slots, self.set_hash, self.arena,
+                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, wire.SCHEMA.kind, self.slots, self.set_hash, self.arena,
                 self.arena_off, self.seed, floor, horizon, self.limits.max_attributes,
-                c["p_metric"], c["p_res"], c["p_time"], c["p_value"], c["p_flags"], c["p_nattr"], c["p_set"],
+                c["p_metric"], c["p_res"], c["p_time"], c["p_value"], c["p_flags"], c["p_set"],
                 c["p_hash"], c["p_dp"], c["r_res"], c["r_live"], c["wrong"])
             if status != wire.OK:
                 return None
@@ -256,9 +257,7 @@ class ColumnarDecoder:
         self.set_seen[s] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
         self.sets = s + 1
         if 2 * self.sets > len(self.slots):
-            self.slots = np.full(2 * len(self.slots), -1, np.int32)
-            for k in range(self.sets):
-                wire.place_set(self.slots, self.set_hash, k)
+            self._rehash(2 * len(self.slots))
         else:
             wire.place_set(self.slots, self.set_hash, s)
 

@@ -84,6 +84,8 @@ def _schema() -> Schema:
 
 SCHEMA = _schema()
 _T = SCHEMA.types
+T_RM = _T["opentelemetry.proto.metrics.v1.ResourceMetrics"]
+T_SM = _T["opentelemetry.proto.metrics.v1.ScopeMetrics"]
 T_METRIC = _T["opentelemetry.proto.metrics.v1.Metric"]
 T_NDP = _T["opentelemetry.proto.metrics.v1.NumberDataPoint"]
 # Metric's `data` oneof: field number -> its message type, in WhichOneof's names (decode.py).
@@ -283,6 +285,13 @@ def place_set(slots, set_hash, s):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
+def place_sets(slots, set_hash, n):  # noqa: ANN001, ANN201
+    """place_set for the sets 0..n-1 (a table built afresh)."""
+    for s in range(n):
+        place_set(slots, set_hash, s)
+
+
+@njit(cache=True, nogil=True)
 def attribute_bytes(buf, a, b, out):  # noqa: ANN001, ANN201
     """The attribute fields (number 7) of the NumberDataPoint at buf[a:b], each whole (tag, length
     and content), one after the other into `out`; returns how many bytes."""
@@ -296,6 +305,67 @@ def attribute_bytes(buf, a, b, out):  # noqa: ANN001, ANN201
                 n += 1
         i = nxt
     return n
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _metric_head(buf, a, b, kind):  # noqa: ANN001, ANN202
+    """The Metric at buf[a:b]: (sure, name span, data field number (0 without data), data span).
+    Not sure when the name or the data oneof comes twice (protobuf keeps the last)."""
+    name_a, name_b, data_field, data_a, data_b = 0, 0, 0, 0, 0
+    named = False
+    while a < b:
+        number, _, g, h, a = _next_known(buf, a, b, kind, T_METRIC)
+        if a < 0:
+            return False, 0, 0, 0, 0, 0
+        if number == 1:
+            if named:
+                return False, 0, 0, 0, 0, 0
+            named, name_a, name_b = True, g, h
+        elif number > 0 and DATA_TYPES[number] >= 0:
+            if data_field:
+                return False, 0, 0, 0, 0, 0
+            data_field, data_a, data_b = number, g, h
+    return True, name_a, name_b, data_field, data_a, data_b
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _read_point(buf, a, b, kind, spans, max_attributes, seed):  # noqa: ANN001, ANN202
+    """The NumberDataPoint at buf[a:b]: (sure, time, value, flags, attribute fields, their hash),
+    the first max_attributes + 1 attribute fields' spans written into `spans`. Value is as_double,
+    or as_int as a float, NaN without either. Not sure when a singular field comes twice or both
+    values are given (protobuf keeps the last)."""
+    t = np.uint64(0)
+    value = np.nan
+    flags = np.uint64(0)
+    seen = 0
+    nattr = 0
+    h = seed
+    while a < b:
+        number, _, va, vb, nxt = _next_known(buf, a, b, kind, T_NDP)
+        if nxt < 0:
+            return False, t, value, flags, nattr, h
+        if number == 7:
+            if nattr <= max_attributes:
+                spans[nattr, 0] = a
+                spans[nattr, 1] = nxt
+                h = hash_span(buf, a, nxt, h)
+            nattr += 1
+        elif number != 0 and number != 5:  # exemplars are not read
+            bit = 1 << (4 if number == 6 else number)  # as_double and as_int: one value oneof
+            if seen & bit:
+                return False, t, value, flags, nattr, h
+            seen |= bit
+            if number == 3:
+                t = _fixed64(buf, va)
+            elif number == 4:
+                value = _as_double(buf, va)
+            elif number == 6:
+                value = np.float64(np.int64(_fixed64(buf, va)))
+            elif number == 8:
+                v, _ = _varint(buf, va, vb)
+                flags = v & np.uint64(0xFFFFFFFF)
+        a = nxt
+    return True, t, value, flags, nattr, h
 
 
 @njit(cache=True, nogil=True)
@@ -316,20 +386,19 @@ def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN2
 
 
 @njit(cache=True, nogil=True)
-def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201, C901
+def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
          slots, set_hash, arena, arena_off, seed, floor, horizon, max_attributes,
-         p_metric, p_res, p_time, p_value, p_flags, p_nattr, p_set, p_hash, p_dp,
+         p_metric, p_res, p_time, p_value, p_flags, p_set, p_hash, p_dp,
          r_res, r_live, wrong):
     """One pass over the request. Returns (status, points, scrape targets, ignored points).
 
     Per point of a consumed gauge or sum (up to the arrays' length; the count goes on, so a caller
     can size them and scan again): p_metric, p_res (target index), p_time, p_value (as_double,
-    or as_int as a float, NaN without either), p_flags, p_nattr (attribute fields), p_set (label
+    or as_int as a float, NaN without either), p_flags, p_set (label
     set, -1 if not in the table, -2 if more than max_attributes), p_hash (of the attribute
     fields), p_dp (the point's byte span). Per target: r_res (span of its Resource, -1 without
     one), r_live (newest liveness `up` time within floor..horizon, else 0). wrong[metric, which]
     counts points of consumed metrics that arrived as another kind of data (see WHICH)."""
-    T_RM, T_SM = child[0, 1], child[child[0, 1], 2]
     cap, rcap = len(p_metric), len(r_live)
     spans = np.empty((max_attributes + 1, 2), np.int64)
     npts = 0
@@ -374,29 +443,11 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
                 number, wire, e, f, m = _next_known(buf, m, d, kind, T_SM)
                 if m < 0:
                     return UNSURE, 0, 0, 0
-                if number == 0:
+                if number != 2:  # unknown fields, the scope, schema_url: not read
                     continue
-                if number != 2:  # the scope, schema_url: not read
-                    continue
-                # A Metric: its name, and which of the data oneof it carries (exactly one field).
-                name_a, name_b, data_field, data_a, data_b = -1, -1, 0, 0, 0
-                q = e
-                while q < f:
-                    number, wire, g, h, q = _next_known(buf, q, f, kind, T_METRIC)
-                    if q < 0:
-                        return UNSURE, 0, 0, 0
-                    if number == 0:
-                        continue
-                    if number == 1:
-                        if name_a >= 0:
-                            return UNSURE, 0, 0, 0
-                        name_a, name_b = g, h
-                    elif DATA_TYPES[number] >= 0:
-                        if data_field:
-                            return UNSURE, 0, 0, 0
-                        data_field, data_a, data_b = number, g, h
-                if name_a < 0:
-                    name_a, name_b = 0, 0
+                ok, name_a, name_b, data_field, data_a, data_b = _metric_head(buf, e, f, kind)
+                if not ok:
+                    return UNSURE, 0, 0, 0
                 code = _metric_code(buf, name_a, name_b, names, names_off, names_code)
                 numeric = data_field == 5 or data_field == 7
                 if not data_field:
@@ -421,50 +472,11 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
                     number, wire, pa, pb, s = _next_known(buf, s, data_b, kind, dtype)
                     if s < 0:
                         return UNSURE, 0, 0, 0
-                    if number == 0:
+                    if number != 1:  # unknown fields, aggregation_temporality, is_monotonic
                         continue
-                    if number != 1:  # aggregation_temporality, is_monotonic
-                        continue
-                    # A NumberDataPoint.
-                    t = np.uint64(0)
-                    value = np.nan
-                    flags = np.uint64(0)
-                    seen = 0
-                    nattr = 0
-                    hsh = seed
-                    x = pa
-                    while x < pb:
-                        number, wire, va, vb, nx = _next_known(buf, x, pb, kind, T_NDP)
-                        if nx < 0:
-                            return UNSURE, 0, 0, 0
-                        if number == 0:
-                            x = nx
-                            continue
-                        if number == 7:
-                            if nattr <= max_attributes:
-                                spans[nattr, 0] = x
-                                spans[nattr, 1] = nx
-                                hsh = hash_span(buf, x, nx, hsh)
-                            nattr += 1
-                        elif number != 5:  # exemplars are not read
-                            bit = 1 << number
-                            if seen & bit:  # protobuf keeps the last: rare enough to leave to it
-                                return UNSURE, 0, 0, 0
-                            seen |= bit
-                            if number == 3:
-                                t = _fixed64(buf, va)
-                            elif number == 4:
-                                if seen & (1 << 6):
-                                    return UNSURE, 0, 0, 0
-                                value = _as_double(buf, va)
-                            elif number == 6:
-                                if seen & (1 << 4):
-                                    return UNSURE, 0, 0, 0
-                                value = np.float64(np.int64(_fixed64(buf, va)))
-                            elif number == 8:
-                                v, _ = _varint(buf, va, vb)
-                                flags = v & np.uint64(0xFFFFFFFF)
-                        x = nx
+                    ok, t, value, flags, nattr, hsh = _read_point(buf, pa, pb, kind, spans, max_attributes, seed)
+                    if not ok:
+                        return UNSURE, 0, 0, 0
                     if code == LIVENESS:
                         ignored += 1
                         tt = np.int64(t)
@@ -478,7 +490,6 @@ def scan(buf, names, names_off, names_code, kind, child,  # noqa: ANN001, ANN201
                         p_time[npts] = np.int64(t) if t <= np.uint64(0x7FFFFFFFFFFFFFFF) else BEYOND
                         p_value[npts] = value
                         p_flags[npts] = np.int64(flags)
-                        p_nattr[npts] = nattr
                         p_hash[npts] = hsh
                         p_dp[npts, 0] = pa
                         p_dp[npts, 1] = pb

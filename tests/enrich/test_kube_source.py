@@ -16,6 +16,7 @@ from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.workload import workload
 from otelgpu.telemetry import SelfMetrics
+from support import eventually as support_eventually
 
 NODE_A, NODE_B = "ip-10-0-1-1.ec2.internal", "ip-10-0-1-2.ec2.internal"
 
@@ -54,18 +55,8 @@ def tags(**rules: TagRule) -> TagResolver:
 
 
 def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except (KeyError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
+    """support.eventually, a KeyError or failed assertion inside `check` meaning "not yet"."""
+    return support_eventually(check, timeout, ignoring=(KeyError, AssertionError))
 
 
 @pytest.fixture

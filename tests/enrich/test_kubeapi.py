@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from kubeapi import FakeKubeApi
-from support import eventually
+from support import eventually, poll
 
 TOKEN = "s3cret-token"
 
@@ -54,9 +54,7 @@ def v1(api_client: ApiClient) -> client.CoreV1Api:
 def soon(action: Callable[[], None], when: Callable[[], bool] = lambda: True) -> threading.Thread:
     """Run `action` on a thread once `when()` holds (e.g. once a watch is open)."""
     def run() -> None:
-        deadline = time.monotonic() + 3
-        while not when() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll(when, 3, interval=0.01)
         action()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
