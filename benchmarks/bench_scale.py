@@ -1,0 +1,283 @@
+"""`otelgpu serve` end to end at 100, 1,000 and 10,000 GPUs, in real time.
+
+For each size it starts `otelgpu serve` in its own process with the gateway's otelgpu.yaml
+(k8s/gateway: request and scad models, 60 s intervals, 30 s lateness, checkpoint and write-ahead
+log on; facts from kube-state-metrics, as no API server runs here), exporting over OTLP/gRPC with
+gzip to a real gRPC server in this process. Every 30 s of data it sends what a Collector's
+prometheus receiver sends for the cluster: dcgm-exporter's default counters for every whole GPU,
+MIG instance and time-slicing replica, kube-state-metrics, and the kubelet's cAdvisor every 60 s,
+in requests of at most the Collector's batch size, gzip-compressed. The requests of a scrape are
+built once and re-stamped for each scrape time, so building them costs this process nothing per
+scrape; `--speed` sends scrapes that many times faster than real time.
+
+Measured from outside the sidecar:
+- CPU: its user+system seconds per interval of data, and what that is in cores in real time;
+  the points per CPU-second it sustains end to end (decode, join, attribution, export, checkpoint);
+  CPU milliseconds per GPU per hour of data, as a ratio to the smallest size (flat = 1.0).
+- close to exported: for each interval, from the moment the scrape that closes it (its end plus
+  the lateness) was accepted to the moment the last point stamped with its end reached the
+  OTLP receiver here. Median and worst.
+- memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
+  kernel's high-water mark VmHWM (peak).
+- start-up: seconds from exec to /readyz with an empty numba cache (cold, every kernel compiled)
+  and with the cache that run left (warm).
+
+Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_footprint as bf  # noqa: E402 - the fleet, its scrapes, /proc readers
+
+from otelgpu.demo import scrapes  # noqa: E402
+from otelgpu.enrich.window import NS  # noqa: E402
+
+SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+EXPORT = f"/{SERVICE}/Export"
+EMPTY = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+SCRAPE_S = bf.SCRAPE_S
+INTERVAL_S, LATENESS_S = 60, 30  # k8s/gateway/otelgpu.yaml
+
+
+def physical_gpus(node) -> int:  # noqa: ANN001 (scenario.Node)
+    return len({d.index for d in node.devices})
+
+
+def nodes_for(gpus: int) -> int:
+    """The fewest fleet nodes holding at least `gpus` physical GPUs."""
+    nodes, _ = bf.fleet(max(3, gpus // 4), 0)
+    total = 0
+    for i, n in enumerate(nodes):
+        total += physical_gpus(n)
+        if total >= gpus:
+            return i + 1
+    raise AssertionError("fleet too small")
+
+
+class Scrapes:
+    """One scrape of the fleet as request bytes, re-stamped for any time."""
+
+    def __init__(self, n_nodes: int) -> None:
+        nodes, ns_labels = bf.fleet(n_nodes, 0)
+        self.gpus = sum(physical_gpus(n) for n in nodes)
+        self.units = sum(len(n.devices) for n in nodes)
+        self.nodes = n_nodes
+        self.stamp = (time.time_ns() // NS - 10 * 86400) * NS  # a time no other field of a request holds
+        targets = [scrapes.ksm(nodes, ns_labels, self.stamp)] + [bf.dcgm(n, self.stamp, 0.3) for n in nodes]
+        kubelet = [scrapes.cadvisor(n, self.stamp, 3600) for n in nodes]
+        self.every = [(r.SerializeToString(), sum(bf.points(rm) for rm in r.resource_metrics))
+                      for r in bf.batches(targets)]
+        self.kubelet = [(r.SerializeToString(), sum(bf.points(rm) for rm in r.resource_metrics))
+                        for r in bf.batches(kubelet)]
+        self._old = struct.pack("<Q", self.stamp)
+
+    def at(self, time_ns: int, with_kubelet: bool) -> list[tuple[bytes, int]]:
+        new = struct.pack("<Q", time_ns)
+        return [(raw.replace(self._old, new), n) for raw, n in self.every + (self.kubelet if with_kubelet else [])]
+
+
+class Receiver:
+    """The Collector's otlp/cost receiver: for every interval end, when its last point arrived."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last_arrival: dict[int, float] = {}
+        self.points = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                                  options=[("grpc.max_receive_message_length", 256 << 20)])
+        handler = grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None,
+                                                      response_serializer=None)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _export(self, raw: bytes, context) -> bytes:  # noqa: ANN001
+        arrived = time.monotonic()
+        req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(raw)
+        ends, n = set(), 0
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    points = m.sum.data_points if m.HasField("sum") else m.gauge.data_points
+                    n += len(points)
+                    ends.update(p.time_unix_nano for p in points)
+        with self.lock:
+            self.points += n
+            for end in ends:
+                self.last_arrival[end] = arrived
+        return EMPTY
+
+
+def start(config: Path, env: dict[str, str], metrics_port: int) -> tuple[subprocess.Popen, float]:
+    """`otelgpu serve` and the seconds it took to answer /readyz."""
+    began = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(config)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1)
+            return child, time.monotonic() - began
+        except OSError:
+            if child.poll() is not None or time.monotonic() - began > 300:
+                raise SystemExit(f"otelgpu serve did not become ready:\n{child.stderr.read()}") from None
+            time.sleep(0.05)
+
+
+def stop(child: subprocess.Popen) -> None:
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def export(channel_export, raw: bytes) -> int:  # noqa: ANN001
+    """Send one request as the Collector does (retrying while told to); the retries it took."""
+    for attempt in range(60):
+        try:
+            channel_export(raw, timeout=60)
+            return attempt
+        except grpc.RpcError as err:
+            if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise
+            time.sleep(min(0.05 * 2 ** attempt, 1.0))
+    raise RuntimeError("the sidecar stayed unavailable")
+
+
+def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict:
+    load = Scrapes(nodes_for(gpus))
+    sink = Receiver()
+    grpc_port, metrics_port = bf.free_port(), bf.free_port()
+    work = Path(tempfile.mkdtemp(dir=tmp))
+    config = bf.sidecar_config("gateway", work, grpc_port, sink.port, metrics_port)
+    child, ready_s = start(config, env, metrics_port)
+    n_scrapes = int(args.minutes * 60 / SCRAPE_S)
+    # Data ending now or before: the gateway config refuses points ahead of the clock or a day old.
+    t0 = (time.time_ns() // NS - int(args.minutes * 60 / args.speed * (args.speed - 1)) - 3 * INTERVAL_S) \
+        // INTERVAL_S * INTERVAL_S * NS
+    try:
+        rss_ready = bf.proc_status(child.pid)["VmRSS"] / 1024
+        cpu0, wall0 = bf.cpu_seconds(child.pid), time.monotonic()
+        accepted: dict[int, float] = {}  # scrape time -> when its first request was accepted
+        rss, sent, retries = [], 0, 0
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=grpc.Compression.Gzip,
+                                   options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+            call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            for k in range(n_scrapes):
+                due = wall0 + k * SCRAPE_S / args.speed
+                time.sleep(max(0.0, due - time.monotonic()))
+                t = t0 + (k + 1) * SCRAPE_S * NS
+                for i, (raw, n) in enumerate(load.at(t, with_kubelet=k % 2 == 1)):
+                    retries += export(call, raw)
+                    sent += n
+                    if i == 0:
+                        accepted[t] = time.monotonic()
+                rss.append(bf.proc_status(child.pid)["VmRSS"] / 1024)
+            closes = [end for end in range(t0 + INTERVAL_S * NS, t + 1, INTERVAL_S * NS)
+                      if end + LATENESS_S * NS <= t]  # intervals the data closes (the rest close at shutdown)
+            for end in closes:  # wait for each to be delivered
+                deadline = time.monotonic() + 120
+                while end not in sink.last_arrival and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            time.sleep(1.0)  # let the last requests of the newest interval land
+        cpu = bf.cpu_seconds(child.pid) - cpu0
+        status = bf.proc_status(child.pid)
+        latency = []
+        for end in closes:
+            trigger = min((s for s in accepted if s >= end + LATENESS_S * NS), default=None)
+            if trigger is not None and end in sink.last_arrival:
+                latency.append(sink.last_arrival[end] - accepted[trigger])
+        metrics = bf.scrape_metrics(metrics_port)
+    finally:
+        stop(child)
+        sink.server.stop(0)
+    data_s = n_scrapes * SCRAPE_S
+    return {
+        "gpus": load.gpus, "nodes": load.nodes, "units": load.units, "ready_s": ready_s,
+        "points_per_scrape": sum(n for _, n in load.every), "sent": sent, "retries": retries,
+        "cost_points": sink.points, "intervals": len(closes), "delivered": len(latency),
+        "cpu_s": cpu, "data_s": data_s, "cores": cpu / data_s, "cpu_per_interval": cpu / data_s * INTERVAL_S,
+        "points_per_cpu_s": sent / cpu if cpu else float("inf"),
+        "cpu_ms_per_gpu_hour": cpu / load.gpus / (data_s / 3600) * 1000,
+        "latency": latency, "rss_ready": rss_ready,
+        "rss_steady": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
+        "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
+        "late": metrics.get("otelgpu_points_late_total", 0.0),
+        "computed": metrics.get("otelgpu_intervals_computed_total", 0.0),
+    }
+
+
+def start_up(tmp: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Seconds to /readyz with an empty numba cache, then with the cache it left."""
+    cache = tmp / "numba-cache"
+    cache.mkdir()
+    env = {**env, "NUMBA_CACHE_DIR": str(cache)}
+    times = []
+    for _ in range(2):
+        sink = Receiver()
+        grpc_port, metrics_port = bf.free_port(), bf.free_port()
+        config = bf.sidecar_config("gateway", Path(tempfile.mkdtemp(dir=tmp)), grpc_port, sink.port, metrics_port)
+        child, ready_s = start(config, env, metrics_port)
+        stop(child)
+        sink.server.stop(0)
+        times.append(ready_s)
+    return times[0], times[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, nargs="+", default=[100, 1000, 10000], help="cluster sizes (physical GPUs)")
+    ap.add_argument("--minutes", type=float, default=5.0, help="minutes of cluster data per size")
+    ap.add_argument("--speed", type=float, default=1.0, help="send scrapes this many times faster than real time")
+    args = ap.parse_args()
+    env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": bf.fleet(1, 0)[0][0].name}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        cold, warm = start_up(tmp, env)
+        print(f"start-up to /readyz: cold (empty numba cache) {cold:.1f} s, warm {warm:.1f} s ({cold / warm:.1f}x)")
+        print(f"{args.minutes:g} min of data per size at {args.speed:g}x real time; scrapes every {SCRAPE_S} s, "
+              f"{INTERVAL_S} s intervals, request and scad models, checkpoint on")
+        rows = [run_size(g, args, tmp, env) for g in args.gpus]
+    base = rows[0]["cpu_ms_per_gpu_hour"]
+    head = ("GPUs", "nodes", "units", "pts/scrape", "cost pts/intv", "CPU s/intv", "cores", "pts/CPU-s",
+            "ms/GPU-h", "flat", "close->exp p50", "max", "RSS ready", "steady", "peak")
+    print(" | ".join(head))
+    for r in rows:
+        lat = r["latency"] or [float("nan")]
+        per_interval = r["cost_points"] / max(1, r["delivered"])
+        print(" | ".join([f"{r['gpus']:,}", f"{r['nodes']:,}", f"{r['units']:,}", f"{r['points_per_scrape']:,}",
+                          f"{per_interval:,.0f}", f"{r['cpu_per_interval']:.2f}", f"{r['cores']:.3f}",
+                          f"{r['points_per_cpu_s']:,.0f}", f"{r['cpu_ms_per_gpu_hour']:.1f}",
+                          f"{r['cpu_ms_per_gpu_hour'] / base:.2f}", f"{statistics.median(lat):.2f} s",
+                          f"{max(lat):.2f} s", f"{r['rss_ready']:.0f} MiB", f"{r['rss_steady']:.0f} MiB",
+                          f"{r['rss_peak']:.0f} MiB"]))
+        if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
+            print(f"  {r['gpus']:,} GPUs: {r['retries']} requests retried (sidecar busy), {r['rejected']:.0f} points "
+                  f"rejected, {r['late']:.0f} late, {r['delivered']}/{r['intervals']} intervals delivered")
+    big = rows[-1]
+    per_core = big["gpus"] / big["cores"] * 0.5
+    print(f"at {big['gpus']:,} GPUs: {big['cores']:.3f} cores in real time, so half a core keeps up with about "
+          f"{per_core:,.0f} GPUs at this rate")
+
+
+if __name__ == "__main__":
+    main()
