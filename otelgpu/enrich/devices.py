@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.timeline import group_ids
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
 
@@ -62,19 +63,31 @@ class DeviceMemory:
         return Samples.concat([s, dark])
 
     def _remember(self, s: Samples, present: set[str], end_ns: int) -> None:
-        st = self.s.string
-        live = ~s.stale
-        for name in present:
-            rows = np.flatnonzero((s.node == self.s.find(name)) & live)
-            if not len(rows):
-                continue  # only staleness markers: what it had is still what it has
-            _, first = np.unique(np.stack([s.uuid[rows], s.gi[rows]], axis=1), axis=0, return_index=True)
-            self._nodes[name] = _Node(end_ns, [(st(int(s.uuid[r])), st(int(s.gi[r])), st(int(s.profile[r])),
-                                                st(int(s.model[r]))) for r in rows[first]])
-        held = np.flatnonzero(live & (s.pod >= 0))
-        for r in held[np.argsort(s.time_ns[held], kind="stable")]:  # the latest sample wins
-            key = (st(int(s.node[r])), st(int(s.uuid[r])), st(int(s.gi[r])))
-            self._holders[key] = (st(int(s.namespace[r])), st(int(s.pod[r])))
+        table = self.s.strings()
+
+        def text(code: int) -> str:
+            return table[code] if code >= 0 else ""
+
+        live = np.flatnonzero(~s.stale)  # a node with only staleness markers still has what it had
+        _, first = group_ids(s.node[live], s.uuid[live], s.gi[live])
+        seen: dict[str, list[Entity]] = {}
+        for node, uuid, gi, profile, model in zip(*(c[live[first]].tolist() for c in (s.node, s.uuid, s.gi, s.profile,
+                                                                                       s.model))):
+            seen.setdefault(text(node), []).append((text(uuid), text(gi), text(profile), text(model)))
+        for name, entities in seen.items():
+            self._nodes[name] = _Node(end_ns, entities)
+        held = live[s.pod[live] >= 0]
+        if not len(held):
+            return
+        key, _ = group_ids(s.node[held], s.uuid[held], s.gi[held])
+        order = np.argsort(s.time_ns[held], kind="stable")  # the latest sample wins, the last of equal times
+        rank = np.empty(len(held), np.int64)
+        rank[order] = np.arange(len(held))
+        latest = np.full(int(key.max()) + 1, -1, np.int64)
+        np.maximum.at(latest, key, rank)
+        rows = held[order[latest]]
+        for node, uuid, gi, ns, pod in zip(*(c[rows].tolist() for c in (s.node, s.uuid, s.gi, s.namespace, s.pod))):
+            self._holders[(text(node), text(uuid), text(gi))] = (text(ns), text(pod))
 
     def _forget(self, name: str) -> None:
         del self._nodes[name]

@@ -25,11 +25,14 @@ class RecordError(ValueError):
 
 def encode_batch(batch: PointBatch, strings: Interner) -> bytes:
     used = np.concatenate([batch.attr_key, batch.attr_val, batch.resource_node, batch.resource_pod])
-    codes, local = np.unique(used[used >= 0], return_inverse=True)
+    used = used[used >= 0]
+    present = np.zeros(int(used.max()) + 1 if len(used) else 0, dtype=bool)  # codes are dense: no sort
+    present[used] = True
+    codes = np.flatnonzero(present)
     table = strings.strings()
     text = [table[c].encode() for c in codes.tolist()] + [s.encode() for s in batch.sources]
     n, na = len(batch), len(batch.attr_key)
-    where = np.full(int(codes[-1]) + 1 if len(codes) else 0, -1, dtype=np.int32)
+    where = np.full(len(present), -1, dtype=np.int32)
     where[codes] = np.arange(len(codes), dtype=np.int32)
 
     def local_of(col: np.ndarray) -> np.ndarray:

@@ -1,0 +1,44 @@
+"""group_ids (packed keys, one sort) against numpy's unique rows."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otelgpu.enrich.timeline import group_ids, group_ids_reference
+
+COLUMN_KINDS = {
+    "code": lambda rng, n: rng.integers(-1, 6, n).astype(np.int32),  # interned strings, -1 for none
+    "flag": lambda rng, n: rng.integers(0, 2, n).astype(bool),
+    "time": lambda rng, n: (1_790_000_000_000_000_000 + rng.integers(0, 4, n) * 15_000_000_000).astype(np.int64),
+    "wide": lambda rng, n: rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True),
+    "extremes": lambda rng, n: rng.choice(np.array([-2**63, -1, 0, 2**63 - 1], dtype=np.int64), n),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 300), st.lists(st.sampled_from(sorted(COLUMN_KINDS)), min_size=1,
+                                                                 max_size=12))
+def test_same_ids_and_first_rows_as_unique_rows(seed, n, kinds):
+    rng = np.random.default_rng(seed)
+    cols = [COLUMN_KINDS[k](rng, n) for k in kinds]
+    ids, first = group_ids(*cols)
+    want_ids, want_first = group_ids_reference(*cols)
+    assert ids.tolist() == want_ids.tolist()
+    assert first.tolist() == want_first.tolist()
+
+
+def test_many_narrow_columns_need_several_keys():
+    rng = np.random.default_rng(7)
+    cols = [rng.integers(0, 1 << 20, 5000) for _ in range(8)]  # 160 bits: three packed keys
+    cols[3][:2500] = cols[3][2500:]  # repeated rows
+    for c in cols:
+        c[:2500] = c[2500:]
+    ids, first = group_ids(*cols)
+    want_ids, want_first = group_ids_reference(*cols)
+    assert ids.tolist() == want_ids.tolist() and first.tolist() == want_first.tolist()
+    assert ids.max() + 1 == 2500
+
+
+def test_empty():
+    ids, first = group_ids(np.zeros(0, np.int32), np.zeros(0, np.int64))
+    assert len(ids) == 0 and len(first) == 0
