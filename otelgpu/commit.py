@@ -21,8 +21,7 @@ from typing import Any, Callable, Optional
 
 from otelgpu.checkpoint import Checkpoint
 from otelgpu.exporter.delivery import Delivery
-from otelgpu.exporter.snapshot import flatten, merge, snapshot_of
-from otelgpu.exporter.store import Point
+from otelgpu.exporter.columns import Point, merge
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Position, Wal
 
@@ -43,7 +42,7 @@ class Committer:
             waiting.append((end_ns, snapshot))
             if len(waiting) > d.config.queue_size:  # a disk that stays broken must not grow memory
                 (_, older), (end, newer) = waiting[0], waiting[1]
-                waiting[:2] = [(end, flatten(merge(snapshot_of(older), snapshot_of(newer))))]
+                waiting[:2] = [(end, merge(older, newer))]
 
     def commit(self, state: Callable[[], dict[str, Any]], replay_from: Position) -> bool:
         """Stage, checkpoint, release. Returns False when something had to wait."""

@@ -30,7 +30,7 @@ from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
-from otelgpu.exporter.store import CostStore, Point
+from otelgpu.exporter.store import CostStore, Points
 from otelgpu.receiver import columnar
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
@@ -286,7 +286,7 @@ class Pipeline:
             self.committer.commit(self._checkpoint_state, self._replay_from())
         return len(closed)
 
-    def _close(self, interval: Interval) -> list[Point]:
+    def _close(self, interval: Interval) -> Points:
         self._reload_prices()
         self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval
         use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
@@ -312,8 +312,8 @@ class Pipeline:
             log.error("price file not applied, previous prices stay in force: %s", exc)
             self.metrics.add("price_reload_failures")
 
-    def _count(self, snapshot: list[Point]) -> None:
-        ended = sum(p.ended for p in snapshot)
+    def _count(self, snapshot: Points) -> None:
+        ended = int(snapshot.ended.sum())
         if ended:
             self.metrics.add("series_ended", ended)
         self.metrics.set("series_active", "cost", len(snapshot) - ended)

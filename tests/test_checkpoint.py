@@ -11,6 +11,7 @@ from support import feed, make_config, offline_pipeline
 
 from otelgpu.checkpoint import FILE, Checkpoint, Identity, decode, encode
 from otelgpu.enrich.window import NS
+from otelgpu.exporter.store import CostStore
 from otelgpu.errors import ConfigError
 from otelgpu.pipeline import Pipeline
 from otelgpu.telemetry import SelfMetrics
@@ -92,7 +93,7 @@ def test_ended_series_are_not_in_the_checkpoint(tmp_path: Path) -> None:
     first.close_due()
     assert first.metrics.series_ended > 0  # nlp's pod ended at 25 minutes
     saved = decode((tmp_path / FILE).read_bytes(), Identity("prod", "USD"))["store"]
-    pods = {dict(map(tuple, saved["attrs"][s[1]])).get("pod") for s in saved["sums"]}
+    pods = {dict(map(tuple, saved["attrs"][a])).get("pod") for a in saved["columns"]["attrs"]}
     assert "train" in pods and "serve" not in pods
 
 
@@ -133,6 +134,22 @@ def test_valid_file_with_content_that_does_not_restore(tmp_path: Path, caplog) -
     p = pipeline(tmp_path)
     assert p.metrics.checkpoint_errors["corrupt"] == 1 and p.store.points() == []
     assert "does not restore" in caplog.text
+
+
+def test_the_row_per_series_layout_of_earlier_versions_restores(tmp_path: Path) -> None:
+    """A checkpoint written before the store kept columns continues the same series."""
+    c = cluster()
+    first = pipeline(tmp_path)
+    feed(first, *c.scrapes(60, 1800))
+    first.close_due()
+    state = first.store.state()
+    cols = state["columns"]
+    rows = [[m, a, s, state["last_time_ns"], v, q] for m, a, s, v, q in
+            zip(cols["metric"], cols["attrs"], cols["start_ns"], cols["value"], cols["quiet"])]
+    old = CostStore()
+    old.restore({"last_time_ns": state["last_time_ns"], "attrs": state["attrs"], "sums": rows})
+    assert len(rows) > 10 and old.state() == state
+    assert list(old.points()) == [p for p in first.store.points() if old.specs[p.metric].kind == "sum"]
 
 
 def test_content_that_fails_late_in_the_restore_leaves_nothing_half_restored(tmp_path: Path, caplog) -> None:

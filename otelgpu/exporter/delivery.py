@@ -15,8 +15,7 @@ from typing import Callable, Optional, Sequence
 from otelgpu.config import DeliveryConfig
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult
-from otelgpu.exporter.snapshot import Snapshot, flatten, merge, snapshot_of
-from otelgpu.exporter.store import Point
+from otelgpu.exporter.columns import Point, Points, merge
 from otelgpu.telemetry import SelfMetrics
 
 __all__ = ["DELIVERED", "Delivery", "Progress", "SendResult", "Sender"]
@@ -29,7 +28,7 @@ MAX_SERVER_DELAY_S = 300.0  # a RetryInfo or Retry-After delay longer than this 
 @dataclass
 class _Entry:
     end_ns: int
-    snapshot: Snapshot
+    snapshot: Points
     progress: Progress
     released: bool  # sendable; staged snapshots wait for the pipeline's checkpoint
 
@@ -85,7 +84,7 @@ class Delivery:
         found, uncommitted = self._outbox.recover(committed_ns)
         with self._cond:
             for r in found:
-                self._queue.append(_Entry(r.end_ns, snapshot_of(r.points), self._progress(r.end_ns, r.done), True))
+                self._queue.append(_Entry(r.end_ns, r.points, self._progress(r.end_ns, r.done), True))
                 self._newest_released = r.end_ns
             self.metrics.count("export_snapshots_recovered", self.name, len(found))
             self._changed()
@@ -119,7 +118,7 @@ class Delivery:
         with self._cond:
             for e in replaced:
                 self._queue.remove(e)
-            self._queue.append(_Entry(end_ns, snapshot_of(points), self._progress(end_ns), False))
+            self._queue.append(_Entry(end_ns, Points.of(points), self._progress(end_ns), False))
             self._changed()
 
     def release(self, through_ns: int) -> None:
@@ -135,7 +134,8 @@ class Delivery:
         """Queue one interval's snapshot, sendable at once (stage and release; its end is its
         newest point's time); never blocks on the network."""
         if points:
-            end_ns = max(p.time_ns for p in points)
+            points = Points.of(points)
+            end_ns = int(points.time_ns.max())
             self.stage(points, end_ns)
             self.release(end_ns)
 
@@ -175,7 +175,7 @@ class Delivery:
             merged = merge(q[i].snapshot, q[i + 1].snapshot)
             if self._outbox is not None:
                 try:
-                    self._outbox.write(q[i + 1].end_ns, flatten(merged), absorbed=(q[i].end_ns,))
+                    self._outbox.write(q[i + 1].end_ns, merged, absorbed=(q[i].end_ns,))
                 except OSError as exc:
                     self.metrics.count("export_outbox_errors", (self.name, "write"))
                     log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
@@ -221,7 +221,7 @@ class Delivery:
                     return
                 head = self._queue[0]
                 self._in_flight = True
-            points = flatten(head.snapshot)
+            points = head.snapshot
             result = self.sender.send(points, head.progress)
             if (result.ok or not result.retryable) and self._outbox is not None:
                 self._outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
@@ -281,7 +281,7 @@ class Delivery:
                 self.metrics.count("export_snapshots_persisted", self.name, len(left))
             else:
                 for e in left:
-                    self._give_up(flatten(e.snapshot), "shutdown")
+                    self._give_up(e.snapshot, "shutdown")
             self.metrics.set("export_queue", self.name, 0)
         if left and self._outbox is not None:
             log.warning("%s: %d snapshot(s) not delivered before the shutdown deadline stay in %s for the next start",

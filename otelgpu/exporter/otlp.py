@@ -17,12 +17,13 @@ code is final. A server's RetryInfo delay is honoured.
 from __future__ import annotations
 
 import logging
-import struct
 from typing import Iterator, Mapping, Optional, Sequence
 
 import grpc
+import numpy as np
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from numba import njit
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -40,7 +41,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
-from otelgpu.exporter.store import Attrs, MetricSpec, Point
+from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -93,13 +94,6 @@ def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], clu
         yield ExportMetricsServiceRequest(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope])])
 
 
-_NUMBERS = struct.Struct("<BQBQBd")  # start_time_unix_nano, time_unix_nano, as_double: tags and values
-_GAUGE_NUMBERS = struct.Struct("<BQBd")  # time_unix_nano, as_double
-_ENDED = struct.Struct("<BQBQ")  # start and time of an ended sum: no value, flags after the attributes
-_ENDED_GAUGE = struct.Struct("<BQ")
-_FLAGS_NO_VALUE = b"\x40\x01"  # field 8 (flags) = NO_RECORDED_VALUE
-
-
 def _varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
@@ -116,7 +110,8 @@ def _len_field(number: int, payload: bytes) -> bytes:
 class RequestWriter:
     """`build_requests` as protobuf bytes, with no message object per point: a series' attribute
     bytes are cached while it appears in the snapshots (the cache keeps only the last snapshot's
-    series), everything else per point is one struct.pack."""
+    attribute sets), the points of each metric are written by one kernel call from the snapshot's
+    columns, and the request, scope and metric headers are encoded once."""
 
     def __init__(self, specs: Mapping[str, MetricSpec], cluster: str, instance: str = "") -> None:
         self.specs = specs
@@ -130,38 +125,112 @@ class RequestWriter:
                     + _len_field(3, spec.unit.encode()))
             tail = b"\x10\x02\x18\x01" if spec.kind == "sum" else b""  # cumulative, monotonic
             self._heads[key] = (head, 7 if spec.kind == "sum" else 5, tail)
+        self._rank = {key: i for i, key in enumerate(specs)}
         self._attrs: dict[Attrs, bytes] = {}
 
     def requests(self, points: Sequence[Point], max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[bytes]:
-        by_metric: dict[str, list[Point]] = {}
-        for p in points:
-            by_metric.setdefault(p.metric, []).append(p)
-        ordered = [(key, p) for key in self.specs for p in by_metric.get(key, ())]
+        p = Points.of(points)
         cached, self._attrs = self._attrs, {}
-        for begin in range(0, len(ordered), max_points):
-            metrics: dict[str, list[bytes]] = {}
-            for key, p in ordered[begin:begin + max_points]:
-                attrs = self._attrs.get(p.attrs)
-                if attrs is None:
-                    attrs = cached.get(p.attrs) or b"".join(_len_field(7, _keyvalue(k, v)) for k, v in p.attrs)
-                    self._attrs[p.attrs] = attrs
-                metrics.setdefault(key, []).append(_len_field(1, self._point(key, p, attrs)))
-            body = b"".join(self._metric(key, pts) for key, pts in metrics.items())
-            scope_metrics = _len_field(2, self._scope + body)
+        if not len(p):
+            return
+        used = np.zeros(len(p.attrs), dtype=bool)
+        used[p.aset] = True
+        blobs = []
+        for i in range(len(p.attrs)):  # unused sets stay empty
+            attrs = p.attrs[i] if used[i] else None
+            if attrs is None:
+                blobs.append(b"")
+                continue
+            blob = self._attrs.get(attrs)
+            if blob is None:
+                blob = cached.get(attrs) or b"".join(_len_field(7, _keyvalue(k, v)) for k, v in attrs)
+                self._attrs[attrs] = blob
+            blobs.append(blob)
+        arena = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        offsets = np.zeros(len(blobs) + 1, np.int64)
+        np.cumsum([len(b) for b in blobs], out=offsets[1:])
+        rank = np.array([self._rank[m] for m in p.metrics], np.int64)[p.metric]
+        order = np.argsort(rank, kind="stable")  # spec order, each metric's points as they come
+        ordered_rank = rank[order]
+        keys = list(self.specs)
+        bits = p.value.view(np.int64)
+        for begin in range(0, len(order), max_points):
+            rows = order[begin:begin + max_points]
+            ranks = ordered_rank[begin:begin + max_points]
+            cuts = np.flatnonzero(np.diff(ranks)) + 1
+            body = []
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
+                key = keys[int(ranks[lo])]
+                run = rows[lo:hi]
+                data = write_points(arena, offsets, p.aset[run].astype(np.int64), p.start_ns[run], p.time_ns[run],
+                                    bits[run], p.ended[run], self.specs[key].kind == "sum")
+                body.append(self._metric(key, data.tobytes()))
+            scope_metrics = _len_field(2, self._scope + b"".join(body))
             yield _len_field(1, self._resource + scope_metrics)
 
-    def _point(self, key: str, p: Point, attrs: bytes) -> bytes:
-        if self.specs[key].kind == "sum":
-            if p.ended:
-                return _ENDED.pack(0x11, p.start_ns, 0x19, p.time_ns) + attrs + _FLAGS_NO_VALUE
-            return _NUMBERS.pack(0x11, p.start_ns, 0x19, p.time_ns, 0x21, p.value) + attrs
-        if p.ended:
-            return _ENDED_GAUGE.pack(0x19, p.time_ns) + attrs + _FLAGS_NO_VALUE
-        return _GAUGE_NUMBERS.pack(0x19, p.time_ns, 0x21, p.value) + attrs
-
-    def _metric(self, key: str, points: list[bytes]) -> bytes:
+    def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]
-        return _len_field(2, head + _len_field(data_field, b"".join(points) + tail))
+        return _len_field(2, head + _len_field(data_field, points + tail))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put_varint(out: np.ndarray, at: int, n: int) -> int:
+    while n > 0x7F:
+        out[at] = (n & 0x7F) | 0x80
+        n >>= 7
+        at += 1
+    out[at] = n
+    return at + 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put_fixed64(out: np.ndarray, at: int, tag: int, n: int) -> int:
+    out[at] = tag
+    for k in range(8):
+        out[at + 1 + k] = (n >> (8 * k)) & 0xFF
+    return at + 9
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _varint_size(n: int) -> int:
+    size = 1
+    while n > 0x7F:
+        n >>= 7
+        size += 1
+    return size
+
+
+@njit(cache=True, nogil=True)
+def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start_ns: np.ndarray,
+                 time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray, is_sum: bool) -> np.ndarray:
+    """The data_points fields (NumberDataPoint, field 1) of one metric's points, as `_point` of
+    the readable writer lays them out: start time (sums), time, the value or, for an ended point,
+    the attributes and then flags = NO_RECORDED_VALUE; `bits` are the values' IEEE-754 bits."""
+    n = len(aset)
+    sizes = np.empty(n, np.int64)
+    total = 0
+    for i in range(n):
+        body = 9 + (9 if is_sum else 0) + (offsets[aset[i] + 1] - offsets[aset[i]]) + (2 if ended[i] else 9)
+        sizes[i] = body
+        total += 1 + _varint_size(body) + body
+    out = np.empty(total, np.uint8)
+    at = 0
+    for i in range(n):
+        out[at] = 0x0A
+        at = _put_varint(out, at + 1, sizes[i])
+        if is_sum:
+            at = _put_fixed64(out, at, 0x11, start_ns[i])
+        at = _put_fixed64(out, at, 0x19, time_ns[i])
+        if not ended[i]:
+            at = _put_fixed64(out, at, 0x21, bits[i])
+        for k in range(offsets[aset[i]], offsets[aset[i] + 1]):
+            out[at] = arena[k]
+            at += 1
+        if ended[i]:
+            out[at] = 0x40
+            out[at + 1] = 0x01
+            at += 2
+    return out
 
 
 def _keyvalue(key: str, value: str) -> bytes:

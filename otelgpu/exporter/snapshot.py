@@ -1,5 +1,6 @@
-"""One interval's snapshot of the cost series: grouped by series, merged when a queue is full, and
-encoded as a compact binary file for the persisted queue.
+"""One interval's snapshot of the cost series: merged when a queue is full, and encoded as a
+compact binary file for the persisted queue. `merge` here works on points grouped by series, the
+readable reference of `columns.merge`, which the queues use.
 
 The file: a fixed header (magic, format version, table length, point count), a JSON table with the
 snapshot's end time, the ends of the snapshots merged into it, its metric keys and each distinct
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from otelgpu.exporter.store import Attrs, Point
+from otelgpu.exporter.columns import Attrs, Point, Points
 
 Key = tuple[str, Attrs]
 Snapshot = dict[Key, list[Point]]  # points of each series, in time order
@@ -63,23 +64,22 @@ class SnapshotFormatError(ValueError):
 
 class SnapshotFile(NamedTuple):
     end_ns: int
-    points: list[Point]
+    points: Points
     absorbed: tuple[int, ...]  # ends of the snapshots merged into this one: their files are redundant
 
 
 def encode(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = ()) -> bytes:
-    metrics: dict[str, int] = {}
-    attrs: dict[Attrs, int] = {}  # each attribute set once: a pod's metrics share it
-    columns = (
-        [metrics.setdefault(p.metric, len(metrics)) for p in points],
-        [attrs.setdefault(p.attrs, len(attrs)) for p in points],
-        [p.start_ns for p in points], [p.time_ns for p in points],
-        [p.value for p in points], [p.ended for p in points],
-    )
-    table = json.dumps({"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(metrics),
-                        "attrs": [[list(kv) for kv in a] for a in attrs]}, separators=(",", ":")).encode()
-    body = b"".join([_HEADER.pack(MAGIC, VERSION, 0, len(table), len(points)), table,
-                     *(np.asarray(c, dtype=d).tobytes() for c, d in zip(columns, _COLUMNS))])
+    p = Points.of(points)
+    used = np.zeros(len(p.attrs), dtype=bool)  # each attribute set the points use, once
+    used[p.aset] = True
+    sets = np.flatnonzero(used)
+    local = np.zeros(len(p.attrs), np.uint32)
+    local[sets] = np.arange(len(sets), dtype=np.uint32)
+    table = json.dumps({"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(p.metrics),
+                        "attrs": [p.attrs[i] for i in sets.tolist()]}, separators=(",", ":")).encode()
+    columns = (p.metric, local[p.aset], p.start_ns, p.time_ns, p.value, p.ended)
+    body = b"".join([_HEADER.pack(MAGIC, VERSION, 0, len(table), len(p)), table,
+                     *(np.ascontiguousarray(c, dtype=d).tobytes() for c, d in zip(columns, _COLUMNS))])
     return body + _CRC.pack(zlib.crc32(body))
 
 
@@ -103,8 +103,7 @@ def decode(data: bytes) -> SnapshotFile:
         at += n * dtype.itemsize
     if n and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
         raise SnapshotFormatError("corrupt", "a point refers to a metric or attribute set not in the table")
-    points = [Point(metrics[m], attrs[a], s, t, v, bool(e)) for m, a, s, t, v, e in zip(*(c.tolist() for c in columns))]
-    return SnapshotFile(end_ns, points, absorbed)
+    return SnapshotFile(end_ns, Points(metrics, attrs, *(c.copy() for c in columns)), absorbed)
 
 
 def _table(raw: bytes) -> tuple[int, tuple[int, ...], list[str], list[Attrs]]:

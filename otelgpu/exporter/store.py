@@ -12,7 +12,12 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
+import numpy as np
+
+from otelgpu.exporter.columns import Attrs, Point, Points
+
+__all__ = ["Attrs", "CostStore", "MetricSpec", "Point", "Points", "attrs_of", "cost_metrics", "with_attrs"]
+
 
 
 def attrs_of(pairs: Mapping[str, str]) -> Attrs:
@@ -64,24 +69,6 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
     }
 
 
-@dataclass(frozen=True)
-class Point:
-    metric: str  # key into cost_metrics()
-    attrs: Attrs
-    start_ns: int
-    time_ns: int
-    value: float  # NaN when `ended`
-    ended: bool = False  # the series' last point: OTLP flag NO_RECORDED_VALUE, a stale marker after remote write
-
-
-@dataclass
-class _Sum:
-    start_ns: int
-    time_ns: int
-    value: float
-    quiet: int = 0  # intervals in a row without an increment
-
-
 class CostStore:
     """The cumulative series and the latest gauges.
 
@@ -91,23 +78,44 @@ class CostStore:
     from an interval is ended the same way at once. Should the series come back, it starts afresh
     with a new start time, which Prometheus reads as a new counter.
 
+    The sums are columns (metric, attribute set, start, value, intervals quiet) indexed by a row
+    per series; a dict finds a series' row, and each distinct attribute set is kept once, so a
+    snapshot is built from the columns with no object per point (`Points`).
+
     `keep_ended` keeps ended sums' final values for `totals()` (run reports such as the demo's);
     exporters never see them again.
     """
 
     def __init__(self, currency: str = "USD", end_after_intervals: int = 2, keep_ended: bool = False) -> None:
         self.specs = cost_metrics(currency)
+        self.metric_keys = tuple(self.specs)
+        self._code = {m: i for i, m in enumerate(self.metric_keys)}
         self.end_after_intervals = end_after_intervals
         self.keep_ended = keep_ended
         self._lock = threading.Lock()
-        self._sums: dict[tuple[str, Attrs], _Sum] = {}
-        self._gauges: dict[tuple[str, Attrs], tuple[int, float]] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._sets = _AttrSets()
+        self._rows: dict[tuple[str, Attrs], int] = {}  # live sum -> its row
+        self._free: list[int] = []
+        cap = 1024
+        self._metric = np.zeros(cap, np.uint16)
+        self._aset = np.zeros(cap, np.uint32)
+        self._start = np.zeros(cap, np.int64)
+        self._value = np.zeros(cap, np.float64)
+        self._quiet = np.zeros(cap, np.int32)
+        self._born = np.zeros(cap, np.int64)  # creation order: snapshots list sums oldest first
+        self._live = np.zeros(cap, bool)
+        self._births = 0
+        self._gauges: dict[tuple[str, Attrs], float] = {}
+        self._gauge_time = 0
         self._ended_totals: dict[tuple[str, Attrs], float] = {}
         self.last_time_ns = 0
         self.series_ended = 0
 
     def record(self, start_ns: int, end_ns: int, sums: Mapping[str, Mapping[Attrs, float]],
-               gauges: Mapping[str, Mapping[Attrs, float]]) -> list[Point]:
+               gauges: Mapping[str, Mapping[Attrs, float]]) -> Points:
         """Add one interval's increments, replace the gauges, end the series that went quiet.
         Returns the interval's snapshot for the exporters: every live series at `end_ns` plus one
         ended point per series that ended now."""
@@ -115,45 +123,99 @@ class CostStore:
             raise ValueError(f"interval ending {end_ns} is not after the last one ({self.last_time_ns}): "
                              "timestamps of a series must strictly increase")
         with self._lock:
-            seen = set()
+            rows, incs = [], []
+            get = self._rows.get
             for metric, series in sums.items():
                 for attrs, inc in series.items():
-                    key = (metric, attrs)
-                    seen.add(key)
-                    state = self._sums.get(key)
-                    if state is None:
-                        self._sums[key] = _Sum(start_ns, end_ns, inc)
-                    else:
-                        state.value += inc
-                        state.quiet = 0
-            ended = []
-            for key, state in list(self._sums.items()):
-                if key not in seen:
-                    state.quiet += 1
-                    if state.quiet >= self.end_after_intervals:
-                        del self._sums[key]
-                        ended.append(Point(key[0], key[1], state.start_ns, end_ns, math.nan, ended=True))
-                        if self.keep_ended:
-                            self._ended_totals[key] = self._ended_totals.get(key, 0.0) + state.value
-                        continue
-                state.time_ns = end_ns
-            new_gauges = {(m, a): (end_ns, v) for m, series in gauges.items() for a, v in series.items()}
-            ended += [Point(m, a, end_ns, end_ns, math.nan, ended=True)
-                      for (m, a) in self._gauges.keys() - new_gauges.keys()]
-            self._gauges = new_gauges
+                    row = get((metric, attrs))
+                    if row is None:
+                        row = self._add(metric, attrs, start_ns, 0.0, 0)
+                    rows.append(row)
+                    incs.append(inc)
+            table = list(self._sets.attrs)  # the snapshot's own: a set's index is reused once it is released
+            seen = np.array(rows, np.int64)
+            live = self._live
+            self._quiet[live] += 1
+            self._quiet[seen] = 0
+            np.add.at(self._value, seen, np.array(incs, np.float64)) if len(seen) else None
+            gone = np.flatnonzero(live & (self._quiet >= self.end_after_intervals))
+            gone = gone[np.argsort(self._born[gone], kind="stable")]
+            ended = self._columns(gone, end_ns, table, ended=True)
+            self._drop(gone)
+            kept = np.flatnonzero(self._live)
+            kept = kept[np.argsort(self._born[kept], kind="stable")]
+            old_gauges = self._gauges
+            self._gauges = {(m, a): v for m, series in gauges.items() for a, v in series.items()}
+            self._gauge_time = end_ns
+            gone_gauges = [k for k in old_gauges if k not in self._gauges]
             self.last_time_ns = end_ns
-            self.series_ended += len(ended)
-            return self._points() + ended
+            self.series_ended += len(gone) + len(gone_gauges)
+            return Points.concat([self._columns(kept, end_ns, table), self._gauge_points(list(self._gauges.items()), end_ns),
+                                  self._gauge_points([(k, np.nan) for k in gone_gauges], end_ns, ended=True), ended])
 
-    def points(self) -> list[Point]:
+    def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
+        if not self._free:
+            self._grow()
+        row = self._free.pop()
+        self._rows[(metric, attrs)] = row
+        self._metric[row] = self._code[metric]
+        self._aset[row] = self._sets.add(attrs)
+        self._start[row], self._value[row], self._quiet[row] = start_ns, value, quiet
+        self._born[row] = self._births
+        self._births += 1
+        self._live[row] = True
+        return row
+
+    def _grow(self) -> None:
+        n = len(self._live)
+        for name in ("_metric", "_aset", "_start", "_value", "_quiet", "_born", "_live"):
+            old = getattr(self, name)
+            new = np.zeros(2 * n, old.dtype)
+            new[:n] = old
+            setattr(self, name, new)
+        self._free = list(range(2 * n - 1, n - 1, -1))  # lowest rows first
+
+    def _drop(self, rows: np.ndarray) -> None:
+        for metric, aset, value in zip(self._metric[rows].tolist(), self._aset[rows].tolist(),
+                                       self._value[rows].tolist()):
+            key = (self.metric_keys[metric], self._sets.attrs[aset])
+            del self._rows[key]
+            self._sets.release(aset)
+            if self.keep_ended:
+                self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
+        self._live[rows] = False
+        self._free.extend(rows.tolist()[::-1])
+
+    def _columns(self, rows: np.ndarray, end_ns: int, table: list[Attrs], ended: bool = False) -> Points:
+        """Sums of these rows at `end_ns`, over `table` (a copy of the attribute sets)."""
+        n = len(rows)
+        return Points(self.metric_keys, table, self._metric[rows], self._aset[rows], self._start[rows],
+                      np.full(n, end_ns, np.int64), np.full(n, np.nan) if ended else self._value[rows],
+                      np.full(n, ended, bool))
+
+    def _gauge_points(self, items: list[tuple[tuple[str, Attrs], float]], time_ns: int, ended: bool = False) -> Points:
+        n = len(items)
+        if not n:
+            return Points.empty()
+        attrs: dict[Attrs, int] = {}
+        aset = np.array([attrs.setdefault(a, len(attrs)) for (_, a), _ in items], np.uint32)
+        return Points(self.metric_keys, list(attrs), np.array([self._code[m] for (m, _), _ in items], np.uint16), aset,
+                      np.full(n, time_ns, np.int64), np.full(n, time_ns, np.int64),
+                      np.array([v for _, v in items], np.float64), np.full(n, ended, bool))
+
+    def points(self) -> Points:
         """Every live series at its latest point (what a scrape shows)."""
         with self._lock:
-            return self._points()
+            rows = np.flatnonzero(self._live)
+            rows = rows[np.argsort(self._born[rows], kind="stable")]
+            return Points.concat([self._columns(rows, self.last_time_ns, list(self._sets.attrs)),
+                                  self._gauge_points(list(self._gauges.items()), self._gauge_time)])
 
-    def _points(self) -> list[Point]:
-        out = [Point(m, a, s.start_ns, s.time_ns, s.value) for (m, a), s in self._sums.items()]
-        out += [Point(m, a, t, t, v) for (m, a), (t, v) in self._gauges.items()]
-        return out
+    def _sums(self) -> list[tuple[str, Attrs, float]]:
+        rows = np.flatnonzero(self._live)
+        rows = rows[np.argsort(self._born[rows], kind="stable")]
+        return [(self.metric_keys[m], self._sets.attrs[a], v) for m, a, v in
+                zip(self._metric[rows].tolist(), self._aset[rows].tolist(), self._value[rows].tolist())]
 
     def totals(self, metric: str, by: Iterable[str] = (),
                where: Mapping[str, str] | None = None) -> dict[tuple[str, ...], float]:
@@ -162,7 +224,7 @@ class CostStore:
         keys = tuple(by)
         out: dict[tuple[str, ...], float] = {}
         with self._lock:
-            values = [(a, s.value) for (m, a), s in self._sums.items() if m == metric]
+            values = [(a, v) for m, a, v in self._sums() if m == metric]
             values += [(a, v) for (m, a), v in self._ended_totals.items() if m == metric]
         for attrs, value in values:
             d = dict(attrs)
@@ -174,31 +236,82 @@ class CostStore:
 
     def active_series(self) -> int:
         with self._lock:
-            return len(self._sums) + len(self._gauges)
+            return len(self._rows) + len(self._gauges)
 
     # Checkpoint state: the sums and the last interval end, all a restart needs to continue them.
 
     def state(self) -> dict:
+        """The live sums as columns (oldest first) over a table of their attribute sets."""
         with self._lock:
-            index: dict[Attrs, int] = {}  # each attribute set once: the metrics of a pod share it
-            sums = [[m, index.setdefault(a, len(index)), s.start_ns, s.time_ns, s.value, s.quiet]
-                    for (m, a), s in self._sums.items()]
-            return {"last_time_ns": self.last_time_ns, "attrs": [[list(kv) for kv in a] for a in index], "sums": sums}
+            rows = np.flatnonzero(self._live)
+            rows = rows[np.argsort(self._born[rows], kind="stable")]
+            sets, aset = np.unique(self._aset[rows], return_inverse=True)
+            return {"last_time_ns": self.last_time_ns,
+                    "attrs": [[list(kv) for kv in self._sets.attrs[a]] for a in sets.tolist()],
+                    "columns": {"metric": [self.metric_keys[m] for m in self._metric[rows].tolist()],
+                                "attrs": aset.reshape(-1).tolist(), "start_ns": self._start[rows].tolist(),
+                                "value": self._value[rows].tolist(), "quiet": self._quiet[rows].tolist()}}
 
     def restore(self, state: Mapping) -> None:
-        """Continue from `state()` of an earlier run (same currency). Raises ValueError or
-        KeyError/TypeError on a malformed state; the store is unchanged then."""
-        sums = {}
+        """Continue from `state()` of an earlier run (same currency); also reads the row-per-series
+        layout of earlier versions (`sums`: metric, attribute set, start, time, value, quiet).
+        Raises ValueError or KeyError/TypeError on a malformed state; the store is unchanged then."""
         table = [tuple((str(k), str(v)) for k, v in a) for a in state["attrs"]]
-        for m, a, start, time, value, quiet in state["sums"]:
+        if "columns" in state:
+            c = state["columns"]
+            n = len(c["metric"])
+            if any(len(c[k]) != n for k in ("attrs", "start_ns", "value", "quiet")):
+                raise ValueError("store columns of different lengths")
+            rows = list(zip(c["metric"], c["attrs"], c["start_ns"], c["value"], c["quiet"]))
+        else:
+            rows = [(m, a, start, value, quiet) for m, a, start, _, value, quiet in state["sums"]]
+        restored = []
+        for m, a, start, value, quiet in rows:
             if m not in self.specs or self.specs[m].kind != "sum":
                 raise ValueError(f"unknown cumulative metric {m!r}")
-            attrs = table[a]
-            if attrs != tuple(sorted(attrs)) or not (int(start) <= int(time)) or not math.isfinite(float(value)):
+            if not 0 <= int(a) < len(table):
+                raise ValueError(f"series {m} refers to attribute set {a}, not in the table")
+            attrs = table[int(a)]
+            if attrs != tuple(sorted(attrs)) or not math.isfinite(float(value)):
                 raise ValueError(f"series {m} {dict(attrs)} is malformed")
-            sums[(m, attrs)] = _Sum(int(start), int(time), float(value), int(quiet))
+            restored.append((m, attrs, int(start), float(value), int(quiet)))
         last = int(state["last_time_ns"])
+        if any(start > last for _, _, start, _, _ in restored):
+            raise ValueError("a series starts after the last interval")
         with self._lock:
-            self._sums = sums
-            self._gauges = {}
+            self._reset()
+            for m, attrs, start, value, quiet in restored:
+                self._add(m, attrs, start, value, quiet)
             self.last_time_ns = last
+
+
+class _AttrSets:
+    """Each distinct attribute set once, with the number of live series using it; a released set's
+    index is reused by the next new set."""
+
+    def __init__(self) -> None:
+        self.attrs: list[Attrs] = []
+        self._index: dict[Attrs, int] = {}
+        self._users: list[int] = []
+        self._free: list[int] = []
+
+    def add(self, attrs: Attrs) -> int:
+        i = self._index.get(attrs)
+        if i is None:
+            if self._free:
+                i = self._free.pop()
+                self.attrs[i] = attrs
+                self._users[i] = 0
+            else:
+                i = len(self.attrs)
+                self.attrs.append(attrs)
+                self._users.append(0)
+            self._index[attrs] = i
+        self._users[i] += 1
+        return i
+
+    def release(self, i: int) -> None:
+        self._users[i] -= 1
+        if not self._users[i]:
+            del self._index[self.attrs[i]]
+            self._free.append(i)

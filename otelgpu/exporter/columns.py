@@ -1,0 +1,137 @@
+"""One interval's cost points as columns: what the store hands the exporters.
+
+A `Points` is a sequence of `Point` to every reader that iterates or indexes it (the readable
+paths, the tests), and six arrays to the fast ones (the snapshot file, the OTLP writer): each
+point's metric (an index into `metrics`), attribute set (an index into `attrs`, where each
+distinct set appears once: the metrics of a pod share theirs), start and end time, value and
+whether it ends its series. No `Point` object exists unless a reader asks for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence, overload
+
+import numpy as np
+
+from otelgpu.enrich.timeline import group_ids
+
+Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
+
+
+@dataclass(frozen=True)
+class Point:
+    metric: str  # key into store.cost_metrics()
+    attrs: Attrs
+    start_ns: int
+    time_ns: int
+    value: float  # NaN when `ended`
+    ended: bool = False  # the series' last point: OTLP flag NO_RECORDED_VALUE, a stale marker after remote write
+
+
+class Points(Sequence[Point]):
+    __slots__ = ("metrics", "attrs", "metric", "aset", "start_ns", "time_ns", "value", "ended")
+
+    def __init__(self, metrics: Sequence[str], attrs: Sequence[Attrs], metric: np.ndarray, aset: np.ndarray,
+                 start_ns: np.ndarray, time_ns: np.ndarray, value: np.ndarray, ended: np.ndarray) -> None:
+        self.metrics, self.attrs = tuple(metrics), attrs if isinstance(attrs, list) else list(attrs)
+        self.metric, self.aset = metric.astype(np.uint16, copy=False), aset.astype(np.uint32, copy=False)
+        self.start_ns, self.time_ns = start_ns.astype(np.int64, copy=False), time_ns.astype(np.int64, copy=False)
+        self.value, self.ended = value.astype(np.float64, copy=False), ended.astype(bool, copy=False)
+
+    @classmethod
+    def of(cls, points: Sequence[Point]) -> Points:
+        """Columns of any sequence of points (a `Points` is returned as it is)."""
+        if isinstance(points, Points):
+            return points
+        if not points:
+            return cls.empty()
+        metrics: dict[str, int] = {}
+        attrs: dict[Attrs, int] = {}
+        metric = np.array([metrics.setdefault(p.metric, len(metrics)) for p in points], np.uint16)
+        aset = np.array([attrs.setdefault(p.attrs, len(attrs)) for p in points], np.uint32)
+        return cls(list(metrics), list(attrs), metric, aset, np.array([p.start_ns for p in points], np.int64),
+                   np.array([p.time_ns for p in points], np.int64), np.array([p.value for p in points], np.float64),
+                   np.array([p.ended for p in points], bool))
+
+    @classmethod
+    def empty(cls) -> Points:
+        z = np.zeros(0, np.int64)
+        return cls((), [], z, z, z, z, z.astype(np.float64), z.astype(bool))
+
+    def __len__(self) -> int:
+        return len(self.metric)
+
+    @overload
+    def __getitem__(self, i: int) -> Point: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Points: ...
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        return Point(self.metrics[self.metric[i]], self.attrs[self.aset[i]], int(self.start_ns[i]),
+                     int(self.time_ns[i]), float(self.value[i]), bool(self.ended[i]))
+
+    def __iter__(self) -> Iterator[Point]:
+        metrics, attrs = self.metrics, self.attrs
+        for m, a, s, t, v, e in zip(self.metric.tolist(), self.aset.tolist(), self.start_ns.tolist(),
+                                    self.time_ns.tolist(), self.value.tolist(), self.ended.tolist()):
+            yield Point(metrics[m], attrs[a], s, t, v, e)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Points({len(self)} points, {len(self.attrs)} attribute sets)"
+
+    def take(self, rows: np.ndarray) -> Points:
+        """These rows, in this order (the tables are shared)."""
+        return Points(self.metrics, self.attrs, self.metric[rows], self.aset[rows], self.start_ns[rows],
+                      self.time_ns[rows], self.value[rows], self.ended[rows])
+
+    def series(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each point's series id (same metric and attributes) and each series' first row."""
+        return group_ids(self.metric, self.aset)
+
+    @staticmethod
+    def concat(parts: Sequence[Points]) -> Points:
+        """The points of all parts in order, over one metric table and one attribute table."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return Points.empty()
+        if len(parts) == 1:
+            return parts[0]
+        metrics: dict[str, int] = {}
+        attrs: dict[Attrs, int] = {}
+        m_cols, a_cols = [], []
+        for p in parts:
+            m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
+            a_map = np.array([attrs.setdefault(a, len(attrs)) for a in p.attrs], np.uint32)
+            m_cols.append(m_map[p.metric] if len(m_map) else p.metric)
+            a_cols.append(a_map[p.aset] if len(a_map) else p.aset)
+        return Points(list(metrics), list(attrs), np.concatenate(m_cols), np.concatenate(a_cols),
+                      *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value",
+                                                                                 "ended")))
+
+
+def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:
+    """`snapshot.merge` on columns: the two snapshots as one, each series' points in order and the
+    series in order of first appearance. Of a series the newer snapshot has, a cumulative value
+    superseded by a later value with the same start time is dropped, ended points and the value
+    before each are kept; a series only the older one has is kept as it is."""
+    older, newer = Points.of(older), Points.of(newer)
+    both = Points.concat([older, newer])
+    n = len(both)
+    if not n:
+        return both
+    sid, first = both.series()
+    in_newer = np.zeros(len(first), dtype=bool)
+    in_newer[sid[len(older):]] = True
+    order = np.lexsort((np.arange(n), first[sid]))  # by series' first appearance, then position
+    s_sid, s_start, s_ended = sid[order], both.start_ns[order], both.ended[order]
+    keep = ~in_newer[s_sid]
+    keep[-1] = True
+    keep[:-1] |= (s_sid[:-1] != s_sid[1:]) | s_ended[:-1] | s_ended[1:] | (s_start[1:] != s_start[:-1])
+    return both.take(order[keep])
