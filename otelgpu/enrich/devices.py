@@ -98,7 +98,7 @@ class DeviceMemory:
         return self._holders.get((node, uuid, gi))
 
     def state(self) -> list[list]:
-        return [[name, n.seen_ns, [list(e) for e in n.entities]] for name, n in self._nodes.items()]
+        return [[name, n.seen_ns, n.entities] for name, n in self._nodes.items()]  # JSON writes tuples as arrays
 
     def restore(self, state: list[list]) -> None:
         self._nodes = {str(name): _Node(int(seen), [tuple(map(str, e)) for e in ents])  # type: ignore[misc]

@@ -247,7 +247,7 @@ class CostStore:
             rows = rows[np.argsort(self._born[rows], kind="stable")]
             sets, aset = np.unique(self._aset[rows], return_inverse=True)
             return {"last_time_ns": self.last_time_ns,
-                    "attrs": [[list(kv) for kv in self._sets.attrs[a]] for a in sets.tolist()],
+                    "attrs": [self._sets.attrs[a] for a in sets.tolist()],  # JSON writes the pairs as arrays
                     "columns": {"metric": [self.metric_keys[m] for m in self._metric[rows].tolist()],
                                 "attrs": aset.reshape(-1).tolist(), "start_ns": self._start[rows].tolist(),
                                 "value": self._value[rows].tolist(), "quiet": self._quiet[rows].tolist()}}
