@@ -19,6 +19,8 @@ Measured from outside the sidecar:
   OTLP receiver here. Median and worst.
 - memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
   kernel's high-water mark VmHWM (peak).
+- /metrics: the wall and CPU seconds of one scrape of the Prometheus endpoint after the run,
+  which serves every cost series besides the sidecar's own metrics (not part of the CPU above).
 - start-up: seconds from exec to /readyz with an empty numba cache (cold, every kernel compiled)
   and with the cache that run left (warm).
 
@@ -206,7 +208,14 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
             trigger = min((s for s in accepted if s >= end + LATENESS_S * NS), default=None)
             if trigger is not None and end in sink.last_arrival:
                 latency.append(sink.last_arrival[end] - accepted[trigger])
-        metrics = bf.scrape_metrics(metrics_port)
+        cpu_before, began = bf.cpu_seconds(child.pid), time.monotonic()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=300).read().decode()
+        scrape = (time.monotonic() - began, bf.cpu_seconds(child.pid) - cpu_before, len(text))
+        metrics = {}
+        for line in text.splitlines():
+            if line.startswith("otelgpu_"):
+                name, _, value = line.rpartition(" ")
+                metrics[name] = float(value)
     finally:
         stop(child)
         sink.server.stop(0)
@@ -222,7 +231,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "rss_steady": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
-        "computed": metrics.get("otelgpu_intervals_computed_total", 0.0),
+        "computed": metrics.get("otelgpu_intervals_computed_total", 0.0), "scrape": scrape,
     }
 
 
@@ -270,6 +279,8 @@ def main() -> None:
                           f"{r['cpu_ms_per_gpu_hour'] / base:.2f}", f"{statistics.median(lat):.2f} s",
                           f"{max(lat):.2f} s", f"{r['rss_ready']:.0f} MiB", f"{r['rss_steady']:.0f} MiB",
                           f"{r['rss_peak']:.0f} MiB"]))
+        print(f"  {r['gpus']:,} GPUs: one scrape of /metrics (every cost series and the self-metrics, "
+              f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
         if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
             print(f"  {r['gpus']:,} GPUs: {r['retries']} requests retried (sidecar busy), {r['rejected']:.0f} points "
                   f"rejected, {r['late']:.0f} late, {r['delivered']}/{r['intervals']} intervals delivered")

@@ -92,6 +92,9 @@ def merge(ksm: FactsView, api: FactsView) -> FactsView:
                      {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners}, api.previous)
 
 
+_METRICS = {int(m): m for m in Metric}
+
+
 class KsmFacts:
     def __init__(self, strings: Interner, ttl_ns: int) -> None:
         self._s = strings
@@ -101,17 +104,17 @@ class KsmFacts:
         self.nodes: dict[str, NodeFacts] = {}
         self.owners: dict[OwnerKey, OwnerFacts] = {}
 
-    def _labels(self, batch: PointBatch, row: int) -> dict[str, str]:
-        s = self._s.strings()
-        lo, hi = batch.attr_off[row], batch.attr_off[row + 1]
-        return {s[k]: s[v] for k, v in zip(batch.attr_key[lo:hi], batch.attr_val[lo:hi])}
-
     def update(self, batch: PointBatch) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used."""
         rows = np.flatnonzero(is_ksm(batch.metric))
-        for row in rows:
-            self._apply(Metric(int(batch.metric[row])), self._labels(batch, row),
-                        float(batch.value[row]), bool(batch.stale[row]), int(batch.time_ns[row]))
+        s = self._s.strings()
+        off = batch.attr_off.tolist()  # plain lists: one row's labels without a numpy scalar per label
+        keys, values = batch.attr_key.tolist(), batch.attr_val.tolist()
+        metric, value, stale, t = (c[rows].tolist() for c in (batch.metric, batch.value, batch.stale, batch.time_ns))
+        for i, row in enumerate(rows.tolist()):
+            lo, hi = off[row], off[row + 1]
+            self._apply(_METRICS[metric[i]], {s[k]: s[v] for k, v in zip(keys[lo:hi], values[lo:hi])},
+                        value[i], stale[i], t[i])
         return len(rows)
 
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
