@@ -137,7 +137,7 @@ class CostStore:
             live = self._live
             self._quiet[live] += 1
             self._quiet[seen] = 0
-            np.add.at(self._value, seen, np.array(incs, np.float64)) if len(seen) else None
+            self._value[seen] += np.array(incs, np.float64)  # one row per series: no index twice
             gone = np.flatnonzero(live & (self._quiet >= self.end_after_intervals))
             gone = gone[np.argsort(self._born[gone], kind="stable")]
             ended = self._columns(gone, end_ns, table, ended=True)
