@@ -48,6 +48,9 @@ from otelgpu.demo.run import send
 from otelgpu.enrich.window import NS
 
 ROOT = Path(__file__).resolve().parent.parent
+SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+EXPORT = f"/{SERVICE}/Export"  # for raw-bytes callables and handlers
+EMPTY = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
 SCRAPE_S = 30  # collector-config: dcgm-exporter and kube-state-metrics every 30 s, the kubelet every 60 s
 BATCH_POINTS = 8192  # collector-config: batch send_batch_size
 # dcgm-exporter's etc/default-counters.csv besides the three the demo sends (FB_USED, GPU_UTIL,

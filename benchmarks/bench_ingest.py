@@ -32,10 +32,6 @@ import bench_footprint as bf  # noqa: E402 - the fleet and its scrapes
 from otelgpu.demo import scrapes  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
 
-EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-EMPTY = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
-
-
 def serve(kind: str, port_file: str) -> None:
     """Child process: one server of `kind` until stdin closes."""
     from concurrent import futures
@@ -43,10 +39,10 @@ def serve(kind: str, port_file: str) -> None:
     if kind == "do-nothing":
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                              options=[("grpc.max_receive_message_length", 64 << 20)])
-        handler = grpc.unary_unary_rpc_method_handler(lambda raw, ctx: EMPTY, request_deserializer=None,
+        handler = grpc.unary_unary_rpc_method_handler(lambda raw, ctx: bf.EMPTY, request_deserializer=None,
                                                       response_serializer=None)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "opentelemetry.proto.collector.metrics.v1.MetricsService", {"Export": handler}),))
+            bf.SERVICE, {"Export": handler}),))
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
     else:
@@ -74,12 +70,6 @@ def serve(kind: str, port_file: str) -> None:
         port = receiver.port
     Path(port_file).write_text(str(port))
     sys.stdin.read()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def requests_of(points: int, scrape_times: int) -> list[bytes]:
@@ -116,18 +106,18 @@ def measure(kind: str, payloads: list[bytes], points_each: list[int], gzip: bool
         compression = grpc.Compression.Gzip if gzip else grpc.Compression.NoCompression
         with grpc.insecure_channel(f"127.0.0.1:{port}", compression=compression,
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
-            export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            export = channel.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)
             for raw in payloads[:3]:  # warm: JIT caches loaded, label sets learnt once
                 export(raw, timeout=60)
             for raw in payloads:  # every label set once, as after the first scrape of a cluster
                 export(raw, timeout=60)
-            start, sent, i = cpu_seconds(child.pid), 0, 0
+            start, sent, i = bf.cpu_seconds(child.pid), 0, 0
             began = time.monotonic()
             while time.monotonic() - began < seconds:
                 export(payloads[i % len(payloads)], timeout=60)
                 sent += points_each[i % len(payloads)]
                 i += 1
-            used = cpu_seconds(child.pid) - start
+            used = bf.cpu_seconds(child.pid) - start
         return used / sent * 1e6
     finally:
         child.stdin.close()

@@ -52,9 +52,6 @@ import bench_footprint as bf  # noqa: E402 - the fleet, its scrapes, /proc reade
 from otelgpu.demo import scrapes  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
 
-SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
-EXPORT = f"/{SERVICE}/Export"
-EMPTY = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
 SCRAPE_S = bf.SCRAPE_S
 INTERVAL_S, LATENESS_S = 60, 30  # k8s/gateway/otelgpu.yaml
 
@@ -107,7 +104,7 @@ class Receiver:
                                   options=[("grpc.max_receive_message_length", 256 << 20)])
         handler = grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None,
                                                       response_serializer=None)
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(bf.SERVICE, {"Export": handler}),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
@@ -125,7 +122,7 @@ class Receiver:
             self.points += n
             for end in ends:
                 self.last_arrival[end] = arrived
-        return EMPTY
+        return bf.EMPTY
 
 
 def start(config: Path, env: dict[str, str], metrics_port: int) -> tuple[subprocess.Popen, float]:
@@ -183,7 +180,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         rss, sent, retries = [], 0, 0
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=grpc.Compression.Gzip,
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
-            call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            call = channel.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)
             for k in range(n_scrapes):
                 due = wall0 + k * SCRAPE_S / args.speed
                 time.sleep(max(0.0, due - time.monotonic()))
@@ -231,7 +228,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "rss_steady": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
-        "computed": metrics.get("otelgpu_intervals_computed_total", 0.0), "scrape": scrape,
+        "scrape": scrape,
     }
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 import pytest
 from sidecar import Sidecar
+from support import eventually
 from test_prometheus_end_to_end import INTERVAL_S, TOTALS, config, in_process, scenario
 
 from otelgpu.enrich.window import NS
@@ -34,10 +34,11 @@ def send_until_acknowledged(side: Sidecar, request, kill_after_s: float | None =
     if kill_after_s is not None:
         killer = threading.Timer(kill_after_s, side.kill)
         killer.start()
-    while True:
+
+    def attempt() -> bool:
         try:
             side.export(request)
-            break
+            return True
         except grpc.RpcError as err:
             assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
                                   grpc.StatusCode.DEADLINE_EXCEEDED), err
@@ -45,7 +46,9 @@ def send_until_acknowledged(side: Sidecar, request, kill_after_s: float | None =
                 killer.join()
             if side.proc is not None and side.proc.poll() is not None:
                 side.start()
-            time.sleep(0.05)  # the Collector's backoff, shortened
+            return False
+
+    eventually(attempt, timeout=300, message="the sidecar never acknowledged the request")  # retried as the Collector does
     if killer is not None:
         killer.join()
         if side.proc is not None and side.proc.poll() is not None:

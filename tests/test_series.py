@@ -81,3 +81,16 @@ def test_timestamps_only_grow() -> None:
         store.record(0, 10, {"allocated": {(("pod", "a"),): 1.0}}, {})
     snapshot = store.record(10, 20, {}, {})
     assert [p.time_ns for p in snapshot] == [20] and not math.isnan(snapshot[0].value)
+
+
+def test_a_queued_snapshot_keeps_its_attributes_when_the_store_reuses_their_slot() -> None:
+    """A series ends, a new pod's series takes the freed attribute-set slot: a snapshot still
+    waiting in an export queue reads the old series' attributes, not the new one's."""
+    store = CostStore(end_after_intervals=1)
+    old, new = (("pod", "old"), ("team", "a")), (("pod", "new"), ("team", "b"))
+    held = store.record(0, 60, {"allocated": {old: 1.0}}, {})
+    ended = store.record(60, 120, {}, {})
+    store.record(120, 180, {"allocated": {new: 2.0}}, {})
+    assert [(p.attrs, p.value) for p in held] == [(old, 1.0)]
+    assert [(p.attrs, p.ended) for p in ended] == [(old, True)]
+    assert [(p.attrs, p.value, p.start_ns) for p in store.points()] == [(new, 2.0, 120)]

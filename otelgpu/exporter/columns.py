@@ -109,8 +109,8 @@ class Points(Sequence[Point]):
         for p in parts:
             m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
             a_map = np.array([attrs.setdefault(a, len(attrs)) for a in p.attrs], np.uint32)
-            m_cols.append(m_map[p.metric] if len(m_map) else p.metric)
-            a_cols.append(a_map[p.aset] if len(a_map) else p.aset)
+            m_cols.append(m_map[p.metric])
+            a_cols.append(a_map[p.aset])
         return Points(list(metrics), list(attrs), np.concatenate(m_cols), np.concatenate(a_cols),
                       *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value",
                                                                                  "ended")))

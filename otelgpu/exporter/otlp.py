@@ -135,17 +135,7 @@ class RequestWriter:
             return
         used = np.zeros(len(p.attrs), dtype=bool)
         used[p.aset] = True
-        blobs = []
-        for i in range(len(p.attrs)):  # unused sets stay empty
-            attrs = p.attrs[i] if used[i] else None
-            if attrs is None:
-                blobs.append(b"")
-                continue
-            blob = self._attrs.get(attrs)
-            if blob is None:
-                blob = cached.get(attrs) or b"".join(_len_field(7, _keyvalue(k, v)) for k, v in attrs)
-                self._attrs[attrs] = blob
-            blobs.append(blob)
+        blobs = [self._attr_bytes(p.attrs[i], cached) if u else b"" for i, u in enumerate(used.tolist())]
         arena = np.frombuffer(b"".join(blobs), dtype=np.uint8)
         offsets = np.zeros(len(blobs) + 1, np.int64)
         np.cumsum([len(b) for b in blobs], out=offsets[1:])
@@ -167,6 +157,12 @@ class RequestWriter:
                 body.append(self._metric(key, data.tobytes()))
             scope_metrics = _len_field(2, self._scope + b"".join(body))
             yield _len_field(1, self._resource + scope_metrics)
+
+    def _attr_bytes(self, attrs: Attrs, cached: dict[Attrs, bytes]) -> bytes:
+        """A set's KeyValue fields, from the previous snapshot's cache or encoded now; kept for the next."""
+        blob = cached.get(attrs) or b"".join(_len_field(7, _keyvalue(k, v)) for k, v in attrs)
+        self._attrs[attrs] = blob
+        return blob
 
     def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]

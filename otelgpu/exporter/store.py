@@ -19,7 +19,6 @@ from otelgpu.exporter.columns import Attrs, Point, Points
 __all__ = ["Attrs", "CostStore", "MetricSpec", "Point", "Points", "attrs_of", "cost_metrics", "with_attrs"]
 
 
-
 def attrs_of(pairs: Mapping[str, str]) -> Attrs:
     """A series' attributes as its key: sorted, empty values dropped."""
     return tuple(sorted((k, v) for k, v in pairs.items() if v != ""))
@@ -142,8 +141,7 @@ class CostStore:
             gone = gone[np.argsort(self._born[gone], kind="stable")]
             ended = self._columns(gone, end_ns, table, ended=True)
             self._drop(gone)
-            kept = np.flatnonzero(self._live)
-            kept = kept[np.argsort(self._born[kept], kind="stable")]
+            kept = self._live_rows()
             old_gauges = self._gauges
             self._gauges = {(m, a): v for m, series in gauges.items() for a, v in series.items()}
             self._gauge_time = end_ns
@@ -206,14 +204,16 @@ class CostStore:
     def points(self) -> Points:
         """Every live series at its latest point (what a scrape shows)."""
         with self._lock:
-            rows = np.flatnonzero(self._live)
-            rows = rows[np.argsort(self._born[rows], kind="stable")]
-            return Points.concat([self._columns(rows, self.last_time_ns, list(self._sets.attrs)),
+            return Points.concat([self._columns(self._live_rows(), self.last_time_ns, list(self._sets.attrs)),
                                   self._gauge_points(list(self._gauges.items()), self._gauge_time)])
 
-    def _sums(self) -> list[tuple[str, Attrs, float]]:
+    def _live_rows(self) -> np.ndarray:
+        """The live sums' rows, oldest series first."""
         rows = np.flatnonzero(self._live)
-        rows = rows[np.argsort(self._born[rows], kind="stable")]
+        return rows[np.argsort(self._born[rows], kind="stable")]
+
+    def _sums(self) -> list[tuple[str, Attrs, float]]:
+        rows = self._live_rows()
         return [(self.metric_keys[m], self._sets.attrs[a], v) for m, a, v in
                 zip(self._metric[rows].tolist(), self._aset[rows].tolist(), self._value[rows].tolist())]
 
@@ -243,8 +243,7 @@ class CostStore:
     def state(self) -> dict:
         """The live sums as columns (oldest first) over a table of their attribute sets."""
         with self._lock:
-            rows = np.flatnonzero(self._live)
-            rows = rows[np.argsort(self._born[rows], kind="stable")]
+            rows = self._live_rows()
             sets, aset = np.unique(self._aset[rows], return_inverse=True)
             return {"last_time_ns": self.last_time_ns,
                     "attrs": [self._sets.attrs[a] for a in sets.tolist()],  # JSON writes the pairs as arrays
