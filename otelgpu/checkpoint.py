@@ -5,10 +5,14 @@ start time and value, and the interval windows resume after the last interval co
 `increase()` across the restart shows neither a gap nor a double count beyond the interval that was
 open when the process died.
 
-The file is `checkpoint.json` in the configured directory: a header line with the format version
-and the SHA-256 of the body, then the body as JSON. It is written to a temporary file, fsynced and
-renamed over the old one (then the directory is fsynced), so a crash leaves either the old or the
-new checkpoint, never a mix. A lock file keeps two processes off one directory. A checkpoint that
+The file is `checkpoint.bin` in the configured directory: a header line with the format version
+and the SHA-256 of the body, then the body: one line of JSON for the small state, with every numpy
+array in the state replaced by `{"$array": i}`, then the arrays' raw bytes, each 8-byte aligned
+(their dtype, shape and offset are in the JSON). The large state (the cost series and their
+attribute sets) is arrays, so writing it is a copy of memory, not a text rendering of every series.
+Version 1 (`checkpoint.json`, the whole state as JSON) is still read, so an upgrade continues every
+series. The file is written to a temporary file, fsynced and renamed over the old one (then the
+directory is fsynced), so a crash leaves either the old or the new checkpoint, never a mix. A lock file keeps two processes off one directory. A checkpoint that
 is corrupt or was written for another cluster, currency or format version is never reused: it is
 renamed aside (`checkpoint.json.rejected-<time>`), the reason is logged and counted, and the run
 starts afresh.
@@ -24,7 +28,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
+
+import numpy as np
 
 from otelgpu.errors import ConfigError
 from otelgpu.telemetry import SelfMetrics
@@ -32,9 +38,12 @@ from otelgpu.telemetry import SelfMetrics
 log = logging.getLogger(__name__)
 
 FORMAT = "otelgpu-checkpoint"
-VERSION = 1
-FILE = "checkpoint.json"
+VERSION = 2
+FILE = "checkpoint.bin"
+V1_FILE = "checkpoint.json"  # version 1, read when there is no version 2 file yet
 LOCK = ".lock"
+ALIGN = 8
+ARRAY_KINDS = "biuf"  # bool, integers, floats: nothing that needs pickling or has a layout of its own
 
 
 class CheckpointRejected(Exception):
@@ -54,33 +63,101 @@ class Identity:
 
 
 def encode(identity: Identity, state: Mapping[str, Any], written_ns: int) -> bytes:
-    body = json.dumps({"cluster": identity.cluster, "currency": identity.currency, "written_ns": written_ns,
-                       **state}, separators=(",", ":"), allow_nan=False).encode()
-    header = f"{FORMAT} v{VERSION} sha256={hashlib.sha256(body).hexdigest()}\n".encode()
-    return header + body
+    return b"".join(encode_parts(identity, state, written_ns))
+
+
+def encode_parts(identity: Identity, state: Mapping[str, Any], written_ns: int) -> Iterator[bytes | memoryview]:
+    """The file's bytes in pieces (the arrays as views of their memory, not copies)."""
+    arrays: list[np.ndarray] = []
+
+    def lift(value: Any) -> Any:  # the state with each array replaced by its place in `arrays`
+        if isinstance(value, np.ndarray):
+            arrays.append(np.ascontiguousarray(value))
+            return {"$array": len(arrays) - 1}
+        if isinstance(value, Mapping):  # arrays sit in mappings; lists are written as they are
+            return {k: lift(v) for k, v in value.items()}
+        return value
+
+    doc = lift({"cluster": identity.cluster, "currency": identity.currency, "written_ns": written_ns, **state})
+    offset, layout = 0, []
+    for a in arrays:
+        if a.dtype.kind not in ARRAY_KINDS:
+            raise ValueError(f"a checkpoint array of dtype {a.dtype} cannot be written")
+        layout.append([a.dtype.str, list(a.shape), offset])
+        offset += -(-a.nbytes // ALIGN) * ALIGN
+    meta = json.dumps({"state": doc, "arrays": layout}, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    meta += b" " * (-len(meta) % ALIGN)  # the arrays start aligned
+    pieces: list[bytes | memoryview] = [meta]
+    for a in arrays:
+        pieces.append(memoryview(a).cast("B") if a.nbytes else b"")
+        pieces.append(b"\0" * (-a.nbytes % ALIGN))
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    yield f"{FORMAT} v{VERSION} sha256={digest.hexdigest()}\n".encode()
+    yield from pieces
 
 
 def decode(data: bytes, identity: Identity) -> dict[str, Any]:
-    """The state in a checkpoint file's bytes; CheckpointRejected saying why it cannot be used."""
+    """The state in a checkpoint file's bytes (version 2 or 1); CheckpointRejected saying why it
+    cannot be used. Arrays come back as read-only numpy arrays over `data`."""
     header, sep, body = data.partition(b"\n")
     parts = header.decode("ascii", "replace").split(" ")
     if not sep or len(parts) != 3 or parts[0] != FORMAT or not parts[2].startswith("sha256="):
         raise CheckpointRejected("corrupt", "not an otelgpu checkpoint (bad header line)")
-    if parts[1] != f"v{VERSION}":
-        raise CheckpointRejected("incompatible", f"format {parts[1]} is not readable by this otelgpu (reads v{VERSION})")
+    if parts[1] not in (f"v{VERSION}", "v1"):
+        raise CheckpointRejected("incompatible", f"format {parts[1]} is not readable by this otelgpu (reads v1, v{VERSION})")
     if hashlib.sha256(body).hexdigest() != parts[2][len("sha256="):]:
         raise CheckpointRejected("corrupt", "checksum mismatch: the file is truncated or altered")
+    state = _body_v1(body) if parts[1] == "v1" else _body_v2(body)
+    for key, expected in (("cluster", identity.cluster), ("currency", identity.currency)):
+        if state.get(key) != expected:
+            raise CheckpointRejected("incompatible",
+                                     f"written for {key} {state.get(key)!r}, this run is {key} {expected!r}")
+    return state
+
+
+def _body_v1(body: bytes) -> dict[str, Any]:
     try:
         state = json.loads(body)
     except ValueError as exc:
         raise CheckpointRejected("corrupt", f"body is not valid JSON: {exc}") from None
     if not isinstance(state, dict):
         raise CheckpointRejected("corrupt", "body is not a JSON object")
-    for key, expected in (("cluster", identity.cluster), ("currency", identity.currency)):
-        if state.get(key) != expected:
-            raise CheckpointRejected("incompatible",
-                                     f"written for {key} {state.get(key)!r}, this run is {key} {expected!r}")
     return state
+
+
+def _body_v2(body: bytes) -> dict[str, Any]:
+    line, sep, _ = body.partition(b"\n")
+    meta = _body_v1(line)
+    start = -(-(len(line) + 1) // ALIGN) * ALIGN
+    view = memoryview(body)
+    try:
+        arrays = []
+        for dtype, shape, offset in meta["arrays"]:
+            dt = np.dtype(str(dtype))
+            count = int(np.prod([int(x) for x in shape], dtype=np.int64))
+            first = start + int(offset)
+            if dt.kind not in ARRAY_KINDS or count < 0 or offset < 0 or first + count * dt.itemsize > len(body):
+                raise ValueError(f"array {dtype} {shape} at {offset} is not in the file")
+            arrays.append(np.frombuffer(view, dt, count, first).reshape(shape))
+        state = meta["state"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointRejected("corrupt", f"bad array directory: {exc}") from None
+    if not sep or not isinstance(state, dict):
+        raise CheckpointRejected("corrupt", "body is not a JSON object")
+
+    def lower(value: Any) -> Any:  # each {"$array": i} back to its array
+        if isinstance(value, dict):
+            if len(value) == 1 and "$array" in value:
+                i = value["$array"]
+                if not isinstance(i, int) or not 0 <= i < len(arrays):
+                    raise CheckpointRejected("corrupt", f"reference to array {i!r}, not in the file")
+                return arrays[i]
+            return {k: lower(v) for k, v in value.items()}
+        return value
+
+    return lower(state)
 
 
 class Checkpoint:
@@ -105,6 +182,8 @@ class Checkpoint:
 
     def load(self) -> Optional[dict[str, Any]]:
         """The saved state, or None when there is none or it was set aside."""
+        if not self.path.exists() and (self.directory / V1_FILE).exists():
+            self.path = self.directory / V1_FILE  # written by a version that wrote version 1
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -118,12 +197,15 @@ class Checkpoint:
             self._reject(exc)
             return None
 
+    def exists(self) -> bool:
+        return self.path.exists() or (self.directory / V1_FILE).exists()
+
     def reject(self, reason: str, message: str) -> None:
         """Set the current checkpoint aside (its content did not restore)."""
         self._reject(CheckpointRejected(reason, message))
 
     def _reject(self, exc: CheckpointRejected) -> None:
-        aside = self.path.with_name(f"{FILE}.rejected-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        aside = self.path.with_name(f"{self.path.name}.rejected-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
         try:
             os.replace(self.path, aside)
             where = f"moved to {aside}"
@@ -134,14 +216,18 @@ class Checkpoint:
 
     def save(self, state: Mapping[str, Any]) -> bool:
         """Write atomically; False (logged, counted) when the write fails, the old file stays."""
+        path = self.directory / FILE
         tmp = self.directory / f".{FILE}.tmp"
         try:
-            data = encode(self.identity, state, time.time_ns())
             with open(tmp, "wb") as f:
-                f.write(data)
+                for piece in encode_parts(self.identity, state, time.time_ns()):
+                    f.write(piece)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
+            if self.path != path:  # the version 1 file it continued from is superseded
+                self.path.unlink(missing_ok=True)
+                self.path = path
             dir_fd = os.open(self.directory, os.O_RDONLY)
             try:
                 os.fsync(dir_fd)  # the rename itself must survive a power loss
@@ -149,7 +235,7 @@ class Checkpoint:
                 os.close(dir_fd)
         except (OSError, ValueError) as exc:
             self.metrics.count("checkpoint_errors", "write")
-            log.error("checkpoint not written to %s: %s (the previous one stays)", self.path, exc)
+            log.error("checkpoint not written to %s: %s (the previous one stays)", path, exc)
             return False
         self.metrics.add("checkpoints_written")
         return True

@@ -138,7 +138,7 @@ class Pipeline:
         through where the checkpoint already holds its effects; None when the checkpoint was set
         aside, and then the log is set aside with it (its records belong to that state)."""
         assert self.checkpoint is not None
-        existed = self.checkpoint.path.exists()
+        existed = self.checkpoint.exists()
         state = self.checkpoint.load()
         if state is None:
             if existed:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cluster import T0, Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline
 
-from otelgpu.checkpoint import FILE, Checkpoint, Identity, decode, encode
+from otelgpu.checkpoint import FILE, V1_FILE, VERSION, Checkpoint, CheckpointRejected, Identity, decode, encode
 from otelgpu.enrich.window import NS
 from otelgpu.exporter.store import CostStore
 from otelgpu.errors import ConfigError
@@ -92,8 +93,9 @@ def test_ended_series_are_not_in_the_checkpoint(tmp_path: Path) -> None:
     feed(first, *c.scrapes(60, 3600))
     first.close_due()
     assert first.metrics.series_ended > 0  # nlp's pod ended at 25 minutes
-    saved = decode((tmp_path / FILE).read_bytes(), Identity("prod", "USD"))["store"]
-    pods = {dict(map(tuple, saved["attrs"][a])).get("pod") for a in saved["columns"]["attrs"]}
+    saved = CostStore()
+    saved.restore(decode((tmp_path / FILE).read_bytes(), Identity("prod", "USD"))["store"])
+    pods = {dict(p.attrs).get("pod") for p in saved.points()}
     assert "train" in pods and "serve" not in pods
 
 
@@ -106,7 +108,7 @@ def _written(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage, reason, words", [
     (lambda b: b[: len(b) // 2], "corrupt", "checksum mismatch"),
     (lambda b: b"garbage\n" + b, "corrupt", "bad header"),
-    (lambda b: b.replace(b" v1 ", b" v9 ", 1), "incompatible", "format v9 is not readable"),
+    (lambda b: b.replace(f" v{VERSION} ".encode(), b" v9 ", 1), "incompatible", "format v9 is not readable"),
     (lambda b: b"", "corrupt", "bad header"),
 ])
 def test_bad_checkpoint_is_set_aside_and_reported(tmp_path: Path, caplog, damage, reason: str, words: str) -> None:
@@ -136,20 +138,96 @@ def test_valid_file_with_content_that_does_not_restore(tmp_path: Path, caplog) -
     assert "does not restore" in caplog.text
 
 
-def test_the_row_per_series_layout_of_earlier_versions_restores(tmp_path: Path) -> None:
-    """A checkpoint written before the store kept columns continues the same series."""
+def sums(p: Pipeline) -> list:
+    return [pt for pt in p.store.points() if p.store.specs[pt.metric].kind == "sum"]
+
+
+def earlier_layouts(store: CostStore) -> dict[str, dict]:
+    """The store's state as earlier versions wrote it in JSON: attribute sets as lists of pairs,
+    then either columns as lists with metric names or one row per series."""
+    table: dict = {}
+    points = [p for p in store.points() if store.specs[p.metric].kind == "sum"]
+    aset = [table.setdefault(p.attrs, len(table)) for p in points]
+    attrs = [[list(pair) for pair in a] for a in table]
+    columns = {"metric": [p.metric for p in points], "attrs": aset, "start_ns": [p.start_ns for p in points],
+               "value": [p.value for p in points], "quiet": [0] * len(points)}
+    rows = [[p.metric, a, p.start_ns, p.time_ns, p.value, 0] for p, a in zip(points, aset)]
+    return {"columns": {"last_time_ns": store.last_time_ns, "attrs": attrs, "columns": columns},
+            "sums": {"last_time_ns": store.last_time_ns, "attrs": attrs, "sums": rows}}
+
+
+@pytest.mark.parametrize("layout", ["columns", "sums"])
+def test_the_layouts_of_earlier_versions_restore(tmp_path: Path, layout: str) -> None:
+    """A checkpoint written before the store kept its state as arrays continues the same series."""
     c = cluster()
     first = pipeline(tmp_path)
     feed(first, *c.scrapes(60, 1800))
     first.close_due()
-    state = first.store.state()
-    cols = state["columns"]
-    rows = [[m, a, s, state["last_time_ns"], v, q] for m, a, s, v, q in
-            zip(cols["metric"], cols["attrs"], cols["start_ns"], cols["value"], cols["quiet"])]
     old = CostStore()
-    old.restore({"last_time_ns": state["last_time_ns"], "attrs": state["attrs"], "sums": rows})
-    assert len(rows) > 10 and old.state() == state
-    assert list(old.points()) == [p for p in first.store.points() if old.specs[p.metric].kind == "sum"]
+    old.restore(earlier_layouts(first.store)[layout])
+    assert len(sums(first)) > 10 and list(old.points()) == sums(first)
+
+
+def test_a_version_1_file_is_continued_and_then_replaced(tmp_path: Path) -> None:
+    """An upgrade: the directory holds the JSON checkpoint of version 1; the run continues its
+    series, and its first checkpoint is version 2 in the new file, the old one removed."""
+    import hashlib
+    import json
+    c = cluster()
+    first = pipeline(None)
+    feed(first, *c.scrapes(60, 1800))
+    first.close_due()
+    body = json.dumps({"cluster": "prod", "currency": "USD", "written_ns": 0,
+                       "store": earlier_layouts(first.store)["columns"]}).encode()
+    (tmp_path / V1_FILE).write_bytes(b"otelgpu-checkpoint v1 sha256=" + hashlib.sha256(body).hexdigest().encode()
+                                     + b"\n" + body)
+    second = pipeline(tmp_path)
+    assert second.store.last_time_ns == first.store.last_time_ns and list(second.store.points()) == sums(first)
+    feed(second, *c.scrapes(60, 2400, from_s=1800))
+    second.close_due()
+    assert (tmp_path / FILE).exists() and not (tmp_path / V1_FILE).exists()
+    assert all(p.start_ns == T0 for p in sums(second) if dict(p.attrs).get("pod") == "train")
+
+
+def test_arrays_round_trip_in_place() -> None:
+    identity = Identity("prod", "USD")
+    arrays = {"u16": np.arange(5, dtype=np.uint16), "f64": np.array([0.1, -2.5, 1e300]),
+              "empty": np.zeros(0, np.int64), "flags": np.array([True, False, True]),
+              "grid": np.arange(12, dtype=np.int32).reshape(3, 4)}
+    state = decode(encode(identity, {"x": {"nested": arrays, "plain": [1, "two"]}}, 7), identity)
+    assert state["x"]["plain"] == [1, "two"] and state["written_ns"] == 7
+    for name, a in arrays.items():
+        got = state["x"]["nested"][name]
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+
+
+def test_an_array_that_cannot_be_written_is_refused() -> None:
+    with pytest.raises(ValueError, match="dtype object"):
+        encode(Identity("prod", "USD"), {"x": np.array(["a", None], object)}, 0)
+
+
+def _resigned(data: bytes, body: bytes) -> bytes:
+    import hashlib
+    header = data.partition(b"\n")[0].rsplit(b"=", 1)[0]
+    return header + b"=" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda meta: meta.replace(b'"arrays":[["<u2",[3],0]]', b'"arrays":[["<u2",[3000],0]]'), "not in the file"),
+    (lambda meta: meta.replace(b'"arrays":[["<u2",[3],0]]', b'"arrays":[["|O",[3],0]]'), "bad array directory"),
+    (lambda meta: meta.replace(b'{"$array":0}', b'{"$array":5}'), "not in the file"),
+])
+def test_a_checksummed_file_with_a_bad_array_directory_is_corrupt(edit, words: str) -> None:
+    """Arrays are only read from where the file has them, of the kinds the writer writes."""
+    identity = Identity("prod", "USD")
+    data = encode(identity, {"x": {"a": np.arange(3, dtype=np.uint16)}}, 0)
+    body = data.partition(b"\n")[2]
+    meta, _, rest = body.partition(b"\n")
+    edited = edit(meta)
+    assert edited != meta
+    with pytest.raises(CheckpointRejected, match=words) as caught:
+        decode(_resigned(data, edited + b"\n" + rest), identity)
+    assert caught.value.reason == "corrupt"
 
 
 def test_content_that_fails_late_in_the_restore_leaves_nothing_half_restored(tmp_path: Path, caplog) -> None:

@@ -241,27 +241,34 @@ class CostStore:
     # Checkpoint state: the sums and the last interval end, all a restart needs to continue them.
 
     def state(self) -> dict:
-        """The live sums as columns (oldest first) over a table of their attribute sets."""
+        """The live sums as columns (oldest first) over a table of their attribute sets, all as
+        arrays: the table is the sets' string ids (key, value, key, value, ...) cut at `set_ends`
+        into one set each, over the UTF-8 strings cut at `string_ends`."""
         with self._lock:
             rows = self._live_rows()
             sets, aset = np.unique(self._aset[rows], return_inverse=True)
-            return {"last_time_ns": self.last_time_ns,
-                    "attrs": [self._sets.attrs[a] for a in sets.tolist()],  # JSON writes the pairs as arrays
-                    "columns": {"metric": [self.metric_keys[m] for m in self._metric[rows].tolist()],
-                                "attrs": aset.reshape(-1).tolist(), "start_ns": self._start[rows].tolist(),
-                                "value": self._value[rows].tolist(), "quiet": self._quiet[rows].tolist()}}
+            pairs, set_ends, strings, string_ends = self._sets.table(sets.tolist())
+            return {"last_time_ns": self.last_time_ns, "metrics": list(self.metric_keys),
+                    "table": {"pairs": pairs, "set_ends": set_ends, "strings": strings, "string_ends": string_ends},
+                    "columns": {"metric": self._metric[rows], "attrs": aset.reshape(-1).astype(np.uint32),
+                                "start_ns": self._start[rows], "value": self._value[rows], "quiet": self._quiet[rows]}}
 
     def restore(self, state: Mapping) -> None:
-        """Continue from `state()` of an earlier run (same currency); also reads the row-per-series
-        layout of earlier versions (`sums`: metric, attribute set, start, time, value, quiet).
+        """Continue from `state()` of an earlier run (same currency); also reads the layouts of
+        earlier versions: the attribute sets as lists of pairs (`attrs`), the columns as lists with
+        metric names, or a row per series (`sums`: metric, attribute set, start, time, value, quiet).
         Raises ValueError or KeyError/TypeError on a malformed state; the store is unchanged then."""
-        table = [tuple((str(k), str(v)) for k, v in a) for a in state["attrs"]]
+        table = (_AttrSets.read_table(**state["table"]) if "table" in state
+                 else [tuple((str(k), str(v)) for k, v in a) for a in state["attrs"]])
         if "columns" in state:
             c = state["columns"]
             n = len(c["metric"])
             if any(len(c[k]) != n for k in ("attrs", "start_ns", "value", "quiet")):
                 raise ValueError("store columns of different lengths")
-            rows = list(zip(c["metric"], c["attrs"], c["start_ns"], c["value"], c["quiet"]))
+            names = [str(m) for m in state["metrics"]] if "metrics" in state else None
+            metric = [names[int(m)] for m in c["metric"]] if names is not None else list(c["metric"])
+            rows = list(zip(metric, np.asarray(c["attrs"]).tolist(), np.asarray(c["start_ns"]).tolist(),
+                            np.asarray(c["value"]).tolist(), np.asarray(c["quiet"]).tolist()))
         else:
             rows = [(m, a, start, value, quiet) for m, a, start, _, value, quiet in state["sums"]]
         restored = []
@@ -286,24 +293,30 @@ class CostStore:
 
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
-    index is reused by the next new set."""
+    index is reused by the next new set. Each set is also kept as the ids of its strings (key,
+    value, key, value, ...) in a reference-counted string table, so a checkpoint writes the sets as
+    arrays without visiting their pairs."""
 
     def __init__(self) -> None:
         self.attrs: list[Attrs] = []
+        self._codes: list[np.ndarray] = []
         self._index: dict[Attrs, int] = {}
         self._users: list[int] = []
         self._free: list[int] = []
+        self._strings = _Strings()
 
     def add(self, attrs: Attrs) -> int:
         i = self._index.get(attrs)
         if i is None:
+            codes = np.array([self._strings.add(x) for pair in attrs for x in pair], np.uint32)
             if self._free:
                 i = self._free.pop()
-                self.attrs[i] = attrs
+                self.attrs[i], self._codes[i] = attrs, codes
                 self._users[i] = 0
             else:
                 i = len(self.attrs)
                 self.attrs.append(attrs)
+                self._codes.append(codes)
                 self._users.append(0)
             self._index[attrs] = i
         self._users[i] += 1
@@ -313,4 +326,75 @@ class _AttrSets:
         self._users[i] -= 1
         if not self._users[i]:
             del self._index[self.attrs[i]]
+            for code in self._codes[i].tolist():
+                self._strings.release(code)
             self._free.append(i)
+
+    def table(self, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """These sets as arrays: their string ids, where each set ends, the strings' UTF-8 bytes
+        and where each string ends (ids of released strings are empty strings)."""
+        codes = [self._codes[i] for i in sets]
+        pairs = np.concatenate(codes) if codes else np.zeros(0, np.uint32)
+        set_ends = np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)))
+        strings, string_ends = self._strings.encoded()
+        return pairs, set_ends, strings, string_ends
+
+    @staticmethod
+    def read_table(pairs: np.ndarray, set_ends: np.ndarray, strings: np.ndarray, string_ends: np.ndarray) -> list[Attrs]:
+        """The attribute sets written by `table`; ValueError when the arrays do not fit together."""
+        pairs, set_ends, string_ends = (np.asarray(a, np.int64) for a in (pairs, set_ends, string_ends))
+        blob = np.asarray(strings, np.uint8).tobytes()
+        if (np.any(np.diff(string_ends, prepend=0) < 0) or (len(string_ends) and string_ends[-1] != len(blob))
+                or np.any(np.diff(set_ends, prepend=0) < 0) or (len(set_ends) and set_ends[-1] != len(pairs))
+                or np.any(np.diff(set_ends, prepend=0) % 2) or np.any((pairs < 0) | (pairs >= len(string_ends)))):
+            raise ValueError("attribute set table arrays do not fit together")
+        starts = [0, *string_ends[:-1].tolist()]
+        text = [blob[a:b].decode("utf-8", "surrogatepass") for a, b in zip(starts, string_ends.tolist())]
+        words = [text[c] for c in pairs.tolist()]
+        out, first = [], 0
+        for end in set_ends.tolist():
+            out.append(tuple(zip(words[first:end:2], words[first + 1:end:2])))
+            first = end
+        return out
+
+
+class _Strings:
+    """Strings by id, each kept while something refers to it; a released id is reused."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._utf8: list[bytes] = []
+        self._refs: list[int] = []
+        self._free: list[int] = []
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    def add(self, text: str) -> int:
+        i = self._ids.get(text)
+        if i is None:
+            utf8 = text.encode("utf-8", "surrogatepass")
+            if self._free:
+                i = self._free.pop()
+                self._utf8[i], self._refs[i] = utf8, 0
+            else:
+                i = len(self._utf8)
+                self._utf8.append(utf8)
+                self._refs.append(0)
+            self._ids[text] = i
+            self._cache = None
+        self._refs[i] += 1
+        return i
+
+    def release(self, i: int) -> None:
+        self._refs[i] -= 1
+        if not self._refs[i]:
+            del self._ids[self._utf8[i].decode("utf-8", "surrogatepass")]
+            self._utf8[i] = b""
+            self._free.append(i)
+            self._cache = None
+
+    def encoded(self) -> tuple[np.ndarray, np.ndarray]:
+        """All strings as one UTF-8 byte array and the end of each (unchanged ones are not re-joined)."""
+        if self._cache is None:
+            ends = np.cumsum(np.fromiter(map(len, self._utf8), np.int64, len(self._utf8)))
+            self._cache = np.frombuffer(b"".join(self._utf8), np.uint8), ends
+        return self._cache
