@@ -40,6 +40,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
+from otelgpu.exporter.protowire import len_field as _len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
@@ -92,19 +93,6 @@ def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], clu
             (metric.sum if spec.kind == "sum" else metric.gauge).data_points.append(dp)
         scope = ScopeMetrics(scope=InstrumentationScope(name="otelgpu"), metrics=list(metrics.values()))
         yield ExportMetricsServiceRequest(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope])])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 class RequestWriter:
@@ -169,33 +157,6 @@ class RequestWriter:
         return _len_field(2, head + _len_field(data_field, points + tail))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _put_varint(out: np.ndarray, at: int, n: int) -> int:
-    while n > 0x7F:
-        out[at] = (n & 0x7F) | 0x80
-        n >>= 7
-        at += 1
-    out[at] = n
-    return at + 1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _put_fixed64(out: np.ndarray, at: int, tag: int, n: int) -> int:
-    out[at] = tag
-    for k in range(8):
-        out[at + 1 + k] = (n >> (8 * k)) & 0xFF
-    return at + 9
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _varint_size(n: int) -> int:
-    size = 1
-    while n > 0x7F:
-        n >>= 7
-        size += 1
-    return size
-
-
 @njit(cache=True, nogil=True)
 def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start_ns: np.ndarray,
                  time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray, is_sum: bool) -> np.ndarray:
@@ -208,17 +169,17 @@ def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start
     for i in range(n):
         body = 9 + (9 if is_sum else 0) + (offsets[aset[i] + 1] - offsets[aset[i]]) + (2 if ended[i] else 9)
         sizes[i] = body
-        total += 1 + _varint_size(body) + body
+        total += 1 + varint_size(body) + body
     out = np.empty(total, np.uint8)
     at = 0
     for i in range(n):
         out[at] = 0x0A
-        at = _put_varint(out, at + 1, sizes[i])
+        at = put_varint(out, at + 1, sizes[i])
         if is_sum:
-            at = _put_fixed64(out, at, 0x11, start_ns[i])
-        at = _put_fixed64(out, at, 0x19, time_ns[i])
+            at = put_fixed64(out, at, 0x11, start_ns[i])
+        at = put_fixed64(out, at, 0x19, time_ns[i])
         if not ended[i]:
-            at = _put_fixed64(out, at, 0x21, bits[i])
+            at = put_fixed64(out, at, 0x21, bits[i])
         for k in range(offsets[aset[i]], offsets[aset[i] + 1]):
             out[at] = arena[k]
             at += 1

@@ -1,0 +1,47 @@
+"""Protocol buffers wire format pieces for the exporters' fast writers (numba kernels that lay
+out messages from columns); each writer is tested byte for byte against the protobuf library."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def len_field(number: int, payload: bytes) -> bytes:
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+@njit(cache=True, nogil=True, inline="always")
+def put_varint(out: np.ndarray, at: int, n: int) -> int:
+    while n > 0x7F:
+        out[at] = (n & 0x7F) | 0x80
+        n >>= 7
+        at += 1
+    out[at] = n
+    return at + 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def put_fixed64(out: np.ndarray, at: int, tag: int, n: int) -> int:
+    out[at] = tag
+    for k in range(8):
+        out[at + 1 + k] = (n >> (8 * k)) & 0xFF
+    return at + 9
+
+
+@njit(cache=True, nogil=True, inline="always")
+def varint_size(n: int) -> int:
+    size = 1
+    while n > 0x7F:
+        n >>= 7
+        size += 1
+    return size
