@@ -47,7 +47,7 @@ def _warm_up() -> int:
     NUMBA_CPU_NAME=generic was set both here and where it is loaded."""
     import numba
 
-    from otelgpu.attribution.engine import warm_up
+    from otelgpu.kernels import warm_up
 
     where = numba.config.CACHE_DIR or "numba's default cache directory"
     for name, how in warm_up().items():

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from otelgpu.attribution.engine import warm_up
 from otelgpu.attribution.fractions import MigProfiles
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
@@ -26,12 +25,12 @@ from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.errors import ConfigError
+from otelgpu.kernels import warm_up
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Points
-from otelgpu.receiver import columnar
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
@@ -214,8 +213,7 @@ class Pipeline:
                             "retrying in the background", KUBE_SYNC_WAIT_S)
 
     def start(self) -> None:
-        kernels = warm_up()  # the first request must never wait for the JIT
-        kernels["decode"] = columnar.warm_up()
+        kernels = warm_up()  # the first request and the first export must never wait for the JIT
         log.info("kernels ready: %s", ", ".join(f"{name} {how}" for name, how in kernels.items()))
         self.start_sources()
         if self.telemetry:

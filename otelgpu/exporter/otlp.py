@@ -190,6 +190,15 @@ def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start
     return out
 
 
+def warm_up() -> str:
+    """Compile (or load from numba's cache) the writer's kernel; returns how (engine.how_loaded)."""
+    from otelgpu.attribution.engine import how_loaded
+    from otelgpu.exporter.store import cost_metrics
+
+    next(RequestWriter(cost_metrics(), "warm-up").requests([Point("allocated", (("team", "a"),), 1, 2, 1.0)]))
+    return how_loaded(write_points)
+
+
 def _keyvalue(key: str, value: str) -> bytes:
     return _len_field(1, key.encode()) + _len_field(2, _len_field(1, value.encode()))
 

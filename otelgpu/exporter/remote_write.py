@@ -3,8 +3,10 @@ Prometheus (or any remote-write receiver), for clusters with no Collector to go 
 
 A request is a snappy *block*-compressed protobuf `WriteRequest`. The message classes are built at
 import from a descriptor written here (field numbers of prometheus/prompb `types.proto` and
-`remote.proto`) and the protobuf library does the encoding: no hand-written wire format and no
-generated files to keep in sync. Series carry the names of the /metrics endpoint and of the
+`remote.proto`), with no generated files to keep in sync. `build_series` and `build_requests` are
+the readable encoding through the protobuf library; `SeriesWriter`, which sends, gives the same
+bytes from the snapshot's columns: each series' label bytes cached while it lasts, the series
+ordered by ranks of their label sets, the samples written by one kernel call per request. Series carry the names of the /metrics endpoint and of the
 Collector path (`MetricSpec.prometheus`, `label_name()`), so dashboards work against any of them.
 
 A series' last point (`Point.ended`) becomes the Prometheus stale marker, a NaN with one exact bit
@@ -38,13 +40,16 @@ from datetime import timezone
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import cramjam
+import numpy as np
 import urllib3
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from numba import njit
 
 from otelgpu.config import RemoteWriteConfig
+from otelgpu.exporter.protowire import len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
-from otelgpu.exporter.store import MetricSpec, Point
+from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -159,6 +164,188 @@ def build_requests(series: Mapping[Labels, list[tuple[int, float]]], max_samples
         yield request
 
 
+class _LabelSet:
+    """What a series' attribute set becomes on the wire, without `__name__`: its labels sorted, the
+    Label fields before and after where `__name__` goes, order keys and why AMP would refuse it."""
+
+    __slots__ = ("labels", "before", "after", "prefix_key", "suffix_key", "reason")
+
+    def __init__(self, attrs: Attrs, cluster: str, external_labels: Mapping[str, str]) -> None:
+        named = {label_name(k): v for k, v in attrs if v != ""}
+        for k, v in external_labels.items():
+            named.setdefault(k, v)
+        named["cluster"] = cluster
+        named.pop("__name__", None)  # the metric's name always wins
+        self.labels: Labels = tuple(sorted(named.items()))
+        split = sum(1 for k, _ in self.labels if k < "__name__")
+        fields = [len_field(1, Label(name=k, value=v).SerializeToString()) for k, v in self.labels]
+        self.before, self.after = b"".join(fields[:split]), b"".join(fields[split:])
+        # Byte strings that sort as the label tuples do: the labels before `__name__` end in 0xFF,
+        # above any label, since a series whose labels go on there sorts after `__name__` comes.
+        self.prefix_key = b"".join(map(_order_key, self.labels[:split])) + b"\xff"
+        self.suffix_key = b"".join(map(_order_key, self.labels[split:]))
+        self.reason = _rejection(self.labels + (("__name__", "x"),))
+
+
+def _order_key(label: tuple[str, str]) -> bytes:
+    """A label as bytes that compare as (name, value) tuples of str do: UTF-8 (code point order),
+    0x00 and 0x01 escaped, 0x00 after each string."""
+    return b"".join(s.encode("utf-8", "surrogatepass").replace(b"\x01", b"\x01\x02").replace(b"\x00", b"\x01\x01")
+                    + b"\x00" for s in label)
+
+
+def _ranks(keys: list[bytes]) -> np.ndarray:
+    """Each key's rank among the distinct keys (equal keys share a rank)."""
+    order = {k: i for i, k in enumerate(sorted(set(keys)))}
+    return np.array([order[k] for k in keys], np.int64)
+
+
+class SeriesWriter:
+    """`build_requests(after(build_series(...)))` serialized, from the snapshot's columns."""
+
+    def __init__(self, specs: Mapping[str, MetricSpec], cluster: str, external_labels: Mapping[str, str]) -> None:
+        self.specs, self.cluster, self.external_labels = specs, cluster, dict(external_labels)
+        names = sorted({spec.prometheus for spec in specs.values()})
+        self._name_rank = {n: i for i, n in enumerate(names)}
+        blobs = [len_field(1, Label(name="__name__", value=n).SerializeToString()) for n in names]
+        self._names, self._name_offsets = _arena(blobs)
+        self._sets: dict[Attrs, _LabelSet] = {}  # the last snapshot's, as in the OTLP writer
+
+    def requests(self, points: Sequence[Point], done: int, max_samples: int) -> tuple[list[tuple[int, bytes]], Counter[str]]:
+        """The requests left after the first `done` samples, each with its sample count, and the
+        series left out by reason."""
+        p = Points.of(points)
+        rejected: Counter[str] = Counter()
+        cached, self._sets = self._sets, {}
+        name = np.array([self._name_rank[self.specs[m].prometheus] if m in self.specs else -1
+                         for m in p.metrics], np.int64)[p.metric] if len(p) else np.zeros(0, np.int64)
+        known = name >= 0
+        if not known.all():
+            rejected["unknown_metric"] += int((~known).sum())
+        rows = np.flatnonzero(known)
+        if not len(rows):
+            return [], rejected
+        used = np.unique(p.aset[rows])
+        distinct: dict[Labels, int] = {}
+        sets: list[_LabelSet] = []
+        lid = np.zeros(len(p.attrs), np.int64)
+        for a in used.tolist():
+            attrs = p.attrs[a]
+            ls = self._sets.get(attrs) or cached.get(attrs) or _LabelSet(attrs, self.cluster, self.external_labels)
+            self._sets[attrs] = ls
+            lid[a] = distinct.setdefault(ls.labels, len(distinct))
+            if lid[a] == len(sets):
+                sets.append(ls)
+        row_lid = lid[p.aset[rows]]
+        prefix, suffix = _ranks([s.prefix_key for s in sets]), _ranks([s.suffix_key for s in sets])
+        n_names, n_sets = len(self._name_rank), len(sets)
+        key = (prefix[row_lid] * n_names + name[rows]) * n_sets + suffix[row_lid]  # the series' sort key
+        keys, series = np.unique(key, return_inverse=True)
+        series = series.reshape(-1)
+        series_lid = np.zeros(len(keys), np.int64)
+        series_lid[series] = row_lid
+        series_name = (keys // n_sets) % n_names
+        refused = np.array([bool(s.reason) for s in sets])[series_lid]
+        for i in np.flatnonzero(refused).tolist():
+            rejected[sets[series_lid[i]].reason] += 1
+        keep = ~refused[series]
+        rows, series = rows[keep], series[keep]
+        # Each series' samples in time order (ties as they come); of two in one millisecond, the later.
+        order = np.lexsort((p.time_ns[rows], series))
+        rows, series = rows[order], series[order]
+        ms = p.time_ns[rows] // 1_000_000
+        last = np.ones(len(rows), bool)
+        last[:-1] = (series[1:] != series[:-1]) | (ms[1:] != ms[:-1])
+        rows, series, ms = rows[last][done:], series[last][done:], ms[last][done:]
+        bits = np.where(p.ended[rows], _STALE_BITS, p.value[rows].view(np.int64))
+        labels, label_offsets, splits = _label_arena(sets)
+        out = []
+        for lo in range(0, len(rows), max_samples):
+            hi = min(lo + max_samples, len(rows))
+            body = write_series(labels, label_offsets, splits, self._names, self._name_offsets, series_lid,
+                                series_name, series[lo:hi], ms[lo:hi].view(np.uint64), bits[lo:hi])
+            out.append((hi - lo, body.tobytes()))
+        return out, rejected
+
+
+_STALE_BITS = np.float64(STALE_NAN).view(np.int64)
+
+
+def _arena(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(blobs) + 1, np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return np.frombuffer(b"".join(blobs), np.uint8), offsets
+
+
+def _label_arena(sets: list[_LabelSet]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each set's Label fields (before, then after `__name__`) in one array, and where `__name__` goes."""
+    arena, offsets = _arena([s.before + s.after for s in sets])
+    return arena, offsets, offsets[:-1] + np.array([len(s.before) for s in sets], np.int64)
+
+
+@njit(cache=True, nogil=True)
+def write_series(labels: np.ndarray, label_offsets: np.ndarray, splits: np.ndarray, names: np.ndarray,
+                 name_offsets: np.ndarray, series_lid: np.ndarray, series_name: np.ndarray, series: np.ndarray,
+                 ms: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """A WriteRequest: a TimeSeries (field 1) per run of samples of one series, its Label fields
+    with `__name__`'s at its place, then its samples (field 2: value when not 0.0, timestamp when
+    not 0, as proto3 leaves out zeros); `ms` as uint64 (two's complement), `bits` IEEE-754."""
+    n = len(series)
+    total = 0
+    i = 0
+    while i < n:
+        s = series[i]
+        body = label_offsets[series_lid[s] + 1] - label_offsets[series_lid[s]]
+        body += name_offsets[series_name[s] + 1] - name_offsets[series_name[s]]
+        while i < n and series[i] == s:
+            sample = (9 if bits[i] != 0 else 0) + (1 + varint_size(ms[i]) if ms[i] != 0 else 0)
+            body += 2 + sample
+            i += 1
+        total += 1 + varint_size(body) + body
+    out = np.empty(total, np.uint8)
+    at = 0
+    i = 0
+    while i < n:
+        s = series[i]
+        lid, nm = series_lid[s], series_name[s]
+        body = label_offsets[lid + 1] - label_offsets[lid] + name_offsets[nm + 1] - name_offsets[nm]
+        j = i
+        while j < n and series[j] == s:
+            body += 2 + (9 if bits[j] != 0 else 0) + (1 + varint_size(ms[j]) if ms[j] != 0 else 0)
+            j += 1
+        out[at] = 0x0A
+        at = put_varint(out, at + 1, body)
+        for k in range(label_offsets[lid], splits[lid]):
+            out[at] = labels[k]
+            at += 1
+        for k in range(name_offsets[nm], name_offsets[nm + 1]):
+            out[at] = names[k]
+            at += 1
+        for k in range(splits[lid], label_offsets[lid + 1]):
+            out[at] = labels[k]
+            at += 1
+        for k in range(i, j):
+            out[at] = 0x12
+            out[at + 1] = (9 if bits[k] != 0 else 0) + (1 + varint_size(ms[k]) if ms[k] != 0 else 0)
+            at += 2
+            if bits[k] != 0:
+                at = put_fixed64(out, at, 0x09, bits[k])
+            if ms[k] != 0:
+                out[at] = 0x10
+                at = put_varint(out, at + 1, ms[k])
+        i = j
+    return out
+
+
+def warm_up() -> str:
+    """Compile (or load from numba's cache) the writer's kernel; returns how (engine.how_loaded)."""
+    from otelgpu.attribution.engine import how_loaded
+    from otelgpu.exporter.store import cost_metrics
+
+    SeriesWriter(cost_metrics(), "warm-up", {}).requests([Point("allocated", (("team", "a"),), 1, 2, 1.0)], 0, 10)
+    return how_loaded(write_series)
+
+
 def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
     """Seconds to wait from a Retry-After header: delay-seconds or an HTTP-date; None if absent or bad."""
     if not value:
@@ -199,6 +386,7 @@ class RemoteWriteSender:
         self._metrics = metrics
         self.rejected_series: Counter[str] = Counter()
         self._logged: set[str] = set()
+        self._writer = SeriesWriter(specs, cluster, config.external_labels)
         self._headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
                          "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": _user_agent(),
                          **config.headers}
@@ -215,11 +403,9 @@ class RemoteWriteSender:
         after each accepted request (a fresh Progress when None: the whole snapshot)."""
         progress = Progress() if progress is None else progress
         try:
-            series, rejected = build_series(points, self._specs, self._cluster, self._config.external_labels)
+            todo, rejected = self._writer.requests(points, progress.done, self._config.max_samples_per_request)
             self._count_rejected(rejected)
-            todo = build_requests(after(series, progress.done), self._config.max_samples_per_request)
-            requests = [(sum(len(ts.samples) for ts in r.timeseries),
-                         bytes(cramjam.snappy.compress_raw(r.SerializeToString()))) for r in todo]
+            requests = [(n, bytes(cramjam.snappy.compress_raw(body))) for n, body in todo]
         except Exception as exc:  # an encoding bug must not take the exporter thread down
             log.exception("remote write: encoding failed")
             return SendResult(ok=False, retryable=False, reason="encode", detail=str(exc))
