@@ -105,6 +105,7 @@ class Joiner:
         self._ksm_reporting = False
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
+        self._holders: dict[tuple, tuple[dict[str, str], tuple[bool, ...]]] = {}
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
@@ -113,6 +114,7 @@ class Joiner:
         `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
         `end_ns` when the caller has them already."""
         self.facts, self._start = facts if facts is not None else self.source.view(end_ns), start_ns
+        self._holders: dict[tuple, tuple[dict[str, str], tuple[bool, ...]]] = {}
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
@@ -144,6 +146,7 @@ class Joiner:
             if self.cpu_only_nodes:
                 self._add_cpu_only_nodes(joined)
             joined.pods = self._pod_rows(joined, rows + blind_rows, use or {})
+        self._holders = {}
         return joined
 
     def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -337,6 +340,17 @@ class Joiner:
 
     def _holder_attrs(self, holder: tuple[str, str], attribution: str,
                       node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
+        """The holder's attributes (a copy to extend) and which tags its labels gave; worked out
+        once per join for each holder, attribution and node (a pod holds several units, and it is
+        a GPU holder and a pod row)."""
+        key = (holder, attribution, node_attrs)
+        known = self._holders.get(key)
+        if known is None:
+            known = self._holders[key] = self._holder_attrs_of(holder, attribution, node_attrs)
+        return dict(known[0]), known[1]
+
+    def _holder_attrs_of(self, holder: tuple[str, str], attribution: str,
+                         node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
         pod = self.facts.pod(holder, self._start)
         tags = self._tags(holder, pod)
         attrs = dict(zip(TAG_NAMES, tags.values))

@@ -73,7 +73,7 @@ class Windows:
         self.watermark_ns = 0
         self.closed_through = -1  # highest interval index already closed
         self.skipped = 0  # intervals of long gaps not computed
-        self._sources: dict[str, tuple[int, float]] = {}  # scrape target -> (newest timestamp, last heard)
+        self._sources = _Sources()  # scrape target -> newest timestamp, last heard
         self._open: dict[int, _Open] = {}
 
     def add(self, samples: Samples, batch: PointBatch, pods: Optional[PodSamples] = None,
@@ -110,13 +110,12 @@ class Windows:
 
     def _advance(self, sources: dict[str, int]) -> None:
         now = self.clock()
-        for src, t in sources.items():
-            self._sources[src] = (max(t, self._sources.get(src, (0, 0.0))[0]), now)
-        if any(now - heard > self.silence_s for _, heard in self._sources.values()):
-            self._sources = {s: v for s, v in self._sources.items() if now - v[1] <= self.silence_s}
-        if self._sources:
-            newest = sorted((t for t, _ in self._sources.values()), reverse=True)
-            self.watermark_ns = newest[len(newest) // 2]
+        self._sources.update(sources, now)
+        self._sources.forget_silent(now - self.silence_s)
+        if len(self._sources):
+            newest = self._sources.newest()
+            k = len(newest) - 1 - len(newest) // 2  # the upper median: sorted newest first, the middle one
+            self.watermark_ns = int(np.partition(newest, k)[k])
 
     def due(self, flush: bool = False) -> list[Interval]:
         """Intervals whose end plus lateness the watermark has passed, and, once an interval has
@@ -127,7 +126,7 @@ class Windows:
         targets further ahead have reached stay open (see `ahead`)."""
         last_due = (self.watermark_ns - self.lateness_ns) // self.dt_ns - 1
         if flush:
-            near = [t for t, _ in self._sources.values() if t <= self.watermark_ns + self.dt_ns + self.lateness_ns]
+            near = [t for t in self._sources.newest().tolist() if t <= self.watermark_ns + self.dt_ns + self.lateness_ns]
             last_due = max(last_due, max(near, default=self.watermark_ns) // self.dt_ns)
         data = sorted(i for i in self._open if i <= last_due)
         ready = list(data)
@@ -176,3 +175,43 @@ class Windows:
     @property
     def open_intervals(self) -> int:
         return len(self._open)
+
+
+class _Sources:
+    """Per scrape target, its newest timestamp and when it was last heard from, as arrays: a batch
+    updates its own targets, and the watermark and the silence check are array operations over all
+    targets (a cluster has thousands; a batch names a few)."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._newest = np.zeros(0, np.int64)
+        self._heard = np.zeros(0, np.float64)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def update(self, sources: dict[str, int], now: float) -> None:
+        for src, t in sources.items():
+            i = self._index.get(src)
+            if i is None:
+                i = self._index[src] = len(self._index)
+                if i == len(self._newest):
+                    self._newest = np.concatenate([self._newest, np.zeros(max(16, i), np.int64)])
+                    self._heard = np.concatenate([self._heard, np.zeros(max(16, i), np.float64)])
+                self._newest[i] = t
+            self._newest[i] = max(int(self._newest[i]), t)
+            self._heard[i] = now
+
+    def forget_silent(self, heard_before: float) -> None:
+        """Forget the targets last heard before `heard_before`."""
+        n = len(self._index)
+        keep = self._heard[:n] >= heard_before
+        if keep.all():
+            return
+        names = [src for src, i in sorted(self._index.items(), key=lambda kv: kv[1]) if keep[i]]
+        self._index = {src: i for i, src in enumerate(names)}
+        self._newest, self._heard = self._newest[:n][keep], self._heard[:n][keep]
+
+    def newest(self) -> np.ndarray:
+        return self._newest[:len(self._index)]
+
