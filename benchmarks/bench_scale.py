@@ -19,12 +19,13 @@ Measured from outside the sidecar:
   OTLP receiver here. Median and worst.
 - memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
   kernel's high-water mark VmHWM (peak).
-- /metrics: the wall and CPU seconds of one scrape of the Prometheus endpoint after the run,
-  which serves every cost series besides the sidecar's own metrics (not part of the CPU above).
+- /metrics: the wall and CPU seconds of one scrape of the Prometheus endpoint after the run, as
+  the gateway serves it (not part of the CPU above); with `--metrics-cost-series` it serves every
+  cost series besides the sidecar's own metrics (`exporter.prometheus.cost_series: true`).
 - start-up: seconds from exec to /readyz with an empty numba cache (cold, every kernel compiled)
   and with the cache that run left (warm).
 
-Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1]
+Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+import yaml
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -168,6 +170,10 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
     grpc_port, metrics_port = bf.free_port(), bf.free_port()
     work = Path(tempfile.mkdtemp(dir=tmp))
     config = bf.sidecar_config("gateway", work, grpc_port, sink.port, metrics_port)
+    if args.metrics_cost_series:
+        doc = yaml.safe_load(config.read_text())
+        doc["exporter"]["prometheus"]["cost_series"] = True
+        config.write_text(yaml.safe_dump(doc))
     child, ready_s = start(config, env, metrics_port)
     n_scrapes = int(args.minutes * 60 / SCRAPE_S)
     # Data ending now or before: the gateway config refuses points ahead of the clock or a day old.
@@ -254,8 +260,11 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, nargs="+", default=[100, 1000, 10000], help="cluster sizes (physical GPUs)")
     ap.add_argument("--minutes", type=float, default=5.0, help="minutes of cluster data per size")
     ap.add_argument("--speed", type=float, default=1.0, help="send scrapes this many times faster than real time")
+    ap.add_argument("--metrics-cost-series", action="store_true",
+                    help="serve the cost series on /metrics too (the gateway config does not)")
     args = ap.parse_args()
-    env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": bf.fleet(1, 0)[0][0].name}
+    env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": bf.fleet(1, 0)[0][0].name,
+           "MALLOC_ARENA_MAX": "2"}  # as the image sets it (Dockerfile)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         cold, warm = start_up(tmp, env)
@@ -276,7 +285,8 @@ def main() -> None:
                           f"{r['cpu_ms_per_gpu_hour'] / base:.2f}", f"{statistics.median(lat):.2f} s",
                           f"{max(lat):.2f} s", f"{r['rss_ready']:.0f} MiB", f"{r['rss_steady']:.0f} MiB",
                           f"{r['rss_peak']:.0f} MiB"]))
-        print(f"  {r['gpus']:,} GPUs: one scrape of /metrics (every cost series and the self-metrics, "
+        what = "every cost series and the self-metrics" if args.metrics_cost_series else "the self-metrics"
+        print(f"  {r['gpus']:,} GPUs: one scrape of /metrics ({what}, "
               f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
         if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
             print(f"  {r['gpus']:,} GPUs: {r['retries']} requests retried (sidecar busy), {r['rejected']:.0f} points "

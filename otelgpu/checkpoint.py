@@ -12,10 +12,10 @@ array in the state replaced by `{"$array": i}`, then the arrays' raw bytes, each
 attribute sets) is arrays, so writing it is a copy of memory, not a text rendering of every series.
 Version 1 (`checkpoint.json`, the whole state as JSON) is still read, so an upgrade continues every
 series. The file is written to a temporary file, fsynced and renamed over the old one (then the
-directory is fsynced), so a crash leaves either the old or the new checkpoint, never a mix. A lock file keeps two processes off one directory. A checkpoint that
-is corrupt or was written for another cluster, currency or format version is never reused: it is
-renamed aside (`checkpoint.json.rejected-<time>`), the reason is logged and counted, and the run
-starts afresh.
+directory is fsynced), so a crash leaves either the old or the new checkpoint, never a mix. A lock
+file keeps two processes off one directory. A checkpoint that is corrupt or was written for another
+cluster, currency or format version is never reused: it is renamed aside
+(`checkpoint.bin.rejected-<time>`), the reason is logged and counted, and the run starts afresh.
 """
 
 from __future__ import annotations

@@ -299,6 +299,10 @@ class RemoteWriteConfig:
 class PrometheusConfig:
     endpoint: str = "0.0.0.0:9464"
     enabled: bool = True
+    # Serve the cost series on /metrics beside the self-metrics. Off where the cost reaches the
+    # backend another way (OTLP, remote write) and the same backend scrapes /metrics: each cost
+    # series would be stored twice, under two job/instance label sets, and sums would double.
+    cost_series: bool = True
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
 

@@ -105,7 +105,8 @@ class Pipeline:
         if log_from is not None:
             self._replay(*log_from)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name))
+        self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name,
+                                             config.exporter.prometheus.cost_series))
         self.telemetry = (TelemetryServer(config.exporter.prometheus, self.registry, lambda: self.ready)
                           if config.exporter.prometheus.enabled else None)
         r = config.receiver

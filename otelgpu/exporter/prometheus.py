@@ -93,13 +93,15 @@ class CostCollector(Collector):
     """Cost families from the store plus `otelgpu_*` self-metrics. Register it on a registry of its
     own (`cost_registry`): the global one would mix in process metrics and refuse a second instance."""
 
-    def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str) -> None:
+    def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str, cost_series: bool = True) -> None:
         self._store = store
         self._metrics = metrics
         self._cluster = cluster
+        self._cost_series = cost_series
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._cost_families()
+        if self._cost_series:
+            yield from self._cost_families()
         yield from self._self_families()
 
     def _cost_families(self) -> Iterator[Metric]:
@@ -179,10 +181,10 @@ class CostCollector(Collector):
         return family
 
 
-def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str) -> CollectorRegistry:
+def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str, cost_series: bool = True) -> CollectorRegistry:
     """A fresh registry holding one CostCollector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CostCollector(store, metrics, cluster))
+    registry.register(CostCollector(store, metrics, cluster, cost_series))
     return registry
 
 

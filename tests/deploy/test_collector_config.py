@@ -77,6 +77,13 @@ def test_data_flows_through_otelgpu_once_and_never_back(mode, components, tmp_pa
     assert "otelgpu" not in downstream, "a loop: otelgpu's output comes back to its input"
     assert "otelgpu" not in reachable(edges, "receiver prometheus/self"), "otelgpu would cost its own metrics"
     assert "exporter prometheus_remote_write/amp" in reachable(edges, "receiver prometheus/self")
+    # The cost reaches AMP once: over OTLP. The self scrape of /metrics carries otelgpu's own
+    # metrics only, or every cost series would be stored twice (two job/instance label sets) and
+    # every sum in AMP would double.
+    assert otelgpu.exporter.otlp is not None and otelgpu.exporter.prometheus.cost_series is False
+    (own,) = [job for job in config["receivers"]["prometheus/self"]["config"]["scrape_configs"]
+              if job["job_name"] == "otelgpu"]
+    assert own["metric_relabel_configs"] == [{"source_labels": ["__name__"], "regex": "otelgpu_.*", "action": "keep"}]
     # otelgpu's output goes only to AMP, never to a pipeline that also carries its inputs
     assert {n for n in downstream if n.startswith("exporter")} == {"exporter prometheus_remote_write/amp"}
 

@@ -67,6 +67,22 @@ def test_metrics_over_http(store: CostStore, intervals) -> None:
     assert samples["otelgpu_export_failures_total"][0].value == 1
 
 
+def test_without_cost_series_metrics_serves_self_metrics_only(store: CostStore, intervals) -> None:
+    """exporter.prometheus.cost_series: false, where the cost reaches the backend over OTLP."""
+    intervals.record(0)
+    metrics = SelfMetrics()
+    metrics.add("points_received", 7)
+    server = _server(cost_registry(store, metrics, cluster="prod-eu", cost_series=False))
+    server.start()
+    try:
+        text = requests.get(server.url, timeout=5).text
+    finally:
+        server.shutdown()
+    samples = _samples(text)
+    assert samples["otelgpu_points_received_total"][0].value == 7
+    assert store.points() and not [name for name in samples if not name.startswith("otelgpu_")]
+
+
 def test_label_names_are_sanitised(store: CostStore) -> None:
     store.record(0, 10, sums={"allocated": {(("k8s.pod-name", "p"), ("9lives", "x")): 1.0}}, gauges={})
     registry = cost_registry(store, SelfMetrics(), cluster="c")
