@@ -247,16 +247,19 @@ class CostModels:
 
 
 class _Extended:
-    """`with_attrs`, remembered from one interval to the next: the same holders on the same nodes
-    get the same attributes interval after interval, and a lookup costs a fraction of sorting a
-    set again. Keeps what this interval and the last one used."""
+    """`with_attrs`, remembered from one interval to the next (what this interval and the last one
+    used). The same holders on the same nodes get the same sets interval after interval, and
+    handing back the very tuple of the last interval makes the store's lookup of the series an
+    identity check instead of a comparison pair by pair. Each distinct `extra` is kept once."""
 
     def __init__(self) -> None:
-        self._now: dict[tuple[Attrs, tuple[tuple[str, str], ...]], Attrs] = {}
-        self._last: dict[tuple[Attrs, tuple[tuple[str, str], ...]], Attrs] = {}
+        self._now: dict[tuple[Attrs, Attrs], Attrs] = {}
+        self._last: dict[tuple[Attrs, Attrs], Attrs] = {}
+        self._extras: dict[Attrs, Attrs] = {}
 
     def __call__(self, attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
-        key = (attrs, tuple(extra.items()))
+        items = tuple(extra.items())
+        key = (attrs, self._extras.setdefault(items, items))
         out = self._now.get(key)
         if out is None:
             out = self._now[key] = self._last.get(key) or with_attrs(attrs, extra)
@@ -264,4 +267,6 @@ class _Extended:
 
     def tick(self) -> None:
         self._last, self._now = self._now, {}
+        if len(self._extras) > 4096:  # node and price-source combinations come and go
+            self._extras = {}
 

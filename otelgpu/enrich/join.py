@@ -34,7 +34,7 @@ from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
-from otelgpu.exporter.store import Attrs, attrs_of
+from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.receiver.interner import Interner
 
 ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
@@ -105,7 +105,7 @@ class Joiner:
         self._ksm_reporting = False
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
-        self._holders: dict[tuple, tuple[dict[str, str], tuple[bool, ...]]] = {}
+        self._holders: dict[tuple, tuple[Attrs, tuple[bool, ...]]] = {}
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
@@ -114,7 +114,7 @@ class Joiner:
         `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
         `end_ns` when the caller has them already."""
         self.facts, self._start = facts if facts is not None else self.source.view(end_ns), start_ns
-        self._holders: dict[tuple, tuple[dict[str, str], tuple[bool, ...]]] = {}
+        self._holders: dict[tuple, tuple[Attrs, tuple[bool, ...]]] = {}
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
@@ -322,8 +322,8 @@ class Joiner:
         row_attrs, found = [], []
         for r in rows:
             attrs, tags_found = self._holder_attrs(r.holder, r.attribution, gpu_attrs[r.gpu])
-            attrs.update(unit_kind=r.unit_kind, mig_profile=r.profile, activity_basis=r.basis)
-            row_attrs.append(attrs_of(attrs))
+            row_attrs.append(with_attrs(attrs, {"unit_kind": r.unit_kind, "mig_profile": r.profile,
+                                                "activity_basis": r.basis}))
             found.append(tags_found)
         unit_rows = UnitRows(
             np.array(prices, dtype=np.float64), np.array([r.gpu for r in rows], dtype=np.int64),
@@ -338,16 +338,16 @@ class Joiner:
         return NodeCost(name, price, _node_attrs(name, model, info), gpus,
                         price.vcpus or info.vcpus, price.memory_gib or info.memory_gib)
 
-    def _holder_attrs(self, holder: tuple[str, str], attribution: str,
-                      node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
-        """The holder's attributes (a copy to extend) and which tags its labels gave; worked out
-        once per join for each holder, attribution and node (a pod holds several units, and it is
-        a GPU holder and a pod row)."""
+    def _holder_attrs(self, holder: tuple[str, str], attribution: str, node_attrs: Attrs) -> tuple[Attrs, tuple[bool, ...]]:
+        """The holder's attributes and which tags its labels gave; worked out once per join for
+        each holder, attribution and node (a pod holds several units, and it is a GPU holder and a
+        pod row), so the sets of its rows share their pairs."""
         key = (holder, attribution, node_attrs)
         known = self._holders.get(key)
         if known is None:
-            known = self._holders[key] = self._holder_attrs_of(holder, attribution, node_attrs)
-        return dict(known[0]), known[1]
+            attrs, found = self._holder_attrs_of(holder, attribution, node_attrs)
+            known = self._holders[key] = (attrs_of(attrs), found)
+        return known
 
     def _holder_attrs_of(self, holder: tuple[str, str], attribution: str,
                          node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
@@ -414,7 +414,7 @@ class Joiner:
         attrs, found = self._holder_attrs(holder, attribution, joined.nodes[n].attrs)
         nan = float("nan")
         return PodRow(
-            n, attrs_of(attrs), found, min(share, 1.0),
+            n, attrs, found, min(share, 1.0),
             pod.requested("cpu") if pod else 0.0, pod.requested("memory") / 2**30 if pod else 0.0,
             use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan,
         )

@@ -25,8 +25,13 @@ def attrs_of(pairs: Mapping[str, str]) -> Attrs:
 
 
 def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
-    """`attrs` with the keys of `extra` added or replaced."""
-    return attrs_of({**dict(attrs), **extra})
+    """`attrs` with the keys of `extra` added or replaced (`attrs_of({**dict(attrs), **extra})`).
+    The pairs `extra` leaves alone are the very tuples of `attrs`: the sets of a holder's series
+    share their pairs instead of each holding copies."""
+    if not extra:
+        return attrs
+    kept = [kv for kv in attrs if kv[0] not in extra and kv[1] != ""]
+    return tuple(sorted(kept + [(k, v) for k, v in extra.items() if v != ""]))
 
 
 @dataclass(frozen=True)
