@@ -106,20 +106,27 @@ def scad_kernel(pod_node, alloc_qty, capacity, rate_hour, hours, split, unused, 
         for x in range(n_res):
             if alloc_qty[p, x] > 0.0:
                 total[pod_node[p], x] += alloc_qty[p, x]
+    # Per node and resource, the cost per unit allocated of the split and of the unused capacity:
+    # the pods' loop then multiplies (s * Cap * rate * hours = A * Cap * rate * hours / max(Cap, sum A)).
+    split_rate = np.zeros((n_node, n_res))
+    unused_rate = np.zeros((n_node, n_res))
     for n in range(n_node):
         for x in range(n_res):
-            cap_cost = capacity[n, x] * rate_hour[n, x] * hours
-            idle[n, x] = cap_cost if total[n, x] <= 0.0 else 0.0
+            cap = capacity[n, x]
+            cap_cost = cap * rate_hour[n, x] * hours
+            if total[n, x] <= 0.0:
+                idle[n, x] = cap_cost
+                continue
+            idle[n, x] = 0.0
+            split_rate[n, x] = cap_cost / max(cap, total[n, x])
+            unused_rate[n, x] = max(cap - total[n, x], 0.0) * rate_hour[n, x] * hours / total[n, x]
     for p in range(pod_node.shape[0]):
         n = pod_node[p]
         for x in range(n_res):
             a = alloc_qty[p, x]
-            if a <= 0.0 or total[n, x] <= 0.0:
+            if a <= 0.0:
                 split[p, x] = 0.0
                 unused[p, x] = 0.0
-                continue
-            cap = capacity[n, x]
-            denom = max(cap, total[n, x])
-            split[p, x] = a / denom * cap * rate_hour[n, x] * hours
-            spare = max(cap - total[n, x], 0.0)
-            unused[p, x] = spare * rate_hour[n, x] * hours * (a / total[n, x])
+            else:
+                split[p, x] = a * split_rate[n, x]
+                unused[p, x] = a * unused_rate[n, x]
