@@ -2,8 +2,8 @@
 
 For each size it starts `otelgpu serve` in its own process with the gateway's otelgpu.yaml
 (k8s/gateway: request and scad models, 60 s intervals, 30 s lateness, checkpoint and write-ahead
-log on; facts from kube-state-metrics, as no API server runs here), exporting over OTLP/gRPC with
-gzip to a real gRPC server in this process. Every 30 s of data it sends what a Collector's
+log on; facts from kube-state-metrics, as no API server runs here), exporting over OTLP/gRPC as
+that file says (uncompressed, as over the pod's loopback) to a real gRPC server in this process. Every 30 s of data it sends what a Collector's
 prometheus receiver sends for the cluster: dcgm-exporter's default counters for every whole GPU,
 MIG instance and time-slicing replica, kube-state-metrics, and the kubelet's cAdvisor every 60 s,
 in requests of at most the Collector's batch size, gzip-compressed. The requests of a scrape are
