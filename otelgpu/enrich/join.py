@@ -114,7 +114,7 @@ class Joiner:
         `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
         `end_ns` when the caller has them already."""
         self.facts, self._start = facts if facts is not None else self.source.view(end_ns), start_ns
-        self._holders: dict[tuple, tuple[Attrs, tuple[bool, ...]]] = {}
+        self._holders = {}
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).

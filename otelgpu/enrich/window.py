@@ -199,7 +199,8 @@ class _Sources:
                     self._newest = np.concatenate([self._newest, np.zeros(max(16, i), np.int64)])
                     self._heard = np.concatenate([self._heard, np.zeros(max(16, i), np.float64)])
                 self._newest[i] = t
-            self._newest[i] = max(int(self._newest[i]), t)
+            else:
+                self._newest[i] = max(int(self._newest[i]), t)
             self._heard[i] = now
 
     def forget_silent(self, heard_before: float) -> None:

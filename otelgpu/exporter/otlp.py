@@ -40,7 +40,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
-from otelgpu.exporter.protowire import len_field as _len_field, put_fixed64, put_varint, varint_size
+from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
@@ -105,12 +105,12 @@ class RequestWriter:
         self.specs = specs
         first = next(build_requests([Point(next(iter(specs)), (), 1, 1, 0.0)], specs, cluster, instance=instance))
         rm = first.resource_metrics[0]
-        self._resource = _len_field(1, rm.resource.SerializeToString())
-        self._scope = _len_field(1, rm.scope_metrics[0].scope.SerializeToString())
+        self._resource = len_field(1, rm.resource.SerializeToString())
+        self._scope = len_field(1, rm.scope_metrics[0].scope.SerializeToString())
         self._heads: dict[str, tuple[bytes, int, bytes]] = {}  # metric: (Metric fields before data, data field, after points)
         for key, spec in specs.items():
-            head = (_len_field(1, spec.name.encode()) + _len_field(2, spec.description.encode())
-                    + _len_field(3, spec.unit.encode()))
+            head = (len_field(1, spec.name.encode()) + len_field(2, spec.description.encode())
+                    + len_field(3, spec.unit.encode()))
             tail = b"\x10\x02\x18\x01" if spec.kind == "sum" else b""  # cumulative, monotonic
             self._heads[key] = (head, 7 if spec.kind == "sum" else 5, tail)
         self._rank = {key: i for i, key in enumerate(specs)}
@@ -123,10 +123,8 @@ class RequestWriter:
             return
         used = np.zeros(len(p.attrs), dtype=bool)
         used[p.aset] = True
-        blobs = [self._attr_bytes(p.attrs[i], cached) if u else b"" for i, u in enumerate(used.tolist())]
-        arena = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-        offsets = np.zeros(len(blobs) + 1, np.int64)
-        np.cumsum([len(b) for b in blobs], out=offsets[1:])
+        attr_bytes, offsets = arena([self._attr_bytes(p.attrs[i], cached) if u else b""
+                                     for i, u in enumerate(used.tolist())])
         rank = np.array([self._rank[m] for m in p.metrics], np.int64)[p.metric]
         order = np.argsort(rank, kind="stable")  # spec order, each metric's points as they come
         ordered_rank = rank[order]
@@ -140,21 +138,21 @@ class RequestWriter:
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
                 key = keys[int(ranks[lo])]
                 run = rows[lo:hi]
-                data = write_points(arena, offsets, p.aset[run].astype(np.int64), p.start_ns[run], p.time_ns[run],
+                data = write_points(attr_bytes, offsets, p.aset[run].astype(np.int64), p.start_ns[run], p.time_ns[run],
                                     bits[run], p.ended[run], self.specs[key].kind == "sum")
                 body.append(self._metric(key, data.tobytes()))
-            scope_metrics = _len_field(2, self._scope + b"".join(body))
-            yield _len_field(1, self._resource + scope_metrics)
+            scope_metrics = len_field(2, self._scope + b"".join(body))
+            yield len_field(1, self._resource + scope_metrics)
 
     def _attr_bytes(self, attrs: Attrs, cached: dict[Attrs, bytes]) -> bytes:
         """A set's KeyValue fields, from the previous snapshot's cache or encoded now; kept for the next."""
-        blob = cached.get(attrs) or b"".join(_len_field(7, _keyvalue(k, v)) for k, v in attrs)
+        blob = cached.get(attrs) or b"".join(len_field(7, _keyvalue(k, v)) for k, v in attrs)
         self._attrs[attrs] = blob
         return blob
 
     def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]
-        return _len_field(2, head + _len_field(data_field, points + tail))
+        return len_field(2, head + len_field(data_field, points + tail))
 
 
 @njit(cache=True, nogil=True)
@@ -200,7 +198,7 @@ def warm_up() -> str:
 
 
 def _keyvalue(key: str, value: str) -> bytes:
-    return _len_field(1, key.encode()) + _len_field(2, _len_field(1, value.encode()))
+    return len_field(1, key.encode()) + len_field(2, len_field(1, value.encode()))
 
 
 def _retry_delay(error: grpc.RpcError) -> Optional[float]:

@@ -20,6 +20,14 @@ def len_field(number: int, payload: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
+def arena(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The blobs end to end as one byte array, and where each starts (blob i is
+    arena[offsets[i]:offsets[i + 1]]): what the kernels copy cached bytes from."""
+    offsets = np.zeros(len(blobs) + 1, np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return np.frombuffer(b"".join(blobs), np.uint8), offsets
+
+
 @njit(cache=True, nogil=True, inline="always")
 def put_varint(out: np.ndarray, at: int, n: int) -> int:
     while n > 0x7F:

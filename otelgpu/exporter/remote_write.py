@@ -6,8 +6,9 @@ import from a descriptor written here (field numbers of prometheus/prompb `types
 `remote.proto`), with no generated files to keep in sync. `build_series` and `build_requests` are
 the readable encoding through the protobuf library; `SeriesWriter`, which sends, gives the same
 bytes from the snapshot's columns: each series' label bytes cached while it lasts, the series
-ordered by ranks of their label sets, the samples written by one kernel call per request. Series carry the names of the /metrics endpoint and of the
-Collector path (`MetricSpec.prometheus`, `label_name()`), so dashboards work against any of them.
+ordered by ranks of their label sets, the samples written by one kernel call per request. Series
+carry the names of the /metrics endpoint and of the Collector path (`MetricSpec.prometheus`,
+`label_name()`), so dashboards work against any of them.
 
 A series' last point (`Point.ended`) becomes the Prometheus stale marker, a NaN with one exact bit
 pattern, so the series disappears from queries at once instead of five minutes later. A series AMP
@@ -46,7 +47,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from numba import njit
 
 from otelgpu.config import RemoteWriteConfig
-from otelgpu.exporter.protowire import len_field, put_fixed64, put_varint, varint_size
+from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
 from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
@@ -208,7 +209,7 @@ class SeriesWriter:
         names = sorted({spec.prometheus for spec in specs.values()})
         self._name_rank = {n: i for i, n in enumerate(names)}
         blobs = [len_field(1, Label(name="__name__", value=n).SerializeToString()) for n in names]
-        self._names, self._name_offsets = _arena(blobs)
+        self._names, self._name_offsets = arena(blobs)
         self._sets: dict[Attrs, _LabelSet] = {}  # the last snapshot's, as in the OTLP writer
 
     def requests(self, points: Sequence[Point], done: int, max_samples: int) -> tuple[list[tuple[int, bytes]], Counter[str]]:
@@ -271,16 +272,17 @@ class SeriesWriter:
 _STALE_BITS = np.float64(STALE_NAN).view(np.int64)
 
 
-def _arena(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(blobs) + 1, np.int64)
-    np.cumsum([len(b) for b in blobs], out=offsets[1:])
-    return np.frombuffer(b"".join(blobs), np.uint8), offsets
-
-
 def _label_arena(sets: list[_LabelSet]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each set's Label fields (before, then after `__name__`) in one array, and where `__name__` goes."""
-    arena, offsets = _arena([s.before + s.after for s in sets])
-    return arena, offsets, offsets[:-1] + np.array([len(s.before) for s in sets], np.int64)
+    labels, offsets = arena([s.before + s.after for s in sets])
+    return labels, offsets, offsets[:-1] + np.array([len(s.before) for s in sets], np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sample_size(bits: int, ms: int) -> int:
+    """A Sample's bytes: value (fixed64) when not 0.0, timestamp (varint) when not 0 (proto3 leaves
+    zeros out)."""
+    return (9 if bits != 0 else 0) + (1 + varint_size(ms) if ms != 0 else 0)
 
 
 @njit(cache=True, nogil=True)
@@ -288,33 +290,30 @@ def write_series(labels: np.ndarray, label_offsets: np.ndarray, splits: np.ndarr
                  name_offsets: np.ndarray, series_lid: np.ndarray, series_name: np.ndarray, series: np.ndarray,
                  ms: np.ndarray, bits: np.ndarray) -> np.ndarray:
     """A WriteRequest: a TimeSeries (field 1) per run of samples of one series, its Label fields
-    with `__name__`'s at its place, then its samples (field 2: value when not 0.0, timestamp when
-    not 0, as proto3 leaves out zeros); `ms` as uint64 (two's complement), `bits` IEEE-754."""
+    with `__name__`'s at its place, then its samples (field 2); `ms` as uint64 (two's complement),
+    `bits` IEEE-754."""
     n = len(series)
-    total = 0
-    i = 0
+    runs = np.zeros(n + 1, np.int64)  # where each run of one series' samples starts
+    sizes = np.zeros(n, np.int64)  # its TimeSeries' bytes
+    n_runs, total, i = 0, 0, 0
     while i < n:
         s = series[i]
         body = label_offsets[series_lid[s] + 1] - label_offsets[series_lid[s]]
         body += name_offsets[series_name[s] + 1] - name_offsets[series_name[s]]
+        runs[n_runs] = i
         while i < n and series[i] == s:
-            sample = (9 if bits[i] != 0 else 0) + (1 + varint_size(ms[i]) if ms[i] != 0 else 0)
-            body += 2 + sample
+            body += 2 + _sample_size(bits[i], ms[i])
             i += 1
+        sizes[n_runs] = body
         total += 1 + varint_size(body) + body
+        n_runs += 1
+    runs[n_runs] = n
     out = np.empty(total, np.uint8)
     at = 0
-    i = 0
-    while i < n:
-        s = series[i]
-        lid, nm = series_lid[s], series_name[s]
-        body = label_offsets[lid + 1] - label_offsets[lid] + name_offsets[nm + 1] - name_offsets[nm]
-        j = i
-        while j < n and series[j] == s:
-            body += 2 + (9 if bits[j] != 0 else 0) + (1 + varint_size(ms[j]) if ms[j] != 0 else 0)
-            j += 1
+    for r in range(n_runs):
+        lid, nm = series_lid[series[runs[r]]], series_name[series[runs[r]]]
         out[at] = 0x0A
-        at = put_varint(out, at + 1, body)
+        at = put_varint(out, at + 1, sizes[r])
         for k in range(label_offsets[lid], splits[lid]):
             out[at] = labels[k]
             at += 1
@@ -324,16 +323,15 @@ def write_series(labels: np.ndarray, label_offsets: np.ndarray, splits: np.ndarr
         for k in range(splits[lid], label_offsets[lid + 1]):
             out[at] = labels[k]
             at += 1
-        for k in range(i, j):
+        for k in range(runs[r], runs[r + 1]):
             out[at] = 0x12
-            out[at + 1] = (9 if bits[k] != 0 else 0) + (1 + varint_size(ms[k]) if ms[k] != 0 else 0)
+            out[at + 1] = _sample_size(bits[k], ms[k])
             at += 2
             if bits[k] != 0:
                 at = put_fixed64(out, at, 0x09, bits[k])
             if ms[k] != 0:
                 out[at] = 0x10
                 at = put_varint(out, at + 1, ms[k])
-        i = j
     return out
 
 
