@@ -7,6 +7,7 @@ from __future__ import annotations
 def warm_up() -> dict[str, str]:
     """Per kernel, "cached", "compiled" or "interpreted" (see attribution.engine.how_loaded)."""
     from otelgpu.attribution import engine
+    from otelgpu.enrich import facts
     from otelgpu.exporter import otlp, remote_write
     from otelgpu.receiver import columnar
 
@@ -14,4 +15,5 @@ def warm_up() -> dict[str, str]:
     kernels["decode"] = columnar.warm_up()
     kernels["otlp"] = otlp.warm_up()
     kernels["remote_write"] = remote_write.warm_up()
+    kernels["facts"] = facts.warm_up()
     return kernels

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 import numpy as np
+from numba import njit
 
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm
+from otelgpu.receiver.wire import hash_step
 
 
 @dataclass
@@ -33,6 +35,8 @@ class PodFacts:
     annotations: dict[str, str] = field(default_factory=dict)
     deleted: bool = False  # gone from the API, kept for the grace period: holds nothing new
     created_ns: int = 0  # metadata.creationTimestamp (API facts only)
+    info_node: str = ""  # kube-state-metrics: the node kube_pod_info names, and
+    request_node: str = ""  # the one its resource requests name; `node` is the first, else the second
 
     def requested(self, resource: str) -> float:
         return sum(v for (_, r), v in self.requests.items() if r == resource)
@@ -105,17 +109,30 @@ class KsmFacts:
         self.owners: dict[OwnerKey, OwnerFacts] = {}
 
     def update(self, batch: PointBatch) -> int:
-        """Apply the kube-state-metrics rows of `batch`; returns how many rows were used."""
+        """Apply the kube-state-metrics rows of `batch`; returns how many rows were used.
+
+        Rows in time order (an interval's) are applied once per series: of rows that differ only
+        in their timestamp (every scrape repeats the whole state), only the last is applied. That
+        is exact: the last one rewrites every field the earlier ones wrote, after them, and in
+        time order every row is newer than what is known; only the order in which new objects
+        are first met can change."""
         rows = np.flatnonzero(is_ksm(batch.metric))
+        used = len(rows)
+        if used > 1 and np.all(np.diff(batch.time_ns[rows]) >= 0):
+            rows = rows[last_of_each(rows, batch.metric, batch.value.view(np.int64), batch.stale,
+                                     batch.attr_off, batch.attr_key, batch.attr_val)]
+        self._apply_rows(batch.select(rows))
+        return used
+
+    def _apply_rows(self, rows: PointBatch) -> None:
         s = self._s.strings()
-        off = batch.attr_off.tolist()  # plain lists: one row's labels without a numpy scalar per label
-        keys, values = batch.attr_key.tolist(), batch.attr_val.tolist()
-        metric, value, stale, t = (c[rows].tolist() for c in (batch.metric, batch.value, batch.stale, batch.time_ns))
-        for i, row in enumerate(rows.tolist()):
-            lo, hi = off[row], off[row + 1]
+        off = rows.attr_off.tolist()  # plain lists: one row's labels without a numpy scalar per label
+        keys, values = rows.attr_key.tolist(), rows.attr_val.tolist()
+        metric, value, stale, t = (c.tolist() for c in (rows.metric, rows.value, rows.stale, rows.time_ns))
+        for i in range(len(metric)):
+            lo, hi = off[i], off[i + 1]
             self._apply(_METRICS[metric[i]], {s[k]: s[v] for k, v in zip(keys[lo:hi], values[lo:hi])},
                         value[i], stale[i], t[i])
-        return len(rows)
 
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
         if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
@@ -158,7 +175,8 @@ class KsmFacts:
         elif metric == Metric.POD_ANNOTATIONS:
             pod.annotations = {k: v for k, v in attrs.items() if k.startswith("annotation_")}
         elif metric == Metric.POD_INFO:
-            pod.node = attrs.get("node", "")
+            pod.info_node = attrs.get("node", "")
+            pod.node = pod.info_node or pod.request_node
             pod.owner_kind = attrs.get("created_by_kind", "")
             pod.owner_name = attrs.get("created_by_name", "")
         elif metric == Metric.POD_PHASE:
@@ -166,7 +184,8 @@ class KsmFacts:
                 pod.phase = attrs["phase"]
         elif metric == Metric.POD_REQUESTS:
             pod.requests[(attrs.get("container", ""), attrs["resource"])] = value
-            pod.node = pod.node or attrs.get("node", "")
+            pod.request_node = attrs.get("node") or pod.request_node
+            pod.node = pod.info_node or pod.request_node
 
     def expire(self, now_ns: int) -> None:
         """Forget facts older than the grace period."""
@@ -214,6 +233,79 @@ def _pod(d: Mapping[str, Any]) -> PodFacts:
     if not isinstance(pod.labels, dict) or not isinstance(pod.annotations, dict):
         raise TypeError("pod labels and annotations must be mappings")
     return pod
+
+
+@njit(cache=True, nogil=True)
+def last_of_each(rows: np.ndarray, metric: np.ndarray, value_bits: np.ndarray, stale: np.ndarray,
+                 attr_off: np.ndarray, attr_key: np.ndarray, attr_val: np.ndarray) -> np.ndarray:
+    """Per entry of `rows`, whether no later entry is the same row but for its timestamp (same
+    metric, value bits, staleness and labels in the same order): the last row of each series.
+    An open-addressing table of row hashes, filled from the end; equal hashes are compared in full."""
+    n = len(rows)
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slots = np.full(size, -1, np.int64)
+    hashes = np.zeros(n, np.uint64)
+    keep = np.zeros(n, np.bool_)
+    for i in range(n - 1, -1, -1):
+        r = rows[i]
+        h = hash_step(np.uint64(0x243F6A8885A308D3), np.uint64(metric[r]))
+        h = hash_step(h, np.uint64(value_bits[r]))
+        h = hash_step(h, np.uint64(stale[r]))
+        for k in range(attr_off[r], attr_off[r + 1]):
+            h = hash_step(h, (np.uint64(attr_key[k]) << np.uint64(32)) | np.uint64(attr_val[k]))
+        hashes[i] = h
+        j = h & mask
+        while True:
+            other = slots[j]
+            if other < 0:
+                slots[j] = i
+                keep[i] = True
+                break
+            if hashes[other] == h and _same_row(r, rows[other], metric, value_bits, stale, attr_off, attr_key, attr_val):
+                break
+            j = (j + np.uint64(1)) & mask
+    return keep
+
+
+@njit(cache=True, nogil=True)
+def _same_row(a, b, metric, value_bits, stale, attr_off, attr_key, attr_val):  # noqa: ANN001, ANN202
+    if metric[a] != metric[b] or value_bits[a] != value_bits[b] or stale[a] != stale[b]:
+        return False
+    n = attr_off[a + 1] - attr_off[a]
+    if attr_off[b + 1] - attr_off[b] != n:
+        return False
+    for k in range(n):
+        if attr_key[attr_off[a] + k] != attr_key[attr_off[b] + k] or attr_val[attr_off[a] + k] != attr_val[attr_off[b] + k]:
+            return False
+    return True
+
+
+def last_of_each_reference(rows: np.ndarray, batch: PointBatch) -> np.ndarray:
+    """`last_of_each`, readable: the same, with a set of row keys."""
+    seen: set = set()
+    keep = np.zeros(len(rows), bool)
+    bits = batch.value.view(np.int64)
+    for i in range(len(rows) - 1, -1, -1):
+        r = int(rows[i])
+        lo, hi = int(batch.attr_off[r]), int(batch.attr_off[r + 1])
+        key = (int(batch.metric[r]), int(bits[r]), bool(batch.stale[r]), tuple(batch.attr_key[lo:hi].tolist()),
+               tuple(batch.attr_val[lo:hi].tolist()))
+        keep[i] = key not in seen
+        seen.add(key)
+    return keep
+
+
+def warm_up() -> str:
+    """Compile (or load from numba's cache) `last_of_each`; returns how (engine.how_loaded)."""
+    from otelgpu.attribution.engine import how_loaded
+
+    one = np.zeros(1, np.int32)
+    last_of_each(np.zeros(1, np.int64), np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1, bool),
+                 np.array([0, 1], np.int64), one, one)
+    return how_loaded(last_of_each)
 
 
 class FactSource(Protocol):

@@ -215,7 +215,7 @@ def _count_points(buf, a, b):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _hash_step(h, w):  # noqa: ANN001, ANN202
+def hash_step(h, w):  # noqa: ANN001, ANN202
     h = (h ^ w) * np.uint64(0x9E3779B97F4A7C15)
     return h ^ (h >> np.uint64(29))
 
@@ -225,7 +225,7 @@ def hash_span(buf, a, b, h):  # noqa: ANN001, ANN201
     """Mix buf[a:b] into the hash h, eight bytes at a time."""
     i = a
     while i + 8 <= b:
-        h = _hash_step(h, _fixed64(buf, i))
+        h = hash_step(h, _fixed64(buf, i))
         i += 8
     w = np.uint64(b - a)
     k = 0
@@ -233,7 +233,7 @@ def hash_span(buf, a, b, h):  # noqa: ANN001, ANN201
         w ^= np.uint64(buf[i]) << np.uint64(8 + 8 * k)  # k < 7: the length stays in the low byte
         i += 1
         k += 1
-    return _hash_step(h, w)
+    return hash_step(h, w)
 
 
 @njit(cache=True, nogil=True)

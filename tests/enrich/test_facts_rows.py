@@ -1,0 +1,159 @@
+"""kube-state-metrics rows applied once per series: an interval repeats each series once per scrape,
+and `KsmFacts.update` applies only the last of rows that differ in nothing but their timestamp.
+The facts must come out exactly as if every row had been applied one by one."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otelgpu.enrich.facts import KsmFacts, last_of_each, last_of_each_reference
+from otelgpu.receiver.decode import PointBatch
+from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.schema import Metric
+
+NS = 10**9
+
+# A small world, so rows keep meeting the same objects and fields from different series.
+_POD = st.fixed_dictionaries({"namespace": st.sampled_from(["ml", "web"]), "pod": st.sampled_from(["a", "b", "c"])})
+_ROWS = {
+    Metric.POD_INFO: st.fixed_dictionaries({"node": st.sampled_from(["n1", "n2", ""]),
+                                            "created_by_kind": st.sampled_from(["ReplicaSet", "Job"]),
+                                            "created_by_name": st.sampled_from(["r1", "j1"]),
+                                            "uid": st.sampled_from(["u1", "u2"])}),
+    Metric.POD_LABELS: st.fixed_dictionaries({"label_team": st.sampled_from(["x", "y"])}),
+    Metric.POD_ANNOTATIONS: st.fixed_dictionaries({"annotation_model": st.sampled_from(["m1", "m2"])}),
+    Metric.POD_PHASE: st.fixed_dictionaries({"phase": st.sampled_from(["Running", "Pending"])}),
+    Metric.POD_REQUESTS: st.fixed_dictionaries({"resource": st.sampled_from(["nvidia_com_gpu", "cpu"]),
+                                                "container": st.sampled_from(["main", "side"]),
+                                                "node": st.sampled_from(["n1", "n2"])}),
+}
+_OTHER = {
+    Metric.NODE_LABELS: st.fixed_dictionaries({"node": st.sampled_from(["n1", "n2"]),
+                                               "label_pool": st.sampled_from(["p1", "p2"])}),
+    Metric.NODE_CAPACITY: st.fixed_dictionaries({"node": st.sampled_from(["n1", "n2"]),
+                                                 "resource": st.sampled_from(["nvidia_com_gpu", "cpu"])}),
+    Metric.NAMESPACE_LABELS: st.fixed_dictionaries({"namespace": st.sampled_from(["ml", "web"]),
+                                                    "label_team": st.sampled_from(["x", "y"])}),
+    Metric.REPLICASET_OWNER: st.fixed_dictionaries({"namespace": st.just("ml"), "replicaset": st.just("r1"),
+                                                    "owner_kind": st.sampled_from(["Deployment", "<none>"]),
+                                                    "owner_name": st.sampled_from(["d1", "<none>"]),
+                                                    "owner_is_controller": st.sampled_from(["true", "false"])}),
+}
+
+
+@st.composite
+def _row(draw: st.DrawFn) -> tuple[int, dict[str, str], float, bool]:
+    metric = draw(st.sampled_from(sorted(_ROWS) + sorted(_OTHER)))
+    labels = draw(_ROWS[metric]) if metric in _ROWS else draw(_OTHER[metric])
+    if metric in _ROWS:
+        labels = {**draw(_POD), **labels}
+    stale = draw(st.booleans().filter(lambda b: b) if draw(st.integers(0, 7)) == 0 else st.just(False))
+    value = math.nan if stale else draw(st.sampled_from([0.0, 1.0, 2.0, 0.5]))
+    return int(metric), labels, value, stale
+
+
+@st.composite
+def _scrapes(draw: st.DrawFn) -> list[tuple[int, int, dict[str, str], float, bool]]:
+    """Scrapes repeating a state that changes a little between them, rows in time order."""
+    state = draw(st.lists(_row(), min_size=1, max_size=12))
+    rows = []
+    for k in range(draw(st.integers(1, 5))):
+        if draw(st.booleans()):
+            state = state + draw(st.lists(_row(), max_size=3))
+        if draw(st.booleans()) and len(state) > 1:
+            state = state[1:]
+        order = draw(st.permutations(range(len(state))))
+        same_time = draw(st.booleans())  # a Collector resending a scrape: the same rows, same time
+        for i in order:
+            rows.append((k * 15 * NS if not same_time else 0, *state[i]))
+    return sorted(rows, key=lambda r: r[0])
+
+
+def _batch(strings: Interner, rows: list[tuple[int, int, dict[str, str], float, bool]]) -> PointBatch:
+    keys, vals, off = [], [], [0]
+    for _, _, labels, _, _ in rows:
+        for k, v in labels.items():
+            keys.append(strings.code(k))
+            vals.append(strings.code(v))
+        off.append(len(keys))
+    n = len(rows)
+    none = np.full(n, -1, np.int32)
+    return PointBatch(np.array([r[1] for r in rows], np.int16), np.array([r[0] for r in rows], np.int64),
+                      np.array([r[3] for r in rows], np.float64), np.array([r[4] for r in rows], bool), none, none,
+                      np.array(off, np.int64), np.array(keys, np.int32), np.array(vals, np.int32))
+
+
+def _canonical(facts: KsmFacts) -> dict:
+    """The facts as comparable values, in no particular order (new objects, and the keys of a
+    node's capacity or a pod's requests, may be met in another order)."""
+    state = facts.state()
+    for _, _, pod in state["pods"]:
+        pod["requests"] = sorted(pod["requests"])
+    return {table: sorted(json.dumps(item, sort_keys=True) for item in items) for table, items in state.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scrapes())
+def test_once_per_series_is_the_same_as_row_by_row(rows):
+    strings = Interner()
+    batch = _batch(strings, rows)
+    at_once, one_by_one = KsmFacts(strings, ttl_ns=NS), KsmFacts(strings, ttl_ns=NS)
+    assert at_once.update(batch) == len(rows)
+    for i in range(len(rows)):
+        one_by_one.update(batch.select(np.array([i])))
+    assert _canonical(at_once) == _canonical(one_by_one)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scrapes(), st.randoms(use_true_random=False))
+def test_the_kernel_matches_its_reference(rows, rnd):
+    strings = Interner()
+    batch = _batch(strings, rows)
+    subset = np.array(sorted(rnd.sample(range(len(rows)), rnd.randint(0, len(rows)))), np.int64)
+    want = last_of_each_reference(subset, batch)
+    got = last_of_each(subset, batch.metric, batch.value.view(np.int64), batch.stale, batch.attr_off,
+                       batch.attr_key, batch.attr_val)
+    assert got.tolist() == want.tolist()
+
+
+def test_repeated_scrapes_apply_one_row_per_series():
+    strings = Interner()
+    one = [(0, int(Metric.POD_LABELS), {"namespace": "ml", "pod": "a", "label_team": "x"}, 1.0, False),
+           (0, int(Metric.POD_PHASE), {"namespace": "ml", "pod": "a", "phase": "Running"}, 1.0, False)]
+    rows = [(t * NS, *r[1:]) for t in range(4) for r in one]
+    rows[5] = (rows[5][0], rows[5][1], rows[5][2], 0.0, False)  # the phase series, once with another value
+    batch = _batch(strings, rows)
+    keep = last_of_each(np.arange(len(rows)), batch.metric, batch.value.view(np.int64), batch.stale,
+                        batch.attr_off, batch.attr_key, batch.attr_val)
+    assert np.flatnonzero(keep).tolist() == [5, 6, 7]  # the last of each, the odd value kept
+    facts = KsmFacts(strings, ttl_ns=NS)
+    facts.update(batch)
+    pod = facts.pods[("ml", "a")]
+    assert pod.labels == {"label_team": "x"} and pod.phase == "Running" and pod.seen_ns == 3 * NS
+
+
+def test_labels_in_another_order_are_another_row():
+    strings = Interner()
+    a = {"namespace": "ml", "pod": "a", "label_team": "x"}
+    b = {"label_team": "x", "pod": "a", "namespace": "ml"}
+    batch = _batch(strings, [(0, int(Metric.POD_LABELS), a, 1.0, False), (NS, int(Metric.POD_LABELS), b, 1.0, False)])
+    rows = np.arange(2)
+    args = (batch.metric, batch.value.view(np.int64), batch.stale, batch.attr_off, batch.attr_key, batch.attr_val)
+    assert last_of_each(rows, *args).tolist() == [True, True]  # not deduplicated: still exact
+
+
+def test_rows_out_of_time_order_are_all_applied():
+    """Late rows applied at once come in arrival order. There the last of a series is not the one
+    that counts: here the first row is the newest, and applying only the last repeat of it would
+    let the row in between win."""
+    strings = Interner()
+    x = (int(Metric.POD_LABELS), {"namespace": "ml", "pod": "a", "label_team": "x"}, 1.0, False)
+    y = (int(Metric.POD_LABELS), {"namespace": "ml", "pod": "a", "label_team": "y"}, 1.0, False)
+    facts = KsmFacts(strings, ttl_ns=NS)
+    facts.update(_batch(strings, [(3 * NS, *x), (2 * NS, *y), (NS, *x)]))
+    assert facts.pods[("ml", "a")].labels == {"label_team": "x"} and facts.pods[("ml", "a")].seen_ns == 3 * NS
