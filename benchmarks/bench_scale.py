@@ -19,6 +19,8 @@ Measured from outside the sidecar:
   OTLP receiver here. Median and worst.
 - memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
   kernel's high-water mark VmHWM (peak).
+- inside: the sidecar's own `otelgpu_work_seconds_total` per interval computed: wall seconds of
+  closing intervals, committing them (staging, checkpoint) and sending them.
 - /metrics: the wall and CPU seconds of one scrape of the Prometheus endpoint after the run, as
   the gateway serves it (not part of the CPU above); with `--metrics-cost-series` it serves every
   cost series besides the sidecar's own metrics (`exporter.prometheus.cost_series: true`).
@@ -235,6 +237,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
         "scrape": scrape,
+        "work": {name.split('"')[1]: value / max(1.0, metrics.get("otelgpu_intervals_computed_total", 0.0))
+                 for name, value in metrics.items() if name.startswith("otelgpu_work_seconds_total{")},
     }
 
 
@@ -288,6 +292,8 @@ def main() -> None:
         what = "every cost series and the self-metrics" if args.metrics_cost_series else "the self-metrics"
         print(f"  {r['gpus']:,} GPUs: one scrape of /metrics ({what}, "
               f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
+        print(f"  {r['gpus']:,} GPUs: wall seconds per interval inside the sidecar: "
+              + ", ".join(f"{step} {seconds:.2f}" for step, seconds in sorted(r["work"].items())))
         if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
             print(f"  {r['gpus']:,} GPUs: {r['retries']} requests retried (sidecar busy), {r['rejected']:.0f} points "
                   f"rejected, {r['late']:.0f} late, {r['delivered']}/{r['intervals']} intervals delivered")

@@ -280,9 +280,13 @@ class Pipeline:
             log.warning("no data for %d intervals in a row: those intervals are not computed (facts that old "
                         "would only guess their costs)", n)
         for interval in closed:
+            began = time.monotonic()
             self.committer.add(interval.end_ns, self._close(interval))
+            self.metrics.count("work_seconds", "close", time.monotonic() - began)
         if closed:
+            began = time.monotonic()
             self.committer.commit(self._checkpoint_state, self._replay_from())
+            self.metrics.count("work_seconds", "commit", time.monotonic() - began)
         return len(closed)
 
     def _close(self, interval: Interval) -> Points:

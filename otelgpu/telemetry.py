@@ -54,12 +54,15 @@ class SelfMetrics:
         self.requests_decoded_by_reference = 0  # requests the columnar decoder left to protobuf
         self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
         self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
+        # Wall seconds spent per step of an interval's way out: close (facts, join, attribution,
+        # cost series), commit (staging, checkpoint) and send:<exporter> (deliveries, retries included)
+        self.work_seconds: Counter[str] = Counter()
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + amount)
 
-    def count(self, name: str, key: object, amount: int = 1) -> None:
+    def count(self, name: str, key: object, amount: float = 1) -> None:
         with self._lock:
             getattr(self, name)[key] += amount
 
@@ -113,4 +116,5 @@ class SelfMetrics:
                 "requests_decoded_by_reference": self.requests_decoded_by_reference,
                 "interval_errors": dict(self.interval_errors),
                 "gpu_seconds_lost": self.gpu_seconds_lost,
+                "work_seconds": dict(self.work_seconds),
             }

@@ -12,7 +12,7 @@ import requests
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from support import CollectorSink, fixtures_dir, make_config, otlp_fixture
+from support import CollectorSink, eventually, fixtures_dir, make_config, otlp_fixture
 
 from otelgpu.pipeline import Pipeline
 
@@ -109,9 +109,12 @@ def test_metrics_page_and_self_counters(sidecar):
         assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in resp.partial_success.error_message
     sidecar.drain()
     sidecar.close_due(flush=True)
+    eventually(lambda: sidecar.metrics.exports["otlp"], 30)
     text = requests.get(sidecar.telemetry.url, timeout=5).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["otelgpu_points_rejected"].samples[0].value == 1
+    work = {s.labels["step"]: s.value for s in families["otelgpu_work_seconds"].samples if s.name.endswith("_total")}
+    assert set(work) == {"close", "commit", "send:otlp"} and all(v > 0 for v in work.values())
     assert any(s.labels.get("cluster") for s in families["gpu_cost_allocated"].samples)
     assert families["otelgpu_intervals_computed"].samples[0].value >= 1
     assert requests.get(sidecar.telemetry.url.replace("/metrics", "/readyz"), timeout=5).status_code == 200

@@ -222,7 +222,9 @@ class Delivery:
                 head = self._queue[0]
                 self._in_flight = True
             points = head.snapshot
+            began = time.monotonic()
             result = self.sender.send(points, head.progress)
+            self.metrics.count("work_seconds", f"send:{self.name}", time.monotonic() - began)
             if (result.ok or not result.retryable) and self._outbox is not None:
                 self._outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
             with self._cond:

@@ -86,6 +86,9 @@ _LABELLED_COUNTERS = (
      "Torn or corrupt write-ahead log records found at replay, by where (tail: the crash's last write)"),
     ("otelgpu_interval_errors_total", "interval_errors", ("scope",),
      "Intervals (whole) and nodes (node) whose computation failed and fell back (see the log)"),
+    ("otelgpu_work_seconds_total", "work_seconds", ("step",),
+     "Wall seconds spent taking intervals out, by step: close (facts, join, attribution, cost series), "
+     "commit (staging and checkpoint), send:<exporter> (delivery attempts)"),
 )
 
 
