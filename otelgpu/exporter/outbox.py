@@ -2,7 +2,8 @@
 persistent sending queue.
 
 `<end_ns, 20 digits>.snap` holds a snapshot (`snapshot.py`'s format), so the lexical order of the
-names is the interval order; `<end_ns>.progress` how much of it the receiver already accepted.
+names is the interval order; `<end_ns>.progress` how much of it the receiver already accepted;
+`attrs.log` the attribute sets the snapshots refer to, each once (`attrtable.py`).
 Every write goes to a temporary file, is fsynced, renamed into place, and the directory is fsynced,
 so a crash leaves the old file or the new one, never a mix. A file that cannot be read at start is
 renamed aside (`<name>.rejected`), logged and counted; the start goes on without it."""
@@ -13,12 +14,17 @@ import logging
 import os
 import re
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.attrtable import AttrTable
+from otelgpu.exporter.columns import Attrs, Points
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import Point
 from otelgpu.telemetry import SelfMetrics
@@ -48,6 +54,10 @@ class Outbox:
         except OSError as exc:
             raise ConfigError([f"{exporter} export queue directory {str(self.directory)!r} is not usable: "
                                f"{exc}"]) from None
+        self._table = AttrTable(self.directory / "attrs.log")
+        self._uses: dict[int, np.ndarray] = {}  # snapshot on disk -> the attribute set ids it uses
+        self._newest: np.ndarray = np.zeros(0, np.uint32)  # those of the newest one written
+        self._lock = threading.Lock()  # written from the pipeline, deleted from the sending thread
 
     def path(self, end_ns: int, suffix: str = ".snap") -> Path:
         return self.directory / f"{end_ns:020d}{suffix}"
@@ -56,7 +66,24 @@ class Outbox:
         """Persist a snapshot (replacing one of the same end); raises OSError when it cannot.
         `absorbed`: the ends of snapshots merged into it, whose files are deleted after this write;
         should the process die in between, recover() deletes them instead of sending them again."""
-        self._write(self.path(end_ns), encode(points, end_ns, absorbed))
+        p = Points.of(points)
+        used = np.unique(p.aset)
+        with self._lock:
+            ids = self._table.ids([p.attrs[i] for i in used.tolist()])  # in the log before the file
+            set_ids = np.zeros(len(p.attrs), np.uint32)
+            set_ids[used] = ids
+            self._write(self.path(end_ns), encode(p, end_ns, absorbed, set_ids))
+            self._uses[end_ns] = self._newest = ids
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rewrite the attribute log with only what the snapshots on disk and the next ones use;
+        a failure is logged and counted (the log only stays larger)."""
+        try:
+            if self._table.compact(np.concatenate([self._newest, *self._uses.values()]).tolist()):
+                self._sync_directory()
+        except OSError as exc:
+            self._error("write", f"attribute log {self._table.path} not compacted: {exc}")
 
     def save_progress(self, end_ns: int, done: int) -> None:
         body = _PROGRESS_MAGIC + struct.pack("<Q", done)
@@ -71,6 +98,8 @@ class Outbox:
             for suffix in (".snap", ".progress"):
                 self.path(end_ns, suffix).unlink(missing_ok=True)
             self._sync_directory()
+            with self._lock:
+                self._uses.pop(end_ns, None)
         except OSError as exc:
             self._error("delete", f"could not delete {self.path(end_ns)}: {exc}")
 
@@ -81,9 +110,13 @@ class Outbox:
         uncommitted = 0
         try:
             entries = sorted(os.listdir(self.directory))
+            sets, cut = self._table.load()
         except OSError as exc:
             self._error("read", f"{self.directory} is unreadable, nothing recovered: {exc}")
             return found, uncommitted
+        if cut:
+            self._error("attribute_log_cut", f"attribute log {self._table.path}: {cut} bytes after its last "
+                        "whole record removed (a write cut short)")
         for entry in entries:
             match = _SNAP.match(entry)
             if entry.endswith(".tmp"):  # a write cut short: the file it was to replace is intact
@@ -92,7 +125,7 @@ class Outbox:
                 self.delete(int(match[1]))
                 uncommitted += 1
             elif match:
-                recovered = self._read(int(match[1]))
+                recovered = self._read(int(match[1]), sets)
                 if recovered is not None:
                     found.append(recovered)
         for entry in entries:  # progress whose snapshot is gone
@@ -106,17 +139,20 @@ class Outbox:
                 self.delete(r.end_ns)
         return [r for r in found if r.end_ns not in merged], uncommitted
 
-    def _read(self, end_ns: int) -> Recovered | None:
+    def _read(self, end_ns: int, sets: dict[int, Attrs]) -> Recovered | None:
         path = self.path(end_ns)
         try:
-            snapshot = decode(path.read_bytes())
+            snapshot = decode(path.read_bytes(), sets)
             if snapshot.end_ns != end_ns:
                 raise SnapshotFormatError("corrupt", f"holds the snapshot ending {snapshot.end_ns}, not {end_ns}")
         except (OSError, ValueError) as exc:  # SnapshotFormatError, or anything else unreadable
             reason = exc.reason if isinstance(exc, SnapshotFormatError) else "corrupt"
             self._reject(end_ns, reason, str(exc))
             return None
-        return Recovered(end_ns, snapshot.points, self._read_progress(end_ns), snapshot.absorbed)
+        points = snapshot.points
+        with self._lock:  # a file of format 1 holds its sets itself: none of them is in the log
+            self._uses[end_ns] = self._table.known(points.attrs[i] for i in np.unique(points.aset).tolist())
+        return Recovered(end_ns, points, self._read_progress(end_ns), snapshot.absorbed)
 
     def _read_progress(self, end_ns: int) -> int:
         path = self.path(end_ns, ".progress")

@@ -77,7 +77,7 @@ _LABELLED_COUNTERS = (
      "Snapshots not delivered by the shutdown deadline, left on disk for the next start"),
     ("otelgpu_export_outbox_errors_total", "export_outbox_errors", ("exporter", "reason"),
      "Persisted export queue problems, by exporter and reason (corrupt, incompatible: a snapshot file "
-     "set aside at start; corrupt_progress; write; delete; read)"),
+     "set aside at start; corrupt_progress; attribute_log_cut; write; delete; read)"),
     ("otelgpu_checkpoint_errors_total", "checkpoint_errors", ("reason",),
      "Checkpoints that could not be written or read, by reason"),
     ("otelgpu_wal_errors_total", "wal_errors", ("error",),

@@ -3,18 +3,19 @@ compact binary file for the persisted queue. `merge` here works on points groupe
 readable reference of `columns.merge`, which the queues use.
 
 The file: a fixed header (magic, format version, table length, point count), a JSON table with the
-snapshot's end time, the ends of the snapshots merged into it, its metric keys and each distinct
-attribute set once, then six little-endian
-columns (metric index, attribute-set index, start_ns, time_ns, value, ended) and a CRC32 of
-everything before it. Values keep their exact bits (NaN of an ended point included), points their
-order, so a decoded snapshot is the one that was written."""
+snapshot's end time, the ends of the snapshots merged into it and its metric keys, then six
+little-endian columns (metric index, attribute set, start_ns, time_ns, value, ended) and a CRC32 of
+everything before it. Format 2 gives each point's attribute set as an id in the queue's attribute
+log (`attrtable.py`), where each set is written once; format 1, still read, lists the snapshot's
+distinct sets in the table and indexes them. Values keep their exact bits (NaN of an ended point
+included), points their order, so a decoded snapshot is the one that was written."""
 
 from __future__ import annotations
 
 import json
 import struct
 import zlib
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -24,7 +25,7 @@ Key = tuple[str, Attrs]
 Snapshot = dict[Key, list[Point]]  # points of each series, in time order
 
 MAGIC = b"OGPUSNAP"
-VERSION = 1
+VERSION = 2  # written; 1 is read too
 _HEADER = struct.Struct("<8sHHIQ")  # magic, version, reserved, table bytes, points
 _CRC = struct.Struct("<I")
 _COLUMNS = (np.dtype("<u2"), np.dtype("<u4"), np.dtype("<i8"), np.dtype("<i8"), np.dtype("<f8"), np.dtype("u1"))
@@ -68,50 +69,68 @@ class SnapshotFile(NamedTuple):
     absorbed: tuple[int, ...]  # ends of the snapshots merged into this one: their files are redundant
 
 
-def encode(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = ()) -> bytes:
+def encode(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = (),
+           set_ids: Optional[np.ndarray] = None) -> bytes:
+    """Format 2 with `set_ids` (per entry of the points' attribute table, its id in the queue's
+    attribute log), else format 1, which carries the sets itself."""
     p = Points.of(points)
-    used = np.zeros(len(p.attrs), dtype=bool)  # each attribute set the points use, once
-    used[p.aset] = True
-    sets = np.flatnonzero(used)
-    local = np.zeros(len(p.attrs), np.uint32)
-    local[sets] = np.arange(len(sets), dtype=np.uint32)
-    table = json.dumps({"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(p.metrics),
-                        "attrs": [p.attrs[i] for i in sets.tolist()]}, separators=(",", ":")).encode()
-    columns = (p.metric, local[p.aset], p.start_ns, p.time_ns, p.value, p.ended)
-    body = b"".join([_HEADER.pack(MAGIC, VERSION, 0, len(table), len(p)), table,
+    head = {"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(p.metrics)}
+    if set_ids is not None:
+        version, aset = 2, np.asarray(set_ids, np.uint32)[p.aset]
+    else:
+        used = np.zeros(len(p.attrs), dtype=bool)  # each attribute set the points use, once
+        used[p.aset] = True
+        sets = np.flatnonzero(used)
+        local = np.zeros(len(p.attrs), np.uint32)
+        local[sets] = np.arange(len(sets), dtype=np.uint32)
+        version, aset = 1, local[p.aset]
+        head["attrs"] = [p.attrs[i] for i in sets.tolist()]
+    table = json.dumps(head, separators=(",", ":")).encode()
+    columns = (p.metric, aset, p.start_ns, p.time_ns, p.value, p.ended)
+    body = b"".join([_HEADER.pack(MAGIC, version, 0, len(table), len(p)), table,
                      *(np.ascontiguousarray(c, dtype=d).tobytes() for c, d in zip(columns, _COLUMNS))])
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def decode(data: bytes) -> SnapshotFile:
-    """The snapshot in a file's bytes; SnapshotFormatError saying why they are unusable."""
+def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotFile:
+    """The snapshot in a file's bytes, a format 2 one with its queue's attribute `sets` by id;
+    SnapshotFormatError saying why they are unusable."""
     if len(data) < _HEADER.size + _CRC.size or data[:len(MAGIC)] != MAGIC:
         raise SnapshotFormatError("corrupt", "not an otelgpu snapshot (bad header)")
     _, version, _, table_len, n = _HEADER.unpack_from(data)
-    if version != VERSION:
+    if version not in (1, 2):
         raise SnapshotFormatError("incompatible",
-                                  f"format v{version} is not readable by this otelgpu (reads v{VERSION})")
+                                  f"format v{version} is not readable by this otelgpu (reads v1 and v2)")
     if _CRC.unpack_from(data, len(data) - _CRC.size)[0] != zlib.crc32(memoryview(data)[:-_CRC.size]):
         raise SnapshotFormatError("corrupt", "checksum mismatch: the file is truncated or altered")
     at = _HEADER.size + table_len
     if at + n * _POINT_BYTES + _CRC.size != len(data):
         raise SnapshotFormatError("corrupt", f"length {len(data)} does not match {n} points")
-    end_ns, absorbed, metrics, attrs = _table(data[_HEADER.size:at])
+    end_ns, absorbed, metrics, attrs = _table(data[_HEADER.size:at], version == 1)
     columns = []
     for dtype in _COLUMNS:
-        columns.append(np.frombuffer(data, dtype=dtype, count=n, offset=at))
+        columns.append(np.frombuffer(data, dtype=dtype, count=n, offset=at).copy())
         at += n * dtype.itemsize
+    if version == 2:
+        ids, columns[1] = np.unique(columns[1], return_inverse=True)
+        columns[1] = columns[1].reshape(-1)
+        known = sets or {}
+        missing = [i for i in ids.tolist() if i not in known]
+        if missing:
+            raise SnapshotFormatError("corrupt", f"refers to {len(missing)} attribute set(s) not in the queue's "
+                                                 f"attribute log (id {missing[0]})")
+        attrs = [known[i] for i in ids.tolist()]
     if n and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
         raise SnapshotFormatError("corrupt", "a point refers to a metric or attribute set not in the table")
-    return SnapshotFile(end_ns, Points(metrics, attrs, *(c.copy() for c in columns)), absorbed)
+    return SnapshotFile(end_ns, Points(metrics, attrs, *columns), absorbed)
 
 
-def _table(raw: bytes) -> tuple[int, tuple[int, ...], list[str], list[Attrs]]:
+def _table(raw: bytes, with_attrs: bool) -> tuple[int, tuple[int, ...], list[str], list[Attrs]]:
     try:
         table: Any = json.loads(raw)
         end_ns, absorbed = int(table["end_ns"]), tuple(int(e) for e in table["absorbed"])
         metrics = [str(m) for m in table["metrics"]]
-        attrs = [tuple((k, v) for k, v in a) for a in table["attrs"]]
+        attrs = [tuple((k, v) for k, v in a) for a in table["attrs"]] if with_attrs else []
     except (ValueError, TypeError, KeyError) as exc:
         raise SnapshotFormatError("corrupt", f"bad table: {exc!r}") from None
     if not all(isinstance(k, str) and isinstance(v, str) for a in attrs for k, v in a):

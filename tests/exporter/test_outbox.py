@@ -17,6 +17,7 @@ from support import eventually
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
+from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
@@ -47,6 +48,11 @@ def _crash(delivery: Delivery) -> None:
 
 def _snaps(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.snap"))
+
+
+def _left(directory: Path) -> list[str]:
+    """What the queue's directory holds besides its attribute log."""
+    return sorted(p.name for p in directory.iterdir() if p.name != "attrs.log")
 
 
 # -- the file format -----------------------------------------------------------------------------
@@ -97,7 +103,8 @@ def test_staged_snapshots_are_on_disk_and_sent_only_once_released(otlp_sink, sto
     assert received_rows(otlp_sink, store.specs) == [as_sent(snaps[0], store.specs)]
     assert _snaps(tmp_path) == [f"{ends[1]:020d}.snap"]  # the delivered one's file is gone
     delivery.release(ends[1])
-    assert delivery.wait_idle(10) and _snaps(tmp_path) == [] and not list(tmp_path.iterdir())
+    assert delivery.wait_idle(10) and _snaps(tmp_path) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["attrs.log"]  # the sets, for the next snapshots
     assert delivery.close() == 0
 
 
@@ -125,7 +132,7 @@ def test_released_snapshots_survive_a_crash_and_unreleased_ones_are_deleted(otlp
     # Same timestamps, start times and values, and short-job's last value with its end marker.
     assert received_rows(otlp_sink, store.specs) == [as_sent(s, store.specs) for s in snaps[:2]]
     assert ("allocated", GONE, T0 - MIN, ends[1], None) in received_rows(otlp_sink, store.specs)[1]
-    assert not list(tmp_path.iterdir())
+    assert not _left(tmp_path)
     assert new.close() == 0 and not metrics.export_snapshots_dropped
 
 
@@ -161,7 +168,7 @@ def test_merging_on_overflow_bounds_the_files_and_keeps_every_total(store, inter
                 else:
                     latest[pod] = value
     assert latest == {"train-0": 12.0, "short-job": 2.0} and ended == {"short-job"}
-    assert not metrics.export_snapshots_dropped and not list(tmp_path.iterdir())
+    assert not metrics.export_snapshots_dropped and not _left(tmp_path)
 
 
 def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, store, intervals,
@@ -179,7 +186,7 @@ def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, 
     assert metrics.export_snapshots_merged["otlp"] == 1
     assert _snaps(tmp_path) == [f"{e:020d}.snap" for e in ends[1:]]
     _crash(old)
-    merged = decode((tmp_path / f"{ends[1]:020d}.snap").read_bytes())
+    merged = decode((tmp_path / f"{ends[1]:020d}.snap").read_bytes(), AttrTable(tmp_path / "attrs.log").load()[0])
     assert merged.absorbed == (ends[0],)
     Outbox(tmp_path, "otlp", SelfMetrics()).write(ends[0], snaps[0])  # as if its delete never happened
 
@@ -188,7 +195,7 @@ def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, 
     assert new.wait_idle(10) and new.close() == 0
     assert received_rows(otlp_sink, store.specs) == [as_sent(merged.points, store.specs),
                                                      as_sent(snaps[2], store.specs)]
-    assert not list(tmp_path.iterdir())
+    assert not _left(tmp_path)
 
 
 def test_a_corrupt_file_is_set_aside_and_counted_the_others_delivered(otlp_sink, store, intervals,
@@ -212,7 +219,7 @@ def test_a_corrupt_file_is_set_aside_and_counted_the_others_delivered(otlp_sink,
     new = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
     assert new.recover(intervals.T0 + 3 * intervals.MIN) == 2
     assert metrics.export_outbox_errors == {("otlp", "corrupt"): 2, ("otlp", "corrupt_progress"): 1}
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".rejected")) == \
+    assert [name for name in _left(tmp_path) if not name.endswith(".rejected")] == \
         [_snaps(tmp_path)[0], last.with_suffix(".progress").name, last.name]
     assert sorted(p.name for p in tmp_path.glob("*.rejected")) == [f"{1:020d}.snap.rejected",
                                                                    middle.name + ".rejected"]

@@ -1,0 +1,138 @@
+"""The attribute sets an exporter's persisted queue refers to, each written once.
+
+A snapshot file holds, per point, the id of its attribute set; the sets live in `attrs.log` beside
+the snapshots. A set is appended the first time a snapshot uses it, and the appends are fsynced
+before that snapshot is written, so a snapshot on disk never refers to a set that is not. The
+series of a cluster change little from one interval to the next: a snapshot adds the sets of new
+pods only, where writing every set into every snapshot would rewrite tens of MiB a minute.
+
+A record: id, payload length and the CRC32 of both and the payload (little-endian u32 each), then
+the set as JSON pairs. At start the log is read up to its first damaged record and cut there: a
+crash tore that append, and no snapshot refers to what it held (a snapshot referring to a set the
+log lost is refused as corrupt, counted and set aside). Once the log holds more than twice the sets
+the snapshots on disk use (and a floor), it is rewritten with only those: a new file, fsynced and
+renamed over the old one, so a crash leaves one or the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from otelgpu.exporter.columns import Attrs
+
+_RECORD = struct.Struct("<III")  # id, payload bytes, CRC32 of id, length and payload
+COMPACT_FROM = 4096  # sets: below this a log is never rewritten
+
+
+def _record(i: int, attrs: Attrs) -> bytes:
+    payload = json.dumps(attrs, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    head = struct.pack("<II", i, len(payload))
+    return _RECORD.pack(i, len(payload), zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
+    """The sets of a log's bytes and the length of its undamaged part."""
+    sets: dict[int, Attrs] = {}
+    at = 0
+    while at + _RECORD.size <= len(data):
+        i, n, crc = _RECORD.unpack_from(data, at)
+        payload = data[at + _RECORD.size:at + _RECORD.size + n]
+        if len(payload) != n or crc != zlib.crc32(payload, zlib.crc32(struct.pack("<II", i, n))):
+            break
+        try:
+            pairs = json.loads(payload.decode("utf-8", "surrogatepass"))
+            attrs = tuple((k, v) for k, v in pairs)
+        except (ValueError, TypeError):
+            break
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in attrs):
+            break
+        sets[i] = attrs
+        at += _RECORD.size + n
+    return sets, at
+
+
+class AttrTable:
+    """Not thread-safe: the outbox serialises its calls."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ids: dict[Attrs, int] = {}
+        self._next = 0
+        self._size = 0  # bytes of the log known good: appends go after them
+        self._loaded = False
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def load(self) -> tuple[dict[int, Attrs], int]:
+        """Read the log (at start; `ids` does if nothing did): its sets by id, and how many damaged bytes
+        were cut from its end. Raises OSError when it cannot be read or cut."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        sets, good = _parse(data)
+        if good < len(data):
+            os.truncate(self.path, good)
+        self._ids = {attrs: i for i, attrs in sets.items()}
+        self._next = max(sets, default=-1) + 1
+        self._size = good
+        self._loaded = True
+        return sets, len(data) - good
+
+    def ids(self, sets: Sequence[Attrs]) -> np.ndarray:
+        """Each set's id, the new ones appended and fsynced first. Raises OSError when the log
+        cannot be written; the sets stay unknown then, and the next call writes them again."""
+        if not self._loaded:
+            self.load()  # ids go on after those of an earlier run's log
+        out = np.empty(len(sets), np.uint32)
+        new: dict[Attrs, int] = {}
+        known = self._ids.get
+        for k, attrs in enumerate(sets):
+            i = known(attrs)
+            if i is None:
+                i = new.get(attrs)
+                if i is None:
+                    i = new[attrs] = self._next + len(new)
+            out[k] = i
+        if new:
+            data = b"".join(_record(i, attrs) for attrs, i in new.items())
+            with open(self.path, "ab") as f:
+                if f.tell() != self._size:
+                    f.truncate(self._size)  # the rest of an append that failed half way
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            self._size += len(data)
+            self._next += len(new)
+            self._ids.update(new)
+        return out
+
+    def known(self, sets: Iterable[Attrs]) -> np.ndarray:
+        """The ids of those of these sets the log holds (the others are left out)."""
+        ids = [self._ids.get(attrs) for attrs in sets]
+        return np.array([i for i in ids if i is not None], np.uint32)
+
+    def compact(self, used: Iterable[int]) -> bool:
+        """Rewrite the log with only the sets of these ids, when it holds more than twice as many
+        (and more than COMPACT_FROM). Returns whether it did. Raises OSError; the log is unchanged then."""
+        keep = set(used)
+        if len(self._ids) <= max(COMPACT_FROM, 2 * len(keep)):
+            return False
+        kept = {attrs: i for attrs, i in self._ids.items() if i in keep}
+        data = b"".join(_record(i, attrs) for attrs, i in kept.items())
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._ids, self._size = kept, len(data)
+        return True
