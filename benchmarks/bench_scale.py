@@ -16,7 +16,9 @@ Measured from outside the sidecar:
   CPU milliseconds per GPU per hour of data, as a ratio to the smallest size (flat = 1.0).
 - close to exported: for each interval, from the moment the scrape that closes it (its end plus
   the lateness) was accepted to the moment the last point stamped with its end reached the
-  OTLP receiver here. Median and worst.
+  OTLP receiver here (which answers at once and reads the points on another thread). Median and
+  worst over the second half of the run's intervals, as for the steady memory: the first ones
+  create every series (and the first cAdvisor rates add more), which later ones only update.
 - memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
   kernel's high-water mark VmHWM (peak).
 - inside: the sidecar's own `otelgpu_work_seconds_total` per interval computed: wall seconds of
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import statistics
 import struct
@@ -98,12 +101,17 @@ class Scrapes:
 
 
 class Receiver:
-    """The Collector's otlp/cost receiver: for every interval end, when its last point arrived."""
+    """The Collector's otlp/cost receiver: for every interval end, when its last point arrived. It
+    answers at once, as the Collector's receiver does once a request is in its queue; the points
+    are read on another thread, so the sidecar's send never waits on this process's Python."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.last_arrival: dict[int, float] = {}
         self.points = 0
+        self._pending = 0  # requests received, not read yet
+        self._arrived: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+        threading.Thread(target=self._read, daemon=True).start()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
                                   options=[("grpc.max_receive_message_length", 256 << 20)])
         handler = grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None,
@@ -113,20 +121,35 @@ class Receiver:
         self.server.start()
 
     def _export(self, raw: bytes, context) -> bytes:  # noqa: ANN001
-        arrived = time.monotonic()
-        req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(raw)
-        ends, n = set(), 0
-        for rm in req.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    points = m.sum.data_points if m.HasField("sum") else m.gauge.data_points
-                    n += len(points)
-                    ends.update(p.time_unix_nano for p in points)
         with self.lock:
-            self.points += n
-            for end in ends:
-                self.last_arrival[end] = arrived
+            self._pending += 1
+        self._arrived.put((time.monotonic(), raw))
         return bf.EMPTY
+
+    def drain(self) -> None:
+        """Wait until every request received so far is read."""
+        while True:
+            with self.lock:
+                if not self._pending:
+                    return
+            time.sleep(0.05)
+
+    def _read(self) -> None:
+        while True:
+            arrived, raw = self._arrived.get()
+            req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(raw)
+            ends, n = set(), 0
+            for rm in req.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        points = m.sum.data_points if m.HasField("sum") else m.gauge.data_points
+                        n += len(points)
+                        ends.update(p.time_unix_nano for p in points)
+            with self.lock:
+                self._pending -= 1
+                self.points += n
+                for end in ends:
+                    self.last_arrival[end] = max(arrived, self.last_arrival.get(end, 0.0))
 
 
 def start(config: Path, env: dict[str, str], metrics_port: int) -> tuple[subprocess.Popen, float]:
@@ -206,6 +229,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 while end not in sink.last_arrival and time.monotonic() < deadline:
                     time.sleep(0.05)
             time.sleep(1.0)  # let the last requests of the newest interval land
+            sink.drain()
         cpu = bf.cpu_seconds(child.pid) - cpu0
         status = bf.proc_status(child.pid)
         latency = []
@@ -281,7 +305,7 @@ def main() -> None:
             "ms/GPU-h", "flat", "close->exp p50", "max", "RSS ready", "steady", "peak")
     print(" | ".join(head))
     for r in rows:
-        lat = r["latency"] or [float("nan")]
+        lat = r["latency"][len(r["latency"]) // 2:] or [float("nan")]
         per_interval = r["cost_points"] / max(1, r["delivered"])
         print(" | ".join([f"{r['gpus']:,}", f"{r['nodes']:,}", f"{r['units']:,}", f"{r['points_per_scrape']:,}",
                           f"{per_interval:,.0f}", f"{r['cpu_per_interval']:.2f}", f"{r['cores']:.3f}",

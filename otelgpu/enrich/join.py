@@ -204,8 +204,10 @@ class Joiner:
         # Where dcgm-exporter maps devices to pods on a node, it is the authority there: a pod it
         # does not show holds nothing (it ended, or has not started). Claims fill in only on nodes
         # whose exporter maps no pods at all (pod mapping off or broken).
-        mapped = {st(int(E.node[int(e)])) for e in H.entity[H.holder_pod >= 0]}
-        shown = {(st(int(n)), st(int(p))) for n, p in zip(H.holder_ns, H.holder_pod) if p >= 0}
+        held = H.holder_pod >= 0
+        mapped = {st(c) for c in np.unique(E.node[H.entity[held]]).tolist()}
+        pairs = np.unique(np.stack([H.holder_ns[held], H.holder_pod[held]], axis=1).reshape(-1, 2), axis=0)
+        shown = {(st(n), st(p)) for n, p in pairs.tolist()}
         claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, resource) -> pods, one per unit
         dark_claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # the same for time DCGM went dark
         for node, key, resource, qty in self._gpu_requests():
