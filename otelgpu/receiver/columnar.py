@@ -86,9 +86,11 @@ _NAME_BLOB, _NAME_OFF, _NAME_CODE = _names()
 
 
 def _grown(a: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
+    """`a` with room for `need` entries: half as large again, so at most a third of a table that
+    grew is room (the label-set arena of a 10,000-GPU cluster is tens of MiB)."""
     if need <= len(a):
         return a
-    out = np.full(max(need, 2 * len(a)), fill, a.dtype)
+    out = np.full(max(need, len(a) + len(a) // 2), fill, a.dtype)
     out[:len(a)] = a
     return out
 
