@@ -150,17 +150,16 @@ class Joiner:
         return joined
 
     def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Each unit's share of its GPU: 1 for a whole GPU, its MIG profile's fraction (a function
+        of the GPU model and the profile: worked out once per pair) for a MIG instance."""
         st = self.s.string
         f = np.ones(len(E.node))
-        kind = []
-        for e in range(len(E.node)):
-            if E.gi[e] >= 0:
-                f[e], _ = self.mig.fraction(st(int(E.model[e])), st(int(E.profile[e])), self.rule)
-                kind.append("mig")
-            else:
-                kind.append("gpu")
-        mig = np.array([k == "mig" for k in kind], dtype=bool)
-        f[mig] = normalise_per_gpu(gpu_of_ent[mig], f[mig])
+        mig = np.asarray(E.gi) >= 0
+        pairs, pair_of = np.unique(np.stack([E.model[mig], E.profile[mig]], axis=1).reshape(-1, 2), axis=0,
+                                   return_inverse=True)
+        by_pair = np.array([self.mig.fraction(st(m), st(p), self.rule)[0] for m, p in pairs.tolist()], np.float64)
+        f[mig] = normalise_per_gpu(gpu_of_ent[mig], by_pair[pair_of.reshape(-1)])
+        kind = np.where(mig, "mig", "gpu").tolist()
         return f, kind
 
     def _holder_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, nodes, dt) -> list[_Row]:
