@@ -101,7 +101,7 @@ class CostStore:
 
     def _reset(self) -> None:
         self._sets = _AttrSets()
-        self._rows: dict[tuple[str, Attrs], int] = {}  # live sum -> its row
+        self._rows: dict[str, dict[Attrs, int]] = {m: {} for m in self.metric_keys}  # live sum -> its row
         self._free: list[int] = []
         cap = 1024
         self._metric = np.zeros(cap, np.uint16)
@@ -128,10 +128,10 @@ class CostStore:
                              "timestamps of a series must strictly increase")
         with self._lock:
             rows, incs = [], []
-            get = self._rows.get
             for metric, series in sums.items():
+                get = self._rows[metric].get
                 for attrs, inc in series.items():
-                    row = get((metric, attrs))
+                    row = get(attrs)
                     if row is None:
                         row = self._add(metric, attrs, start_ns, 0.0, 0)
                     rows.append(row)
@@ -160,7 +160,7 @@ class CostStore:
         if not self._free:
             self._grow()
         row = self._free.pop()
-        self._rows[(metric, attrs)] = row
+        self._rows[metric][attrs] = row
         self._metric[row] = self._code[metric]
         self._aset[row] = self._sets.add(attrs)
         self._start[row], self._value[row], self._quiet[row] = start_ns, value, quiet
@@ -182,7 +182,7 @@ class CostStore:
         for metric, aset, value in zip(self._metric[rows].tolist(), self._aset[rows].tolist(),
                                        self._value[rows].tolist()):
             key = (self.metric_keys[metric], self._sets.attrs[aset])
-            del self._rows[key]
+            del self._rows[key[0]][key[1]]
             self._sets.release(aset)
             if self.keep_ended:
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
@@ -241,7 +241,7 @@ class CostStore:
 
     def active_series(self) -> int:
         with self._lock:
-            return len(self._rows) + len(self._gauges)
+            return sum(map(len, self._rows.values())) + len(self._gauges)
 
     # Checkpoint state: the sums and the last interval end, all a restart needs to continue them.
 
@@ -304,7 +304,7 @@ class _AttrSets:
 
     def __init__(self) -> None:
         self.attrs: list[Attrs] = []
-        self._codes: list[np.ndarray] = []
+        self._codes: list[bytes] = []  # each set's string ids, uint32 (bytes: a fraction of an array's overhead)
         self._index: dict[Attrs, int] = {}
         self._users: list[int] = []
         self._free: list[int] = []
@@ -313,7 +313,7 @@ class _AttrSets:
     def add(self, attrs: Attrs) -> int:
         i = self._index.get(attrs)
         if i is None:
-            codes = np.array([self._strings.add(x) for pair in attrs for x in pair], np.uint32)
+            codes = np.array([self._strings.add(x) for pair in attrs for x in pair], np.uint32).tobytes()
             if self._free:
                 i = self._free.pop()
                 self.attrs[i], self._codes[i] = attrs, codes
@@ -331,7 +331,7 @@ class _AttrSets:
         self._users[i] -= 1
         if not self._users[i]:
             del self._index[self.attrs[i]]
-            for code in self._codes[i].tolist():
+            for code in np.frombuffer(self._codes[i], np.uint32).tolist():
                 self._strings.release(code)
             self._free.append(i)
 
@@ -339,8 +339,8 @@ class _AttrSets:
         """These sets as arrays: their string ids, where each set ends, the strings' UTF-8 bytes
         and where each string ends (ids of released strings are empty strings)."""
         codes = [self._codes[i] for i in sets]
-        pairs = np.concatenate(codes) if codes else np.zeros(0, np.uint32)
-        set_ends = np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)))
+        pairs = np.frombuffer(b"".join(codes), np.uint32)
+        set_ends = np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 4)
         strings, string_ends = self._strings.encoded()
         return pairs, set_ends, strings, string_ends
 
