@@ -105,9 +105,9 @@ class Pipeline:
         if log_from is not None:
             self._replay(*log_from)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(CostCollector(self.store, self.metrics, config.cluster.name,
-                                             config.exporter.prometheus.cost_series))
-        self.telemetry = (TelemetryServer(config.exporter.prometheus, self.registry, lambda: self.ready)
+        collector = CostCollector(self.store, self.metrics, config.cluster.name, config.exporter.prometheus.cost_series)
+        self.registry.register(collector)
+        self.telemetry = (TelemetryServer(config.exporter.prometheus, collector.exposition, lambda: self.ready)
                           if config.exporter.prometheus.enabled else None)
         r = config.receiver
         self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics) if serve_receivers else None

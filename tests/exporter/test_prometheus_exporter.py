@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from otelgpu.config import PrometheusConfig
-from otelgpu.exporter.prometheus import TelemetryServer, cost_registry, label_name
-from otelgpu.exporter.store import CostStore
+from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, cost_registry, label_name
+from otelgpu.exporter.store import CostStore, attrs_of
 from otelgpu.telemetry import SelfMetrics
 
 
@@ -119,3 +121,30 @@ def test_display_url_for_wildcard_bind() -> None:
     registry = cost_registry(CostStore(), SelfMetrics(), "c")
     server = TelemetryServer(PrometheusConfig(endpoint="0.0.0.0:9464"), registry, lambda: True)
     assert server.url == "http://127.0.0.1:9464/metrics"
+
+
+_VALUES = st.text(st.characters(codec="utf-8"), max_size=6) | st.sampled_from(['a"b', "a\\b", "a\nb", "é", ""])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["allocated", "idle", "held"]),
+                          st.dictionaries(st.sampled_from(["team", "k8s.pod-name", "9lives", "k8s_pod_name", "cluster",
+                                                           "node"]), _VALUES, max_size=4),
+                          st.floats(min_value=0, max_value=1e12) | st.sampled_from([1e-7, 123456789.0, 5e21])),
+                max_size=12),
+       st.dictionaries(_VALUES, st.floats(min_value=0, max_value=1), max_size=3), st.booleans())
+def test_the_fast_text_is_prometheus_client_s_text(sums, gauges, cost_series) -> None:
+    """`exposition()` writes what `generate_latest` writes for the same collector, byte for byte:
+    label names translated and colliding, values quoted and escaped, numbers as Go prints them,
+    families in spec order, one with no series included."""
+    store = CostStore()
+    by_metric: dict = {}
+    for metric, labels, value in sums:
+        by_metric.setdefault(metric, {})[attrs_of(labels)] = value
+    store.record(0, 60 * 10**9, by_metric, {"activity": {attrs_of({"pod": p}): v for p, v in gauges.items()}})
+    metrics = SelfMetrics()
+    metrics.count("points_rejected", 'odd "reason"\n', 3)
+    collector = CostCollector(store, metrics, "prod-\"eu\"", cost_series)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    assert collector.exposition() == generate_latest(registry)
