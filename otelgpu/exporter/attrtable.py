@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -48,10 +49,10 @@ def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
             break
         try:
             pairs = json.loads(payload.decode("utf-8", "surrogatepass"))
-            attrs = tuple((k, v) for k, v in pairs)
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+                break
+            attrs = tuple((sys.intern(k), sys.intern(v)) for k, v in pairs)  # a key repeats in every set
         except (ValueError, TypeError):
-            break
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in attrs):
             break
         sets[i] = attrs
         at += _RECORD.size + n
@@ -67,6 +68,7 @@ class AttrTable:
         self._next = 0
         self._size = 0  # bytes of the log known good: appends go after them
         self._loaded = False
+        self._adopt = False  # the next `ids` keys the sets it meets by the caller's tuples
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -84,7 +86,7 @@ class AttrTable:
         self._ids = {attrs: i for i, attrs in sets.items()}
         self._next = max(sets, default=-1) + 1
         self._size = good
-        self._loaded = True
+        self._loaded = self._adopt = True
         return sets, len(data) - good
 
     def ids(self, sets: Sequence[Attrs]) -> np.ndarray:
@@ -94,6 +96,12 @@ class AttrTable:
             self.load()  # ids go on after those of an earlier run's log
         out = np.empty(len(sets), np.uint32)
         new: dict[Attrs, int] = {}
+        if self._adopt:  # the tuples read from the log, replaced by the live ones equal to them
+            self._adopt = False
+            for attrs in sets:
+                i = self._ids.pop(attrs, None)
+                if i is not None:
+                    self._ids[attrs] = i
         known = self._ids.get
         for k, attrs in enumerate(sets):
             i = known(attrs)
