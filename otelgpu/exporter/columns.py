@@ -116,6 +116,33 @@ class Points(Sequence[Point]):
                                                                                  "ended")))
 
 
+    @staticmethod
+    def stack(parts: Sequence[Points]) -> Points:
+        """The points of all parts in order, their attribute tables laid end to end (a table
+        several parts share, once) without looking for sets equal across tables: no set is
+        hashed. The same points as `concat`; a set may then sit at two indices, so it is for
+        parts whose series cannot meet (the store's sums and its gauges: other metrics), and
+        `concat` (which `merge` uses) for snapshots whose series can."""
+        parts = [p for p in parts if len(p)]
+        if len(parts) <= 1:
+            return parts[0] if parts else Points.empty()
+        metrics: dict[str, int] = {}
+        tables: dict[int, int] = {}  # id of a part's table -> where it starts in the joined one
+        attrs: list[Attrs] = []
+        m_cols, a_cols = [], []
+        for p in parts:
+            m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
+            base = tables.get(id(p.attrs))
+            if base is None:
+                base = tables[id(p.attrs)] = len(attrs)
+                attrs.extend(p.attrs)
+            m_cols.append(m_map[p.metric])
+            a_cols.append(p.aset.astype(np.int64) + base)
+        return Points(list(metrics), attrs, np.concatenate(m_cols), np.concatenate(a_cols),
+                      *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value",
+                                                                                 "ended")))
+
+
 def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:
     """`snapshot.merge` on columns: the two snapshots as one, each series' points in order and the
     series in order of first appearance. Of a series the newer snapshot has, a cumulative value

@@ -153,8 +153,8 @@ class CostStore:
             gone_gauges = [k for k in old_gauges if k not in self._gauges]
             self.last_time_ns = end_ns
             self.series_ended += len(gone) + len(gone_gauges)
-            return Points.concat([self._columns(kept, end_ns, table), self._gauge_points(list(self._gauges.items()), end_ns),
-                                  self._gauge_points([(k, np.nan) for k in gone_gauges], end_ns, ended=True), ended])
+            return Points.stack([self._columns(kept, end_ns, table), self._gauge_points(list(self._gauges.items()), end_ns),
+                                 self._gauge_points([(k, np.nan) for k in gone_gauges], end_ns, ended=True), ended])
 
     def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
         if not self._free:
@@ -209,8 +209,8 @@ class CostStore:
     def points(self) -> Points:
         """Every live series at its latest point (what a scrape shows)."""
         with self._lock:
-            return Points.concat([self._columns(self._live_rows(), self.last_time_ns, list(self._sets.attrs)),
-                                  self._gauge_points(list(self._gauges.items()), self._gauge_time)])
+            return Points.stack([self._columns(self._live_rows(), self.last_time_ns, list(self._sets.attrs)),
+                                 self._gauge_points(list(self._gauges.items()), self._gauge_time)])
 
     def _live_rows(self) -> np.ndarray:
         """The live sums' rows, oldest series first."""

@@ -79,3 +79,19 @@ def test_points_behave_as_a_sequence_of_points():
     assert ids.tolist() == [0, 1, 0] and first.tolist() == [0, 1]
     assert list(cols.take(np.array([2, 0])))[1] == pts[0]
     assert len(Points.of([])) == 0 and same(list(Points.concat([Points.empty(), cols])), pts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(chains(), max_size=4), st.data())
+def test_stacked_parts_are_the_concatenated_points(parts, data):
+    """`stack` skips looking for equal sets across tables: the points are `concat`'s all the same,
+    a table shared by several parts counted once."""
+    columns = [Points.of(p) for p in parts]
+    if columns and data.draw(st.booleans()):  # two parts over one table, as the store's kept and ended sums
+        shared = columns[0]
+        columns.append(shared.take(np.arange(len(shared))[::-1]))
+    stacked = Points.stack(columns)
+    assert same(list(stacked), list(Points.concat(columns)))
+    given = [c for c in columns if len(c)]
+    if len(given) > 1:  # each table once, shared or not, none of them searched for equal sets
+        assert len(stacked.attrs) == sum({id(c.attrs): len(c.attrs) for c in given}.values())
