@@ -114,8 +114,8 @@ class KsmFacts:
         Rows in time order (an interval's) are applied once per series: of rows that differ only
         in their timestamp (every scrape repeats the whole state), only the last is applied. That
         is exact: the last one rewrites every field the earlier ones wrote, after them, and in
-        time order every row is newer than what is known; only the order in which new objects
-        are first met can change."""
+        time order every row is newer than what is known. Only the order in which new objects
+        (or a pod's requests, a node's capacities) are first met can change, never a value."""
         rows = np.flatnonzero(is_ksm(batch.metric))
         used = len(rows)
         if used > 1 and np.all(np.diff(batch.time_ns[rows]) >= 0):
