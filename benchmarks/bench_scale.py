@@ -15,10 +15,12 @@ Measured from outside the sidecar:
   the points per CPU-second it sustains end to end (decode, join, attribution, export, checkpoint);
   CPU milliseconds per GPU per hour of data, as a ratio to the smallest size (flat = 1.0).
 - close to exported: for each interval, from the moment the scrape that closes it (its end plus
-  the lateness) was accepted to the moment the last point stamped with its end reached the
-  OTLP receiver here (which answers at once and reads the points on another thread). Median and
-  worst over the second half of the run's intervals, as for the steady memory: the first ones
-  create every series (and the first cAdvisor rates add more), which later ones only update.
+  the lateness) was received (its last request accepted: the interval cannot close before the
+  data that moves the watermark is in) to the moment the last point stamped with its end reached
+  the OTLP receiver here (which answers at once and reads the points on another thread). Median
+  and worst over the second half of the run's intervals, as for the steady memory: the first
+  ones create every series (and the first cAdvisor rates add more), which later ones only
+  update. Also printed: the same from that scrape's first request, which adds taking it in.
 - memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
   kernel's high-water mark VmHWM (peak).
 - inside: the sidecar's own `otelgpu_work_seconds_total` per interval computed: wall seconds of
@@ -208,6 +210,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         rss_ready = bf.proc_status(child.pid)["VmRSS"] / 1024
         cpu0, wall0 = bf.cpu_seconds(child.pid), time.monotonic()
         accepted: dict[int, float] = {}  # scrape time -> when its first request was accepted
+        received: dict[int, float] = {}  # scrape time -> when its last request was accepted
         rss, sent, retries = [], 0, 0
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=grpc.Compression.Gzip,
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
@@ -221,6 +224,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                     sent += n
                     if i == 0:
                         accepted[t] = time.monotonic()
+                received[t] = time.monotonic()
                 rss.append(bf.proc_status(child.pid)["VmRSS"] / 1024)
             closes = [end for end in range(t0 + INTERVAL_S * NS, t + 1, INTERVAL_S * NS)
                       if end + LATENESS_S * NS <= t]  # intervals the data closes (the rest close at shutdown)
@@ -232,11 +236,12 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
             sink.drain()
         cpu = bf.cpu_seconds(child.pid) - cpu0
         status = bf.proc_status(child.pid)
-        latency = []
+        latency, after_first = [], []
         for end in closes:
             trigger = min((s for s in accepted if s >= end + LATENESS_S * NS), default=None)
             if trigger is not None and end in sink.last_arrival:
-                latency.append(sink.last_arrival[end] - accepted[trigger])
+                latency.append(sink.last_arrival[end] - received[trigger])
+                after_first.append(sink.last_arrival[end] - accepted[trigger])
         cpu_before, began = bf.cpu_seconds(child.pid), time.monotonic()
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=300).read().decode()
         scrape = (time.monotonic() - began, bf.cpu_seconds(child.pid) - cpu_before, len(text))
@@ -256,7 +261,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "cpu_s": cpu, "data_s": data_s, "cores": cpu / data_s, "cpu_per_interval": cpu / data_s * INTERVAL_S,
         "points_per_cpu_s": sent / cpu if cpu else float("inf"),
         "cpu_ms_per_gpu_hour": cpu / load.gpus / (data_s / 3600) * 1000,
-        "latency": latency, "rss_ready": rss_ready,
+        "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
         "rss_steady": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
@@ -316,6 +321,9 @@ def main() -> None:
         what = "every cost series and the self-metrics" if args.metrics_cost_series else "the self-metrics"
         print(f"  {r['gpus']:,} GPUs: one scrape of /metrics ({what}, "
               f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
+        first = r["after_first"][len(r["after_first"]) // 2:] or [float("nan")]
+        print(f"  {r['gpus']:,} GPUs: from the first request of the scrape that closes an interval instead: "
+              f"{statistics.median(first):.2f} s median, {max(first):.2f} s worst")
         print(f"  {r['gpus']:,} GPUs: wall seconds per interval inside the sidecar: "
               + ", ".join(f"{step} {seconds:.2f}" for step, seconds in sorted(r["work"].items())))
         if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
