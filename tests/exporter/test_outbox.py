@@ -41,8 +41,13 @@ def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, directory: 
 
 def _crash(delivery: Delivery) -> None:
     """The process dies: no close(), the files stay as they are. Its thread, which could only fail
-    against the dead endpoint, is stopped so that it stays out of the next run's way."""
+    against the dead endpoint, is stopped so that it stays out of the next run's way: it ends its
+    last attempt (refused, to be retried: no file touched) before its channel is closed, since a
+    call cut by the close would fail for good and delete the snapshot a dead process never could."""
     delivery.finish_by(time.monotonic())
+    if delivery._started:
+        delivery._thread.join(60)
+        assert not delivery._thread.is_alive()
     delivery.sender.close()
 
 
