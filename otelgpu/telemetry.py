@@ -55,7 +55,7 @@ class SelfMetrics:
         self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
         self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
         # Wall seconds spent per step of an interval's way out: close (facts, join, attribution,
-        # cost series), commit (staging, checkpoint) and send:<exporter> (deliveries, retries included)
+        # cost series), commit (staging, checkpoint) and send:<exporter> (every attempt, not the backoff)
         self.work_seconds: Counter[str] = Counter()
 
     def add(self, name: str, amount: float = 1) -> None:

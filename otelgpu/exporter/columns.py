@@ -10,7 +10,7 @@ whether it ends its series. No `Point` object exists unless a reader asks for on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence, overload
+from typing import Callable, Iterator, Sequence, overload
 
 import numpy as np
 
@@ -98,23 +98,12 @@ class Points(Sequence[Point]):
     @staticmethod
     def concat(parts: Sequence[Points]) -> Points:
         """The points of all parts in order, over one metric table and one attribute table."""
-        parts = [p for p in parts if len(p)]
-        if not parts:
-            return Points.empty()
-        if len(parts) == 1:
-            return parts[0]
-        metrics: dict[str, int] = {}
         attrs: dict[Attrs, int] = {}
-        m_cols, a_cols = [], []
-        for p in parts:
-            m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
-            a_map = np.array([attrs.setdefault(a, len(attrs)) for a in p.attrs], np.uint32)
-            m_cols.append(m_map[p.metric])
-            a_cols.append(a_map[p.aset])
-        return Points(list(metrics), list(attrs), np.concatenate(m_cols), np.concatenate(a_cols),
-                      *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value",
-                                                                                 "ended")))
 
+        def place(table: list[Attrs]) -> np.ndarray:  # each part's set -> its index in the one table
+            return np.array([attrs.setdefault(a, len(attrs)) for a in table], np.uint32)
+
+        return _joined(parts, place, lambda: list(attrs))
 
     @staticmethod
     def stack(parts: Sequence[Points]) -> Points:
@@ -123,24 +112,33 @@ class Points(Sequence[Point]):
         hashed. The same points as `concat`; a set may then sit at two indices, so it is for
         parts whose series cannot meet (the store's sums and its gauges: other metrics), and
         `concat` (which `merge` uses) for snapshots whose series can."""
-        parts = [p for p in parts if len(p)]
-        if len(parts) <= 1:
-            return parts[0] if parts else Points.empty()
-        metrics: dict[str, int] = {}
-        tables: dict[int, int] = {}  # id of a part's table -> where it starts in the joined one
         attrs: list[Attrs] = []
-        m_cols, a_cols = [], []
-        for p in parts:
-            m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
-            base = tables.get(id(p.attrs))
-            if base is None:
-                base = tables[id(p.attrs)] = len(attrs)
-                attrs.extend(p.attrs)
-            m_cols.append(m_map[p.metric])
-            a_cols.append(p.aset.astype(np.int64) + base)
-        return Points(list(metrics), attrs, np.concatenate(m_cols), np.concatenate(a_cols),
-                      *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value",
-                                                                                 "ended")))
+        placed: dict[int, np.ndarray] = {}  # id of a part's table -> its sets' indices in the joined one
+
+        def place(table: list[Attrs]) -> np.ndarray:
+            if id(table) not in placed:
+                placed[id(table)] = np.arange(len(attrs), len(attrs) + len(table), dtype=np.uint32)
+                attrs.extend(table)
+            return placed[id(table)]
+
+        return _joined(parts, place, lambda: attrs)
+
+
+def _joined(parts: Sequence[Points], place: Callable[[list[Attrs]], np.ndarray],
+            table: Callable[[], list[Attrs]]) -> Points:
+    """The parts' points in order; `place` maps a part's attribute table into the joined one,
+    which `table` gives once every part is placed."""
+    parts = [p for p in parts if len(p)]
+    if len(parts) <= 1:
+        return parts[0] if parts else Points.empty()
+    metrics: dict[str, int] = {}
+    m_cols, a_cols = [], []
+    for p in parts:
+        m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
+        m_cols.append(m_map[p.metric])
+        a_cols.append(place(p.attrs)[p.aset])
+    return Points(list(metrics), table(), np.concatenate(m_cols), np.concatenate(a_cols),
+                  *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value", "ended")))
 
 
 def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:
