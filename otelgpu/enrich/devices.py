@@ -63,19 +63,18 @@ class DeviceMemory:
         return Samples.concat([s, dark])
 
     def _remember(self, s: Samples, present: set[str], end_ns: int) -> None:
-        table = self.s.strings()
-
-        def text(code: int) -> str:
-            return table[code] if code >= 0 else ""
-
+        """The entities each node shows (in the order first seen) and who held each one last;
+        strings are looked up column-wise, with code -1 reading "" (the table's extra last entry)."""
+        text = np.array(self.s.strings() + [""], dtype=object)
         live = np.flatnonzero(~s.stale)  # a node with only staleness markers still has what it had
         _, first = group_ids(s.node[live], s.uuid[live], s.gi[live])
-        seen: dict[str, list[Entity]] = {}
-        for node, uuid, gi, profile, model in zip(*(c[live[first]].tolist() for c in (s.node, s.uuid, s.gi, s.profile,
-                                                                                       s.model))):
-            seen.setdefault(text(node), []).append((text(uuid), text(gi), text(profile), text(model)))
-        for name, entities in seen.items():
-            self._nodes[name] = _Node(end_ns, entities)
+        rows = live[first]
+        node_of, node_first = group_ids(s.node[rows])
+        order = np.argsort(node_of, kind="stable")  # nodes as first seen, each one's entities in order
+        ends = np.cumsum(np.bincount(node_of, minlength=len(node_first))).tolist()
+        entities = list(zip(*(text[c[rows[order]]].tolist() for c in (s.uuid, s.gi, s.profile, s.model))))
+        for name, lo, hi in zip(text[s.node[rows[node_first]]].tolist(), [0, *ends[:-1]], ends):
+            self._nodes[name] = _Node(end_ns, entities[lo:hi])
         held = live[s.pod[live] >= 0]
         if not len(held):
             return
@@ -85,9 +84,9 @@ class DeviceMemory:
         rank[order] = np.arange(len(held))
         latest = np.full(int(key.max()) + 1, -1, np.int64)
         np.maximum.at(latest, key, rank)
-        rows = held[order[latest]]
-        for node, uuid, gi, ns, pod in zip(*(c[rows].tolist() for c in (s.node, s.uuid, s.gi, s.namespace, s.pod))):
-            self._holders[(text(node), text(uuid), text(gi))] = (text(ns), text(pod))
+        last = held[order[latest]]
+        node, uuid, gi, ns, pod = (text[c[last]].tolist() for c in (s.node, s.uuid, s.gi, s.namespace, s.pod))
+        self._holders.update(zip(zip(node, uuid, gi), zip(ns, pod)))
 
     def _forget(self, name: str) -> None:
         del self._nodes[name]

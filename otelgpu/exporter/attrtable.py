@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from otelgpu.exporter.columns import Attrs
+from otelgpu.exporter.columns import Attrs, pair
 
 _RECORD = struct.Struct("<III")  # id, payload bytes, CRC32 of id, length and payload
 COMPACT_FROM = 4096  # sets: below this a log is never rewritten
@@ -51,7 +51,7 @@ def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
             pairs = json.loads(payload.decode("utf-8", "surrogatepass"))
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
                 break
-            attrs = tuple((sys.intern(k), sys.intern(v)) for k, v in pairs)  # a key repeats in every set
+            attrs = tuple(pair((sys.intern(k), sys.intern(v))) for k, v in pairs)  # a key repeats in every set
         except (ValueError, TypeError):
             break
         sets[i] = attrs

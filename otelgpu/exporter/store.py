@@ -14,24 +14,23 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from otelgpu.exporter.columns import Attrs, Point, Points
+from otelgpu.exporter.columns import Attrs, Point, Points, pair
 
 __all__ = ["Attrs", "CostStore", "MetricSpec", "Point", "Points", "attrs_of", "cost_metrics", "with_attrs"]
 
 
 def attrs_of(pairs: Mapping[str, str]) -> Attrs:
     """A series' attributes as its key: sorted, empty values dropped."""
-    return tuple(sorted((k, v) for k, v in pairs.items() if v != ""))
+    return tuple(sorted(pair(kv) for kv in pairs.items() if kv[1] != ""))
 
 
 def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
     """`attrs` with the keys of `extra` added or replaced (`attrs_of({**dict(attrs), **extra})`).
-    The pairs `extra` leaves alone are the very tuples of `attrs`: the sets of a holder's series
-    share their pairs instead of each holding copies."""
+    The pairs `extra` leaves alone are the very tuples of `attrs`."""
     if not extra:
         return attrs
     kept = [kv for kv in attrs if kv[0] not in extra and kv[1] != ""]
-    return tuple(sorted(kept + [(k, v) for k, v in extra.items() if v != ""]))
+    return tuple(sorted(kept + [pair(kv) for kv in extra.items() if kv[1] != ""]))
 
 
 @dataclass(frozen=True)
@@ -333,6 +332,7 @@ class _AttrSets:
             del self._index[self.attrs[i]]
             for code in np.frombuffer(self._codes[i], np.uint32).tolist():
                 self._strings.release(code)
+            self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
             self._free.append(i)
 
     def table(self, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -358,7 +358,7 @@ class _AttrSets:
         words = [text[c] for c in pairs.tolist()]
         out, first = [], 0
         for end in set_ends.tolist():
-            out.append(tuple(zip(words[first:end:2], words[first + 1:end:2])))
+            out.append(tuple(map(pair, zip(words[first:end:2], words[first + 1:end:2]))))
             first = end
         return out
 
