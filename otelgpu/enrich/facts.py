@@ -203,13 +203,19 @@ class KsmFacts:
     # to be scraped again (the log is replayed only from the oldest open interval).
 
     def state(self) -> dict[str, Any]:
-        return {"pods": [[ns, name, _plain(p)] for (ns, name), p in self.pods.items()],
-                "nodes": [[name, _plain(n)] for name, n in self.nodes.items()],
-                "namespaces": [[name, _plain(n)] for name, n in self.namespaces.items()],
-                "owners": [[list(k), _plain(o)] for k, o in self.owners.items()]}
+        """As arrays (enrich/factstate.py)."""
+        from otelgpu.enrich import factstate  # it builds these classes: imported here, not in a cycle
+
+        return factstate.encode(self.pods, self.nodes, self.namespaces, self.owners)
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then)."""
+        """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then).
+        Reads the arrays of `state()` and the JSON lists written before them."""
+        from otelgpu.enrich import factstate
+
+        if state.get("version") == factstate.VERSION:
+            self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)
+            return
         pods = {(str(ns), str(name)): _pod(d) for ns, name, d in state["pods"]}
         nodes = {str(name): NodeFacts(dict(d["labels"]), {str(k): float(v) for k, v in d["capacity"].items()},
                                       int(d["seen_ns"])) for name, d in state["nodes"]}
@@ -217,13 +223,6 @@ class KsmFacts:
         owners = {(str(k[0]), str(k[1]), str(k[2])): OwnerFacts(str(d["kind"]), str(d["name"]), int(d["seen_ns"]))
                   for k, d in state["owners"]}
         self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    d = dict(obj.__dict__)
-    if "requests" in d:
-        d["requests"] = [[c, r, q] for (c, r), q in d["requests"].items()]
-    return d
 
 
 def _pod(d: Mapping[str, Any]) -> PodFacts:

@@ -91,10 +91,15 @@ def _batch(strings: Interner, rows: list[tuple[int, int, dict[str, str], float, 
 def _canonical(facts: KsmFacts) -> dict:
     """The facts as comparable values, in no particular order (new objects, and the keys of a
     node's capacity or a pod's requests, may be met in another order)."""
-    state = facts.state()
-    for _, _, pod in state["pods"]:
-        pod["requests"] = sorted(pod["requests"])
-    return {table: sorted(json.dumps(item, sort_keys=True) for item in items) for table, items in state.items()}
+    def plain(key: object, obj: object) -> str:
+        d = dict(vars(obj))
+        for name in ("requests", "capacity"):
+            if name in d:
+                d[name] = sorted([list(k) if isinstance(k, tuple) else k, v] for k, v in d[name].items())
+        return json.dumps([key, d], sort_keys=True)
+
+    return {name: sorted(plain(k, o) for k, o in getattr(facts, name).items())
+            for name in ("pods", "nodes", "namespaces", "owners")}
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,170 @@
+"""The kube-state-metrics facts in a checkpoint, as arrays.
+
+Every string is written once, in a table; each object's string fields are columns of ids into it,
+its numbers columns of numbers, and its labels, annotations, requests and capacities rows of
+(object, key id, value). Writing them is one pass over the objects, with no dict per object and
+no JSON text of every label (the checkpoint writes arrays as their bytes). `decode` checks that
+the arrays fit together before anything is built from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from otelgpu.enrich.facts import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
+
+VERSION = 2
+POD_TEXT = ("uid", "node", "phase", "owner_kind", "owner_name", "info_node", "request_node")
+
+
+class _Texts:
+    """Ids of strings, in the order first met."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, text: str) -> int:
+        i = self.ids.get(text)
+        if i is None:
+            i = self.ids[text] = len(self.ids)
+        return i
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        utf8 = [s.encode("utf-8", "surrogatepass") for s in self.ids]
+        return {"utf8": np.frombuffer(b"".join(utf8), np.uint8).copy(),
+                "ends": np.cumsum(np.fromiter(map(len, utf8), np.int64, len(utf8)))}
+
+
+def _rows(flat: list, width: int, dtype: type) -> np.ndarray:
+    return np.array(flat, dtype).reshape(-1, width)
+
+
+def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFacts],
+           namespaces: Mapping[str, NamespaceFacts], owners: Mapping[OwnerKey, OwnerFacts]) -> dict[str, Any]:
+    t = _Texts()
+    keys: list[int] = []
+    text: list[int] = []
+    numbers: list[int] = []
+    deleted: list[bool] = []
+    labels: list[int] = []
+    annotations: list[int] = []
+    requests: list[int] = []
+    quantities: list[float] = []
+    for i, ((namespace, name), p) in enumerate(pods.items()):
+        keys += (t(namespace), t(name))
+        text += (t(p.uid), t(p.node), t(p.phase), t(p.owner_kind), t(p.owner_name), t(p.info_node), t(p.request_node))
+        numbers += (p.seen_ns, p.created_ns)
+        deleted.append(p.deleted)
+        for k, v in p.labels.items():
+            labels += (i, t(k), t(v))
+        for k, v in p.annotations.items():
+            annotations += (i, t(k), t(v))
+        for (container, resource), q in p.requests.items():
+            requests += (i, t(container), t(resource))
+            quantities.append(q)
+    node_labels: list[int] = []
+    capacity: list[int] = []
+    amounts: list[float] = []
+    for i, node in enumerate(nodes.values()):
+        for k, v in node.labels.items():
+            node_labels += (i, t(k), t(v))
+        for resource, q in node.capacity.items():
+            capacity += (i, t(resource))
+            amounts.append(q)
+    ns_labels: list[int] = []
+    for i, ns in enumerate(namespaces.values()):
+        for k, v in ns.labels.items():
+            ns_labels += (i, t(k), t(v))
+    owner_text = [t(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
+    return {
+        "version": VERSION,
+        "pods": {"key": _rows(keys, 2, np.int64), "text": _rows(text, len(POD_TEXT), np.int64),
+                 "ns": _rows(numbers, 2, np.int64), "deleted": np.array(deleted, bool),
+                 "labels": _rows(labels, 3, np.int64), "annotations": _rows(annotations, 3, np.int64),
+                 "requests": _rows(requests, 3, np.int64), "quantity": np.array(quantities, np.float64)},
+        "nodes": {"name": np.array([t(n) for n in nodes], np.int64),
+                  "seen_ns": np.array([n.seen_ns for n in nodes.values()], np.int64),
+                  "labels": _rows(node_labels, 3, np.int64), "capacity": _rows(capacity, 2, np.int64),
+                  "amount": np.array(amounts, np.float64)},
+        "namespaces": {"name": np.array([t(n) for n in namespaces], np.int64),
+                       "seen_ns": np.array([n.seen_ns for n in namespaces.values()], np.int64),
+                       "labels": _rows(ns_labels, 3, np.int64)},
+        "owners": {"text": _rows(owner_text, 5, np.int64),
+                   "seen_ns": np.array([o.seen_ns for o in owners.values()], np.int64)},
+        "strings": t.arrays(),  # last: every string above is in it
+    }
+
+
+def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
+    """(pods, nodes, namespaces, owners) of `encode`'s output; ValueError, KeyError or TypeError
+    when the arrays do not fit together."""
+    words = _texts(state["strings"])
+    n_words = len(words)
+
+    def ids(a: Any, width: int, n: int | None = None) -> list:
+        a = np.asarray(a)
+        if a.dtype.kind not in "iu" or a.ndim != 2 or a.shape[1] != width or (n is not None and a.shape[0] != n):
+            raise ValueError(f"facts state: an id table of shape {a.shape} ({a.dtype}), expected (n, {width})")
+        return a.tolist()
+
+    def column(a: Any, n: int, kind: str) -> list:
+        a = np.asarray(a)
+        if a.ndim != 1 or a.shape[0] != n or a.dtype.kind not in kind:
+            raise ValueError(f"facts state: a column of shape {a.shape} ({a.dtype}) where {n} were expected")
+        return a.tolist()
+
+    def word(i: int) -> str:
+        if not 0 <= i < n_words:
+            raise ValueError(f"facts state: string id {i} is not in the table of {n_words}")
+        return words[i]
+
+    def attach(rows: list, objects: list, put: Callable[[Any, str, str], None]) -> None:
+        for o, k, v in rows:
+            put(_at(objects, o), word(k), word(v))
+
+    p = state["pods"]
+    keys = [(word(a), word(b)) for a, b in ids(p["key"], 2)]
+    n = len(keys)
+    pods = [PodFacts(**dict(zip(POD_TEXT, map(word, row))), seen_ns=seen, created_ns=created, deleted=gone)
+            for row, (seen, created), gone in zip(ids(p["text"], len(POD_TEXT), n), ids(p["ns"], 2, n),
+                                                  column(p["deleted"], n, "b"))]
+    attach(ids(p["labels"], 3), pods, lambda pod, k, v: pod.labels.__setitem__(k, v))
+    attach(ids(p["annotations"], 3), pods, lambda pod, k, v: pod.annotations.__setitem__(k, v))
+    requests = ids(p["requests"], 3)
+    for (o, c, r), q in zip(requests, column(p["quantity"], len(requests), "f")):
+        _at(pods, o).requests[(word(c), word(r))] = float(q)
+    d = state["nodes"]
+    names = [word(i) for i in column(d["name"], len(np.asarray(d["name"])), "iu")]
+    nodes = [NodeFacts(seen_ns=s) for s in column(d["seen_ns"], len(names), "iu")]
+    attach(ids(d["labels"], 3), nodes, lambda node, k, v: node.labels.__setitem__(k, v))
+    capacity = ids(d["capacity"], 2)
+    for (o, r), q in zip(capacity, column(d["amount"], len(capacity), "f")):
+        _at(nodes, o).capacity[word(r)] = float(q)
+    s = state["namespaces"]
+    ns_names = [word(i) for i in column(s["name"], len(np.asarray(s["name"])), "iu")]
+    namespaces = [NamespaceFacts(seen_ns=seen) for seen in column(s["seen_ns"], len(ns_names), "iu")]
+    attach(ids(s["labels"], 3), namespaces, lambda ns, k, v: ns.labels.__setitem__(k, v))
+    o = state["owners"]
+    owner_rows = [list(map(word, row)) for row in ids(o["text"], 5)]
+    owners = {(a, b, c): OwnerFacts(kind, name, seen)
+              for (a, b, c, kind, name), seen in zip(owner_rows, column(o["seen_ns"], len(owner_rows), "iu"))}
+    return dict(zip(keys, pods)), dict(zip(names, nodes)), dict(zip(ns_names, namespaces)), owners
+
+
+def _at(objects: list, i: int) -> Any:
+    if not 0 <= i < len(objects):
+        raise ValueError(f"facts state: a row for object {i} of {len(objects)}")
+    return objects[i]
+
+
+def _texts(d: Mapping[str, Any]) -> list[str]:
+    blob = np.asarray(d["utf8"])
+    ends = np.asarray(d["ends"])
+    if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1 or ends.dtype.kind not in "iu":
+        raise ValueError("facts state: the string table is not a byte array and its ends")
+    if len(ends) and (np.any(np.diff(ends, prepend=0) < 0) or int(ends[-1]) != len(blob)):
+        raise ValueError("facts state: the string table's ends do not fit its bytes")
+    raw = blob.tobytes()
+    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
