@@ -154,11 +154,16 @@ class Receiver:
                     self.last_arrival[end] = max(arrived, self.last_arrival.get(end, 0.0))
 
 
+SIDECAR_CPUS: set[int] = set()  # --sidecar-cpus: the CPUs `otelgpu serve` runs on (empty: any)
+
+
 def start(config: Path, env: dict[str, str], metrics_port: int) -> tuple[subprocess.Popen, float]:
     """`otelgpu serve` and the seconds it took to answer /readyz."""
     began = time.monotonic()
     child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(config)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if SIDECAR_CPUS:  # the interpreter is still starting: every thread it starts inherits this
+        os.sched_setaffinity(child.pid, SIDECAR_CPUS)
     while True:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1)
@@ -295,7 +300,16 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=1.0, help="send scrapes this many times faster than real time")
     ap.add_argument("--metrics-cost-series", action="store_true",
                     help="serve the cost series on /metrics too (the gateway config does not)")
+    ap.add_argument("--sidecar-cpus", type=int, nargs="+", default=[],
+                    help="run the sidecar on these CPUs and the load and the receiving end on the others, as a "
+                         "pod with its own cores would be (default: all share every CPU)")
     args = ap.parse_args()
+    if args.sidecar_cpus:  # before any thread starts: the threads of this process inherit it
+        others = os.sched_getaffinity(0) - set(args.sidecar_cpus)
+        if not others:
+            raise SystemExit("--sidecar-cpus must leave a CPU to the load")
+        SIDECAR_CPUS.update(args.sidecar_cpus)
+        os.sched_setaffinity(0, others)
     env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": bf.fleet(1, 0)[0][0].name,
            "MALLOC_ARENA_MAX": "2"}  # as the image sets it (Dockerfile)
     with tempfile.TemporaryDirectory() as name:
@@ -303,7 +317,8 @@ def main() -> None:
         cold, warm = start_up(tmp, env)
         print(f"start-up to /readyz: cold (empty numba cache) {cold:.1f} s, warm {warm:.1f} s ({cold / warm:.1f}x)")
         print(f"{args.minutes:g} min of data per size at {args.speed:g}x real time; scrapes every {SCRAPE_S} s, "
-              f"{INTERVAL_S} s intervals, request and scad models, checkpoint on")
+              f"{INTERVAL_S} s intervals, request and scad models, checkpoint on; the sidecar on "
+              + (f"CPUs {sorted(SIDECAR_CPUS)}, the load on the others" if SIDECAR_CPUS else "every CPU, beside the load"))
         rows = [run_size(g, args, tmp, env) for g in args.gpus]
     base = rows[0]["cpu_ms_per_gpu_hour"]
     head = ("GPUs", "nodes", "units", "pts/scrape", "cost pts/intv", "CPU s/intv", "cores", "pts/CPU-s",
