@@ -34,10 +34,22 @@ def points(draw) -> Point:  # noqa: ANN001
        st.sampled_from(["", "ip-10-0-0-1"]))
 def test_written_bytes_are_the_reference_messages_bytes(first, second, max_points, instance):
     writer = RequestWriter(SPECS, "prod-eu", instance)
-    for snapshot in (first, second, first):  # the second and third reuse and renew the cache
+    met: set = set()
+    for snapshot in (first, second, first):  # the second and third reuse the encoded pairs
         expected = [r.SerializeToString() for r in build_requests(snapshot, SPECS, "prod-eu", max_points, instance)]
         assert list(writer.requests(snapshot, max_points)) == expected
-        assert set(writer._attrs) == {p.attrs for p in snapshot}  # only the last snapshot's series are kept
+        met |= {kv for p in snapshot for kv in p.attrs}
+        assert set(writer._pairs) == met  # each pair met, once
+
+
+def test_past_its_bound_the_writer_starts_afresh_and_writes_the_same_bytes(monkeypatch):
+    monkeypatch.setattr("otelgpu.exporter.otlp.PAIRS_KEPT", 3)
+    writer = RequestWriter(SPECS, "c")
+    for n in range(6):
+        snapshot = [Point("allocated", attrs_of({"pod": f"p{n}", "team": f"t{k}"}), 1, 2, 1.0) for k in range(3)]
+        expected = [r.SerializeToString() for r in build_requests(snapshot, SPECS, "c")]
+        assert list(writer.requests(snapshot)) == expected
+        assert len(writer._pairs) <= 3 + 2  # cleared when full; a set's missing pairs are added at once
 
 
 def test_an_ended_sum_carries_no_value_and_the_flag():
