@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 import numpy as np
 
 from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.timeline import group_ids
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.receiver.decode import PointBatch, empty_batch
+from otelgpu.receiver.interner import Coded
 
 NS = 1_000_000_000
 Position = tuple[int, int]  # write-ahead log (segment, offset)
@@ -52,8 +54,42 @@ class Interval:
 
 
 @dataclass
+class PackedSamples(Coded):
+    """DCGM samples as they wait for their interval to close. A batch's rows name few distinct
+    combinations of labels (a scrape target's devices and their holders), so the ten code columns
+    are kept once per combination (`labels`, a row each) and each sample points at its row: 23
+    bytes a sample where `Samples` takes 59 (at 10,000 GPUs the open intervals hold some 700,000)."""
+
+    CODES: ClassVar[tuple[str, ...]] = ("labels",)
+    metric: np.ndarray
+    time_ns: np.ndarray
+    value: np.ndarray
+    stale: np.ndarray
+    label: np.ndarray  # int32 [n]: row of `labels`
+    labels: np.ndarray  # int32 [k, len(Samples.CODES)]
+
+    def __len__(self) -> int:
+        return len(self.metric)
+
+    def codes(self) -> list[np.ndarray]:
+        return [self.labels.reshape(-1)]
+
+    @staticmethod
+    def pack(s: Samples) -> "PackedSamples":
+        cols = [getattr(s, name) for name in Samples.CODES]
+        label, first = group_ids(*cols)
+        labels = np.stack([c[first] for c in cols], axis=1).astype(np.int32, copy=False)
+        return PackedSamples(s.metric, s.time_ns, s.value, s.stale, label.astype(np.int32), labels)
+
+    def unpack(self) -> Samples:
+        rows = self.labels.reshape(-1, len(Samples.CODES))[self.label]
+        return Samples(self.metric, self.time_ns, self.value, self.stale,
+                       **{name: np.ascontiguousarray(rows[:, j]) for j, name in enumerate(Samples.CODES)})
+
+
+@dataclass
 class _Open:
-    samples: list[Samples] = field(default_factory=list)
+    samples: list[PackedSamples] = field(default_factory=list)
     pods: list[PodSamples] = field(default_factory=list)
     facts: list[PointBatch] = field(default_factory=list)
     first_record: Optional[Position] = None  # earliest log record that put rows here
@@ -92,7 +128,8 @@ class Windows:
             on_time = idx > self.closed_through
             late += int((~on_time).sum())
             for i in np.unique(idx[on_time]):
-                getattr(self._slot(int(i), record), slot).append(part.take(np.flatnonzero(idx == i)))
+                rows = part.take(np.flatnonzero(idx == i))
+                getattr(self._slot(int(i), record), slot).append(PackedSamples.pack(rows) if slot == "samples" else rows)
         late_facts = empty_batch()
         if facts is not None and len(facts):
             idx = facts.time_ns // self.dt_ns
@@ -142,7 +179,7 @@ class Windows:
             facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()
             facts = facts.select(np.argsort(facts.time_ns, kind="stable"))
             out.append(Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
-                                Samples.concat(slot.samples) if slot.samples else Samples.empty(),
+                                Samples.concat([p.unpack() for p in slot.samples]) if slot.samples else Samples.empty(),
                                 PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts))
             self.closed_through = max(self.closed_through, i)
         return out
