@@ -55,7 +55,7 @@ def generation(nodes: list[Node], first: int, count: int, w: int) -> Cluster:
 
 def report(p: Pipeline, pods: int, began: float) -> str:
     gc.collect()
-    facts = len(p.facts.state().get("pods", []))
+    facts = len(p.facts.pods)
     values = sum(len(v) for v in p.tag_values.state()["uses"].values())
     return (f"pods {pods:8,d}  VmRSS {rss_mib():7.1f} MiB  strings {len(p.strings):7,d}  pod facts {facts:6,d}  "
             f"cost series {p.store.active_series():6,d}  tag values {values:5,d}  {time.monotonic() - began:5.0f} s")
