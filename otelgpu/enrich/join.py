@@ -125,10 +125,12 @@ class Joiner:
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
         ent, E = entities_of(S)
-        nodes = {int(c): node_info(self.facts.nodes.get(st(int(c)))) for c in np.unique(E.node)}
+        codes, node_of_ent = np.unique(E.node, return_inverse=True)
+        nodes = {c: node_info(self.facts.nodes.get(st(c))) for c in codes.tolist()}
         has_vgpu = np.zeros(len(E.node), dtype=bool)
         has_vgpu[ent[S.vgpu >= 0]] = True
-        shared = np.array([nodes[int(n)].replicas > 1 for n in E.node], dtype=bool) | has_vgpu
+        replicated = np.array([nodes[c].replicas > 1 for c in codes.tolist()], dtype=bool)
+        shared = replicated[node_of_ent.reshape(-1)] | has_vgpu
         H = holdings(S, ent, shared, start_ns, end_ns)
 
         gpu_of_ent, gpu_first = group_ids(E.node, E.uuid)

@@ -188,11 +188,20 @@ class TagResolver:
         values: list[str] = []
         found: list[bool] = []
         for tag, (pod_keys, ns_keys, ann_keys, default) in zip(TAG_NAMES, self._rules):
-            value = next((pod_labels[k] for k in pod_keys if pod_labels.get(k, "").strip()), None)
+            value = _first(pod_labels, pod_keys)
             if value is None:
-                value = next((namespace_labels[k] for k in ns_keys if namespace_labels.get(k, "").strip()), None)
+                value = _first(namespace_labels, ns_keys)
             if value is None and annotations:
-                value = next((annotations[k] for k in ann_keys if annotations.get(k, "").strip()), None)
+                value = _first(annotations, ann_keys)
             found.append(value is not None)
             values.append(self.values(tag, value, namespace) if value is not None else default)
         return Tags(tuple(values), tuple(found))  # type: ignore[arg-type]
+
+
+def _first(mapping: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
+    """The value of the first of `keys` that `mapping` holds with more than whitespace."""
+    for k in keys:
+        value = mapping.get(k)
+        if value and value.strip():
+            return value
+    return None
