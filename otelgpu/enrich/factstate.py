@@ -9,7 +9,7 @@ the arrays fit together before anything is built from them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -109,9 +109,9 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
             raise ValueError(f"facts state: an id table of shape {a.shape} ({a.dtype}), expected (n, {width})")
         return a.tolist()
 
-    def column(a: Any, n: int, kind: str) -> list:
+    def column(a: Any, n: int | None, kind: str) -> list:
         a = np.asarray(a)
-        if a.ndim != 1 or a.shape[0] != n or a.dtype.kind not in kind:
+        if a.ndim != 1 or (n is not None and a.shape[0] != n) or a.dtype.kind not in kind:
             raise ValueError(f"facts state: a column of shape {a.shape} ({a.dtype}) where {n} were expected")
         return a.tolist()
 
@@ -120,9 +120,9 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
             raise ValueError(f"facts state: string id {i} is not in the table of {n_words}")
         return words[i]
 
-    def attach(rows: list, objects: list, put: Callable[[Any, str, str], None]) -> None:
+    def attach(rows: list, objects: list, mapping: str) -> None:  # (object, key, value) rows into a dict field
         for o, k, v in rows:
-            put(_at(objects, o), word(k), word(v))
+            getattr(_at(objects, o), mapping)[word(k)] = word(v)
 
     p = state["pods"]
     keys = [(word(a), word(b)) for a, b in ids(p["key"], 2)]
@@ -130,22 +130,22 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     pods = [PodFacts(**dict(zip(POD_TEXT, map(word, row))), seen_ns=seen, created_ns=created, deleted=gone)
             for row, (seen, created), gone in zip(ids(p["text"], len(POD_TEXT), n), ids(p["ns"], 2, n),
                                                   column(p["deleted"], n, "b"))]
-    attach(ids(p["labels"], 3), pods, lambda pod, k, v: pod.labels.__setitem__(k, v))
-    attach(ids(p["annotations"], 3), pods, lambda pod, k, v: pod.annotations.__setitem__(k, v))
+    attach(ids(p["labels"], 3), pods, "labels")
+    attach(ids(p["annotations"], 3), pods, "annotations")
     requests = ids(p["requests"], 3)
     for (o, c, r), q in zip(requests, column(p["quantity"], len(requests), "f")):
         _at(pods, o).requests[(word(c), word(r))] = float(q)
     d = state["nodes"]
-    names = [word(i) for i in column(d["name"], len(np.asarray(d["name"])), "iu")]
+    names = [word(i) for i in column(d["name"], None, "iu")]
     nodes = [NodeFacts(seen_ns=s) for s in column(d["seen_ns"], len(names), "iu")]
-    attach(ids(d["labels"], 3), nodes, lambda node, k, v: node.labels.__setitem__(k, v))
+    attach(ids(d["labels"], 3), nodes, "labels")
     capacity = ids(d["capacity"], 2)
     for (o, r), q in zip(capacity, column(d["amount"], len(capacity), "f")):
         _at(nodes, o).capacity[word(r)] = float(q)
     s = state["namespaces"]
-    ns_names = [word(i) for i in column(s["name"], len(np.asarray(s["name"])), "iu")]
+    ns_names = [word(i) for i in column(s["name"], None, "iu")]
     namespaces = [NamespaceFacts(seen_ns=seen) for seen in column(s["seen_ns"], len(ns_names), "iu")]
-    attach(ids(s["labels"], 3), namespaces, lambda ns, k, v: ns.labels.__setitem__(k, v))
+    attach(ids(s["labels"], 3), namespaces, "labels")
     o = state["owners"]
     owner_rows = [list(map(word, row)) for row in ids(o["text"], 5)]
     owners = {(a, b, c): OwnerFacts(kind, name, seen)
