@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -60,6 +60,24 @@ class Identity:
 
     cluster: str
     currency: str
+
+
+def text_arrays(utf8: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """A table of strings (their UTF-8 bytes) as the checkpoint writes one: the bytes end to end
+    and where each string ends."""
+    return (np.frombuffer(b"".join(utf8), np.uint8),
+            np.cumsum(np.fromiter(map(len, utf8), np.int64, len(utf8))))
+
+
+def texts_of(blob: Any, ends: Any) -> list[str]:
+    """The strings `text_arrays` wrote; ValueError when the arrays do not fit together."""
+    blob, ends = np.asarray(blob), np.asarray(ends)
+    if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1 or ends.dtype.kind not in "iu":
+        raise ValueError("a string table is not a byte array and the ends of its strings")
+    if len(ends) and (np.any(np.diff(ends, prepend=0) < 0) or int(ends[-1]) != len(blob)):
+        raise ValueError("a string table's ends do not fit its bytes")
+    raw = blob.tobytes()
+    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
 
 
 def encode(identity: Identity, state: Mapping[str, Any], written_ns: int) -> bytes:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from otelgpu.checkpoint import text_arrays, texts_of
 from otelgpu.enrich.facts import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
 
 VERSION = 2
@@ -32,13 +33,12 @@ class _Texts:
         return i
 
     def arrays(self) -> dict[str, np.ndarray]:
-        utf8 = [s.encode("utf-8", "surrogatepass") for s in self.ids]
-        return {"utf8": np.frombuffer(b"".join(utf8), np.uint8).copy(),
-                "ends": np.cumsum(np.fromiter(map(len, utf8), np.int64, len(utf8)))}
+        utf8, ends = text_arrays([s.encode("utf-8", "surrogatepass") for s in self.ids])
+        return {"utf8": utf8, "ends": ends}
 
 
-def _rows(flat: list, width: int, dtype: type) -> np.ndarray:
-    return np.array(flat, dtype).reshape(-1, width)
+def _rows(flat: list[int], width: int) -> np.ndarray:
+    return np.array(flat, np.int64).reshape(-1, width)
 
 
 def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFacts],
@@ -80,18 +80,18 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
     owner_text = [t(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
     return {
         "version": VERSION,
-        "pods": {"key": _rows(keys, 2, np.int64), "text": _rows(text, len(POD_TEXT), np.int64),
-                 "ns": _rows(numbers, 2, np.int64), "deleted": np.array(deleted, bool),
-                 "labels": _rows(labels, 3, np.int64), "annotations": _rows(annotations, 3, np.int64),
-                 "requests": _rows(requests, 3, np.int64), "quantity": np.array(quantities, np.float64)},
+        "pods": {"key": _rows(keys, 2), "text": _rows(text, len(POD_TEXT)),
+                 "ns": _rows(numbers, 2), "deleted": np.array(deleted, bool),
+                 "labels": _rows(labels, 3), "annotations": _rows(annotations, 3),
+                 "requests": _rows(requests, 3), "quantity": np.array(quantities, np.float64)},
         "nodes": {"name": np.array([t(n) for n in nodes], np.int64),
                   "seen_ns": np.array([n.seen_ns for n in nodes.values()], np.int64),
-                  "labels": _rows(node_labels, 3, np.int64), "capacity": _rows(capacity, 2, np.int64),
+                  "labels": _rows(node_labels, 3), "capacity": _rows(capacity, 2),
                   "amount": np.array(amounts, np.float64)},
         "namespaces": {"name": np.array([t(n) for n in namespaces], np.int64),
                        "seen_ns": np.array([n.seen_ns for n in namespaces.values()], np.int64),
-                       "labels": _rows(ns_labels, 3, np.int64)},
-        "owners": {"text": _rows(owner_text, 5, np.int64),
+                       "labels": _rows(ns_labels, 3)},
+        "owners": {"text": _rows(owner_text, 5),
                    "seen_ns": np.array([o.seen_ns for o in owners.values()], np.int64)},
         "strings": t.arrays(),  # last: every string above is in it
     }
@@ -100,7 +100,7 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
 def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     """(pods, nodes, namespaces, owners) of `encode`'s output; ValueError, KeyError or TypeError
     when the arrays do not fit together."""
-    words = _texts(state["strings"])
+    words = texts_of(state["strings"]["utf8"], state["strings"]["ends"])
     n_words = len(words)
 
     def ids(a: Any, width: int, n: int | None = None) -> list:
@@ -157,14 +157,3 @@ def _at(objects: list, i: int) -> Any:
     if not 0 <= i < len(objects):
         raise ValueError(f"facts state: a row for object {i} of {len(objects)}")
     return objects[i]
-
-
-def _texts(d: Mapping[str, Any]) -> list[str]:
-    blob = np.asarray(d["utf8"])
-    ends = np.asarray(d["ends"])
-    if blob.dtype != np.uint8 or blob.ndim != 1 or ends.ndim != 1 or ends.dtype.kind not in "iu":
-        raise ValueError("facts state: the string table is not a byte array and its ends")
-    if len(ends) and (np.any(np.diff(ends, prepend=0) < 0) or int(ends[-1]) != len(blob)):
-        raise ValueError("facts state: the string table's ends do not fit its bytes")
-    raw = blob.tobytes()
-    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]

@@ -82,7 +82,7 @@ class PackedSamples(Coded):
         return PackedSamples(s.metric, s.time_ns, s.value, s.stale, label.astype(np.int32), labels)
 
     def unpack(self) -> Samples:
-        rows = self.labels.reshape(-1, len(Samples.CODES))[self.label]
+        rows = self.labels[self.label]
         return Samples(self.metric, self.time_ns, self.value, self.stale,
                        **{name: np.ascontiguousarray(rows[:, j]) for j, name in enumerate(Samples.CODES)})
 

@@ -14,6 +14,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from otelgpu.checkpoint import text_arrays, texts_of
 from otelgpu.exporter.columns import Attrs, Point, Points, pair
 
 __all__ = ["Attrs", "CostStore", "MetricSpec", "Point", "Points", "attrs_of", "cost_metrics", "with_attrs"]
@@ -347,14 +348,11 @@ class _AttrSets:
     @staticmethod
     def read_table(pairs: np.ndarray, set_ends: np.ndarray, strings: np.ndarray, string_ends: np.ndarray) -> list[Attrs]:
         """The attribute sets written by `table`; ValueError when the arrays do not fit together."""
-        pairs, set_ends, string_ends = (np.asarray(a, np.int64) for a in (pairs, set_ends, string_ends))
-        blob = np.asarray(strings, np.uint8).tobytes()
-        if (np.any(np.diff(string_ends, prepend=0) < 0) or (len(string_ends) and string_ends[-1] != len(blob))
-                or np.any(np.diff(set_ends, prepend=0) < 0) or (len(set_ends) and set_ends[-1] != len(pairs))
-                or np.any(np.diff(set_ends, prepend=0) % 2) or np.any((pairs < 0) | (pairs >= len(string_ends)))):
+        text = texts_of(strings, string_ends)
+        pairs, set_ends = (np.asarray(a, np.int64) for a in (pairs, set_ends))
+        if (np.any(np.diff(set_ends, prepend=0) < 0) or (len(set_ends) and set_ends[-1] != len(pairs))
+                or np.any(np.diff(set_ends, prepend=0) % 2) or np.any((pairs < 0) | (pairs >= len(text)))):
             raise ValueError("attribute set table arrays do not fit together")
-        starts = [0, *string_ends[:-1].tolist()]
-        text = [blob[a:b].decode("utf-8", "surrogatepass") for a, b in zip(starts, string_ends.tolist())]
         words = [text[c] for c in pairs.tolist()]
         out, first = [], 0
         for end in set_ends.tolist():
@@ -400,6 +398,5 @@ class _Strings:
     def encoded(self) -> tuple[np.ndarray, np.ndarray]:
         """All strings as one UTF-8 byte array and the end of each (unchanged ones are not re-joined)."""
         if self._cache is None:
-            ends = np.cumsum(np.fromiter(map(len, self._utf8), np.int64, len(self._utf8)))
-            self._cache = np.frombuffer(b"".join(self._utf8), np.uint8), ends
+            self._cache = text_arrays(self._utf8)
         return self._cache
