@@ -31,6 +31,7 @@ from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Points
+from otelgpu.heap import give_back
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
@@ -287,6 +288,7 @@ class Pipeline:
             began = time.monotonic()
             self.committer.commit(self._checkpoint_state, self._replay_from())
             self.metrics.count("work_seconds", "commit", time.monotonic() - began)
+            give_back()  # what the close built and dropped
         return len(closed)
 
     def _close(self, interval: Interval) -> Points:

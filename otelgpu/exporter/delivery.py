@@ -16,6 +16,7 @@ from otelgpu.config import DeliveryConfig
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult
 from otelgpu.exporter.columns import Point, Points, merge
+from otelgpu.heap import give_back
 from otelgpu.telemetry import SelfMetrics
 
 __all__ = ["DELIVERED", "Delivery", "Progress", "SendResult", "Sender"]
@@ -252,6 +253,9 @@ class Delivery:
                     end = time.monotonic() + delay
                     while (left := min(end, self._deadline or end) - time.monotonic()) > 0:
                         self._cond.wait(left)  # close() wakes this: its deadline may come sooner
+            if result.ok:
+                del head, points  # the snapshot and its requests, once nothing else holds them
+                give_back()
 
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
