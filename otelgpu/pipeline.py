@@ -31,7 +31,7 @@ from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Points
-from otelgpu.heap import give_back
+from otelgpu.heap import collector_paused, give_back
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
@@ -280,15 +280,17 @@ class Pipeline:
             self.metrics.add("intervals_skipped", n)
             log.warning("no data for %d intervals in a row: those intervals are not computed (facts that old "
                         "would only guess their costs)", n)
-        for interval in closed:
-            began = time.monotonic()
-            self.committer.add(interval.end_ns, self._close(interval))
-            self.metrics.count("work_seconds", "close", time.monotonic() - began)
-        if closed:
+        if not closed:
+            return 0
+        with collector_paused():
+            for interval in closed:
+                began = time.monotonic()
+                self.committer.add(interval.end_ns, self._close(interval))
+                self.metrics.count("work_seconds", "close", time.monotonic() - began)
             began = time.monotonic()
             self.committer.commit(self._checkpoint_state, self._replay_from())
             self.metrics.count("work_seconds", "commit", time.monotonic() - began)
-            give_back()  # what the close built and dropped
+        give_back()  # what the close built and dropped
         return len(closed)
 
     def _close(self, interval: Interval) -> Points:

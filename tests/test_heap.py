@@ -1,11 +1,18 @@
-"""Freed heap memory goes back to the kernel when the pipeline asks (otelgpu/heap.py), in a
-process of its own so the test's RSS is only what it allocates."""
+"""Memory housekeeping (otelgpu/heap.py): freed heap memory goes back to the kernel (in a process
+of its own, so its RSS is only what it allocates), and the cyclic collector is off while an
+interval closes."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
+
+from cluster import Cluster, Node, Pod, Unit
+from support import feed, make_config, offline_pipeline
+
+from otelgpu.heap import collector_paused
 
 CHILD = textwrap.dedent("""
     import os
@@ -30,3 +37,32 @@ def test_memory_freed_inside_the_heap_is_returned():
     trimmed, before, after = out.stdout.split()
     assert trimmed == "True"  # glibc: the C library of this image and of CI
     assert float(before) - float(after) > 150, out.stdout  # most of the 192 MiB freed
+
+
+def test_the_cyclic_collector_is_paused_while_an_interval_closes_and_resumes_after():
+    a100 = "NVIDIA A100-SXM4-40GB"
+    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-0", a100)], capacity={"nvidia_com_gpu": 1})
+    c = Cluster([node], [Pod("ml", "train", "gpu-1", labels={"team": "vision"}, gpu=("nvidia_com_gpu", 1),
+                             holds=("GPU-0",))])
+    p = offline_pipeline(make_config(attribution__interval_seconds=300, attribution__lateness_seconds=30,
+                                     attribution__prices__gpu_hour_by_gpu_model={a100: 12.0}))
+    during: list[bool] = []
+    p.on_interval.append(lambda interval: during.append(gc.isenabled()))
+    assert gc.isenabled()
+    feed(p, *c.scrapes(60, 1200))
+    assert during and not any(during)  # every close ran with the collector off
+    assert gc.isenabled()  # and it is back on between closes
+
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # one that was off stays off
+    finally:
+        gc.enable()
+    try:
+        with collector_paused():
+            raise RuntimeError("a failed close")
+    except RuntimeError:
+        pass
+    assert gc.isenabled()

@@ -98,7 +98,7 @@ class CostModels:
             rows = j.rows
             att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
                                              rows.row_measured, rows.row_activity), dt)
-        extra = [dict(common, resource="gpu", price_source=node_source[n]) for n in range(n_node)]
+        extra = [self._with.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
         row_attrs = [self._with(a, extra[n]) for a, n in zip(j.row_attrs, row_node.tolist())]
         alloc = att.alloc
         if model == "hybrid":
@@ -172,7 +172,9 @@ class CostModels:
         result = []
         for x, resource in enumerate(("cpu", "memory")):
             extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(j.nodes))]
-            attrs = [self._with(p.attrs, dict(extra[p.node], activity_basis=basis[i][x])) for i, p in enumerate(pods)]
+            pod_extra = {(n, b): self._with.extra(dict(extra[n], activity_basis=b))
+                         for n in range(len(j.nodes)) for b in ("requests", "usage")}
+            attrs = [self._with(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
             for i, a in enumerate(attrs):
                 if qty[i, x] > 0:
                     sums["allocated"][a] += float(out.split[i, x])
@@ -257,13 +259,19 @@ class _Extended:
         self._last: dict[tuple[Attrs, Attrs], Attrs] = {}
         self._extras: dict[Attrs, Attrs] = {}
 
-    def __call__(self, attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
-        items = tuple(extra.items())
-        key = (attrs, self._extras.setdefault(items, items))
+    def __call__(self, attrs: Attrs, extra: Mapping[str, str] | Attrs) -> Attrs:
+        """`extra` as a mapping, or as the tuple `items()` of one, from `extra()` (cheaper: it is
+        looked up once, not at each call)."""
+        key = (attrs, extra if isinstance(extra, tuple) else self.extra(extra))
         out = self._now.get(key)
         if out is None:
-            out = self._now[key] = self._last.get(key) or with_attrs(attrs, extra)
+            out = self._now[key] = self._last.get(key) or with_attrs(attrs, dict(key[1]))
         return out
+
+    def extra(self, extra: Mapping[str, str]) -> Attrs:
+        """The one tuple kept for this mapping's items."""
+        items = tuple(extra.items())
+        return self._extras.setdefault(items, items)
 
     def tick(self) -> None:
         self._last, self._now = self._now, {}

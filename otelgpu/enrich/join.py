@@ -321,13 +321,21 @@ class Joiner:
         node_prices = [node.price.per_gpu(split) for node in nodes]
         prices = [node_prices[n].per_gpu_hour for n in gpu_node]
         unpriced = sum(int(gpus_on_node[n]) for n, price in enumerate(node_prices) if price.source == "none")
-        gpu_attrs = [_node_attrs(name, model, info) for name, model, info in gpus]
+        node_attrs: dict[tuple[str, str], Attrs] = {}  # a node's GPUs share one set
+        gpu_attrs = [node_attrs.get((name, model)) or node_attrs.setdefault((name, model), _node_attrs(name, model, info))
+                     for name, model, info in gpus]
+        # The rows of one holding (a pod's GPUs on a node, of one kind and profile) share their set.
+        sets: dict[tuple, tuple[Attrs, tuple[bool, ...]]] = {}
         row_attrs, found = [], []
         for r in rows:
-            attrs, tags_found = self._holder_attrs(r.holder, r.attribution, gpu_attrs[r.gpu])
-            row_attrs.append(with_attrs(attrs, {"unit_kind": r.unit_kind, "mig_profile": r.profile,
-                                                "activity_basis": r.basis}))
-            found.append(tags_found)
+            key = (r.holder, r.attribution, gpu_attrs[r.gpu], r.unit_kind, r.profile, r.basis)
+            known = sets.get(key)
+            if known is None:
+                attrs, tags_found = self._holder_attrs(r.holder, r.attribution, gpu_attrs[r.gpu])
+                known = sets[key] = (with_attrs(attrs, {"unit_kind": r.unit_kind, "mig_profile": r.profile,
+                                                        "activity_basis": r.basis}), tags_found)
+            row_attrs.append(known[0])
+            found.append(known[1])
         unit_rows = UnitRows(
             np.array(prices, dtype=np.float64), np.array([r.gpu for r in rows], dtype=np.int64),
             np.array([r.f for r in rows]), np.array([r.share for r in rows]),
