@@ -24,7 +24,11 @@ Measured from outside the sidecar:
 - memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
   kernel's high-water mark VmHWM (peak).
 - inside: the sidecar's own `otelgpu_work_seconds_total` per interval computed: wall seconds of
-  closing intervals, committing them (staging, checkpoint) and sending them.
+  computing intervals ahead of their close (`attribution.compute_ahead`, on in the gateway's file:
+  once every target has sent data past an interval's end, before the scrape that closes it; used
+  or not), closing intervals, committing them (staging, checkpoint) and sending them; and how
+  many intervals computed ahead were used at their close or computed again.
+  `--no-compute-ahead` turns it off, for the figures of closing with all the work at the close.
 - /metrics: the wall and CPU seconds of one scrape of the Prometheus endpoint after the run, as
   the gateway serves it (not part of the CPU above); with `--metrics-cost-series` it serves every
   cost series besides the sidecar's own metrics (`exporter.prometheus.cost_series: true`).
@@ -32,6 +36,7 @@ Measured from outside the sidecar:
   and with the cache that run left (warm).
 
 Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
+       [--no-compute-ahead] [--sidecar-cpus 0]
 """
 
 from __future__ import annotations
@@ -202,9 +207,10 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
     grpc_port, metrics_port = bf.free_port(), bf.free_port()
     work = Path(tempfile.mkdtemp(dir=tmp))
     config = bf.sidecar_config("gateway", work, grpc_port, sink.port, metrics_port)
-    if args.metrics_cost_series:
+    if args.metrics_cost_series or args.no_compute_ahead:
         doc = yaml.safe_load(config.read_text())
-        doc["exporter"]["prometheus"]["cost_series"] = True
+        doc["exporter"]["prometheus"]["cost_series"] = args.metrics_cost_series
+        doc["attribution"]["compute_ahead"] = not args.no_compute_ahead
         config.write_text(yaml.safe_dump(doc))
     child, ready_s = start(config, env, metrics_port)
     n_scrapes = int(args.minutes * 60 / SCRAPE_S)
@@ -273,6 +279,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "scrape": scrape,
         "work": {name.split('"')[1]: value / max(1.0, metrics.get("otelgpu_intervals_computed_total", 0.0))
                  for name, value in metrics.items() if name.startswith("otelgpu_work_seconds_total{")},
+        "ahead": {name.split('"')[1]: int(value) for name, value in metrics.items()
+                  if name.startswith("otelgpu_intervals_ahead_total{")},
     }
 
 
@@ -300,6 +308,8 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=1.0, help="send scrapes this many times faster than real time")
     ap.add_argument("--metrics-cost-series", action="store_true",
                     help="serve the cost series on /metrics too (the gateway config does not)")
+    ap.add_argument("--no-compute-ahead", action="store_true",
+                    help="attribution.compute_ahead off: every interval computed when it closes")
     ap.add_argument("--sidecar-cpus", type=int, nargs="+", default=[],
                     help="run the sidecar on these CPUs and the load and the receiving end on the others, as a "
                          "pod with its own cores would be (default: all share every CPU)")
@@ -340,7 +350,9 @@ def main() -> None:
         print(f"  {r['gpus']:,} GPUs: from the first request of the scrape that closes an interval instead: "
               f"{statistics.median(first):.2f} s median, {max(first):.2f} s worst")
         print(f"  {r['gpus']:,} GPUs: wall seconds per interval inside the sidecar: "
-              + ", ".join(f"{step} {seconds:.2f}" for step, seconds in sorted(r["work"].items())))
+              + ", ".join(f"{step} {seconds:.2f}" for step, seconds in sorted(r["work"].items()))
+              + "; intervals computed ahead: " + (", ".join(f"{n} {o}" for o, n in sorted(r["ahead"].items()))
+                                                  or "none"))
         if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
             print(f"  {r['gpus']:,} GPUs: {r['retries']} requests retried (sidecar busy), {r['rejected']:.0f} points "
                   f"rejected, {r['late']:.0f} late, {r['delivered']}/{r['intervals']} intervals delivered")

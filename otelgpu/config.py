@@ -178,6 +178,10 @@ class AttributionConfig:
     mig_fraction_rule: Literal["compute", "max"] = "compute"
     currency: str = "USD"
     prices: PricesConfig = PricesConfig()
+    # Compute the interval that closes next as soon as every scrape target has sent data past its
+    # end, while waiting for the lateness; its close then only records, checkpoints and exports.
+    # Data or facts for it that still arrive make the close compute it again (that CPU is wasted).
+    compute_ahead: bool = True
 
     @field_validator("cost_models")
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -16,9 +17,9 @@ from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.checkpoint import Checkpoint, Identity
 from otelgpu.commit import Committer
-from otelgpu.compute import IntervalCosts
+from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config, DeliveryConfig
-from otelgpu.enrich.facts import FactSource, KsmFacts, MergedFacts
+from otelgpu.enrich.facts import FactSource, FactsView, KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
 from otelgpu.enrich.samples import dcgm_samples
@@ -56,6 +57,20 @@ COMPACT_STRINGS_FROM = 65_536
 KUBE_SYNC_WAIT_S = 10.0  # how long start() waits for the first Kubernetes API lists
 
 
+@dataclass
+class _Ahead:
+    """An interval computed before its close, with what it was computed from and how to undo it."""
+
+    index: int
+    version: int  # of the interval's window
+    facts_version: int
+    prices: int  # price files applied
+    api: Optional[FactsView]  # the Kubernetes API's facts as of the interval's end
+    costs: Optional[Costs]
+    counts: list[tuple]  # its self-metrics, counted if it is used
+    undo: list[Callable[[], None]]
+
+
 class Pipeline:
     """`keep_ended`: ended series still count in `store.totals()` (run reports: the demo, tests)."""
 
@@ -72,6 +87,7 @@ class Pipeline:
         self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
                                  dropped=config.series.dropped)
         self.pricer = Pricer(a.prices)
+        self.pricer_version = 0  # price files applied since start
         self.usage = UsageTracker(self.strings)
         self.tag_values = TagValues(config.tag_values, self.metrics, release_after=FACT_TTL_INTERVALS)
         tags = TagResolver(config.tags, self.tag_values)
@@ -99,6 +115,7 @@ class Pipeline:
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
                              self.metrics, Limits.of(config.receiver, wanted), self.wal)
         self._processed: Optional[Position] = None  # log position through which batches are processed
+        self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
         self._skipped_reported = 0
         self._strings_kept = 0  # strings the last compaction kept
         for delivery in self.deliveries:
@@ -239,6 +256,8 @@ class Pipeline:
                 self.metrics.count("points_rejected", "internal error while processing", len(batch))
             finally:
                 self.ingest.task_done()
+            if not self.ingest.depth and self.config.attribution.compute_ahead:
+                self.compute_ahead()  # nothing waiting: the next close's work, while its data is all in
 
     def process(self, batch: PointBatch, replayed: bool = False) -> None:
         """Apply one decoded batch and close every interval it makes due. `replayed`: a log
@@ -248,6 +267,7 @@ class Pipeline:
         facts = batch.select(is_ksm(batch.metric))
         late, late_facts = self.windows.add(samples, batch, pods, facts)
         if len(late_facts):
+            self._drop_ahead("redone")  # it changed the facts these apply to: put them back first
             self.facts.update(late_facts)  # newer than what any later interval starts from
         if late and not replayed:
             self.metrics.add("points_late", late)
@@ -293,11 +313,75 @@ class Pipeline:
         give_back()  # what the close built and dropped
         return len(closed)
 
-    def _close(self, interval: Interval) -> Points:
-        self._reload_prices()
+    def _compute(self, interval: Interval) -> Costs:
         self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval
         use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
-        costs = self.costs.compute(interval, use)
+        return self.costs.compute(interval, use)
+
+    def compute_ahead(self) -> bool:
+        """Compute the interval that closes next now if it is complete (`Windows.next_complete`),
+        so that its close has only its cost series, checkpoint and export left to do. Everything
+        the computation changes (facts, device memory, counters' last points, tag values, its
+        self-metrics) can be put back: if anything it read changes before the close (a straggler's
+        or a resent sample, late facts, a price file, the Kubernetes API's facts as of the
+        interval's end), the close puts it all back and computes the interval again, exactly as if
+        it had never been computed ahead. Returns whether it computed."""
+        index = self.windows.next_complete()
+        if index is None or (self._ahead is not None and self._ahead.index == index):
+            return False  # once per interval: one that was redone closes the plain way
+        self._drop_ahead()
+        interval = self.windows.peek(index)
+        undo = [self.facts.mark(), self.usage.mark(), self.joiner.devices.mark(), self.tag_values.mark()]
+        api = self.kube.view(interval.end_ns) if self.kube else None
+        began = time.monotonic()
+        with self.metrics.held() as counts, collector_paused():
+            try:
+                costs: Optional[Costs] = self._compute(interval)
+            except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
+                log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
+                costs = None
+        self.metrics.count("work_seconds", "ahead", time.monotonic() - began)  # used or not: CPU spent
+        if self.kube and self.kube.view(interval.end_ns) != api:
+            costs = None  # the API's facts moved while it computed: which ones it read is not known
+        self._ahead = _Ahead(interval.index, interval.version, self.facts.version, self.pricer_version, api,
+                             costs, counts, undo)
+        if costs is None:
+            for put_back in reversed(undo):
+                put_back()
+            self.metrics.count("intervals_ahead", "failed")
+        return costs is not None
+
+    def _costs_ahead(self, interval: Interval) -> Optional[Costs]:
+        """The costs computed ahead for this interval if nothing they were computed from changed;
+        otherwise None, with everything the computation changed put back."""
+        a = self._ahead
+        if a is None or a.index != interval.index or a.costs is None:
+            return None
+        same = (a.version == interval.version and a.facts_version == self.facts.version
+                and a.prices == self.pricer_version and (self.kube is None or self.kube.view(interval.end_ns) == a.api))
+        if not same:
+            self._drop_ahead("redone")
+            return None
+        self.metrics.apply(a.counts)
+        self.metrics.count("intervals_ahead", "used")
+        costs, a.costs, a.undo = a.costs, None, []
+        return costs
+
+    def _drop_ahead(self, outcome: Optional[str] = None) -> None:
+        """Put back what a computation ahead changed, forget its costs and its counts, and count
+        the `outcome` if there was one to drop."""
+        if self._ahead is not None and self._ahead.costs is not None:
+            for undo in reversed(self._ahead.undo):
+                undo()
+            self._ahead.costs, self._ahead.undo = None, []
+            if outcome:
+                self.metrics.count("intervals_ahead", outcome)
+
+    def _close(self, interval: Interval) -> Points:
+        self._reload_prices()  # at each close, computed ahead or not: prices as of the close
+        costs = self._costs_ahead(interval)
+        if costs is None:
+            costs = self._compute(interval)
         snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges)
         self._count(snapshot)
         self.metrics.add("unpriced_gpu_seconds", costs.unpriced_gpus * interval.seconds)
@@ -313,6 +397,7 @@ class Pipeline:
     def _reload_prices(self) -> None:
         try:
             if self.pricer.reload_if_changed():
+                self.pricer_version += 1
                 log.info("prices reloaded from %s", self.pricer.base.file)
                 self.metrics.add("price_reloads")
         except ConfigError as exc:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class SelfMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._local = threading.local()  # `held`: counts of work that may be dropped
         self.points_received = 0  # points of consumed metrics, accepted by decode
         self.points_ignored = 0  # points of metrics otelgpu does not consume
         self.points_late = 0  # accepted, but their interval had already closed
@@ -54,21 +57,53 @@ class SelfMetrics:
         self.requests_decoded_by_reference = 0  # requests the columnar decoder left to protobuf
         self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
         self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
-        # Wall seconds spent per step of an interval's way out: close (facts, join, attribution,
-        # cost series), commit (staging, checkpoint) and send:<exporter> (every attempt, not the backoff)
+        # Intervals computed ahead of their close (all their data in), by what became of it: used,
+        # redone (something they read changed before the close), failed (computed at the close)
+        self.intervals_ahead: Counter[str] = Counter()
+        # Wall seconds spent per step of an interval's way out: ahead (computed before its close,
+        # used or not), close (facts, join, attribution, cost series), commit (staging, checkpoint)
+        # and send:<exporter> (every attempt, not the backoff)
         self.work_seconds: Counter[str] = Counter()
 
     def add(self, name: str, amount: float = 1) -> None:
+        if self._held(("add", name, amount)):
+            return
         with self._lock:
             setattr(self, name, getattr(self, name) + amount)
 
     def count(self, name: str, key: object, amount: float = 1) -> None:
+        if self._held(("count", name, key, amount)):
+            return
         with self._lock:
             getattr(self, name)[key] += amount
 
     def set(self, name: str, key: str, value: int) -> None:
+        if self._held(("set", name, key, value)):
+            return
         with self._lock:
             getattr(self, name)[key] = value
+
+    @contextmanager
+    def held(self) -> Iterator[list[tuple]]:
+        """What this thread counts in the block is kept in the list yielded instead of counted:
+        `apply` it once the work it describes is kept, or drop it. Other threads count as usual."""
+        pending: list[tuple] = []
+        self._local.pending = pending
+        try:
+            yield pending
+        finally:
+            self._local.pending = None
+
+    def apply(self, pending: list[tuple]) -> None:
+        for op, *args in pending:
+            getattr(self, op)(*args)
+
+    def _held(self, op: tuple) -> bool:
+        pending = getattr(self._local, "pending", None)
+        if pending is None:
+            return False
+        pending.append(op)
+        return True
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -115,6 +150,7 @@ class SelfMetrics:
                 "interner_compactions": self.interner_compactions,
                 "requests_decoded_by_reference": self.requests_decoded_by_reference,
                 "interval_errors": dict(self.interval_errors),
+                "intervals_ahead": dict(self.intervals_ahead),
                 "gpu_seconds_lost": self.gpu_seconds_lost,
                 "work_seconds": dict(self.work_seconds),
             }

@@ -13,6 +13,7 @@ it (drained, scaled in); a node only DCGM ever showed is remembered for `memory_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -92,6 +93,15 @@ class DeviceMemory:
         del self._nodes[name]
         for key in [k for k in self._holders if k[0] == name]:
             del self._holders[key]
+
+    def mark(self) -> Callable[[], None]:
+        """What puts the memory back as it is now (`fill` remembers and forgets)."""
+        nodes, holders = dict(self._nodes), dict(self._holders)  # _Node entries are replaced, not changed
+
+        def undo() -> None:
+            self._nodes, self._holders = nodes, holders
+
+        return undo
 
     def last_holder(self, node: str, uuid: str, gi: str) -> tuple[str, str] | None:
         return self._holders.get((node, uuid, gi))

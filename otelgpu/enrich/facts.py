@@ -11,7 +11,7 @@ Labels and annotations are keyed as kube-state-metrics writes them (`label_team`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 from numba import njit
@@ -107,6 +107,7 @@ class KsmFacts:
         self.namespaces: dict[str, NamespaceFacts] = {}
         self.nodes: dict[str, NodeFacts] = {}
         self.owners: dict[OwnerKey, OwnerFacts] = {}
+        self.version = 0  # updates so far: what was computed from these facts knows whether they moved
 
     def update(self, batch: PointBatch) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used.
@@ -116,6 +117,7 @@ class KsmFacts:
         is exact: the last one rewrites every field the earlier ones wrote, after them, and in
         time order every row is newer than what is known. Only the order in which new objects
         (or a pod's requests, a node's capacities) are first met can change, never a value."""
+        self.version += 1
         rows = np.flatnonzero(is_ksm(batch.metric))
         used = len(rows)
         if used > 1 and np.all(np.diff(batch.time_ns[rows]) >= 0):
@@ -187,6 +189,21 @@ class KsmFacts:
             pod.request_node = attrs.get("node") or pod.request_node
             pod.node = pod.info_node or pod.request_node
 
+    def mark(self) -> Callable[[], None]:
+        """What puts the facts back as they are now (updates mutate objects in place: each one
+        that can change is copied, its dicts that updates write into with it)."""
+        pods = {k: _copy(p, "requests") for k, p in self.pods.items()}  # labels are replaced, not changed
+        nodes = {k: _copy(n, "capacity") for k, n in self.nodes.items()}
+        namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
+        owners = dict(self.owners)  # replaced whole, never changed in place
+        version = self.version
+
+        def undo() -> None:
+            self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
+            self.version = version + 1  # not the same facts as any view taken since the mark
+
+        return undo
+
     def expire(self, now_ns: int) -> None:
         """Forget facts older than the grace period."""
         cutoff = now_ns - self.ttl_ns
@@ -223,6 +240,16 @@ class KsmFacts:
         owners = {(str(k[0]), str(k[1]), str(k[2])): OwnerFacts(str(d["kind"]), str(d["name"]), int(d["seen_ns"]))
                   for k, d in state["owners"]}
         self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
+
+
+def _copy(obj: Any, *dicts: str) -> Any:
+    """A shallow copy of a facts object (faster than dataclasses.replace), with copies of the
+    dicts named."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    for name in dicts:
+        setattr(new, name, dict(getattr(obj, name)))
+    return new
 
 
 def _pod(d: Mapping[str, Any]) -> PodFacts:

@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import Callable, Mapping
 
 from otelgpu.config import TAG_NAMES, TagRule, TagValuesConfig
 from otelgpu.telemetry import SelfMetrics
@@ -142,6 +142,16 @@ class TagValues:
                 if not users:
                     del uses[value]
         self._capped.clear()  # places may have come free: a value capped again is counted again
+
+    def mark(self) -> Callable[[], None]:
+        """What puts the admitted values back as they are now (resolving tags admits and touches)."""
+        uses = {t: {v: dict(users) for v, users in values.items()} for t, values in self._uses.items()}
+        held, capped, normal, generation = Counter(self._held), set(self._capped), dict(self._normal), self.generation
+
+        def undo() -> None:
+            self._uses, self._held, self._capped, self._normal, self.generation = uses, held, capped, normal, generation
+
+        return undo
 
     def state(self) -> dict:
         """The values admitted per tag, with who used them when: a restart maps the same values

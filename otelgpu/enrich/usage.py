@@ -12,7 +12,7 @@ would count the same use twice or belong to nobody.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -119,6 +119,15 @@ class UsageTracker:
         keep[rows[ok]] = True
         out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans)
         return out.take(np.flatnonzero(keep))
+
+    def mark(self) -> Callable[[], None]:
+        """What puts the counters' last points back as they are now (`use` moves them on)."""
+        last = dict(self._last)
+
+        def undo() -> None:
+            self._last = last
+
+        return undo
 
     def expire(self, now_ns: int) -> None:
         """Forget counter series not seen for a while (their pods are gone)."""

@@ -47,6 +47,7 @@ class Interval:
     samples: Samples
     pods: PodSamples
     facts: PointBatch = field(default_factory=empty_batch)  # kube-state-metrics rows, in time order
+    version: int = 0  # parts added to the interval while it was open
 
     @property
     def seconds(self) -> float:
@@ -93,6 +94,7 @@ class _Open:
     pods: list[PodSamples] = field(default_factory=list)
     facts: list[PointBatch] = field(default_factory=list)
     first_record: Optional[Position] = None  # earliest log record that put rows here
+    version: int = 0  # parts added so far
 
     def parts(self) -> list:  # Samples, PodSamples and PointBatch alike: len, codes(), remap()
         return [*self.samples, *self.pods, *self.facts]
@@ -141,6 +143,7 @@ class Windows:
 
     def _slot(self, i: int, record: Optional[Position]) -> _Open:
         slot = self._open.setdefault(i, _Open())
+        slot.version += 1
         if record is not None and (slot.first_record is None or record < slot.first_record):
             slot.first_record = record
         return slot
@@ -175,14 +178,35 @@ class Windows:
                 self.skipped += max(b - stop, 0)
         out = []
         for i in sorted(ready):
-            slot = self._open.pop(i, _Open())
-            facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()
-            facts = facts.select(np.argsort(facts.time_ns, kind="stable"))
-            out.append(Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
-                                Samples.concat([p.unpack() for p in slot.samples]) if slot.samples else Samples.empty(),
-                                PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts))
+            out.append(self._interval(i, self._open.pop(i, _Open())))
             self.closed_through = max(self.closed_through, i)
         return out
+
+    def _interval(self, i: int, slot: _Open) -> Interval:
+        facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()
+        facts = facts.select(np.argsort(facts.time_ns, kind="stable"))
+        return Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
+                        Samples.concat([p.unpack() for p in slot.samples]) if slot.samples else Samples.empty(),
+                        PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts, slot.version)
+
+    def next_complete(self) -> Optional[int]:
+        """The index of the interval that closes next if it is complete before its close: every
+        earlier one is closed, and every scrape target has sent data stamped past its end (a target
+        sends in time order, so only a resend or a straggler can still add to it before the
+        watermark passes its end plus the lateness). None otherwise."""
+        if not self._open or not len(self._sources):
+            return None
+        i = min(self._open)
+        if self.closed_through >= 0 and i != self.closed_through + 1:
+            return None  # intervals no data fell in close first, and change what this one reads
+        end = (i + 1) * self.dt_ns
+        if int(self._sources.newest().min()) < end or self.watermark_ns - self.lateness_ns >= end:
+            return None  # not complete yet, or it closes now anyway
+        return i
+
+    def peek(self, i: int) -> Interval:
+        """Open interval `i` as it would close now; it stays open."""
+        return self._interval(i, self._open[i])
 
     def codes(self) -> list[np.ndarray]:
         """The arrays of interned string codes the open intervals hold."""

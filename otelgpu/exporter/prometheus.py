@@ -94,8 +94,13 @@ _LABELLED_COUNTERS = (
      "Torn or corrupt write-ahead log records found at replay, by where (tail: the crash's last write)"),
     ("otelgpu_interval_errors_total", "interval_errors", ("scope",),
      "Intervals (whole) and nodes (node) whose computation failed and fell back (see the log)"),
+    ("otelgpu_intervals_ahead_total", "intervals_ahead", ("outcome",),
+     "Intervals computed ahead of their close, once every scrape target had sent data past their end, "
+     "by outcome: used at the close; redone (late data, facts, prices or Kubernetes API facts changed "
+     "before the close); failed (computed at the close instead)"),
     ("otelgpu_work_seconds_total", "work_seconds", ("step",),
-     "Wall seconds spent taking intervals out, by step: close (facts, join, attribution, cost series), "
+     "Wall seconds spent taking intervals out, by step: ahead (computed before the close, used or not), "
+     "close (facts, join, attribution, cost series), "
      "commit (staging and checkpoint), send:<exporter> (delivery attempts)"),
 )
 

@@ -1,0 +1,167 @@
+"""Computing an interval ahead of its close (Pipeline.compute_ahead) changes when the work is
+done, never what it gives: whatever arrives between that computation and the close (a resent
+scrape of the interval, late kube-state-metrics rows of an earlier one, a new price file), a
+pipeline that computed ahead at every chance ends with the same cost series, the same self-metrics
+and the same remembered state as one that never did."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from cluster import Cluster, Node, Pod, Unit
+from support import feed, make_config, offline_pipeline
+
+from otelgpu.pipeline import Pipeline
+
+A100, H100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
+INTERVAL_S, SCRAPE_S = 60, 15
+BLIP_S = 300  # a pod only the scrape of this second shows, and that scrape arrives late
+
+
+def cluster() -> Cluster:
+    whole = Node("p4d-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-0", A100), Unit("GPU-1", A100)],
+                 capacity={"nvidia_com_gpu": 2})
+    mig = Node("p5-1", "p5.48xlarge", 192, 2048, labels={"nvidia.com/gpu.count": "1"},
+               units=[Unit("GPU-h", H100, "3g.40gb", "2"), Unit("GPU-h", H100, "2g.20gb", "3"),
+                      Unit("GPU-h", H100, "1g.10gb", "9")])
+    cpu = Node("m5-1", "m5.4xlarge", 16, 64)
+    pods = [
+        Pod("ml", "train", whole.name, {"team": "vision", "project": "p1"}, cpu=8, memory_gib=64,
+            gpu=("nvidia_com_gpu", 1), holds=("GPU-0",), activity=0.7, cpu_used=6.0, memory_used_gib=40),
+        Pod("ml", "serve", whole.name, {"team": "nlp"}, cpu=4, memory_gib=32, gpu=("nvidia_com_gpu", 1),
+            holds=("GPU-1",), activity=0.2, cpu_used=1.0, start_s=200, end_s=700),
+        Pod("search", "llm", mig.name, {"team": "search"}, cpu=2, memory_gib=16, gpu=("nvidia_com_mig_3g_40gb", 1),
+            holds=("GPU-h/2",), activity=0.6, memory_used_gib=10),
+        Pod("research", "nb", mig.name, {"team": "research-" + "x" * 70}, gpu=("nvidia_com_mig_2g_20gb", 1),
+            holds=("GPU-h/3",), activity=0.1, end_s=500),
+        Pod("research", "nb2", mig.name, {"team": "research-2"}, gpu=("nvidia_com_mig_1g_10gb", 1),
+            activity=0.3, start_s=400),  # requests a unit DCGM shows nobody on: placed from its request
+        Pod("web", "api", cpu.name, {"team": "web"}, cpu=2, memory_gib=4, cpu_used=1.5, memory_used_gib=3),
+        Pod("batch", "blip", cpu.name, {"team": "batch"}, cpu=1, start_s=BLIP_S - 5, end_s=BLIP_S + 5),
+    ]
+    return Cluster([whole, mig, cpu], pods)
+
+
+def pipeline(ahead: bool, prices: Optional[Path] = None) -> Pipeline:
+    """`prices`: a price file (read at the first close, then at each close after it changed)."""
+    priced = {"file": str(prices)} if prices else {"gpu_hour_by_gpu_model": {A100: 4.0}}
+    return offline_pipeline(make_config(
+        attribution__interval_seconds=INTERVAL_S, attribution__lateness_seconds=30,
+        attribution__cost_models=["request", "scad"], attribution__compute_ahead=ahead,
+        attribution__prices=dict(priced, instance_hour_by_instance_type={"m5.4xlarge": 0.768}),
+        attribution__scad__cpu_only_nodes=True,
+        tag_values__max_distinct=3, tag_values__max_distinct_per_namespace=3))  # values get capped
+
+
+def events(seed: int) -> list[tuple[str, float]]:
+    """Scrapes in time order, with the troubles of a real day mixed in at random: a scrape of the
+    interval still open resent (a Collector retrying) or arriving late with samples of its own (a
+    straggler), one of an interval already closed resent or delivered only now (its facts are
+    late, its samples dropped), a price file rewritten."""
+    rng = random.Random(seed)
+    out: list[tuple[str, float]] = []
+    for k in range(1, 60):
+        t = k * SCRAPE_S
+        if t != BLIP_S:
+            out.append(("scrape", t))
+        if t == BLIP_S + 2 * INTERVAL_S:  # its interval closed: late, while the next one waits to close
+            out.append(("scrape", BLIP_S))
+        roll = rng.random()
+        if roll < 0.15:
+            out.append(("scrape", t - rng.choice((15, 30))))  # usually the open interval's own data
+        elif roll < 0.25:
+            out.append(("straggler", t - rng.choice((22.5, 37.5))))  # new samples, another activity
+        elif roll < 0.35:
+            out.append(("scrape", max(t - rng.choice((90, 120, 150)), 0)))
+        elif roll < 0.42:
+            out.append(("prices", float(k)))
+    return out
+
+
+def run(ahead: bool, seed: int, tmp: Path) -> Pipeline:
+    prices = tmp / f"prices-{ahead}.yaml"
+    prices.write_text("gpu_hour_by_gpu_model: {NVIDIA A100-SXM4-40GB: 4.0}\n")
+    c, p = cluster(), pipeline(ahead, prices)
+    busy = cluster()
+    for pod in busy.pods:
+        pod.activity = 0.95
+    for kind, x in events(seed):
+        if kind in ("scrape", "straggler"):
+            feed(p, (c if kind == "scrape" else busy).scrape(x))
+        else:
+            prices.write_text(f"gpu_hour_by_gpu_model: {{NVIDIA A100-SXM4-40GB: {4.0 + x / 10}}}\n")
+            os.utime(prices, ns=(int(x) * 10**9, int(x) * 10**9))
+        if ahead:
+            p.compute_ahead()  # at every chance, as an idle worker would
+    p.close_due(flush=True)
+    return p
+
+
+def series(p: Pipeline) -> dict:
+    return {(pt.metric, pt.attrs, pt.start_ns, pt.time_ns): pt.value for pt in p.store.points()}
+
+
+def counted(p: Pipeline) -> dict:
+    snap = p.metrics.snapshot()
+    return {k: v for k, v in snap.items() if k not in ("work_seconds", "intervals_ahead")}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_computing_ahead_gives_what_computing_at_the_close_gives(tmp_path: Path, seed: int) -> None:
+    plain, ahead = run(False, seed, tmp_path), run(True, seed, tmp_path)
+    a, b = series(plain), series(ahead)
+    assert a.keys() == b.keys()
+    assert all(a[k] == pytest.approx(b[k], rel=1e-12, abs=1e-12) for k in a)
+    assert counted(plain) == counted(ahead)
+    assert plain.tag_values.state() == ahead.tag_values.state()
+    assert sorted(map(str, plain.usage.state())) == sorted(map(str, ahead.usage.state()))
+    assert plain.joiner.devices.state() == ahead.joiner.devices.state()
+    for table in ("pods", "nodes", "namespaces", "owners"):  # the same facts, met in the same order
+        assert list(getattr(plain.facts, table).items()) == list(getattr(ahead.facts, table).items())
+    assert plain.metrics.intervals_computed > 10 and plain.metrics.tag_values_capped
+    assert ("batch", "blip") in plain.facts.pods  # known from late facts alone
+    used, redone = ahead.metrics.intervals_ahead["used"], ahead.metrics.intervals_ahead["redone"]
+    assert used + redone == ahead.metrics.intervals_computed - 1  # all but the last one, flushed
+    assert used > 0 and redone > 0  # both ways were taken
+    assert not plain.metrics.intervals_ahead
+
+
+def test_an_interval_is_computed_ahead_once_all_its_targets_are_past_its_end() -> None:
+    c, p = cluster(), pipeline(True)
+    feed(p, *(c.scrape(t) for t in (0, 15, 30, 45)))
+    assert not p.compute_ahead()  # [0, 60) is still being scraped
+    feed(p, c.scrape(60))
+    assert p.compute_ahead() and not p.compute_ahead()  # once
+    assert p.metrics.intervals_computed == 0 and not p.store.points()  # nothing recorded before the close
+    feed(p, c.scrape(75))
+    assert p.metrics.intervals_computed == 0
+    feed(p, c.scrape(90))  # the watermark passes 60 + 30: [0, 60) closes with what was computed
+    assert p.metrics.intervals_computed == 1 and p.metrics.intervals_ahead == {"used": 1}
+    plain = pipeline(False)
+    feed(plain, *(c.scrape(t) for t in (0, 15, 30, 45, 60, 75, 90)))
+    assert series(p) == series(plain) and len(series(p)) > 20
+    capacity = p.store.totals("capacity", (), {"cost_model": "request", "resource": "gpu"})[()]
+    assert capacity > 2 * 4.0 / 60  # the two A100s for a minute, and the H100 at its catalog price
+
+
+def test_a_facts_mark_puts_back_what_later_updates_changed_in_place() -> None:
+    c = cluster()
+    p = pipeline(False)
+    feed(p, c.scrape(0))
+    before = {t: copy.deepcopy(getattr(p.facts, t)) for t in ("pods", "nodes", "namespaces", "owners")}
+    undo = p.facts.mark()
+    late = cluster()
+    late.pods[0].labels["team"] = "audio"  # a label changed
+    late.pods.append(Pod("ml", "new", "p4d-1", {"team": "x"}, cpu=1))  # a pod created
+    late.nodes[0].capacity["nvidia_com_gpu"] = 1  # a capacity changed in place
+    p.ingest.consume(late.scrape(30))
+    p.facts.update(p.ingest.get(timeout=0))
+    assert p.facts.pods != before["pods"] and p.facts.nodes != before["nodes"]
+    undo()
+    for table, was in before.items():
+        assert list(getattr(p.facts, table).items()) == list(was.items())
