@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.window import Interval
-from otelgpu.exporter.store import with_attrs
+from otelgpu.exporter.store import Attrs, with_attrs
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics
 
@@ -36,6 +36,35 @@ class Costs:
     gauges: Series
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0
+
+    def packed(self) -> "Costs":
+        """The same costs with each series as two columns (`Packed`): what waits for the close
+        of an interval computed ahead takes some 16 bytes a series instead of some 120."""
+        return Costs({m: Packed(s) for m, s in self.sums.items()}, {m: Packed(s) for m, s in self.gauges.items()},
+                     self.unpriced_gpus, self.gpus_without_device_data)
+
+
+class Packed(Mapping[Attrs, float]):
+    """A series mapping (attribute set -> value) kept as a list of sets and an array of values."""
+
+    def __init__(self, series: Mapping[Attrs, float]) -> None:
+        self._keys = list(series)
+        self._values = np.fromiter(series.values(), np.float64, len(self._keys))
+        self._index: Optional[dict[Attrs, int]] = None
+
+    def items(self) -> Iterator[tuple[Attrs, float]]:  # type: ignore[override]
+        return zip(self._keys, self._values.tolist())
+
+    def __iter__(self) -> Iterator[Attrs]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, attrs: Attrs) -> float:
+        if self._index is None:
+            self._index = {a: i for i, a in enumerate(self._keys)}
+        return float(self._values[self._index[attrs]])
 
 
 class IntervalCosts:

@@ -336,7 +336,7 @@ class Pipeline:
         began = time.monotonic()
         with self.metrics.held() as counts, collector_paused():
             try:
-                costs: Optional[Costs] = self._compute(interval)
+                costs: Optional[Costs] = self._compute(interval).packed()  # held until the close
             except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
                 log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
                 costs = None

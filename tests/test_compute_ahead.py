@@ -9,13 +9,18 @@ from __future__ import annotations
 import copy
 import os
 import random
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import pytest
 from cluster import Cluster, Node, Pod, Unit
-from support import feed, make_config, offline_pipeline
+from kubeapi import FakeKubeApi
+from support import eventually, feed, make_config, offline_pipeline
 
+from otelgpu.config import KubernetesConfig
+from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 
 A100, H100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
@@ -102,6 +107,10 @@ def run(ahead: bool, seed: int, tmp: Path) -> Pipeline:
     return p
 
 
+def rfc3339(t_ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_ns // NS))
+
+
 def series(p: Pipeline) -> dict:
     return {(pt.metric, pt.attrs, pt.start_ns, pt.time_ns): pt.value for pt in p.store.points()}
 
@@ -165,3 +174,54 @@ def test_a_facts_mark_puts_back_what_later_updates_changed_in_place() -> None:
     undo()
     for table, was in before.items():
         assert list(getattr(p.facts, table).items()) == list(was.items())
+
+
+def test_kubernetes_api_facts_of_the_interval_that_change_before_its_close_make_it_computed_again() -> None:
+    """A pod created before the interval's end but seen by the watch only after it was computed
+    ahead (watch lag): the facts as of its end changed, so the close computes it again."""
+    c = cluster()
+    late_pod = Pod("ml", "late", "p4d-1", {"team": "late"}, cpu=4, memory_gib=8)
+    runs = []
+    for ahead in (False, True):
+        with FakeKubeApi(token="t") as api:
+            for obj in c.namespace_objects() + c.node_objects() + [c.pod_object(p) for p in c.pods]:
+                obj["metadata"]["creationTimestamp"] = rfc3339(c.t0 - 3600 * NS)  # long before the data
+                api.apply(obj)
+            config = make_config(attribution__interval_seconds=INTERVAL_S, attribution__lateness_seconds=30,
+                                 attribution__cost_models=["request", "scad"], attribution__compute_ahead=ahead,
+                                 attribution__prices__gpu_hour_by_gpu_model={A100: 4.0})
+            p = offline_pipeline(replace(config, kubernetes=KubernetesConfig(
+                enabled=True, auth="token", api_url=api.url, token="t", backoff_initial_seconds=0.05,
+                backoff_max_seconds=0.2)))
+            p.kube.facts.clock = lambda p=p: p.windows.watermark_ns / NS  # changes observed at data time
+            p.start_sources()
+            try:
+                for t in range(0, 300, SCRAPE_S):
+                    feed(p, c.scrape(t))
+                    if ahead:
+                        p.compute_ahead()
+                    if t == 135:  # [60, 120) was computed ahead at 120; it closes at 150
+                        obj = c.pod_object(late_pod)
+                        obj["metadata"]["creationTimestamp"] = rfc3339(c.t0 + 100 * NS)
+                        api.apply(obj)
+                        eventually(lambda p=p: ("ml", "late") in p.kube.view().pods)
+                p.close_due(flush=True)
+                runs.append((series(p), dict(p.metrics.intervals_ahead)))
+            finally:
+                p.shutdown()
+    (plain, _), (ahead_series, outcomes) = runs
+    assert plain == ahead_series
+    assert outcomes.get("redone") == 1 and outcomes.get("used", 0) >= 2
+    assert any(dict(attrs).get("pod") == "late" for _, attrs, _, _ in plain)  # scad bills its CPU and memory
+
+
+def test_packed_series_read_as_the_dict_they_were() -> None:
+    from otelgpu.compute import Costs, Packed
+
+    series = {(("pod", "a"),): 1.5, (("pod", "b"),): 0.1 + 0.2, (): 0.0}
+    packed = Packed(series)
+    assert dict(packed.items()) == series and packed == series and len(packed) == 3
+    assert packed[(("pod", "b"),)] == series[(("pod", "b"),)] and list(packed) == list(series)
+    costs = Costs({"allocated": series}, {"activity": {(("pod", "a"),): 0.5}}, 2, 1).packed()
+    assert costs.sums["allocated"] == series and costs.gauges["activity"] == {(("pod", "a"),): 0.5}
+    assert (costs.unpriced_gpus, costs.gpus_without_device_data) == (2, 1)
