@@ -80,7 +80,7 @@ def dedupe(s: Samples) -> Samples:
     """Drop samples resent with the same series and timestamp (a retried batch)."""
     _, first = group_ids(s.metric, s.time_ns, s.node, s.uuid, s.gi, s.namespace, s.pod,
                       s.container, s.pod_uid, s.vgpu, s.stale)
-    return s.take(np.sort(first))
+    return s if len(first) == len(s) else s.take(np.sort(first))  # nothing resent: no copy
 
 
 @dataclass

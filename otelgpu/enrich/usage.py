@@ -80,7 +80,7 @@ class UsageTracker:
         """Per (namespace code, pod code) of one closing interval: share Running and mean use."""
         if len(p):  # a resent batch repeats points: count each once
             _, first = group_ids(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series)
-            p = p.take(np.sort(first))
+            p = p if len(first) == len(p) else p.take(np.sort(first))
         return pod_use(self._rates(p), start_ns, end_ns)
 
     def _rates(self, p: PodSamples) -> PodSamples:

@@ -48,3 +48,11 @@ def test_a_compaction_rewrites_packed_samples_as_plain_ones(s, kept):
     plain.remap(table)
     assert same(packed.unpack(), plain)
     assert np.array_equal(np.sort(packed.codes()[0]), np.sort(packed.labels.reshape(-1)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(samples(), min_size=1, max_size=5))
+def test_packed_parts_joined_then_unpacked_are_the_parts_unpacked_then_joined(parts):
+    joined = PackedSamples.concat([PackedSamples.pack(s) for s in parts])
+    assert same(joined.unpack(), Samples.concat(parts))
+    assert len(joined) == sum(map(len, parts))
