@@ -99,6 +99,9 @@ def merge(ksm: FactsView, api: FactsView) -> FactsView:
 _METRICS = {int(m): m for m in Metric}
 
 
+APPLY_CHUNK = 4096  # rows whose labels are turned into Python lists at once
+
+
 class KsmFacts:
     def __init__(self, strings: Interner, ttl_ns: int) -> None:
         self._s = strings
@@ -128,13 +131,16 @@ class KsmFacts:
 
     def _apply_rows(self, rows: PointBatch) -> None:
         s = self._s.strings()
-        off = rows.attr_off.tolist()  # plain lists: one row's labels without a numpy scalar per label
-        keys, values = rows.attr_key.tolist(), rows.attr_val.tolist()
-        metric, value, stale, t = (c.tolist() for c in (rows.metric, rows.value, rows.stale, rows.time_ns))
-        for i in range(len(metric)):
-            lo, hi = off[i], off[i + 1]
-            self._apply(_METRICS[metric[i]], {s[k]: s[v] for k, v in zip(keys[lo:hi], values[lo:hi])},
-                        value[i], stale[i], t[i])
+        for first in range(0, len(rows), APPLY_CHUNK):  # a chunk at a time: its lists are all that is built
+            last = min(first + APPLY_CHUNK, len(rows))
+            lo, hi = int(rows.attr_off[first]), int(rows.attr_off[last])
+            off = (rows.attr_off[first:last + 1] - lo).tolist()  # plain lists: no numpy scalar per label
+            keys, values = rows.attr_key[lo:hi].tolist(), rows.attr_val[lo:hi].tolist()
+            metric, value, stale, t = (c[first:last].tolist() for c in (rows.metric, rows.value, rows.stale, rows.time_ns))
+            for i in range(last - first):
+                a, b = off[i], off[i + 1]
+                self._apply(_METRICS[metric[i]], {s[k]: s[v] for k, v in zip(keys[a:b], values[a:b])},
+                            value[i], stale[i], t[i])
 
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
         if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):

@@ -162,3 +162,21 @@ def test_rows_out_of_time_order_are_all_applied():
     facts = KsmFacts(strings, ttl_ns=NS)
     facts.update(_batch(strings, [(3 * NS, *x), (2 * NS, *y), (NS, *x)]))
     assert facts.pods[("ml", "a")].labels == {"label_team": "x"} and facts.pods[("ml", "a")].seen_ns == 3 * NS
+
+
+@settings(max_examples=200, deadline=None)
+@given(_scrapes(), st.integers(1, 5))
+def test_rows_applied_a_chunk_at_a_time_are_applied_as_all_at_once(rows, chunk):
+    from otelgpu.enrich import facts as module
+
+    strings = Interner()
+    batch = _batch(strings, rows)
+    whole, chunked = KsmFacts(strings, ttl_ns=NS), KsmFacts(strings, ttl_ns=NS)
+    whole.update(batch)
+    default, module.APPLY_CHUNK = module.APPLY_CHUNK, chunk
+    try:
+        chunked.update(batch)
+    finally:
+        module.APPLY_CHUNK = default
+    for name in ("pods", "nodes", "namespaces", "owners"):  # the same facts, met in the same order
+        assert list(getattr(whole, name).items()) == list(getattr(chunked, name).items())
