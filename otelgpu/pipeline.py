@@ -355,7 +355,10 @@ class Pipeline:
         """The costs computed ahead for this interval if nothing they were computed from changed;
         otherwise None, with everything the computation changed put back."""
         a = self._ahead
-        if a is None or a.index != interval.index or a.costs is None:
+        if a is None or a.costs is None:
+            return None
+        if a.index != interval.index:  # an earlier interval opened late (before the first close): it goes first
+            self._drop_ahead("redone")
             return None
         same = (a.version == interval.version and a.facts_version == self.facts.version
                 and a.prices == self.pricer_version and (self.kube is None or self.kube.view(interval.end_ns) == a.api))

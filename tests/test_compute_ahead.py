@@ -225,3 +225,23 @@ def test_packed_series_read_as_the_dict_they_were() -> None:
     costs = Costs({"allocated": series}, {"activity": {(("pod", "a"),): 0.5}}, 2, 1).packed()
     assert costs.sums["allocated"] == series and costs.gauges["activity"] == {(("pod", "a"),): 0.5}
     assert (costs.unpriced_gpus, costs.gpus_without_device_data) == (2, 1)
+
+
+def test_an_earlier_interval_that_opens_after_the_first_was_computed_ahead_closes_on_the_state_before_it() -> None:
+    """Before anything has closed, data of an earlier interval can still open it (a slow target's
+    backlog): it closes first, so what computing the later one ahead changed is put back first."""
+    runs = []
+    for ahead in (False, True):
+        c, p = cluster(), pipeline(ahead)
+        for t in (60, 75, 90, 105, 120, 30, 45, 135, 150, 165, 180, 195, 210):
+            feed(p, c.scrape(t))
+            if ahead:
+                p.compute_ahead()
+        p.close_due(flush=True)
+        runs.append(p)
+    plain, ahead_run = runs
+    assert series(plain) == series(ahead_run) and plain.metrics.intervals_computed == 4
+    assert counted(plain) == counted(ahead_run)
+    for table in ("pods", "nodes", "namespaces", "owners"):
+        assert list(getattr(plain.facts, table).items()) == list(getattr(ahead_run.facts, table).items())
+    assert ahead_run.metrics.intervals_ahead["redone"] == 1  # [60, 120), computed before [0, 60) opened

@@ -106,7 +106,7 @@ class UsageTracker:
         prev_t, prev_v = np.roll(t, 1), np.roll(v, 1)
         prev_t[starts] = last_t[sid[starts]]
         prev_v[starts] = [last[g][1] for g in sid[starts]]
-        ends = np.append(starts[1:], True)
+        ends = np.append(starts[1:], True) if len(rows) else starts  # no point newer than what was counted
         for g, i in zip(sid[ends], np.flatnonzero(ends)):
             self._last[keys[g]] = (int(t[i]), float(v[i]))
         ok = (prev_t >= 0) & (t - prev_t <= MAX_RATE_GAP_NS)

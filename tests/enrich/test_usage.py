@@ -46,3 +46,10 @@ def test_running_share_and_memory_summed_over_containers() -> None:
     assert got[(0, 1)].running_share == pytest.approx(0.5) and got[(0, 2)].running_share == pytest.approx(0.5)
     assert got[(0, 1)].memory_bytes == pytest.approx(200.0 + 50.0)
     assert np.isnan(got[(0, 2)].memory_bytes) and np.isnan(got[(0, 1)].cpu_cores)
+
+
+def test_an_interval_whose_counter_points_were_all_counted_before_gives_no_rate() -> None:
+    tracker = UsageTracker(interner())
+    tracker.use(samples((CPU, 60, 1, 5, 9, 120.0), (CPU, 120, 1, 5, 9, 240.0)), 0, 180 * S)
+    again = tracker.use(samples((CPU, 60, 1, 5, 9, 120.0), (MEMORY, 60, 1, 5, -1, 8.0)), 0, 180 * S)
+    assert np.isnan(again[(0, 1)].cpu_cores) and again[(0, 1)].memory_bytes == pytest.approx(8.0)
