@@ -293,7 +293,8 @@ class Pipeline:
         log.info("string table compacted: %d strings kept of %d", self._strings_kept, before)
 
     def close_due(self, flush: bool = False) -> int:
-        closed = self.windows.due(flush=flush)
+        ahead = self._ahead_for(self.windows.due_indices(flush)) if self._ahead_pending() else None
+        closed = self.windows.due(flush=flush, light=frozenset([ahead[0]]) if ahead else frozenset())
         if self.windows.skipped > self._skipped_reported:
             n = self.windows.skipped - self._skipped_reported
             self._skipped_reported = self.windows.skipped
@@ -305,7 +306,8 @@ class Pipeline:
         with collector_paused():
             for interval in closed:
                 began = time.monotonic()
-                self.committer.add(interval.end_ns, self._close(interval))
+                costs = ahead[1] if ahead and ahead[0] == interval.index else None
+                self.committer.add(interval.end_ns, self._close(interval, costs))
                 self.metrics.count("work_seconds", "close", time.monotonic() - began)
             began = time.monotonic()
             self.committer.commit(self._checkpoint_state, self._replay_from())
@@ -351,24 +353,28 @@ class Pipeline:
             self.metrics.count("intervals_ahead", "failed")
         return costs is not None
 
-    def _costs_ahead(self, interval: Interval) -> Optional[Costs]:
-        """The costs computed ahead for this interval if nothing they were computed from changed;
-        otherwise None, with everything the computation changed put back."""
+    def _ahead_pending(self) -> bool:
+        return self._ahead is not None and self._ahead.costs is not None
+
+    def _ahead_for(self, closing: list[int]) -> Optional[tuple[int, Costs]]:
+        """(index, costs) of the interval computed ahead if it is the first of `closing` and
+        nothing it was computed from changed: it then closes light (its parts never built). If it
+        is not the first (an earlier interval opened late, before the first close) or something
+        changed, everything its computation changed is put back first."""
         a = self._ahead
-        if a is None or a.costs is None:
+        if a is None or a.costs is None or not closing:
             return None
-        if a.index != interval.index:  # an earlier interval opened late (before the first close): it goes first
-            self._drop_ahead("redone")
-            return None
-        same = (a.version == interval.version and a.facts_version == self.facts.version
-                and a.prices == self.pricer_version and (self.kube is None or self.kube.view(interval.end_ns) == a.api))
+        self._reload_prices()  # the close's price read; the closes that follow find no change
+        same = (closing[0] == a.index and a.version == self.windows.version_of(a.index)
+                and a.facts_version == self.facts.version and a.prices == self.pricer_version
+                and (self.kube is None or self.kube.view((a.index + 1) * self.windows.dt_ns) == a.api))
         if not same:
             self._drop_ahead("redone")
             return None
         self.metrics.apply(a.counts)
         self.metrics.count("intervals_ahead", "used")
         costs, a.costs, a.undo = a.costs, None, []
-        return costs
+        return a.index, costs
 
     def _drop_ahead(self, outcome: Optional[str] = None) -> None:
         """Put back what a computation ahead changed, forget its costs and its counts, and count
@@ -380,9 +386,9 @@ class Pipeline:
             if outcome:
                 self.metrics.count("intervals_ahead", outcome)
 
-    def _close(self, interval: Interval) -> Points:
+    def _close(self, interval: Interval, costs: Optional[Costs] = None) -> Points:
+        """`costs`: the interval's, computed ahead (it closed light)."""
         self._reload_prices()  # at each close, computed ahead or not: prices as of the close
-        costs = self._costs_ahead(interval)
         if costs is None:
             costs = self._compute(interval)
         snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges)

@@ -142,6 +142,8 @@ def test_computing_ahead_gives_what_computing_at_the_close_gives(tmp_path: Path,
 
 def test_an_interval_is_computed_ahead_once_all_its_targets_are_past_its_end() -> None:
     c, p = cluster(), pipeline(True)
+    built: list[int] = []
+    p.on_interval.append(lambda interval: built.append(len(interval.samples)))
     feed(p, *(c.scrape(t) for t in (0, 15, 30, 45)))
     assert not p.compute_ahead()  # [0, 60) is still being scraped
     feed(p, c.scrape(60))
@@ -151,6 +153,9 @@ def test_an_interval_is_computed_ahead_once_all_its_targets_are_past_its_end() -
     assert p.metrics.intervals_computed == 0
     feed(p, c.scrape(90))  # the watermark passes 60 + 30: [0, 60) closes with what was computed
     assert p.metrics.intervals_computed == 1 and p.metrics.intervals_ahead == {"used": 1}
+    assert built == [0]  # it closed light: its samples were not unpacked again
+    second = (c.t0 + 60 * NS) // (INTERVAL_S * NS)  # [60, 120)
+    assert p.windows.due_indices(flush=True) == [second] and p.metrics.intervals_computed == 1  # asking closes nothing
     plain = pipeline(False)
     feed(plain, *(c.scrape(t) for t in (0, 15, 30, 45, 60, 75, 90)))
     assert series(p) == series(plain) and len(series(p)) > 20

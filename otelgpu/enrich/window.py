@@ -167,32 +167,45 @@ class Windows:
             k = len(newest) - 1 - len(newest) // 2  # the upper median: sorted newest first, the middle one
             self.watermark_ns = int(np.partition(newest, k)[k])
 
-    def due(self, flush: bool = False) -> list[Interval]:
+    def due(self, flush: bool = False, light: frozenset[int] = frozenset()) -> list[Interval]:
         """Intervals whose end plus lateness the watermark has passed, and, once an interval has
         closed, the empty intervals after each one (at most `max_gap` in a row; longer gaps are
         skipped and counted in `skipped`). Flushing (a stop) also closes the intervals the cluster
         has begun: up to the newest timestamp of a target no more than an interval plus the
         lateness ahead of the watermark (a target scraped more often than the rest). Intervals only
-        targets further ahead have reached stay open (see `ahead`)."""
+        targets further ahead have reached stay open (see `ahead`). Intervals in `light` (already
+        computed) close without their parts: no samples, pod samples or facts are built."""
+        ready, skipped = self._ready(flush)
+        self.skipped += skipped
+        out = []
+        for i in ready:
+            out.append(self._interval(i, self._open.pop(i, _Open()), light=i in light))
+            self.closed_through = max(self.closed_through, i)
+        return out
+
+    def due_indices(self, flush: bool = False) -> list[int]:
+        """The intervals `due` would close now, in order; nothing changes."""
+        return self._ready(flush)[0]
+
+    def _ready(self, flush: bool) -> tuple[list[int], int]:
         last_due = (self.watermark_ns - self.lateness_ns) // self.dt_ns - 1
         if flush:
             near = [t for t in self._sources.newest().tolist() if t <= self.watermark_ns + self.dt_ns + self.lateness_ns]
             last_due = max(last_due, max(near, default=self.watermark_ns) // self.dt_ns)
         data = sorted(i for i in self._open if i <= last_due)
-        ready = list(data)
+        ready, skipped = list(data), 0
         if self.closed_through >= 0 and not flush:
             anchors = [self.closed_through] + data
             for a, b in zip(anchors, anchors[1:] + [last_due + 1]):
                 stop = min(b, a + 1 + self.max_gap)
                 ready.extend(range(a + 1, stop))
-                self.skipped += max(b - stop, 0)
-        out = []
-        for i in sorted(ready):
-            out.append(self._interval(i, self._open.pop(i, _Open())))
-            self.closed_through = max(self.closed_through, i)
-        return out
+                skipped += max(b - stop, 0)
+        return sorted(ready), skipped
 
-    def _interval(self, i: int, slot: _Open) -> Interval:
+    def _interval(self, i: int, slot: _Open, light: bool = False) -> Interval:
+        if light:
+            return Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns, Samples.empty(), PodSamples.empty(),
+                            empty_batch(), slot.version)
         facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()
         facts = facts.select(np.argsort(facts.time_ns, kind="stable"))
         return Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
@@ -213,6 +226,11 @@ class Windows:
         if int(self._sources.newest().min()) < end or self.watermark_ns - self.lateness_ns >= end:
             return None  # not complete yet, or it closes now anyway
         return i
+
+    def version_of(self, i: int) -> Optional[int]:
+        """Open interval `i`'s version (parts added so far); None if it is not open."""
+        slot = self._open.get(i)
+        return slot.version if slot is not None else None
 
     def peek(self, i: int) -> Interval:
         """Open interval `i` as it would close now; it stays open."""
