@@ -6,8 +6,8 @@ lists that hold no reference cycles: reference counting frees them all. Left run
 collector would still walk them some 390 times in its young generation and twice in full (about
 0.22 s of CPU per interval, measured in-process); paused, it runs once when the close is over.
 
-Closing an interval at 10,000 GPUs builds and drops some hundreds of MiB of short-lived arrays,
-dicts and export requests. glibc keeps what is freed inside its heaps for reuse and returns
+The same close builds and drops some hundreds of MiB of short-lived arrays, dicts and export
+requests. glibc keeps what is freed inside its heaps for reuse and returns
 memory to the kernel only from the top of a heap, so without help the resident size stays near
 the high-water mark of the last close. `malloc_trim(0)` returns it and takes 5-20 ms: at 10,000
 GPUs the sidecar's steady RSS went from 512-547 MiB to 464 MiB (benchmarks/bench_scale.py).

@@ -62,6 +62,7 @@ class _Ahead:
     """An interval computed before its close, with what it was computed from and how to undo it."""
 
     index: int
+    end_ns: int
     version: int  # of the interval's window
     facts_version: int
     prices: int  # price files applied
@@ -69,6 +70,13 @@ class _Ahead:
     costs: Optional[Costs]
     counts: list[tuple]  # its self-metrics, counted if it is used
     undo: list[Callable[[], None]]
+
+
+def _put_back(a: _Ahead) -> None:
+    """Undo what computing `a` changed, last change first; its costs are forgotten."""
+    for undo in reversed(a.undo):
+        undo()
+    a.costs, a.undo = None, []
 
 
 class Pipeline:
@@ -345,11 +353,10 @@ class Pipeline:
         self.metrics.count("work_seconds", "ahead", time.monotonic() - began)  # used or not: CPU spent
         if self.kube and self.kube.view(interval.end_ns) != api:
             costs = None  # the API's facts moved while it computed: which ones it read is not known
-        self._ahead = _Ahead(interval.index, interval.version, self.facts.version, self.pricer_version, api,
-                             costs, counts, undo)
+        self._ahead = _Ahead(interval.index, interval.end_ns, interval.version, self.facts.version,
+                             self.pricer_version, api, costs, counts, undo)
         if costs is None:
-            for put_back in reversed(undo):
-                put_back()
+            _put_back(self._ahead)
             self.metrics.count("intervals_ahead", "failed")
         return costs is not None
 
@@ -367,7 +374,7 @@ class Pipeline:
         self._reload_prices()  # the close's price read; the closes that follow find no change
         same = (closing[0] == a.index and a.version == self.windows.version_of(a.index)
                 and a.facts_version == self.facts.version and a.prices == self.pricer_version
-                and (self.kube is None or self.kube.view((a.index + 1) * self.windows.dt_ns) == a.api))
+                and (self.kube is None or self.kube.view(a.end_ns) == a.api))
         if not same:
             self._drop_ahead("redone")
             return None
@@ -379,10 +386,8 @@ class Pipeline:
     def _drop_ahead(self, outcome: Optional[str] = None) -> None:
         """Put back what a computation ahead changed, forget its costs and its counts, and count
         the `outcome` if there was one to drop."""
-        if self._ahead is not None and self._ahead.costs is not None:
-            for undo in reversed(self._ahead.undo):
-                undo()
-            self._ahead.costs, self._ahead.undo = None, []
+        if self._ahead_pending():
+            _put_back(self._ahead)
             if outcome:
                 self.metrics.count("intervals_ahead", outcome)
 

@@ -61,13 +61,13 @@ class Sidecar:
             for r in reqs:
                 stub.Export(r, timeout=10)
 
-    def metric(self, name: str) -> float:
-        """The sum of a self-metric's samples on /metrics (0 when absent)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a self-metric's samples on /metrics with these labels (0 when absent)."""
         text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
         total = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                     total += sample.value
         return total
 

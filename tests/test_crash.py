@@ -125,3 +125,33 @@ def test_restart_during_an_outage_delivers_the_series_that_ended_meanwhile(prome
     assert not prometheus.query('gpu_cost_allocated_total{cluster="outage-restart", team="nlp"}', end)
     resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="outage-restart"}[2h])', end)
     assert all(v == 0 for _, v in resets)
+
+
+def test_kill_9_while_an_interval_computed_ahead_waits_for_its_close(prometheus: PrometheusServer,
+                                                                     tmp_path: Path) -> None:
+    """Four times, the process is killed once the interval that just ended has been computed
+    ahead (attribution.compute_ahead, on by default) and before the scrape that closes it: what
+    it computed was never recorded, so the next process computes it again, and the money is the
+    uninterrupted run's, which never computes ahead."""
+    c = scenario()
+    end = c.t0 / NS + 3600
+    in_process(c, config("never-ahead", prometheus.write_url))
+    side = Sidecar(tmp_path, config("killed-ahead", prometheus.write_url,
+                                    checkpoint={"directory": str(tmp_path / "state")}))
+    side.start()
+    every = INTERVAL_S // 60  # requests per interval: one scrape a minute
+    try:
+        for i, request in enumerate(c.scrapes(60, 3600)):
+            send_until_acknowledged(side, request)
+            if i in (every, 2 * every, 3 * every, 4 * every):  # an interval's end: it is complete now
+                eventually(lambda: side.metric("otelgpu_work_seconds_total", step="ahead") > 0, timeout=60,
+                           message="the interval that just ended was not computed ahead")
+                side.kill()  # each process's first interval computed ahead dies with it
+                side.start()
+        assert side.stop() == 0
+    finally:
+        side.close()
+    reference, killed = totals(prometheus, "never-ahead", end), totals(prometheus, "killed-ahead", end)
+    assert killed and killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
+    resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="killed-ahead"}[2h])', end)
+    assert resets and all(v == 0 for _, v in resets)

@@ -171,7 +171,8 @@ class CostModels:
         hours = dt / 3600.0
         result = []
         for x, resource in enumerate(("cpu", "memory")):
-            extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(j.nodes))]
+            extra = [self._with.extra(dict(common, resource=resource, price_source=node_source[n]))
+                     for n in range(len(j.nodes))]
             pod_extra = {(n, b): self._with.extra(dict(extra[n], activity_basis=b))
                          for n in range(len(j.nodes)) for b in ("requests", "usage")}
             attrs = [self._with(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
@@ -259,13 +260,12 @@ class _Extended:
         self._last: dict[tuple[Attrs, Attrs], Attrs] = {}
         self._extras: dict[Attrs, Attrs] = {}
 
-    def __call__(self, attrs: Attrs, extra: Mapping[str, str] | Attrs) -> Attrs:
-        """`extra` as a mapping, or as the tuple `items()` of one, from `extra()` (cheaper: it is
-        looked up once, not at each call)."""
-        key = (attrs, extra if isinstance(extra, tuple) else self.extra(extra))
+    def __call__(self, attrs: Attrs, extra: Attrs) -> Attrs:
+        """`extra`: the items of the attributes to add, as `extra()` keeps them."""
+        key = (attrs, extra)
         out = self._now.get(key)
         if out is None:
-            out = self._now[key] = self._last.get(key) or with_attrs(attrs, dict(key[1]))
+            out = self._now[key] = self._last.get(key) or with_attrs(attrs, dict(extra))
         return out
 
     def extra(self, extra: Mapping[str, str]) -> Attrs:

@@ -202,11 +202,10 @@ class KsmFacts:
         nodes = {k: _copy(n, "capacity") for k, n in self.nodes.items()}
         namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
         owners = dict(self.owners)  # replaced whole, never changed in place
-        version = self.version
 
         def undo() -> None:
             self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
-            self.version = version + 1  # not the same facts as any view taken since the mark
+            self.version += 1  # not the facts anything computed since the mark read
 
         return undo
 
