@@ -43,8 +43,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otelgpu.demo import scenario, scrapes
-from otelgpu.demo.otlp import request
-from otelgpu.demo.run import send
+from otelgpu.demo.otlp import request, send  # not demo.run: this process must not load numba's LLVM
 from otelgpu.enrich.window import NS
 
 ROOT = Path(__file__).resolve().parent.parent

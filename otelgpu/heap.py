@@ -12,6 +12,13 @@ memory to the kernel only from the top of a heap, so without help the resident s
 the high-water mark of the last close. `malloc_trim(0)` returns it and takes 5-20 ms: at 10,000
 GPUs the sidecar's steady RSS went from 512-547 MiB to 464 MiB (benchmarks/bench_scale.py).
 Other C libraries (musl) have no such call; there this does nothing.
+
+numba compiles (or loads from its cache) every kernel at start-up through LLVM, whose library
+(libllvmlite.so) is then some 68 MiB of the resident size: pages of its code and read-only data
+mapped from the file. Once every kernel is loaded, none of it runs again unless a kernel is
+compiled anew. `page_out` asks the kernel to reclaim those pages (madvise MADV_PAGEOUT, Linux
+5.4 and later): they are clean copies of the file, so nothing is lost, and should LLVM run again
+its pages are read back in. Pages that were written (relocations) are left alone.
 """
 
 from __future__ import annotations
@@ -22,18 +29,22 @@ import gc
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-    name = ctypes.util.find_library("c")
+
+def _libc_function(name: str, argtypes: list, restype: type) -> Optional[Callable[..., int]]:
+    """The C library's function `name`, or None where there is none (another C library, no libc)."""
+    path = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        function = getattr(ctypes.CDLL(path, use_errno=True), name) if path else None
     except (OSError, AttributeError):
         return None
-    if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    if function is not None:
+        function.argtypes, function.restype = argtypes, restype
+    return function
 
 
-_TRIM = _malloc_trim()
+_TRIM = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+_MADVISE = _libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
+_MADV_PAGEOUT = 21  # linux/mman.h
 
 
 def give_back() -> bool:
@@ -42,6 +53,29 @@ def give_back() -> bool:
         return False
     _TRIM(0)
     return True
+
+
+def page_out(library: str) -> int:
+    """Ask the kernel to reclaim the resident pages of the read-only mappings of the shared
+    library whose file name contains `library`; returns the bytes advised (0 where the system
+    cannot: no such library, no /proc, no MADV_PAGEOUT). Writable mappings are skipped: only
+    pages that are copies of the file are let go."""
+    if _MADVISE is None:
+        return 0
+    advised = 0
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.readlines()
+    except OSError:
+        return 0
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or library not in fields[5].rsplit("/", 1)[-1] or "w" in fields[1]:
+            continue
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if _MADVISE(low, high - low, _MADV_PAGEOUT) == 0:
+            advised += high - low
+    return advised
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Points
-from otelgpu.heap import collector_paused, give_back
+from otelgpu.heap import collector_paused, give_back, page_out
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
@@ -242,6 +242,8 @@ class Pipeline:
     def start(self) -> None:
         kernels = warm_up()  # the first request and the first export must never wait for the JIT
         log.info("kernels ready: %s", ", ".join(f"{name} {how}" for name, how in kernels.items()))
+        released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
+        log.debug("LLVM's pages handed back: %.0f MiB mapped", released / 2**20)
         self.start_sources()
         if self.telemetry:
             self.telemetry.start()
@@ -350,6 +352,7 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
                 log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
                 costs = None
+        give_back()  # what the computation built and dropped: held no longer than the close's
         self.metrics.count("work_seconds", "ahead", time.monotonic() - began)  # used or not: CPU spent
         if self.kube and self.kube.view(interval.end_ns) != api:
             costs = None  # the API's facts moved while it computed: which ones it read is not known

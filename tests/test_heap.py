@@ -39,6 +39,48 @@ def test_memory_freed_inside_the_heap_is_returned():
     assert float(before) - float(after) > 150, out.stdout  # most of the 192 MiB freed
 
 
+PAGE_OUT_CHILD = textwrap.dedent("""
+    import numpy as np
+    from otelgpu.attribution.engine import scad
+    from otelgpu.heap import page_out
+    from otelgpu.kernels import warm_up
+
+    def llvm_resident_mib():
+        # LLVM's pages only this process maps: those it can hand back (another process that
+        # loaded the library, such as the test runner, keeps the pages it shares resident)
+        mib, current = 0.0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                fields = line.split()
+                if fields[0].endswith(":"):
+                    mib += int(fields[1]) / 1024 if current and fields[0] == "Private_Clean:" else 0
+                else:
+                    current = len(fields) > 5 and "libllvmlite" in fields[5]
+        return mib
+
+    warm_up()
+    rng = np.random.default_rng(7)
+    args = (rng.integers(0, 3, 50), rng.random((50, 3)), rng.random((3, 3)) * 40, rng.random((3, 3)), 60.0)
+    expected = scad(*args)
+    before = llvm_resident_mib()
+    advised = page_out("libllvmlite")
+    after = llvm_resident_mib()
+    again = scad(*args)  # the kernels run on after LLVM's pages went
+    same = all(np.array_equal(getattr(expected, k), getattr(again, k)) for k in ("split", "unused", "idle"))
+    print(before, advised / 2**20, after, same, warm_up()["scad"])
+""")
+
+
+def test_llvms_pages_are_handed_back_once_the_kernels_are_loaded_and_the_kernels_still_run():
+    out = subprocess.run([sys.executable, "-c", PAGE_OUT_CHILD], capture_output=True, text=True, timeout=300,
+                         check=True)
+    before, advised, after, same, how = out.stdout.split()
+    assert float(before) > 5, out.stdout  # loading the kernels mapped LLVM in
+    assert float(advised) >= float(before)  # every read-only mapping of the library was advised
+    assert float(after) < float(before) / 4, out.stdout  # and the kernel reclaimed its pages
+    assert same == "True" and how != "interpreted"  # the compiled kernels still run, and agree
+
+
 def test_the_cyclic_collector_is_paused_while_an_interval_closes_and_resumes_after():
     a100 = "NVIDIA A100-SXM4-40GB"
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-0", a100)], capacity={"nvidia_com_gpu": 1})

@@ -4,8 +4,10 @@ data-point attributes, empty labels dropped, gauges as Gauge, counters as cumula
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Mapping
 
+import grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, ResourceMetrics, ScopeMetrics
@@ -49,3 +51,16 @@ def request(*scrapes: ResourceMetrics) -> ExportMetricsServiceRequest:
     req = ExportMetricsServiceRequest()
     req.resource_metrics.extend(scrapes)
     return req
+
+
+def send(stub, req) -> None:  # noqa: ANN001
+    """Export one request, retrying while the sidecar answers UNAVAILABLE, as the Collector does."""
+    for attempt in range(20):
+        try:
+            stub.Export(req, timeout=10)
+            return
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 1.0))  # the sidecar said "retry later"
+    raise RuntimeError("the sidecar stayed unavailable")

@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
 from otelgpu.config import Config, PrometheusConfig, parse_config
 from otelgpu.demo import scenario, scrapes
-from otelgpu.demo.otlp import request
+from otelgpu.demo.otlp import request, send
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 
@@ -35,19 +35,6 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def send(stub, req) -> None:  # noqa: ANN001
-    """Export one request, retrying while the sidecar answers UNAVAILABLE, as the Collector does."""
-    for attempt in range(20):
-        try:
-            stub.Export(req, timeout=10)
-            return
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            time.sleep(min(0.05 * 2**attempt, 1.0))  # the sidecar said "retry later"
-    raise RuntimeError("the sidecar stayed unavailable")
 
 
 def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: bool = True) -> None:

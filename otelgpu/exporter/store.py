@@ -102,8 +102,9 @@ class CostStore:
     def _reset(self) -> None:
         self._sets = _AttrSets()
         self._rows: dict[str, dict[Attrs, int]] = {m: {} for m in self.metric_keys}  # live sum -> its row
-        self._free: list[int] = []
         cap = 1024
+        self._free = np.arange(cap - 1, -1, -1, dtype=np.int32)  # free rows: the first `_n_free`, lowest last
+        self._n_free = cap
         self._metric = np.zeros(cap, np.uint16)
         self._aset = np.zeros(cap, np.uint32)
         self._start = np.zeros(cap, np.int64)
@@ -157,9 +158,10 @@ class CostStore:
                                  self._gauge_points([(k, np.nan) for k in gone_gauges], end_ns, ended=True), ended])
 
     def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
-        if not self._free:
+        if not self._n_free:
             self._grow()
-        row = self._free.pop()
+        self._n_free -= 1
+        row = int(self._free[self._n_free])
         self._rows[metric][attrs] = row
         self._metric[row] = self._code[metric]
         self._aset[row] = self._sets.add(attrs)
@@ -176,7 +178,9 @@ class CostStore:
             new = np.zeros(2 * n, old.dtype)
             new[:n] = old
             setattr(self, name, new)
-        self._free = list(range(2 * n - 1, n - 1, -1))  # lowest rows first
+        self._free = np.zeros(2 * n, np.int32)  # room for every row
+        self._free[:n] = np.arange(2 * n - 1, n - 1, -1)  # lowest rows first
+        self._n_free = n
 
     def _drop(self, rows: np.ndarray) -> None:
         for metric, aset, value in zip(self._metric[rows].tolist(), self._aset[rows].tolist(),
@@ -187,7 +191,8 @@ class CostStore:
             if self.keep_ended:
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
         self._live[rows] = False
-        self._free.extend(rows.tolist()[::-1])
+        self._free[self._n_free:self._n_free + len(rows)] = rows[::-1]
+        self._n_free += len(rows)
 
     def _columns(self, rows: np.ndarray, end_ns: int, table: list[Attrs], ended: bool = False) -> Points:
         """Sums of these rows at `end_ns`, over `table` (a copy of the attribute sets)."""

@@ -66,7 +66,7 @@ _HI = np.full(_CODES, np.inf)
 for _m, (_lo, _hi) in VALUE_RANGE.items():
     _LO[_m], _HI[_m] = _lo, _hi
 
-MAX_SETS = 1 << 21  # beyond this many label sets (or arena bytes x 64) the table starts afresh
+MAX_SETS = 1 << 21  # beyond this many label sets (or bytes of pieces x 64) the table starts afresh
 MAX_SHAPES = 1 << 12  # distinct label shapes: a few dozen in a cluster; beyond, the table starts afresh
 SWEEP_FROM = 1 << 12  # sets before the first sweep
 SET_IDLE_NS = 300 * 10**9  # a set no point carried for this long (data time) is dropped at a sweep
@@ -87,7 +87,7 @@ _NAME_BLOB, _NAME_OFF, _NAME_CODE = _names()
 
 def _grown(a: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
     """`a` with room for `need` entries: half as large again, so at most a third of a table that
-    grew is room (the label-set arena of a 10,000-GPU cluster is tens of MiB)."""
+    grew is room (the label-set tables of a 10,000-GPU cluster are some MiB)."""
     if need <= len(a):
         return a
     out = np.full(max(need, len(a) + len(a) // 2), fill, a.dtype)
@@ -120,8 +120,15 @@ class ColumnarDecoder:
         self.set_seen = np.zeros(1 << 10, np.int64)  # newest time of an accepted point carrying it
         self.newest_ns = 0
         self.kept = 0  # sets the last sweep kept
-        self.arena = np.zeros(1 << 16, np.uint8)
-        self.arena_off = np.zeros((1 << 10) + 1, np.int64)
+        # Each set as the ids of its attribute fields' distinct bytes ("pieces": a pod's name, a
+        # GPU's UUID, the same namespace on every pod of it), each piece kept once.
+        self.set_pieces = np.zeros(1 << 12, np.int32)
+        self.set_off = np.zeros((1 << 10) + 1, np.int64)
+        self.pieces = np.zeros(1 << 14, np.uint8)
+        self.piece_off = np.zeros((1 << 10) + 1, np.int64)
+        self.piece_hash = np.zeros(1 << 10, np.uint64)
+        self.piece_slots = np.full(1 << 11, -1, np.int32)
+        self.n_pieces = 0
         self.label_off = np.zeros((1 << 10) + 1, np.int64)
         self.label_key = np.zeros(1 << 12, np.int32)
         self.label_val = np.zeros(1 << 12, np.int32)
@@ -144,7 +151,7 @@ class ColumnarDecoder:
         buf = np.frombuffer(raw, np.uint8)
         with self.lock:
             epoch = self.strings.epoch
-            if (epoch != self.epoch or self.sets > MAX_SETS or len(self.arena) > 64 * MAX_SETS
+            if (epoch != self.epoch or self.sets > MAX_SETS or self.pieces.nbytes + self.set_pieces.nbytes > 64 * MAX_SETS
                     or len(self.shapes) > MAX_SHAPES):
                 self._clear()
             elif self.sets >= max(SWEEP_FROM, 2 * self.kept):
@@ -175,11 +182,15 @@ class ColumnarDecoder:
         """Drop the label sets no accepted point carried since `cutoff_ns`."""
         n = self.sets
         keep = np.flatnonzero(self.set_seen[:n] >= cutoff_ns)
-        arena_off, label_off = self.arena_off, self.label_off
-        self.arena, new_arena_off = _gather(self.arena, arena_off, keep)
-        self.label_key, new_label_off = _gather(self.label_key, label_off, keep)
+        set_pieces, self.set_off = _gather(self.set_pieces, self.set_off, keep)
+        used, renumbered = np.unique(set_pieces, return_inverse=True)  # the pieces kept sets still use
+        self.set_pieces = renumbered.reshape(-1).astype(np.int32)
+        self.pieces, self.piece_off = _gather(self.pieces, self.piece_off, used)
+        self.piece_hash, self.n_pieces = self.piece_hash[used], len(used)
+        self._rehash_pieces(max(1 << 11, 1 << (2 * self.n_pieces).bit_length()))
+        label_off = self.label_off
+        self.label_key, self.label_off = _gather(self.label_key, label_off, keep)
         self.label_val, _ = _gather(self.label_val, label_off, keep)
-        self.arena_off, self.label_off = new_arena_off, new_label_off
         self.set_hash, self.set_shape, self.set_seen = self.set_hash[keep], self.set_shape[keep], self.set_seen[keep]
         self.sets = self.kept = len(keep)
         self.renumbered += 1
@@ -189,6 +200,11 @@ class ColumnarDecoder:
         """A slot table of `size` (a power of two) holding every set."""
         self.slots = np.full(size, -1, np.int32)
         wire.place_sets(self.slots, self.set_hash, self.sets)
+
+    def _rehash_pieces(self, size: int) -> None:
+        """A slot table of `size` (a power of two) holding every piece."""
+        self.piece_slots = np.full(size, -1, np.int32)
+        wire.place_sets(self.piece_slots, self.piece_hash, self.n_pieces)
 
     def _scan(self, buf: np.ndarray, floor: int, horizon: int) -> Optional[dict[str, np.ndarray]]:
         cap, rcap = max(16, len(buf) // 24), 64
@@ -203,8 +219,8 @@ class ColumnarDecoder:
                 "wrong": np.zeros((_CODES, len(wire.WHICH)), np.int64),
             }
             status, n, nres, ignored = wire.scan(
-                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, wire.SCHEMA.kind, self.slots, self.set_hash, self.arena,
-                self.arena_off, self.seed, floor, horizon, self.limits.max_attributes,
+                buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, wire.SCHEMA.kind, self.slots, self.set_hash, self.set_pieces,
+                self.set_off, self.pieces, self.piece_off, self.seed, floor, horizon, self.limits.max_attributes,
                 c["p_metric"], c["p_res"], c["p_time"], c["p_value"], c["p_flags"], c["p_set"],
                 c["p_hash"], c["p_dp"], c["r_res"], c["r_live"], c["wrong"])
             if status != wire.OK:
@@ -226,7 +242,7 @@ class ColumnarDecoder:
                 self._add(raw, buf, int(p_dp[i, 0]), int(p_dp[i, 1]), p_hash[i])
             found = np.empty(len(unknown), np.int32)
             wire.find_sets(buf, p_dp[unknown], p_hash[unknown], self.limits.max_attributes, self.slots, self.set_hash,
-                           self.arena, self.arena_off, found)
+                           self.set_pieces, self.set_off, self.pieces, self.piece_off, found)
             p_set[unknown] = found
             unknown = unknown[found == -1]  # two sets with one hash: the next round enters the other
 
@@ -242,12 +258,18 @@ class ColumnarDecoder:
         self.set_hash = _grown(self.set_hash, s + 1)
         self.set_shape = _grown(self.set_shape, s + 1)
         self.set_seen = _grown(self.set_seen, s + 1)
-        self.arena_off = _grown(self.arena_off, s + 2)
+        self.set_off = _grown(self.set_off, s + 2)
         self.label_off = _grown(self.label_off, s + 2)
-        at = int(self.arena_off[s])
-        self.arena = _grown(self.arena, at + (b - a))
-        size = wire.attribute_bytes(buf, a, b, self.arena[at:])
-        self.arena_off[s + 1] = at + size
+        at, fields = int(self.set_off[s]), self.limits.max_attributes  # a set of more is never entered
+        self.set_pieces = _grown(self.set_pieces, at + fields)
+        self.piece_hash = _grown(self.piece_hash, self.n_pieces + fields)
+        self.piece_off = _grown(self.piece_off, self.n_pieces + fields + 1)
+        self.pieces = _grown(self.pieces, int(self.piece_off[self.n_pieces]) + (b - a))
+        if 2 * (self.n_pieces + fields) > len(self.piece_slots):
+            self._rehash_pieces(1 << (2 * (self.n_pieces + fields)).bit_length())
+        n, self.n_pieces = wire.enter_pieces(buf, a, b, self.seed, self.piece_slots, self.piece_hash, self.pieces,
+                                             self.piece_off, self.n_pieces, self.set_pieces[at:])
+        self.set_off[s + 1] = at + n
         lat = int(self.label_off[s])
         self.label_key = _grown(self.label_key, lat + len(codes))
         self.label_val = _grown(self.label_val, lat + len(codes))

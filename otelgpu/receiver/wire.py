@@ -237,41 +237,86 @@ def hash_span(buf, a, b, h):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def _same(buf, spans, n, arena, a, b):  # noqa: ANN001, ANN202
-    """Whether the attribute fields buf[spans[k,0]:spans[k,1]], k < n, are arena[a:b]."""
-    total = 0
-    for k in range(n):
-        total += spans[k, 1] - spans[k, 0]
-    if total != b - a:
-        return False
-    j = a
-    for k in range(n):
-        i, end = spans[k, 0], spans[k, 1]
-        while i + 8 <= end:
-            if _fixed64(buf, i) != _fixed64(arena, j):
-                return False
-            i += 8
-            j += 8
-        while i < end:
-            if buf[i] != arena[j]:
-                return False
-            i += 1
-            j += 1
+def _same_bytes(buf, i, end, table, j):  # noqa: ANN001, ANN202
+    """Whether buf[i:end] is table[j:j + end - i], eight bytes at a time."""
+    while i + 8 <= end:
+        if _fixed64(buf, i) != _fixed64(table, j):
+            return False
+        i += 8
+        j += 8
+    while i < end:
+        if buf[i] != table[j]:
+            return False
+        i += 1
+        j += 1
     return True
 
 
 @njit(cache=True, nogil=True)
-def find_set(buf, spans, n, h, slots, set_hash, arena, arena_off):  # noqa: ANN001, ANN201
-    """The label set whose attribute bytes are the n spans of buf, or -1."""
+def _same(buf, spans, n, set_pieces, a, b, pieces, piece_off):  # noqa: ANN001, ANN202
+    """Whether the attribute fields buf[spans[k,0]:spans[k,1]], k < n, are, in order, the pieces
+    set_pieces[a:b] (each piece one attribute field's bytes: pieces[piece_off[p]:piece_off[p+1]])."""
+    if b - a != n:
+        return False
+    for k in range(n):
+        p = set_pieces[a + k]
+        i, end = spans[k, 0], spans[k, 1]
+        if end - i != piece_off[p + 1] - piece_off[p] or not _same_bytes(buf, i, end, pieces, piece_off[p]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def find_set(buf, spans, n, h, slots, set_hash, set_pieces, set_off, pieces, piece_off):  # noqa: ANN001, ANN201
+    """The label set whose attribute fields are the n spans of buf, or -1. Set s is the pieces
+    set_pieces[set_off[s]:set_off[s+1]]."""
     mask = len(slots) - 1
     at = np.int64(h & np.uint64(mask))
     while True:
         s = slots[at]
         if s < 0:
             return -1
-        if set_hash[s] == h and _same(buf, spans, n, arena, arena_off[s], arena_off[s + 1]):
+        if set_hash[s] == h and _same(buf, spans, n, set_pieces, set_off[s], set_off[s + 1], pieces, piece_off):
             return s
         at = (at + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def enter_pieces(buf, a, b, seed, piece_slots, piece_hash, pieces, piece_off, n_pieces, out):  # noqa: ANN001, ANN201
+    """The pieces of the NumberDataPoint at buf[a:b]: the id of each of its attribute fields (number
+    7, each whole: tag, length and content), in order, written into `out`. A field no piece holds
+    yet becomes piece `n_pieces` (then the next). The caller leaves room for every field in `out`,
+    piece_hash, piece_off and pieces, and a slot table at most half full after. Returns (fields,
+    pieces known after)."""
+    mask = len(piece_slots) - 1
+    n = 0
+    i = a
+    while i < b:
+        number, wire, _, _, nxt = _field(buf, i, b)
+        if nxt < 0:
+            break
+        if number == 7 and wire == 2:
+            h = hash_span(buf, i, nxt, seed)
+            at = np.int64(h & np.uint64(mask))
+            while True:
+                p = piece_slots[at]
+                if p < 0:
+                    p = n_pieces
+                    n_pieces += 1
+                    start = piece_off[p]
+                    pieces[start:start + nxt - i] = buf[i:nxt]
+                    piece_off[p + 1] = start + nxt - i
+                    piece_hash[p] = h
+                    piece_slots[at] = p
+                    break
+                if (piece_hash[p] == h and piece_off[p + 1] - piece_off[p] == nxt - i
+                        and _same_bytes(buf, i, nxt, pieces, piece_off[p])):
+                    break
+                at = (at + 1) & mask
+            out[n] = p
+            n += 1
+        i = nxt
+    return n, n_pieces
 
 
 @njit(cache=True, nogil=True)
@@ -289,22 +334,6 @@ def place_sets(slots, set_hash, n):  # noqa: ANN001, ANN201
     """place_set for the sets 0..n-1 (a table built afresh)."""
     for s in range(n):
         place_set(slots, set_hash, s)
-
-
-@njit(cache=True, nogil=True)
-def attribute_bytes(buf, a, b, out):  # noqa: ANN001, ANN201
-    """The attribute fields (number 7) of the NumberDataPoint at buf[a:b], each whole (tag, length
-    and content), one after the other into `out`; returns how many bytes."""
-    i = a
-    n = 0
-    while i < b:
-        number, wire, _, _, nxt = _field(buf, i, b)
-        if number == 7 and wire == 2:
-            for k in range(i, nxt):
-                out[n] = buf[k]
-                n += 1
-        i = nxt
-    return n
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -387,7 +416,7 @@ def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN2
 
 @njit(cache=True, nogil=True)
 def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
-         slots, set_hash, arena, arena_off, seed, floor, horizon, max_attributes,
+         slots, set_hash, set_pieces, set_off, pieces, piece_off, seed, floor, horizon, max_attributes,
          p_metric, p_res, p_time, p_value, p_flags, p_set, p_hash, p_dp,
          r_res, r_live, wrong):
     """One pass over the request. Returns (status, points, scrape targets, ignored points).
@@ -496,14 +525,16 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
                         if nattr > max_attributes:
                             p_set[npts] = -2
                         else:
-                            p_set[npts] = find_set(buf, spans, nattr, hsh, slots, set_hash, arena, arena_off)
+                            p_set[npts] = find_set(buf, spans, nattr, hsh, slots, set_hash, set_pieces, set_off,
+                                                   pieces, piece_off)
                     npts += 1
     return OK, npts, nres, ignored
 
 
 
 @njit(cache=True, nogil=True)
-def find_sets(buf, dp, hashes, max_attributes, slots, set_hash, arena, arena_off, out):  # noqa: ANN001, ANN201
+def find_sets(buf, dp, hashes, max_attributes, slots, set_hash, set_pieces, set_off, pieces, piece_off,  # noqa: ANN001, ANN201
+              out):
     """find_set for the NumberDataPoints at the byte spans `dp` (their attribute hashes given)."""
     spans = np.empty((max_attributes + 1, 2), np.int64)
     for p in range(len(hashes)):
@@ -516,4 +547,4 @@ def find_sets(buf, dp, hashes, max_attributes, slots, set_hash, arena, arena_off
                 spans[n, 1] = nxt
                 n += 1
             i = nxt
-        out[p] = find_set(buf, spans, n, hashes[p], slots, set_hash, arena, arena_off)
+        out[p] = find_set(buf, spans, n, hashes[p], slots, set_hash, set_pieces, set_off, pieces, piece_off)

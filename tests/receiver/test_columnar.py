@@ -360,16 +360,32 @@ def test_a_compaction_empties_the_label_set_table():
 
 def test_sets_with_one_hash_are_told_apart_by_their_bytes():
     buf = np.frombuffer(b"\x3a\x02ab" + b"\x3a\x02cd", np.uint8)
-    arena = np.frombuffer(b"\x3a\x02cd\x3a\x02ab", np.uint8).copy()
-    arena_off = np.array([0, 4, 8], np.int64)
-    set_hash = np.array([42, 42], np.uint64)  # the same hash: only the bytes differ
+    pieces = np.frombuffer(b"\x3a\x02cd\x3a\x02ab", np.uint8).copy()
+    piece_off = np.array([0, 4, 8], np.int64)
+    set_pieces, set_off = np.array([0, 1, 1, 0], np.int32), np.array([0, 1, 2, 4], np.int64)  # cd; ab; ab cd
+    set_hash = np.array([42, 42, 42], np.uint64)  # the same hash: only the bytes differ
     slots = np.full(8, -1, np.int32)
-    for s in range(2):
+    for s in range(3):
         wire.place_set(slots, set_hash, s)
     spans = np.array([[0, 4], [4, 8]], np.int64)
-    assert wire.find_set(buf, spans[:1], 1, np.uint64(42), slots, set_hash, arena, arena_off) == 1
-    assert wire.find_set(buf, spans[1:], 1, np.uint64(42), slots, set_hash, arena, arena_off) == 0
-    assert wire.find_set(buf, spans, 2, np.uint64(42), slots, set_hash, arena, arena_off) == -1
+    table = (slots, set_hash, set_pieces, set_off, pieces, piece_off)
+    assert wire.find_set(buf, spans[:1], 1, np.uint64(42), *table) == 1
+    assert wire.find_set(buf, spans[1:], 1, np.uint64(42), *table) == 0
+    assert wire.find_set(buf, spans, 2, np.uint64(42), *table) == 2
+    assert wire.find_set(buf, spans[::-1].copy(), 2, np.uint64(42), *table) == -1  # cd ab: no such set
+    assert wire.find_set(buf, spans, 2, np.uint64(41), *table) == -1  # another hash
+
+
+def test_each_distinct_attribute_field_is_kept_once_and_sets_refer_to_it():
+    both = Both()
+    raw = request_bytes(*[("kube_pod_info", {"namespace": "ml", "pod": f"p-{k}", "node": "n-1"}, 1.0)
+                          for k in range(5)])
+    both.same(raw)
+    d = both.columnar
+    assert len(d) == 5 and d.n_pieces == 5 + 2  # five pods, one namespace, one node
+    stored = bytes(d.pieces[:d.piece_off[d.n_pieces]])
+    assert stored.count(b"ml") == 1 and stored.count(b"n-1") == 1
+    assert len(set(d.set_pieces[:d.set_off[d.sets]].tolist())) == d.n_pieces
 
 
 def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch):
@@ -386,7 +402,12 @@ def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch
     for raw in live:
         both.same(raw, now=later)
     assert len(both.columnar) == 6 and both.columnar.kept == 0
+    assert both.columnar.n_pieces == 6 + 1  # six pods, one namespace
     both.same(live[0], now=later)  # six sets: this decode sweeps first
     assert len(both.columnar) == 2 and both.columnar.kept == 2  # only the pods still reported
+    d = both.columnar
+    kept = bytes(d.pieces[:d.piece_off[d.n_pieces]])
+    assert d.n_pieces == 3 and b"old-" not in kept and b"new-0" in kept  # the swept sets' own pieces went too
+    assert both.same(live[1], now=later)[0] and len(d) == 2  # a kept set is still found, renumbered pieces
     assert both.same(gone[0], now=later)[0]  # a swept set comes back as it was
-    assert len(both.columnar) == 3
+    assert len(both.columnar) == 3 and both.columnar.n_pieces == 4
