@@ -141,9 +141,10 @@ def free_port() -> int:
 
 
 def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak) of a process, in KiB."""
+    """VmRSS, VmHWM (peak) and RssAnon (the resident memory not backed by a file) of a process, in KiB."""
     with open(f"/proc/{pid}/status") as f:
-        return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
+        return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)
+                if k in ("VmRSS", "VmHWM", "RssAnon")}
 
 
 def cpu_seconds(pid: int) -> float:

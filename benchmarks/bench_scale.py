@@ -21,8 +21,10 @@ Measured from outside the sidecar:
   and worst over the second half of the run's intervals, as for the steady memory: the first
   ones create every series (and the first cAdvisor rates add more), which later ones only
   update. Also printed: the same from that scrape's first request, which adds taking it in.
-- memory: VmRSS once ready, the median VmRSS over the second half of the run (steady), and the
-  kernel's high-water mark VmHWM (peak).
+- memory: VmRSS once ready; steady: the median of VmRSS sampled every 0.25 s over the second half
+  of the run (the part of it not backed by a file, RssAnon, is printed too), and the median of
+  VmRSS at the moments each scrape's last request was accepted, when the sidecar is busiest; and
+  the kernel's high-water mark VmHWM (peak).
 - inside: the sidecar's own `otelgpu_work_seconds_total` per interval computed: wall seconds of
   computing intervals ahead of their close (`attribution.compute_ahead`, on in the gateway's file:
   once every target has sent data past an interval's end, before the scrape that closes it; used
@@ -105,6 +107,30 @@ class Scrapes:
     def at(self, time_ns: int, with_kubelet: bool) -> list[tuple[bytes, int]]:
         new = struct.pack("<Q", time_ns)
         return [(raw.replace(self._old, new), n) for raw, n in self.every + (self.kubelet if with_kubelet else [])]
+
+
+class Sampler:
+    """VmRSS and RssAnon of a process every `every_s` seconds until stopped, in MiB."""
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        self.samples: list[tuple[float, float, float]] = []  # (monotonic time, VmRSS, RssAnon)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pid, every_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, pid: int, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            status = bf.proc_status(pid)
+            self.samples.append((time.monotonic(), status["VmRSS"] / 1024, status.get("RssAnon", 0) / 1024))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def steady(self, since: float) -> tuple[float, float]:
+        """Median VmRSS and RssAnon of the samples taken from `since` on."""
+        later = [s for s in self.samples if s[0] >= since] or self.samples or [(0.0, 0.0, 0.0)]
+        return statistics.median(s[1] for s in later), statistics.median(s[2] for s in later)
 
 
 class Receiver:
@@ -223,6 +249,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         accepted: dict[int, float] = {}  # scrape time -> when its first request was accepted
         received: dict[int, float] = {}  # scrape time -> when its last request was accepted
         rss, sent, retries = [], 0, 0
+        sampler = Sampler(child.pid)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=grpc.Compression.Gzip,
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
             call = channel.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)
@@ -237,6 +264,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                         accepted[t] = time.monotonic()
                 received[t] = time.monotonic()
                 rss.append(bf.proc_status(child.pid)["VmRSS"] / 1024)
+            sampler.stop()
+            steady, steady_anon = sampler.steady(since=wall0 + n_scrapes * SCRAPE_S / args.speed / 2)
             closes = [end for end in range(t0 + INTERVAL_S * NS, t + 1, INTERVAL_S * NS)
                       if end + LATENESS_S * NS <= t]  # intervals the data closes (the rest close at shutdown)
             for end in closes:  # wait for each to be delivered
@@ -273,7 +302,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "points_per_cpu_s": sent / cpu if cpu else float("inf"),
         "cpu_ms_per_gpu_hour": cpu / load.gpus / (data_s / 3600) * 1000,
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
-        "rss_steady": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
+        "rss_steady": steady, "rss_steady_anon": steady_anon,
+        "rss_at_scrape": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
         "scrape": scrape,
@@ -346,6 +376,8 @@ def main() -> None:
         what = "every cost series and the self-metrics" if args.metrics_cost_series else "the self-metrics"
         print(f"  {r['gpus']:,} GPUs: one scrape of /metrics ({what}, "
               f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
+        print(f"  {r['gpus']:,} GPUs: steady RSS {r['rss_steady']:.0f} MiB, of which {r['rss_steady_anon']:.0f} MiB "
+              f"not backed by a file; {r['rss_at_scrape']:.0f} MiB at the moments a scrape was in (median)")
         first = r["after_first"][len(r["after_first"]) // 2:] or [float("nan")]
         print(f"  {r['gpus']:,} GPUs: from the first request of the scrape that closes an interval instead: "
               f"{statistics.median(first):.2f} s median, {max(first):.2f} s worst")
