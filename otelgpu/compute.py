@@ -22,7 +22,7 @@ from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.window import Interval
-from otelgpu.exporter.store import Attrs, with_attrs
+from otelgpu.exporter.store import Attrs, Plan, with_attrs
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics
 
@@ -36,6 +36,7 @@ class Costs:
     gauges: Series
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0
+    plan: Optional[Plan] = None  # where the store adds the sums, looked up ahead of the close
 
     def packed(self) -> "Costs":
         """The same costs with each series as two columns (`Packed`): what waits for the close
@@ -54,6 +55,9 @@ class Packed(Mapping[Attrs, float]):
 
     def items(self) -> Iterator[tuple[Attrs, float]]:  # type: ignore[override]
         return zip(self._keys, self._values.tolist())
+
+    def values(self) -> list[float]:  # type: ignore[override]
+        return self._values.tolist()
 
     def __iter__(self) -> Iterator[Attrs]:
         return iter(self._keys)

@@ -349,6 +349,7 @@ class Pipeline:
         with self.metrics.held() as counts, collector_paused():
             try:
                 costs: Optional[Costs] = self._compute(interval).packed()  # held until the close
+                costs.plan = self.store.plan(costs.sums)  # no other interval is recorded before its close
             except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
                 log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
                 costs = None
@@ -399,7 +400,7 @@ class Pipeline:
         self._reload_prices()  # at each close, computed ahead or not: prices as of the close
         if costs is None:
             costs = self._compute(interval)
-        snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges)
+        snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges, costs.plan)
         self._count(snapshot)
         self.metrics.add("unpriced_gpu_seconds", costs.unpriced_gpus * interval.seconds)
         self.metrics.add("gpu_seconds_without_device_data", costs.gpus_without_device_data * interval.seconds)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline
 
@@ -94,3 +96,45 @@ def test_a_queued_snapshot_keeps_its_attributes_when_the_store_reuses_their_slot
     assert [(p.attrs, p.value) for p in held] == [(old, 1.0)]
     assert [(p.attrs, p.ended) for p in ended] == [(old, True)]
     assert [(p.attrs, p.value, p.start_ns) for p in store.points()] == [(new, 2.0, 120)]
+
+
+def _series(k: int) -> tuple[tuple[str, str], ...]:
+    """Series k's attributes: its own pod, a team and a node shared with others."""
+    return tuple(sorted({"pod": f"p{k}", "team": f"t{k % 3}", "node": f"n{k % 2}"}.items()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 11), max_size=12), min_size=1, max_size=10))
+def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(intervals: list[set[int]]) -> None:
+    """Series come and go in batches (many end in one interval, sharing their strings): the
+    store's tables must hold every string a live series uses, and no other."""
+    store = CostStore(end_after_intervals=1)
+    for i, keys in enumerate(intervals):
+        store.record(i * 60, (i + 1) * 60, {"allocated": {_series(k): 1.0 for k in keys},
+                                            "held": {_series(k): 2.0 for k in keys if k % 2}}, {})
+        live = {p.attrs for p in store.points()}
+        assert live == {_series(k) for k in keys}
+        assert set(store._sets._index) == live
+        assert set(store._sets._strings._ids) == {x for attrs in live for kv in attrs for x in kv}
+        again = CostStore()
+        again.restore(store.state())
+        assert sorted(again.points(), key=repr) == sorted(store.points(), key=repr)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 11), max_size=12), min_size=2, max_size=8), st.integers(1, 7))
+def test_a_plan_looked_up_ahead_records_as_the_lookup_at_the_close_and_a_stale_one_is_ignored(
+        intervals: list[set[int]], stale_at: int) -> None:
+    """An interval computed ahead looks its series' rows up then; should anything be recorded
+    between (it never is in the pipeline), the plan's rows would be wrong and must not be used."""
+    def sums(keys: set[int]) -> dict:
+        return {"allocated": {_series(k): 1.0 + k for k in keys}, "held": {_series(k): 2.0 for k in keys if k % 2}}
+
+    planned, plain = CostStore(end_after_intervals=1), CostStore(end_after_intervals=1)
+    early = None
+    for i, keys in enumerate(intervals):
+        plan = early if i == stale_at else planned.plan(sums(keys))  # early: made before the last record
+        if i + 1 == stale_at and i + 1 < len(intervals):
+            early = planned.plan(sums(intervals[i + 1]))
+        expected = plain.record(i * 60, (i + 1) * 60, sums(keys), {})
+        assert list(map(repr, planned.record(i * 60, (i + 1) * 60, sums(keys), {}, plan))) == list(map(repr, expected))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 import numpy as np
 
@@ -32,6 +32,14 @@ def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
         return attrs
     kept = [kv for kv in attrs if kv[0] not in extra and kv[1] != ""]
     return tuple(sorted(kept + [pair(kv) for kv in extra.items() if kv[1] != ""]))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where `CostStore.record` will add each series' increment, looked up before it (`CostStore.plan`)."""
+
+    records: int  # how many intervals the store had recorded then: the plan holds until the next one
+    rows: dict[str, np.ndarray]  # per metric, each series' row in the order of its mapping; -1 for a new one
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class CostStore:
         self.end_after_intervals = end_after_intervals
         self.keep_ended = keep_ended
         self._lock = threading.Lock()
+        self._records = 0  # intervals recorded, and restores: a plan is valid while this stays
         self._reset()
 
     def _reset(self) -> None:
@@ -119,24 +128,39 @@ class CostStore:
         self.last_time_ns = 0
         self.series_ended = 0
 
+    def plan(self, sums: Mapping[str, Mapping[Attrs, float]]) -> Plan:
+        """The rows `record(..., sums, ...)` would add to, looked up now (an interval computed
+        ahead of its close does this then, so that its close need not)."""
+        with self._lock:
+            return Plan(self._records, {metric: self._look_up(metric, series) for metric, series in sums.items()})
+
+    def _look_up(self, metric: str, series: Mapping[Attrs, float]) -> np.ndarray:
+        get = self._rows[metric].get
+        return np.fromiter((get(attrs, -1) for attrs in series), np.int64, len(series))
+
     def record(self, start_ns: int, end_ns: int, sums: Mapping[str, Mapping[Attrs, float]],
-               gauges: Mapping[str, Mapping[Attrs, float]]) -> Points:
+               gauges: Mapping[str, Mapping[Attrs, float]], plan: Optional[Plan] = None) -> Points:
         """Add one interval's increments, replace the gauges, end the series that went quiet.
         Returns the interval's snapshot for the exporters: every live series at `end_ns` plus one
-        ended point per series that ended now."""
+        ended point per series that ended now. `plan`: `plan(sums)`, used if nothing was recorded
+        since it was made."""
         if end_ns <= self.last_time_ns:
             raise ValueError(f"interval ending {end_ns} is not after the last one ({self.last_time_ns}): "
                              "timestamps of a series must strictly increase")
         with self._lock:
+            if plan is not None and plan.records != self._records:
+                plan = None
+            self._records += 1
             rows, incs = [], []
             for metric, series in sums.items():
-                get = self._rows[metric].get
-                for attrs, inc in series.items():
-                    row = get(attrs)
-                    if row is None:
-                        row = self._add(metric, attrs, start_ns, 0.0, 0)
-                    rows.append(row)
-                    incs.append(inc)
+                rows_of = plan.rows[metric] if plan is not None else self._look_up(metric, series)
+                new, found = np.flatnonzero(rows_of < 0).tolist(), rows_of.tolist()
+                if new:
+                    keys = list(series)
+                    for i in new:  # in the mapping's order, as they were found
+                        found[i] = self._add(metric, keys[i], start_ns, 0.0, 0)
+                rows += found
+                incs += series.values()
             table = list(self._sets.attrs)  # the snapshot's own: a set's index is reused once it is released
             seen = np.array(rows, np.int64)
             live = self._live
@@ -183,13 +207,13 @@ class CostStore:
         self._n_free = n
 
     def _drop(self, rows: np.ndarray) -> None:
-        for metric, aset, value in zip(self._metric[rows].tolist(), self._aset[rows].tolist(),
-                                       self._value[rows].tolist()):
+        asets = self._aset[rows].tolist()
+        for metric, aset, value in zip(self._metric[rows].tolist(), asets, self._value[rows].tolist()):
             key = (self.metric_keys[metric], self._sets.attrs[aset])
             del self._rows[key[0]][key[1]]
-            self._sets.release(aset)
             if self.keep_ended:
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
+        self._sets.release(asets)
         self._live[rows] = False
         self._free[self._n_free:self._n_free + len(rows)] = rows[::-1]
         self._n_free += len(rows)
@@ -296,6 +320,7 @@ class CostStore:
             raise ValueError("a series starts after the last interval")
         with self._lock:
             self._reset()
+            self._records += 1
             for m, attrs, start, value, quiet in restored:
                 self._add(m, attrs, start, value, quiet)
             self.last_time_ns = last
@@ -332,14 +357,21 @@ class _AttrSets:
         self._users[i] += 1
         return i
 
-    def release(self, i: int) -> None:
-        self._users[i] -= 1
-        if not self._users[i]:
-            del self._index[self.attrs[i]]
-            for code in np.frombuffer(self._codes[i], np.uint32).tolist():
-                self._strings.release(code)
+    def release(self, sets: list[int]) -> None:
+        """One user fewer for each of `sets` (a set twice: two fewer); a set left without users
+        is forgotten, and its strings released all at once."""
+        gone = []
+        for i in sets:
+            self._users[i] -= 1
+            if not self._users[i]:
+                del self._index[self.attrs[i]]
+                gone.append(i)
+        if not gone:
+            return
+        self._strings.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
+        for i in gone:
             self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
-            self._free.append(i)
+        self._free.extend(gone)
 
     def table(self, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """These sets as arrays: their string ids, where each set ends, the strings' UTF-8 bytes
@@ -392,13 +424,16 @@ class _Strings:
         self._refs[i] += 1
         return i
 
-    def release(self, i: int) -> None:
-        self._refs[i] -= 1
-        if not self._refs[i]:
-            del self._ids[self._utf8[i].decode("utf-8", "surrogatepass")]
-            self._utf8[i] = b""
-            self._free.append(i)
-            self._cache = None
+    def release(self, codes: np.ndarray) -> None:
+        """One reference fewer per occurrence of an id in `codes`; a string left without is forgotten."""
+        ids, counts = np.unique(codes, return_counts=True)
+        for i, n in zip(ids.tolist(), counts.tolist()):
+            self._refs[i] -= n
+            if not self._refs[i]:
+                del self._ids[self._utf8[i].decode("utf-8", "surrogatepass")]
+                self._utf8[i] = b""
+                self._free.append(i)
+                self._cache = None
 
     def encoded(self) -> tuple[np.ndarray, np.ndarray]:
         """All strings as one UTF-8 byte array and the end of each (unchanged ones are not re-joined)."""
