@@ -14,12 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pytest
 from cluster import Cluster, Node, Pod, Unit
 from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
 from otelgpu.config import KubernetesConfig
+from otelgpu.enrich import factstate
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 
@@ -179,6 +181,43 @@ def test_a_facts_mark_puts_back_what_later_updates_changed_in_place() -> None:
     undo()
     for table, was in before.items():
         assert list(getattr(p.facts, table).items()) == list(was.items())
+
+
+def same_arrays(a, b) -> bool:  # noqa: ANN001 - nested dicts and lists of arrays and numbers
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_arrays(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+def test_facts_encoded_ahead_serve_the_next_checkpoint_only_while_the_facts_stay_as_they_were() -> None:
+    c = cluster()
+    p = pipeline(False)
+    facts = p.facts
+    p.ingest.consume(c.scrape(0))
+    facts.update(p.ingest.get(timeout=0))
+    assert facts.pods
+
+    def fresh() -> dict:
+        return factstate.encode(facts.pods, facts.nodes, facts.namespaces, facts.owners)
+
+    facts.encode_ahead()
+    assert same_arrays(facts.state(), fresh())
+    late = cluster()
+    late.pods[0].labels["team"] = "audio"
+    p.ingest.consume(late.scrape(30))
+    ahead = (facts.encode_ahead(), facts._encoded)[1]
+    undo = facts.mark()
+    facts.update(p.ingest.get(timeout=0))  # a label changed in place after the encoding
+    assert not same_arrays(ahead[1], fresh()) and same_arrays(facts.state(), fresh())
+    facts.encode_ahead()
+    undo()  # put back after the encoding
+    assert same_arrays(facts.state(), fresh()) and same_arrays(fresh(), ahead[1])
+    facts.encode_ahead()
+    assert facts.pods
+    facts.expire(c.t0 + 10**6 * NS)  # everything forgotten after the encoding
+    assert same_arrays(facts.state(), fresh()) and not facts.pods
 
 
 def test_kubernetes_api_facts_of_the_interval_that_change_before_its_close_make_it_computed_again() -> None:

@@ -110,7 +110,8 @@ class KsmFacts:
         self.namespaces: dict[str, NamespaceFacts] = {}
         self.nodes: dict[str, NodeFacts] = {}
         self.owners: dict[OwnerKey, OwnerFacts] = {}
-        self.version = 0  # updates so far: what was computed from these facts knows whether they moved
+        self.version = 0  # changes so far: what was computed from these facts knows whether they moved
+        self._encoded: tuple[int, dict[str, Any]] | None = None  # `state()` as of a version, made ahead
 
     def update(self, batch: PointBatch) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used.
@@ -215,6 +216,7 @@ class KsmFacts:
         for table in (self.pods, self.namespaces, self.nodes, self.owners):
             for key in [k for k, v in table.items() if v.seen_ns < cutoff]:
                 del table[key]
+                self.version += 1
 
     def view(self, as_of_ns: int | None = None) -> FactsView:
         """The facts applied so far; the pipeline applies each interval's rows at its close, so
@@ -225,16 +227,26 @@ class KsmFacts:
     # to be scraped again (the log is replayed only from the oldest open interval).
 
     def state(self) -> dict[str, Any]:
-        """As arrays (enrich/factstate.py)."""
+        """As arrays (enrich/factstate.py): the ones `encode_ahead` made if nothing changed since."""
+        encoded, self._encoded = self._encoded, None
+        if encoded is not None and encoded[0] == self.version:
+            return encoded[1]
         from otelgpu.enrich import factstate  # it builds these classes: imported here, not in a cycle
 
         return factstate.encode(self.pods, self.nodes, self.namespaces, self.owners)
+
+    def encode_ahead(self) -> None:
+        """Make the next `state()` now (an interval computed ahead of its close: its checkpoint
+        then has the facts ready), kept only while the facts do not change."""
+        self._encoded = None
+        self._encoded = (self.version, self.state())
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then).
         Reads the arrays of `state()` and the JSON lists written before them."""
         from otelgpu.enrich import factstate
 
+        self.version += 1
         if state.get("version") == factstate.VERSION:
             self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)
             return

@@ -256,16 +256,19 @@ class OtlpSender:
 
     def send(self, points: Sequence[Point], progress: Optional[Progress] = None) -> SendResult:
         """`progress` is not used: an attempt sends the whole snapshot again. A cumulative point
-        repeated with the same timestamp, start time and value is a no-op for OTLP consumers."""
+        repeated with the same timestamp, start time and value is a no-op for OTLP consumers.
+
+        The next request is built while the one before it is on its way (at most two in flight,
+        their points in different series): building takes about as long as sending."""
+        calls: list[grpc.Future] = []
         try:
-            for request in self._writer.requests(points):
-                response = self._export(request, metadata=self._headers, timeout=self._config.timeout_seconds,
-                                        compression=self._compression)
-                rejected = response.partial_success.rejected_data_points
-                if rejected:  # accepted in part: never resent (the receiver would refuse them again)
-                    self._metrics.count("export_points_rejected", self.name, rejected)
-                    log.error("the OTLP receiver refused %d cost points: %s", rejected,
-                              response.partial_success.error_message)
+            for request in self._writer.requests(points):  # built as the loop asks: while the last call is out
+                calls.append(self._export.future(request, metadata=self._headers,
+                                                 timeout=self._config.timeout_seconds, compression=self._compression))
+                if len(calls) == 2:
+                    self._answered(calls.pop(0).result())
+            while calls:
+                self._answered(calls.pop(0).result())
         except grpc.RpcError as error:
             code = error.code()  # type: ignore[attr-defined]
             delay = _retry_delay(error)
@@ -275,7 +278,16 @@ class OtlpSender:
         except Exception as exc:  # an encoding bug must not take the exporter thread down
             log.exception("OTLP cost export failed")
             return SendResult(ok=False, retryable=False, reason="encode", detail=str(exc))
+        finally:
+            for call in calls:
+                call.cancel()  # still out when an earlier one failed: the retry sends the whole snapshot
         return DELIVERED
+
+    def _answered(self, response: ExportMetricsServiceResponse) -> None:
+        rejected = response.partial_success.rejected_data_points
+        if rejected:  # accepted in part: never resent (the receiver would refuse them again)
+            self._metrics.count("export_points_rejected", self.name, rejected)
+            log.error("the OTLP receiver refused %d cost points: %s", rejected, response.partial_success.error_message)
 
     def close(self) -> None:
         self._channel.close()  # fails a call in flight with CANCELLED

@@ -14,7 +14,7 @@ from support import eventually
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
-from otelgpu.exporter.otlp import NO_RECORDED_VALUE, OtlpSender, build_requests
+from otelgpu.exporter.otlp import MAX_POINTS_PER_REQUEST, NO_RECORDED_VALUE, OtlpSender, build_requests
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 
@@ -224,3 +224,28 @@ def test_a_per_node_sidecar_names_its_node_as_the_instance(store: CostStore, int
     resource = {kv.key: kv.value.string_value for kv in request.resource_metrics[0].resource.attributes}
     assert resource == {"k8s.cluster.name": "prod-eu", "service.name": "otelgpu",
                         "service.instance.id": "ip-10-0-1-1.ec2.internal"}
+
+
+def test_a_snapshot_of_several_requests_arrives_whole_and_one_refused_request_fails_the_attempt(
+        otlp_sink, store: CostStore, intervals) -> None:
+    """The sender keeps two requests out at once (the next one is built while the last is on its
+    way): every point still arrives once, partial successes of any of them are counted, and a
+    failure of any one fails the attempt, which the queue then retries whole."""
+    series = {(("pod", f"p-{k:05d}"), ("team", "a")): 1.0 for k in range(3 * MAX_POINTS_PER_REQUEST + 5)}
+    snapshot = store.record(intervals.T0, intervals.T0 + intervals.MIN, {"allocated": series}, {})
+    metrics = SelfMetrics()
+    sender = _sender(otlp_sink.endpoint, store, metrics)
+    otlp_sink.script = [Answer(rejected=2, message="two"), Answer(rejected=1, message="one")]
+    assert sender.send(snapshot).ok
+    assert len(otlp_sink.received) == 4 and metrics.export_points_rejected["otlp"] == 3
+    pods = [_attrs(dp)["pod"] for r in otlp_sink.received for m in _metrics_of(r) for dp in m.sum.data_points]
+    assert sorted(pods) == sorted(dict(attrs)["pod"] for attrs in series)  # each point once
+
+    otlp_sink.script = [Answer(grpc.StatusCode.UNAVAILABLE)]  # whichever request comes first
+    failed = sender.send(snapshot)
+    sender.close()
+    assert (failed.ok, failed.retryable, failed.reason) == (False, True, "unavailable")
+
+
+def _metrics_of(received) -> list[Metric]:
+    return list(received.request.resource_metrics[0].scope_metrics[0].metrics)
