@@ -16,9 +16,8 @@ Other C libraries (musl) have no such call; there this does nothing.
 numba compiles (or loads from its cache) every kernel at start-up through LLVM, whose library
 (libllvmlite.so) is then some 68 MiB of the resident size: pages of its code and read-only data
 mapped from the file. Once every kernel is loaded, none of it runs again unless a kernel is
-compiled anew. `page_out` asks the kernel to reclaim those pages (madvise MADV_PAGEOUT, Linux
-5.4 and later): they are clean copies of the file, so nothing is lost, and should LLVM run again
-its pages are read back in. Pages that were written (relocations) are left alone.
+compiled anew. `page_out` hands those pages back: they are copies of the file, so nothing is
+lost, and should LLVM run again they are mapped in again from it.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def _libc_function(name: str, argtypes: list, restype: type) -> Optional[Callabl
 
 _TRIM = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
 _MADVISE = _libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
-_MADV_PAGEOUT = 21  # linux/mman.h
+_MADV_DONTNEED, _MADV_PAGEOUT = 4, 21  # linux/mman.h
 
 
 def give_back() -> bool:
@@ -56,26 +55,45 @@ def give_back() -> bool:
 
 
 def page_out(library: str) -> int:
-    """Ask the kernel to reclaim the resident pages of the read-only mappings of the shared
-    library whose file name contains `library`; returns the bytes advised (0 where the system
-    cannot: no such library, no /proc, no MADV_PAGEOUT). Writable mappings are skipped: only
-    pages that are copies of the file are let go."""
+    """Hand back the resident pages of the read-only mappings of the shared library whose file
+    name contains `library`; returns the bytes of resident memory that went (from
+    /proc/self/smaps; 0 where the system cannot: no such library, no /proc, no madvise).
+
+    MADV_PAGEOUT reclaims the pages outright, but Linux does so for file pages only when the
+    process owns the file or may write it (not so in the image: root owns the library, otelgpu
+    runs as uid 10001). A read-only mapping none of whose pages was ever written (smaps shows no
+    anonymous pages in it: its pages are the file's) is then simply unmapped (MADV_DONTNEED): the
+    pages stay in the page cache, which the kernel drops under pressure, and are mapped again from
+    the file if ever touched. A mapping with written pages (relocated data) keeps them."""
     if _MADVISE is None:
         return 0
-    advised = 0
+    before = _mappings(library)
+    for low, high, _, anonymous in before:
+        _MADVISE(low, high - low, _MADV_PAGEOUT)
+        if not anonymous:
+            _MADVISE(low, high - low, _MADV_DONTNEED)
+    return sum(r for _, _, r, _ in before) - sum(r for _, _, r, _ in _mappings(library))
+
+
+def _mappings(library: str) -> list[list[int]]:
+    """[start, end, resident bytes, anonymous bytes] of each read-only mapping of the library."""
+    found: list[list[int]] = []
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/smaps") as f:
             lines = f.readlines()
     except OSError:
-        return 0
+        return found
+    current: Optional[list[int]] = None
     for line in lines:
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or library not in fields[5].rsplit("/", 1)[-1] or "w" in fields[1]:
-            continue
-        low, high = (int(x, 16) for x in fields[0].split("-"))
-        if _MADVISE(low, high - low, _MADV_PAGEOUT) == 0:
-            advised += high - low
-    return advised
+        fields = line.split()
+        if not fields[0].endswith(":"):  # a mapping's first line: range, permissions, offset, device, inode, path
+            current = None
+            if len(fields) >= 6 and library in fields[5].rsplit("/", 1)[-1] and "w" not in fields[1]:
+                current = [int(x, 16) for x in fields[0].split("-")] + [0, 0]
+                found.append(current)
+        elif current is not None and fields[0] in ("Rss:", "Anonymous:"):
+            current[2 if fields[0] == "Rss:" else 3] = int(fields[1]) * 1024
+    return found
 
 
 @contextmanager

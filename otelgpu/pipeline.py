@@ -243,7 +243,7 @@ class Pipeline:
         kernels = warm_up()  # the first request and the first export must never wait for the JIT
         log.info("kernels ready: %s", ", ".join(f"{name} {how}" for name, how in kernels.items()))
         released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
-        log.debug("LLVM's pages handed back: %.0f MiB mapped", released / 2**20)
+        log.debug("%.0f MiB of LLVM's resident pages handed back", released / 2**20)
         self.start_sources()
         if self.telemetry:
             self.telemetry.start()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline
 
@@ -40,20 +41,25 @@ def test_memory_freed_inside_the_heap_is_returned():
 
 
 PAGE_OUT_CHILD = textwrap.dedent("""
+    import sys
+
     import numpy as np
+    from otelgpu import heap
     from otelgpu.attribution.engine import scad
     from otelgpu.heap import page_out
     from otelgpu.kernels import warm_up
 
+    if sys.argv[1] == "no-pageout":  # as where the kernel will not reclaim them: a file of root's, run as uid 10001
+        heap._MADV_PAGEOUT = -1  # EINVAL, as an older kernel answers
+
     def llvm_resident_mib():
-        # LLVM's pages only this process maps: those it can hand back (another process that
-        # loaded the library, such as the test runner, keeps the pages it shares resident)
+        # LLVM's resident pages in this process, whether another process (the test runner) maps them too
         mib, current = 0.0, False
         with open("/proc/self/smaps") as f:
             for line in f:
                 fields = line.split()
                 if fields[0].endswith(":"):
-                    mib += int(fields[1]) / 1024 if current and fields[0] == "Private_Clean:" else 0
+                    mib += int(fields[1]) / 1024 if current and fields[0] == "Rss:" else 0
                 else:
                     current = len(fields) > 5 and "libllvmlite" in fields[5]
         return mib
@@ -71,13 +77,14 @@ PAGE_OUT_CHILD = textwrap.dedent("""
 """)
 
 
-def test_llvms_pages_are_handed_back_once_the_kernels_are_loaded_and_the_kernels_still_run():
-    out = subprocess.run([sys.executable, "-c", PAGE_OUT_CHILD], capture_output=True, text=True, timeout=300,
+@pytest.mark.parametrize("how", ["pageout", "no-pageout"])
+def test_llvms_pages_are_handed_back_once_the_kernels_are_loaded_and_the_kernels_still_run(how):
+    out = subprocess.run([sys.executable, "-c", PAGE_OUT_CHILD, how], capture_output=True, text=True, timeout=300,
                          check=True)
-    before, advised, after, same, how = out.stdout.split()
+    before, gone, after, same, how = out.stdout.split()
     assert float(before) > 5, out.stdout  # loading the kernels mapped LLVM in
-    assert float(advised) >= float(before)  # every read-only mapping of the library was advised
-    assert float(after) < float(before) / 4, out.stdout  # and the kernel reclaimed its pages
+    assert float(after) < float(before) / 4, out.stdout  # its pages went, reclaimed or unmapped
+    assert float(gone) >= float(before) - float(after) - 1  # and page_out says so
     assert same == "True" and how != "interpreted"  # the compiled kernels still run, and agree
 
 

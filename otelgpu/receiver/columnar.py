@@ -151,7 +151,7 @@ class ColumnarDecoder:
         buf = np.frombuffer(raw, np.uint8)
         with self.lock:
             epoch = self.strings.epoch
-            if (epoch != self.epoch or self.sets > MAX_SETS or self.pieces.nbytes + self.set_pieces.nbytes > 64 * MAX_SETS
+            if (epoch != self.epoch or self.sets > MAX_SETS or self._piece_bytes() > 64 * MAX_SETS
                     or len(self.shapes) > MAX_SHAPES):
                 self._clear()
             elif self.sets >= max(SWEEP_FROM, 2 * self.kept):
@@ -177,6 +177,10 @@ class ColumnarDecoder:
                     self.newest_ns = max(self.newest_ns, int(batch.time_ns.max()))
         batch.epoch = epoch
         return batch
+
+    def _piece_bytes(self) -> int:
+        """What the pieces and the sets' references to them take."""
+        return sum(a.nbytes for a in (self.pieces, self.piece_off, self.piece_hash, self.piece_slots, self.set_pieces))
 
     def sweep(self, cutoff_ns: int) -> None:
         """Drop the label sets no accepted point carried since `cutoff_ns`."""
