@@ -238,7 +238,6 @@ class KsmFacts:
     def encode_ahead(self) -> None:
         """Make the next `state()` now (an interval computed ahead of its close: its checkpoint
         then has the facts ready), kept only while the facts do not change."""
-        self._encoded = None
         self._encoded = (self.version, self.state())
 
     def restore(self, state: Mapping[str, Any]) -> None:

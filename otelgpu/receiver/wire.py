@@ -253,15 +253,19 @@ def _same_bytes(buf, i, end, table, j):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
+def _is_piece(buf, i, end, p, pieces, piece_off):  # noqa: ANN001, ANN202
+    """Whether buf[i:end] is piece p (one attribute field's bytes: pieces[piece_off[p]:piece_off[p+1]])."""
+    return end - i == piece_off[p + 1] - piece_off[p] and _same_bytes(buf, i, end, pieces, piece_off[p])
+
+
+@njit(cache=True, nogil=True)
 def _same(buf, spans, n, set_pieces, a, b, pieces, piece_off):  # noqa: ANN001, ANN202
     """Whether the attribute fields buf[spans[k,0]:spans[k,1]], k < n, are, in order, the pieces
-    set_pieces[a:b] (each piece one attribute field's bytes: pieces[piece_off[p]:piece_off[p+1]])."""
+    set_pieces[a:b]."""
     if b - a != n:
         return False
     for k in range(n):
-        p = set_pieces[a + k]
-        i, end = spans[k, 0], spans[k, 1]
-        if end - i != piece_off[p + 1] - piece_off[p] or not _same_bytes(buf, i, end, pieces, piece_off[p]):
+        if not _is_piece(buf, spans[k, 0], spans[k, 1], set_pieces[a + k], pieces, piece_off):
             return False
     return True
 
@@ -309,8 +313,7 @@ def enter_pieces(buf, a, b, seed, piece_slots, piece_hash, pieces, piece_off, n_
                     piece_hash[p] = h
                     piece_slots[at] = p
                     break
-                if (piece_hash[p] == h and piece_off[p + 1] - piece_off[p] == nxt - i
-                        and _same_bytes(buf, i, nxt, pieces, piece_off[p])):
+                if piece_hash[p] == h and _is_piece(buf, i, nxt, p, pieces, piece_off):
                     break
                 at = (at + 1) & mask
             out[n] = p
