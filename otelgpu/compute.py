@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Iterator, Mapping, Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
-from otelgpu.attribution.models import CostModels, Series
+from otelgpu.attribution.models import CostModels, Packed, Series
 from otelgpu.enrich.facts import FactsView
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
@@ -41,34 +41,8 @@ class Costs:
     def packed(self) -> "Costs":
         """The same costs with each series as two columns (`Packed`): what waits for the close
         of an interval computed ahead takes some 16 bytes a series instead of some 120."""
-        return Costs({m: Packed(s) for m, s in self.sums.items()}, {m: Packed(s) for m, s in self.gauges.items()},
+        return Costs({m: _packed(s) for m, s in self.sums.items()}, {m: _packed(s) for m, s in self.gauges.items()},
                      self.unpriced_gpus, self.gpus_without_device_data)
-
-
-class Packed(Mapping[Attrs, float]):
-    """A series mapping (attribute set -> value) kept as a list of sets and an array of values."""
-
-    def __init__(self, series: Mapping[Attrs, float]) -> None:
-        self._keys = list(series)
-        self._values = np.fromiter(series.values(), np.float64, len(self._keys))
-        self._index: Optional[dict[Attrs, int]] = None
-
-    def items(self) -> Iterator[tuple[Attrs, float]]:  # type: ignore[override]
-        return zip(self._keys, self._values.tolist())
-
-    def values(self) -> list[float]:  # type: ignore[override]
-        return self._values.tolist()
-
-    def __iter__(self) -> Iterator[Attrs]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __getitem__(self, attrs: Attrs) -> float:
-        if self._index is None:
-            self._index = {a: i for i, a in enumerate(self._keys)}
-        return float(self._values[self._index[attrs]])
 
 
 class IntervalCosts:
@@ -139,3 +113,7 @@ def _add(total: Costs, part: Costs) -> None:
             total.gauges.setdefault(metric, {}).update(series)
     total.unpriced_gpus += part.unpriced_gpus
     total.gpus_without_device_data += part.gpus_without_device_data
+
+
+def _packed(series: Mapping[Attrs, float]) -> Packed:
+    return series if isinstance(series, Packed) else Packed(series)

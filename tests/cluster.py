@@ -27,6 +27,7 @@ class Unit:
     model: str = "NVIDIA A100-SXM4-40GB"
     profile: str = ""
     gi: str = ""
+    busy: float = 0.0  # its activity while no pod holds it (a process outside Kubernetes)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Pod:
     start_s: float = 0.0  # running from (seconds after T0)
     end_s: float = float("inf")
     owner: Optional[tuple[str, str]] = None  # controller (kind, name): kube_pod_info's created_by_*
+    ksm: bool = True  # False: kube-state-metrics does not report it (only DCGM and cAdvisor show it)
 
     def running(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.end_s
@@ -120,7 +122,7 @@ class Cluster:
                 unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")
                 g["kube_node_status_capacity"].append(({"node": n.name, "resource": res, "unit": unit}, float(qty)))
         for p in self.pods:
-            if not p.running(t_s):
+            if not p.running(t_s) or not p.ksm:
                 continue
             ident = {"namespace": p.namespace, "pod": p.name, "uid": f"uid-{p.namespace}-{p.name}"}
             owner = {"created_by_kind": p.owner[0], "created_by_name": p.owner[1]} if p.owner else {}
@@ -145,7 +147,7 @@ class Cluster:
             key = f"{u.uuid}/{u.gi}" if u.gi else u.uuid
             holders = [p for p in self.pods if p.node == node.name and p.running(t_s) and key in p.holds]
             if not holders:
-                active.append((base, 0.0))
+                active.append((base, u.busy))
             for p in holders:  # time-sliced devices repeat the device series per pod
                 active.append(({**base, "namespace": p.namespace, "pod": p.name, "container": "main"}, p.activity))
         return scrape("dcgm-exporter", f"{node.name}:9400", node.name, t, {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": active})

@@ -11,25 +11,64 @@ holders (per node or across the cluster) pro rata to allocated, or book it to th
 
 Every money series carries `cost_model`, `idle_policy`, `resource` and `price_source`. Per node
 and model: allocated + unused + idle = capacity (with `share_scope: cluster`, per cluster).
+
+The work is done on columns: every increment names an attribute set of the join (or a node's)
+and the attributes its model adds by index, and each metric's series are added up with one
+`bincount`; an attribute set is built once per distinct series. `models_reference` is the same
+computation series by series, in dicts: tests hold the two to the same results.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.config import TAG_NAMES, AttributionConfig
-from otelgpu.enrich.join import Joined
+from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined
+from otelgpu.enrich.timeline import group_ids
 from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.telemetry import SelfMetrics
 
-Series = dict[str, dict[Attrs, float]]
+Series = dict[str, Mapping[Attrs, float]]
 SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "unattributed")
 RESOURCES = ("gpu", "cpu", "memory")
+REASONS = ("no_pod", "pod_unknown", "tag_missing")  # why allocated cost is unattributed
+
+
+class Packed(Mapping[Attrs, float]):
+    """A series mapping (attribute set -> value) kept as a list of sets and an array of values."""
+
+    def __init__(self, series: Mapping[Attrs, float]) -> None:
+        self._keys = list(series)
+        self._values = np.fromiter(series.values(), np.float64, len(self._keys))
+        self._index: Optional[dict[Attrs, int]] = None
+
+    @staticmethod
+    def columns(keys: list[Attrs], values: np.ndarray) -> "Packed":
+        """The mapping of `keys[i]` to `values[i]` (keys distinct)."""
+        packed = Packed({})
+        packed._keys, packed._values = keys, np.asarray(values, np.float64)
+        return packed
+
+    def items(self) -> Iterator[tuple[Attrs, float]]:  # type: ignore[override]
+        return zip(self._keys, self._values.tolist())
+
+    def values(self) -> list[float]:  # type: ignore[override]
+        return self._values.tolist()
+
+    def __iter__(self) -> Iterator[Attrs]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, attrs: Attrs) -> float:
+        if self._index is None:
+            self._index = {a: i for i, a in enumerate(self._keys)}
+        return float(self._values[self._index[attrs]])
 
 
 @dataclass
@@ -39,7 +78,70 @@ class _Idle:
     amount: np.ndarray  # [node]
     row_node: np.ndarray  # [row] node of each candidate row
     row_weight: np.ndarray  # [row] allocated cost of the row (0: not a holder of the resource)
-    row_attrs: list[Attrs]
+    row_set: np.ndarray  # [row] its attribute set and extra (`_Sums`)
+    row_extra: np.ndarray
+
+
+class _Sums:
+    """One interval's increments, gathered in parts. A part names, per row, an attribute set (an
+    index into `sets`: the join's, then the node, platform and reason sets added here), an extra
+    (an index into `extras`, the attributes a model adds; 0 adds none) and a value. A metric's
+    series are the distinct (set, extra) pairs its parts name, an increment of 0 included, in
+    the order they are first named; a series' value is the sum of its increments in the order
+    they were added (as `models_reference` adds them one by one)."""
+
+    def __init__(self, sets: list[Attrs], extended: "_Extended") -> None:
+        self.sets = list(sets)
+        self._added: dict[Attrs, int] = {}
+        self.extras: list[Attrs] = [()]
+        self._extra_index: dict[Attrs, int] = {(): 0}
+        self._with = extended
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in SUMS}
+
+    def set(self, attrs: Attrs) -> int:
+        """The index of a set that is not one of the join's."""
+        i = self._added.get(attrs)
+        if i is None:
+            i = self._added[attrs] = len(self.sets)
+            self.sets.append(attrs)
+        return i
+
+    def extra(self, items: Mapping[str, str]) -> int:
+        key = self._with.extra(items)
+        i = self._extra_index.get(key)
+        if i is None:
+            i = self._extra_index[key] = len(self.extras)
+            self.extras.append(key)
+        return i
+
+    def add(self, metric: str, sets: np.ndarray, extras: np.ndarray | int, values: np.ndarray,
+            where: Optional[np.ndarray] = None) -> None:
+        n = len(sets)
+        extras = np.full(n, extras, np.int64) if np.isscalar(extras) else extras
+        if where is not None:
+            sets, extras, values = sets[where], extras[where], values[where]
+        if len(sets):
+            self._parts[metric].append((sets, extras, values))
+
+    def series(self, merge: Callable[[list[Attrs], np.ndarray], Mapping[Attrs, float]]) -> Series:
+        width = len(self.extras)
+        named = {m: [np.concatenate(c) for c in zip(*parts)] for m, parts in self._parts.items() if parts}
+        keys = {m: sets * width + extras for m, (sets, extras, _) in named.items()}
+        # Each distinct series' attribute set is built once, whatever the metrics that name it.
+        every = np.unique(np.concatenate(list(keys.values()))) if keys else np.zeros(0, np.int64)
+        attrs = [self._attrs(s, e) for s, e in zip((every // width).tolist(), (every % width).tolist())]
+        out: Series = {}
+        for metric, (_, _, values) in named.items():
+            distinct, first, inverse = np.unique(keys[metric], return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")  # first named first
+            rank = np.empty(len(order), np.int64)
+            rank[order] = np.arange(len(order))
+            totals = np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order))
+            out[metric] = merge([attrs[i] for i in np.searchsorted(every, distinct[order]).tolist()], totals)
+        return out
+
+    def _attrs(self, s: int, e: int) -> Attrs:
+        return self._with(self.sets[s], self.extras[e]) if e else self.sets[s]
 
 
 class CostModels:
@@ -56,30 +158,27 @@ class CostModels:
 
     def attribute(self, j: Joined, dt: float) -> tuple[Series, Series]:
         """Sums and gauges of one interval."""
-        sums: Series = {m: defaultdict(float) for m in SUMS}
         self._with.tick()
+        out = _Sums(j.sets, self._with)
         base = attribute_request(j.rows, dt)
-        for i, attrs in enumerate(j.row_attrs):
-            sums["held"][attrs] += float(base.held_s[i])
+        out.add("held", j.row_set, 0, base.held_s)
         for model in self.config.cost_models:
-            self._model(model, j, dt, base, sums)
-        self._unattributed(j, base, sums)
-        gauges = self._gauges(j, base)
-        return {k: self._projected(v) for k, v in sums.items() if v}, gauges
+            self._model(model, j, dt, base, out)
+        self._unattributed(j, base, out)
+        return out.series(self._merged), self._gauges(j, base)
 
     def _project(self, attrs: Attrs) -> Attrs:
         return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs
 
-    def _projected(self, series: Mapping[Attrs, float]) -> dict[Attrs, float]:
-        """Series without the dropped attributes, the increments of series that merge added up."""
+    def _merged(self, attrs: list[Attrs], values: np.ndarray) -> Mapping[Attrs, float]:
+        """Series without the dropped attributes, the values of series that merge added up."""
         if not self.dropped:
-            return dict(series)
-        out: dict[Attrs, float] = defaultdict(float)
-        for attrs, value in series.items():
-            out[self._project(attrs)] += value
-        return dict(out)
+            return Packed.columns(attrs, values)
+        index: dict[Attrs, int] = {}
+        into = np.array([index.setdefault(self._project(a), len(index)) for a in attrs], np.int64)
+        return Packed.columns(list(index), np.bincount(into, weights=values, minlength=len(index)))
 
-    def _model(self, model: str, j: Joined, dt: float, base: Attribution, sums: Series) -> None:
+    def _model(self, model: str, j: Joined, dt: float, base: Attribution, out: _Sums) -> None:
         cfg, n_node = self.config, len(j.nodes)
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
         row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
@@ -98,8 +197,9 @@ class CostModels:
             rows = j.rows
             att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
                                              rows.row_measured, rows.row_activity), dt)
-        extra = [self._with.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
-        row_attrs = [self._with(a, extra[n]) for a, n in zip(j.row_attrs, row_node.tolist())]
+        extra = np.array([out.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)],
+                         np.int64)
+        row_extra = extra[row_node]
         alloc = att.alloc
         if model == "hybrid":
             measured = att.alloc - att.unmeasured > 0
@@ -110,82 +210,74 @@ class CostModels:
                 use = self._holder_activity(j, row_node, att)
             alloc = hybrid(row_node, n_node, att.alloc, use, measured, cfg.hybrid_alpha)
         else:
-            for i, attrs in enumerate(row_attrs):
-                sums["effective"][attrs] += float(att.effective[i])
-                sums["waste"][attrs] += float(att.waste[i])
-                sums["unmeasured"][attrs] += float(att.unmeasured[i])
-        for i, attrs in enumerate(row_attrs):
-            sums["allocated"][attrs] += float(alloc[i])
-        node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
+            out.add("effective", j.row_set, row_extra, att.effective)
+            out.add("waste", j.row_set, row_extra, att.waste)
+            out.add("unmeasured", j.row_set, row_extra, att.unmeasured)
+        out.add("allocated", j.row_set, row_extra, alloc)
+        node_set = np.array([out.set(node.attrs) for node in j.nodes], np.int64)
         capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
-        gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc, row_attrs)
-        idles = [("gpu", gpu_idle, capacity, node_attrs)]
+        gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc,
+                         j.row_set, row_extra)
+        idles = [(gpu_idle, capacity, extra)]
         if model == "scad":
             # SCAD hands each resource's unused capacity to the pods on the node that hold it.
             unused, gpu_idle.amount = share(row_node, alloc, gpu_idle.amount)
-            for i, attrs in enumerate(row_attrs):
-                sums["unused"][attrs] += float(unused[i])
-            idles += self._scad_cpu_memory(j, dt, rates, node_source, common, sums)
-        for resource, idle, cap, attrs_of_node in idles:
-            for n in range(n_node):
-                if cap[n] or j.nodes[n].gpus:
-                    sums["capacity"][attrs_of_node[n]] += float(cap[n])
-            self._idle_policy(idle, j, attrs_of_node, sums)
+            out.add("unused", j.row_set, row_extra, unused)
+            idles += self._scad_cpu_memory(j, dt, rates, node_source, common, out)
+        has_gpus = np.array([node.gpus > 0 for node in j.nodes], bool)
+        for idle, cap, node_extra in idles:
+            out.add("capacity", node_set, node_extra, cap, where=(cap != 0) | has_gpus)
+            self._idle_policy(idle, j, node_set, node_extra, has_gpus, out)
 
     @staticmethod
     def _holder_activity(j: Joined, row_node: np.ndarray, att: Attribution) -> np.ndarray:
         """Each holder's activity (its effective over its measured allocation, all its units on the
         node together), spread over its rows by allocated cost, so the rows of one holder weigh
-        a_p in total whatever the size of the holding."""
-        codes: dict[tuple, int] = {}
-        holder = np.array([codes.setdefault((int(row_node[i]), d["namespace"], d["pod"]) if d.get("pod")
-                                            else (int(row_node[i]), attrs), len(codes))
-                           for i, attrs in enumerate(j.row_attrs) for d in (dict(attrs),)], dtype=np.int64)
-        n = len(codes)
-        effective = np.bincount(holder, weights=att.effective, minlength=n)
-        measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=n)
-        alloc = np.bincount(holder, weights=att.alloc, minlength=n)
+        a_p in total whatever the size of the holding. A row of no pod is a holder of its own set."""
+        holder = j.set_holder[j.row_set]
+        who = np.where(holder != NOBODY, holder, len(j.holders) + j.row_set)
+        group, first = group_ids(row_node, who)
+        n = len(first)
+        effective = np.bincount(group, weights=att.effective, minlength=n)
+        measured = np.bincount(group, weights=att.alloc - att.unmeasured, minlength=n)
+        alloc = np.bincount(group, weights=att.alloc, minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             a = np.where(measured > 0, effective / measured, 0.0)
-            part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)
-        return a[holder] * part
+            part = np.where(alloc[group] > 0, att.alloc / alloc[group], 0.0)
+        return a[group] * part
 
-    def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
-        pods = j.pods
-        pod_node = np.array([p.node for p in pods], dtype=np.int64)
-        qty = np.zeros((len(pods), 2))
-        basis = []
-        for i, p in enumerate(pods):
-            cpu = p.cpu_request if np.isnan(p.cpu_used) else max(p.cpu_request, p.cpu_used)
-            mem = p.memory_request_gib if np.isnan(p.memory_used_gib) else max(p.memory_request_gib, p.memory_used_gib)
-            qty[i] = (p.share * cpu, p.share * mem)
-            basis.append(("requests" if np.isnan(p.cpu_used) else "usage",
-                          "requests" if np.isnan(p.memory_used_gib) else "usage"))
-            if self.metrics is not None:
-                for resource, b, reserved in zip(("cpu", "memory"), basis[-1], (p.cpu_request, p.memory_request_gib)):
-                    if b == "requests" and reserved > 0:
-                        self.metrics.count("scad_request_fallbacks", resource)
+    def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, out: _Sums) -> list:  # noqa: ANN001
+        p = j.pods
+        cpu = np.where(np.isnan(p.cpu_used), p.cpu_request, np.maximum(p.cpu_request, p.cpu_used))
+        memory = np.where(np.isnan(p.memory_used_gib), p.memory_request_gib,
+                          np.maximum(p.memory_request_gib, p.memory_used_gib))
+        qty = np.stack([p.share * cpu, p.share * memory], axis=1).reshape(-1, 2)
+        by_requests = np.stack([np.isnan(p.cpu_used), np.isnan(p.memory_used_gib)], axis=1).reshape(-1, 2)
+        if self.metrics is not None:
+            for x, (resource, reserved) in enumerate((("cpu", p.cpu_request), ("memory", p.memory_request_gib))):
+                fallbacks = int(np.count_nonzero(by_requests[:, x] & (reserved > 0)))
+                if fallbacks:
+                    self.metrics.count("scad_request_fallbacks", resource, fallbacks)
         cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
-        out = scad(pod_node, qty, cap, rate, dt)
+        split = scad(p.node, qty, cap, rate, dt)
         hours = dt / 3600.0
         result = []
         for x, resource in enumerate(("cpu", "memory")):
-            extra = [self._with.extra(dict(common, resource=resource, price_source=node_source[n]))
-                     for n in range(len(j.nodes))]
-            pod_extra = {(n, b): self._with.extra(dict(extra[n], activity_basis=b))
-                         for n in range(len(j.nodes)) for b in ("requests", "usage")}
-            attrs = [self._with(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
-            for i, a in enumerate(attrs):
-                if qty[i, x] > 0:
-                    sums["allocated"][a] += float(out.split[i, x])
-                    sums["unused"][a] += float(out.unused[i, x])
-            node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
-            idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
-            result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
+            extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(j.nodes))]
+            node_extra = np.array([out.extra(e) for e in extra], np.int64)
+            by_basis = np.array([[out.extra(dict(e, activity_basis=b)) for b in ("requests", "usage")] for e in extra],
+                                np.int64).reshape(-1, 2)
+            pod_extra = by_basis[p.node, np.where(by_requests[:, x], 0, 1)]
+            held = qty[:, x] > 0
+            out.add("allocated", p.set, pod_extra, split.split[:, x], where=held)
+            out.add("unused", p.set, pod_extra, split.unused[:, x], where=held)
+            idle = _Idle(split.idle[:, x].copy(), p.node, split.split[:, x], p.set, pod_extra)
+            result.append((idle, cap[:, x] * rate[:, x] * hours, node_extra))
         return result
 
-    def _idle_policy(self, idle: _Idle, j: Joined, node_attrs: list[Attrs], sums: Series) -> None:
+    def _idle_policy(self, idle: _Idle, j: Joined, node_set: np.ndarray, node_extra: np.ndarray,
+                     has_gpus: np.ndarray, out: _Sums) -> None:
         policy = self.config.idle
         amount = idle.amount
         if policy.policy == "share":
@@ -196,57 +288,66 @@ class CostModels:
                     amount = np.zeros_like(amount)
             else:
                 to_rows, amount = share(idle.row_node, idle.row_weight, amount)
-            for i, attrs in enumerate(idle.row_attrs):
-                if to_rows[i]:
-                    sums["unused"][attrs] += float(to_rows[i])
-        for n, node in enumerate(j.nodes):
-            if amount[n] <= 0 and not node.gpus:
-                continue
-            if policy.policy == "platform":
-                attrs = with_attrs(node_attrs[n], dict(self.platform, attribution="idle"))
-                sums["unused"][attrs] += float(amount[n])
-            else:
-                sums["idle"][node_attrs[n]] += float(amount[n])
+            out.add("unused", idle.row_set, idle.row_extra, to_rows, where=to_rows != 0)
+        booked = ~((amount <= 0) & ~has_gpus)
+        if policy.policy == "platform":
+            platform = dict(self.platform, attribution="idle")
+            sets = np.array([out.set(with_attrs(node.attrs, platform)) for node in j.nodes], np.int64)
+            out.add("unused", sets, node_extra, amount, where=booked)
+        else:
+            out.add("idle", node_set, node_extra, amount, where=booked)
 
     def _gauges(self, j: Joined, base: Attribution) -> Series:
         gauges: Series = {"activity": {}, "tag_coverage": {}}
-        measured_alloc: dict[Attrs, float] = defaultdict(float)
-        effective: dict[Attrs, float] = defaultdict(float)
-        for i, attrs in enumerate(j.row_attrs):  # activity of merged series: weighted by their cost
-            measured_alloc[self._project(attrs)] += float(base.alloc[i] - base.unmeasured[i])
-            effective[self._project(attrs)] += float(base.effective[i])
-        for attrs, m in measured_alloc.items():
-            if m > 0:
-                gauges["activity"][attrs] = effective[attrs] / m
-        found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
-        namespaces = np.array([dict(a).get("namespace", "") for a in j.row_attrs], dtype=object)
-        scopes: list[tuple[Attrs, np.ndarray]] = [((), np.ones(len(namespaces), dtype=bool))]
+        # Activity of each series (merged series: weighted by their cost).
+        distinct, first, inverse = np.unique(j.row_set, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        index: dict[Attrs, int] = {}
+        into = np.array([index.setdefault(self._project(j.sets[s]), len(index)) for s in distinct[order].tolist()],
+                        np.int64)
+        row_series = np.zeros(len(distinct), np.int64)
+        row_series[order] = into
+        row_series = row_series[inverse.reshape(-1)]
+        measured = np.bincount(row_series, weights=base.alloc - base.unmeasured, minlength=len(index))
+        effective = np.bincount(row_series, weights=base.effective, minlength=len(index))
+        gauges["activity"] = {attrs: e / m for attrs, e, m in zip(index, effective.tolist(), measured.tolist()) if m > 0}
+        # Tag coverage per cluster and per namespace.
+        found = j.set_found[j.row_set]
+        everything = found.all(axis=1)
+        namespace = j.set_namespace[j.row_set]
+        by_namespace = np.argsort(namespace, kind="stable")  # each namespace's rows, in row order
+        bounds = np.searchsorted(namespace[by_namespace], np.arange(len(j.namespaces) + 1))
+        scopes: list[tuple[Attrs, np.ndarray]] = [((), np.arange(len(namespace)))]
         if "namespace" not in self.dropped:
-            scopes += [((("namespace", ns),), namespaces == ns) for ns in sorted(set(namespaces) - {""})]
+            names = sorted((name, k) for k, name in enumerate(j.namespaces) if name)
+            scopes += [((("namespace", name),), by_namespace[bounds[k]:bounds[k + 1]]) for name, k in names]
+        coverage = gauges["tag_coverage"]
         for scope, rows in scopes:
-            total = float(base.alloc[rows].sum())
+            alloc = base.alloc[rows]
+            total = float(alloc.sum())
             if total <= 0:
                 continue
-            gauges["tag_coverage"][scope + (("tag", "all"),)] = float(base.alloc[rows & found.all(axis=1)].sum()) / total
+            coverage[scope + (("tag", "all"),)] = float(alloc[everything[rows]].sum()) / total
             for k, name in enumerate(TAG_NAMES):
-                gauges["tag_coverage"][with_attrs(scope, {"tag": name})] = \
-                    float(base.alloc[rows & found[:, k]].sum()) / total
+                coverage[with_attrs(scope, {"tag": name})] = float(alloc[found[rows, k]].sum()) / total
         return gauges
 
     @staticmethod
-    def _unattributed(j: Joined, base: Attribution, sums: Series) -> None:
+    def _unattributed(j: Joined, base: Attribution, out: _Sums) -> None:
         """Allocated GPU cost (request allocation) not tied to all five tags, by reason: no pod on
         a busy device, a pod no source knows, or a known pod missing a tag."""
-        for i, attrs in enumerate(j.row_attrs):
-            if base.alloc[i] <= 0:
-                continue
-            a = dict(attrs)
-            reason = {"active_without_pod": "no_pod", "pod_unknown": "pod_unknown"}.get(a.get("attribution", ""))
-            if reason is None and not all(j.row_tags_found[i]):
-                reason = "tag_missing"
-            if reason is not None:
-                key = attrs_of({"namespace": a.get("namespace", ""), "node": a.get("node", ""), "reason": reason})
-                sums["unattributed"][key] += float(base.alloc[i])
+        reason = np.where(j.set_attribution == ACTIVE, 0, np.where(j.set_attribution == POD_UNKNOWN, 1,
+                                                                    np.where(j.set_found.all(axis=1), -1, 2)))
+        row_reason = reason[j.row_set]
+        rows = np.flatnonzero((base.alloc > 0) & (row_reason >= 0))
+        if not len(rows):
+            return
+        sets = j.row_set[rows]
+        key, first = group_ids(j.set_namespace[sets], j.set_node[sets], row_reason[rows])
+        keyed = np.array([out.set(attrs_of({"namespace": j.namespaces[j.set_namespace[s]],
+                                             "node": j.nodes[j.set_node[s]].name, "reason": REASONS[reason[s]]}))
+                          for s in sets[first].tolist()], np.int64)
+        out.add("unattributed", keyed[key], 0, base.alloc[rows])
 
 
 class _Extended:
@@ -277,4 +378,3 @@ class _Extended:
         self._last, self._now = self._now, {}
         if len(self._extras) > 4096:  # node and price-source combinations come and go
             self._extras = {}
-

@@ -9,8 +9,8 @@ but that shows activity is booked `active_without_pod`; the rest is idle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, fields
+from typing import Generic, Hashable, Iterator, TypeVar
 
 import numpy as np
 
@@ -38,6 +38,37 @@ from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.receiver.interner import Interner
 
 ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
+
+
+KINDS = ("gpu", "mig", "replica")  # unit_kind
+GPU, MIG, REPLICA = 0, 1, 2
+BASES = ("device", "per_pod", "equal_split", "none")  # activity_basis
+DEVICE, PER_POD, EQUAL_SPLIT, UNMEASURED = 0, 1, 2, 3
+ATTRIBUTIONS = ("pod", "ksm_request", "active_without_pod", "pod_unknown")
+POD, KSM_REQUEST, ACTIVE, POD_UNKNOWN = 0, 1, 2, 3
+NOBODY = 0  # the holder ("", "") of a unit held by no pod
+
+T = TypeVar("T", bound=Hashable)
+
+
+class Names(Generic[T]):
+    """Distinct values numbered in the order they were first met."""
+
+    def __init__(self, *first: T) -> None:
+        self.values: list[T] = []
+        self._index: dict[T, int] = {}
+        for value in first:
+            self.index(value)
+
+    def index(self, value: T) -> int:
+        i = self._index.get(value)
+        if i is None:
+            i = self._index[value] = len(self.values)
+            self.values.append(value)
+        return i
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 @dataclass
@@ -68,30 +99,125 @@ class PodRow:
 
 
 @dataclass
+class Pods:
+    """The pods on costed nodes (`PodRow`s) as columns; `set` indexes `Joined.sets`."""
+
+    node: np.ndarray  # int64
+    set: np.ndarray  # int64
+    share: np.ndarray
+    cpu_request: np.ndarray
+    memory_request_gib: np.ndarray
+    cpu_used: np.ndarray
+    memory_used_gib: np.ndarray
+
+    @staticmethod
+    def empty() -> "Pods":
+        i, f = np.zeros(0, np.int64), np.zeros(0)
+        return Pods(i, i, f, f, f, f, f)
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+
+@dataclass
 class Joined:
+    """The kernel's rows and the attribute set of each. The distinct sets of an interval's rows
+    and pods are listed once (`sets`), with what the cost models read of them as columns."""
+
     rows: UnitRows  # gpu_price_hour: the per-GPU price by the configured split convention
-    row_attrs: list[Attrs]
-    row_tags_found: list[tuple[bool, ...]]
+    row_set: np.ndarray  # int64, per row: index into sets
+    sets: list[Attrs]
+    set_found: np.ndarray  # bool [set, tag]: the tags (TAG_NAMES order) the holder's labels gave
+    set_holder: np.ndarray  # int64: index into holders (NOBODY: no pod)
+    set_namespace: np.ndarray  # int64: index into namespaces ("" first)
+    set_attribution: np.ndarray  # int8: index into ATTRIBUTIONS
+    set_node: np.ndarray  # int64: index into nodes
+    holders: list[tuple[str, str]]  # (namespace, pod)
+    namespaces: list[str]
     gpu_node: np.ndarray  # int64, per GPU: index into nodes
     nodes: list[NodeCost]
-    pods: list[PodRow]  # filled when a model needs CPU and memory (scad)
+    pods: Pods  # filled when a model needs CPU and memory (scad)
     split: str  # the instance-price split convention in force (prices can be reloaded)
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0  # GPUs of nodes known only from kube-state-metrics
 
+    @property
+    def row_attrs(self) -> list[Attrs]:
+        return [self.sets[s] for s in self.row_set.tolist()]
+
+    @property
+    def row_tags_found(self) -> list[tuple[bool, ...]]:
+        return [tuple(f) for f in self.set_found[self.row_set].tolist()]
+
+    def pod_rows(self) -> list[PodRow]:
+        p = self.pods
+        return [PodRow(n, self.sets[s], tuple(self.set_found[s].tolist()), *values) for n, s, *values in
+                zip(p.node.tolist(), p.set.tolist(), p.share.tolist(), p.cpu_request.tolist(),
+                    p.memory_request_gib.tolist(), p.cpu_used.tolist(), p.memory_used_gib.tolist())]
+
 
 @dataclass
-class _Row:
-    gpu: int
-    f: float
-    share: float
-    measured: float
-    activity: float
-    holder: tuple[str, str]  # (namespace, pod); ("", "") when unattributed
-    unit_kind: str
-    profile: str
-    attribution: str
-    basis: str
+class _Rows:
+    """Rows of the join (a unit and its holder) as columns."""
+
+    gpu: np.ndarray  # int64: index into the interval's GPUs
+    f: np.ndarray  # share of the GPU the unit is
+    share: np.ndarray  # share of the interval held
+    measured: np.ndarray  # share of the held time with an activity figure
+    activity: np.ndarray  # NaN where unmeasured
+    holder: np.ndarray  # int64: index into Joiner's holders
+    kind: np.ndarray  # int8: KINDS
+    profile: np.ndarray  # int64: index into Joiner's profiles
+    attribution: np.ndarray  # int8: ATTRIBUTIONS
+    basis: np.ndarray  # int8: BASES
+
+    @staticmethod
+    def of(gpu, f, share, measured, activity, holder, kind, profile, attribution, basis) -> "_Rows":  # noqa: ANN001
+        """Columns from sequences or scalars (broadcast to the length of `gpu`)."""
+        n = len(gpu)
+
+        def col(x, dtype) -> np.ndarray:  # noqa: ANN001
+            return np.full(n, x, dtype) if np.isscalar(x) else np.asarray(x, dtype).reshape(n)
+
+        return _Rows(col(gpu, np.int64), col(f, np.float64), col(share, np.float64), col(measured, np.float64),
+                     col(activity, np.float64), col(holder, np.int64), col(kind, np.int8), col(profile, np.int64),
+                     col(attribution, np.int8), col(basis, np.int8))
+
+    @staticmethod
+    def concat(parts: list["_Rows"]) -> "_Rows":
+        return _Rows(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(_Rows)))
+
+    def take(self, index: np.ndarray) -> "_Rows":
+        return _Rows(*(getattr(self, f.name)[index] for f in fields(_Rows)))
+
+    def __len__(self) -> int:
+        return len(self.gpu)
+
+
+class _Sets:
+    """The distinct attribute sets of one join, with what the cost models read of each."""
+
+    def __init__(self) -> None:
+        self.attrs: list[Attrs] = []
+        self._index: dict[Attrs, int] = {}
+        self.found: list[tuple[bool, ...]] = []
+        self.holder: list[int] = []
+        self.namespace: list[int] = []
+        self.attribution: list[int] = []
+        self.node: list[int] = []
+
+    def add(self, attrs: Attrs, found: tuple[bool, ...], holder: int, namespace: int, attribution: int,
+            node: int) -> int:
+        i = self._index.get(attrs)
+        if i is None:
+            i = self._index[attrs] = len(self.attrs)
+            self.attrs.append(attrs)
+            self.found.append(found)
+            self.holder.append(holder)
+            self.namespace.append(namespace)
+            self.attribution.append(attribution)
+            self.node.append(node)
+        return i
 
 
 class Joiner:
@@ -105,7 +231,17 @@ class Joiner:
         self._ksm_reporting = False
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
-        self._holders: dict[tuple, tuple[Attrs, tuple[bool, ...]]] = {}
+        self._begin()
+
+    def _begin(self) -> None:
+        """The tables of one join: holders, profiles and node sets numbered as they are met, the
+        attribute sets of the rows, and each holder's attributes worked out once."""
+        self._holders: Names[tuple[str, str]] = Names(("", ""))
+        self._profiles: Names[str] = Names("")
+        self._node_sets: Names[Attrs] = Names()
+        self._namespaces: Names[str] = Names("")
+        self._sets = _Sets()
+        self._holder_memo: dict[tuple[int, int, int], tuple[Attrs, tuple[bool, ...], int]] = {}
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
@@ -114,7 +250,7 @@ class Joiner:
         `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
         `end_ns` when the caller has them already."""
         self.facts, self._start = facts if facts is not None else self.source.view(end_ns), start_ns
-        self._holders = {}
+        self._begin()
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
@@ -126,34 +262,48 @@ class Joiner:
         st = self.s.string
         ent, E = entities_of(S)
         codes, node_of_ent = np.unique(E.node, return_inverse=True)
-        nodes = {c: node_info(self.facts.nodes.get(st(c))) for c in codes.tolist()}
+        node_of_ent = node_of_ent.reshape(-1)
+        names = [st(c) for c in codes.tolist()]
+        infos = [node_info(self.facts.nodes.get(name)) for name in names]
         has_vgpu = np.zeros(len(E.node), dtype=bool)
         has_vgpu[ent[S.vgpu >= 0]] = True
-        replicated = np.array([nodes[c].replicas > 1 for c in codes.tolist()], dtype=bool)
-        shared = replicated[node_of_ent.reshape(-1)] | has_vgpu
+        ent_replicas = np.array([info.replicas for info in infos], np.int64)[node_of_ent]
+        shared = (ent_replicas > 1) | has_vgpu
         H = holdings(S, ent, shared, start_ns, end_ns)
 
         gpu_of_ent, gpu_first = group_ids(E.node, E.uuid)
         base_f, kind = self._base_fractions(E, gpu_of_ent)
-        rows = self._holder_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
-        rows += self._unheld_rows(H, E, gpu_of_ent, base_f, kind, shared, nodes, dt)
-        gpus = [(st(int(E.node[g])), st(int(E.model[g])), nodes[int(E.node[g])]) for g in gpu_first]
-        seen: dict[str, list[str]] = {}
-        for node_name, model, _ in gpus:
-            seen.setdefault(node_name, []).append(model)
-        blind_gpus, blind_rows = self._nodes_without_device_data(seen, len(gpus))
-        joined = self._finish(rows + blind_rows, gpus + blind_gpus)
-        joined.gpus_without_device_data = len(blind_gpus)
+        profile = self._indices(self._profiles, E.profile)
+        rows = self._holder_rows(H, gpu_of_ent, base_f, kind, profile, shared, ent_replicas, dt)
+        shown = set(self._holders.values)  # the pods DCGM shows holding a unit
+        unheld = self._unheld_rows(H, E, gpu_of_ent, base_f, kind, profile, shared, infos, node_of_ent, shown, dt)
+        models: Names[str] = Names()
+        gpu_node = node_of_ent[gpu_first]  # index into names, for now
+        gpu_model = self._indices(models, E.model[gpu_first])
+        specs = list(zip(names, infos))
+        gpu_node, gpu_model, blind_rows, blind = self._nodes_without_device_data(specs, gpu_node, gpu_model, models)
+        all_rows = _Rows.concat([rows, unheld, blind_rows])
+        joined = self._finish(all_rows, gpu_node, gpu_model, specs, models.values)
+        joined.gpus_without_device_data = blind
         if self.pod_resources:
             if self.cpu_only_nodes:
                 self._add_cpu_only_nodes(joined)
-            joined.pods = self._pod_rows(joined, rows + blind_rows, use or {})
-        self._holders = {}
+            joined.pods = self._pod_rows(joined, all_rows, use or {})
+        self._finish_sets(joined)
+        self._begin()
         return joined
 
-    def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    def _indices(self, names: Names[str], codes: np.ndarray) -> np.ndarray:
+        """Interned codes -> indices into `names` (each distinct code looked up once)."""
+        distinct, inverse = np.unique(codes, return_inverse=True)
+        st = self.s.string
+        table = np.array([names.index(st(c)) for c in distinct.tolist()], np.int64)
+        return table[inverse.reshape(-1)] if len(codes) else np.zeros(0, np.int64)
+
+    def _base_fractions(self, E, gpu_of_ent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each unit's share of its GPU: 1 for a whole GPU, its MIG profile's fraction (a function
-        of the GPU model and the profile: worked out once per pair) for a MIG instance."""
+        of the GPU model and the profile: worked out once per pair) for a MIG instance; and its
+        kind (GPU or MIG)."""
         st = self.s.string
         f = np.ones(len(E.node))
         mig = np.asarray(E.gi) >= 0
@@ -161,36 +311,43 @@ class Joiner:
                                    return_inverse=True)
         by_pair = np.array([self.mig.fraction(st(m), st(p), self.rule)[0] for m, p in pairs.tolist()], np.float64)
         f[mig] = normalise_per_gpu(gpu_of_ent[mig], by_pair[pair_of.reshape(-1)])
-        kind = np.where(mig, "mig", "gpu").tolist()
-        return f, kind
+        return f, np.where(mig, MIG, GPU).astype(np.int8)
 
-    def _holder_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, nodes, dt) -> list[_Row]:
+    def _holder_rows(self, H: Holdings, gpu_of_ent, base_f, kind, profile, shared, ent_replicas, dt) -> _Rows:  # noqa: ANN001
+        """The units DCGM shows held by a pod. On a shared (time-sliced) GPU a holder holds the
+        replicas DCGM counts for it (else as many as its requests ask per GPU it holds), of the
+        node's replicas (else of the pods sharing the GPU); its activity is per replica."""
+        i = np.flatnonzero(H.holder_pod >= 0)
+        e = H.entity[i]
+        pairs, holder_of = np.unique(np.stack([H.holder_ns[i], H.holder_pod[i]], axis=1).reshape(-1, 2), axis=0,
+                                     return_inverse=True)
         st = self.s.string
-        out: list[_Row] = []
-        means, measured = H.mean_activity, H.measured_share
-        pods_per_ent = np.bincount(H.entity[H.holder_pod >= 0], minlength=len(E.node))
-        gpus_per_pod: dict[tuple[int, int], int] = {}
-        for e, n, p in zip(H.entity, H.holder_ns, H.holder_pod):
-            if p >= 0:
-                gpus_per_pod[(int(n), int(p))] = gpus_per_pod.get((int(n), int(p)), 0) + 1
-        for i in np.flatnonzero(H.holder_pod >= 0):
-            e = int(H.entity[i])
-            holder = (st(int(H.holder_ns[i])), st(int(H.holder_pod[i])))
-            f = float(base_f[e])
-            unit_kind, basis = kind[e], "device"
-            mean = means[i]
-            if shared[e]:
-                node = nodes[int(E.node[e])]
-                held = gpus_per_pod[(int(H.holder_ns[i]), int(H.holder_pod[i]))]
-                k = int(H.replicas[i]) or self._requested_replicas(holder, held)
-                r = node.replicas if node.replicas > 1 else max(int(pods_per_ent[e]), 1)
-                f = f * min(k, r) / r
-                unit_kind = "replica"
-                basis = "per_pod" if H.per_pod_activity[i] else "equal_split"
-                mean = min(mean / f, 1.0) if f > 0 and not np.isnan(mean) else mean
-            out.append(_Row(int(gpu_of_ent[e]), f, min(H.held_s[i] / dt, 1.0), measured[i], mean, holder,
-                            unit_kind, st(int(E.profile[e])), "pod", basis if not np.isnan(mean) else "none"))
-        return out
+        table = np.array([self._holders.index((st(n), st(p))) for n, p in pairs.tolist()], np.int64)
+        holder = table[holder_of.reshape(-1)] if len(i) else np.zeros(0, np.int64)
+        f, unit_kind = base_f[e].copy(), kind[e].copy()
+        basis = np.full(len(i), DEVICE, np.int8)
+        mean = H.mean_activity[i]
+        sh = np.flatnonzero(shared[e])
+        if len(sh):
+            held = np.bincount(holder)[holder[sh]]  # units each holder holds
+            k = H.replicas[i][sh].astype(np.int64)
+            ask = np.flatnonzero(k == 0)
+            if len(ask):
+                who, which = np.unique(np.stack([holder[sh][ask], held[ask]], axis=1), axis=0, return_inverse=True)
+                asked = [self._requested_replicas(self._holders.values[h], n) for h, n in who.tolist()]
+                k[ask] = np.array(asked, np.int64)[which.reshape(-1)]
+            pods_per_ent = np.bincount(H.entity[H.holder_pod >= 0], minlength=len(shared))
+            node_r = ent_replicas[e[sh]]
+            r = np.where(node_r > 1, node_r, np.maximum(pods_per_ent[e[sh]], 1))
+            f[sh] = f[sh] * np.minimum(k, r) / r
+            unit_kind[sh] = REPLICA
+            basis[sh] = np.where(H.per_pod_activity[i[sh]], PER_POD, EQUAL_SPLIT)
+            m = mean[sh]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean[sh] = np.where((f[sh] > 0) & ~np.isnan(m), np.minimum(m / f[sh], 1.0), m)
+        basis[np.isnan(mean)] = UNMEASURED
+        return _Rows.of(gpu_of_ent[e], f, np.minimum(H.held_s[i] / dt, 1.0), H.measured_share[i], mean, holder,
+                        unit_kind, profile[e], POD, basis)
 
     def _requested_replicas(self, holder: tuple[str, str], n_gpus: int) -> int:
         pod = self.facts.pod(holder, self._start)
@@ -199,16 +356,14 @@ class Joiner:
         k = sum(pod.requested(r) for r in GPU_RESOURCES)
         return max(int(round(k / max(n_gpus, 1))), 1)
 
-    def _unheld_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, shared, nodes, dt) -> list[_Row]:
+    def _unheld_rows(self, H: Holdings, E, gpu_of_ent, base_f, kind, profile, shared, infos, node_of_ent,  # noqa: ANN001
+                     shown: set[tuple[str, str]], dt: float) -> _Rows:
         """Place kube-state-metrics claims on unheld units; book active unheld units; the rest is idle."""
         st = self.s.string
         # Where dcgm-exporter maps devices to pods on a node, it is the authority there: a pod it
         # does not show holds nothing (it ended, or has not started). Claims fill in only on nodes
         # whose exporter maps no pods at all (pod mapping off or broken).
-        held = H.holder_pod >= 0
-        mapped = {st(c) for c in np.unique(E.node[H.entity[held]]).tolist()}
-        pairs = np.unique(np.stack([H.holder_ns[held], H.holder_pod[held]], axis=1).reshape(-1, 2), axis=0)
-        shown = {(st(n), st(p)) for n, p in pairs.tolist()}
+        mapped = {st(c) for c in np.unique(E.node[H.entity[H.holder_pod >= 0]]).tolist()}
         claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, resource) -> pods, one per unit
         dark_claims: dict[tuple[str, str], list[tuple[str, str]]] = {}  # the same for time DCGM went dark
         for node, key, resource, qty in self._gpu_requests():
@@ -216,31 +371,42 @@ class Joiner:
                 claims.setdefault((node, resource), []).extend([key] * qty)
             if key not in shown:
                 dark_claims.setdefault((node, resource), []).extend([key] * qty)
-        means, measured = H.mean_activity, H.measured_share
-        out: list[_Row] = []
-        for i in np.flatnonzero(H.holder_pod < 0):
-            e = int(H.entity[i])
-            if shared[e]:
-                continue  # unheld replicas are idle; claims on shared GPUs are not placed (no unit identity)
-            node, profile = st(int(E.node[e])), st(int(E.profile[e]))
-            single = nodes[int(E.node[e])].mig_strategy == "single"
-            resource = mig_resource(profile) if kind[e] == "mig" and not single else "nvidia_com_gpu"
-            share = min(H.held_s[i] / dt, 1.0)
-            if H.holder_pod[i] == DARK:
-                holder = self._dark_holder(node, st(int(E.uuid[e])), st(int(E.gi[e])), dark_claims.get((node, resource)))
+        # Unheld replicas are idle: claims on shared GPUs are not placed (no unit identity).
+        i = np.flatnonzero((H.holder_pod < 0) & ~shared[H.entity])
+        e = H.entity[i]
+        share, mean = np.minimum(H.held_s[i] / dt, 1.0), H.mean_activity[i]
+        with np.errstate(invalid="ignore"):
+            active = mean > ACTIVE_WITHOUT_POD  # False where NaN (unmeasured)
+        # Which pod a claim or a dark unit goes to is decided unit by unit, in order; the other
+        # units are booked active_without_pod where active, and are idle otherwise.
+        claimed = np.array(sorted({self.s.find(node) for node, _ in claims}), np.int64)
+        slow = (H.holder_pod[i] == DARK) | np.isin(E.node[e], claimed)
+        fast = np.flatnonzero(~slow & active)
+        parts = [_Rows.of(gpu_of_ent[e[fast]], base_f[e[fast]], share[fast], H.measured_share[i[fast]], mean[fast],
+                          NOBODY, kind[e[fast]], profile[e[fast]], ACTIVE, DEVICE)]
+        at = [fast]
+        placed: list[tuple] = []
+        for x in np.flatnonzero(slow).tolist():
+            u = int(e[x])
+            node, prof = st(int(E.node[u])), self._profiles.values[profile[u]]
+            single = infos[node_of_ent[u]].mig_strategy == "single"
+            resource = mig_resource(prof) if kind[u] == MIG and not single else "nvidia_com_gpu"
+            if H.holder_pod[i[x]] == DARK:
+                holder = self._dark_holder(node, st(int(E.uuid[u])), st(int(E.gi[u])), dark_claims.get((node, resource)))
                 if holder is not None:
-                    out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, 0.0, np.nan, holder,
-                                    kind[e], profile, "ksm_request", "none"))
+                    placed.append((x, u, 0.0, np.nan, self._holders.index(holder), KSM_REQUEST, UNMEASURED))
                 continue
             queue = claims.get((node, resource))
-            mean = means[i]
             if queue:
-                out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, 0.0, np.nan, queue.pop(0),
-                                kind[e], profile, "ksm_request", "none"))
-            elif not np.isnan(mean) and mean > ACTIVE_WITHOUT_POD:
-                out.append(_Row(int(gpu_of_ent[e]), float(base_f[e]), share, measured[i], mean,
-                                ("", ""), kind[e], profile, "active_without_pod", "device"))
-        return out
+                placed.append((x, u, 0.0, np.nan, self._holders.index(queue.pop(0)), KSM_REQUEST, UNMEASURED))
+            elif active[x]:
+                placed.append((x, u, H.measured_share[i[x]], mean[x], NOBODY, ACTIVE, DEVICE))
+        if placed:
+            x, u, measured, activity, holder, attribution, basis = (np.array(c) for c in zip(*placed))
+            parts.append(_Rows.of(gpu_of_ent[u], base_f[u], share[x], measured, activity, holder, kind[u],
+                                  profile[u], attribution, basis))
+            at.append(x)
+        return _Rows.concat(parts).take(np.argsort(np.concatenate(at), kind="stable"))
 
     def _dark_holder(self, node: str, uuid: str, gi: str, queue: list[tuple[str, str]] | None) -> tuple[str, str] | None:
         """Who holds a unit while its exporter is dark: the pod that held it last, if it is still
@@ -267,26 +433,42 @@ class Joiner:
                 if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
                     yield pod.node, key, resource, int(qty)
 
-    def _nodes_without_device_data(self, seen: dict[str, list[str]],
-                                   first: int) -> tuple[list[tuple[str, str, NodeInfo]], list[_Row]]:
+    def _nodes_without_device_data(self, specs: list[tuple[str, NodeInfo]], gpu_node: np.ndarray,
+                                   gpu_model: np.ndarray, models: Names[str]) -> tuple[np.ndarray, np.ndarray, _Rows, int]:
         """GPUs kube-state-metrics counts (GFD's nvidia.com/gpu.count) but DCGM did not report this
         interval still cost money. A node with no DCGM series at all (exporter down, scrape lost)
         gets its Running pods' GPU requests placed on them (attribution `ksm_request`, activity
-        unmeasured); GPUs missing from a node that does report (fallen off the bus, say) are idle."""
-        gpus: list[tuple[str, str, NodeInfo]] = []
-        rows: list[_Row] = []
+        unmeasured); GPUs missing from a node that does report (fallen off the bus, say) are idle.
+        `specs` (extended here) are the nodes of `gpu_node`; returns the GPUs' nodes and models
+        with these GPUs appended, their rows, and how many GPUs had no device data."""
+        seen = {name: n for n, (name, _) in enumerate(specs)}
+        reported = np.bincount(gpu_node, minlength=len(specs))
+        first = np.zeros(len(specs), np.int64)
+        reporting, first_gpu = np.unique(gpu_node, return_index=True)
+        first[reporting] = first_gpu  # each node's first GPU
+        extra_node: list[int] = []
+        extra_model: list[int] = []
+        rows: list[tuple] = []
+        blind = 0
         for name, facts in self.facts.nodes.items():
             info = node_info(facts)
             count = gpu_count(facts, info)
-            if name in seen:
-                missing = count - len(seen[name])
-                gpus += [(name, seen[name][0], info)] * max(missing, 0)
+            n = seen.get(name)
+            if n is not None:
+                missing = max(count - int(reported[n]), 0)
+                extra_node += [n] * missing
+                extra_model += [int(gpu_model[first[n]])] * missing
+                blind += missing
                 continue
             if count == 0:
                 continue
             model = info.gpu_product.split("-SHARED")[0].split("-MIG-")[0]  # GFD's product label
-            base, free = first + len(gpus), [1.0] * count
-            gpus += [(name, model, info)] * count
+            n = len(specs)
+            specs.append((name, info))
+            base, free = len(gpu_node) + len(extra_node), [1.0] * count
+            extra_node += [n] * count
+            extra_model += [models.index(model)] * count
+            blind += count
             for node, key, resource, qty in self._gpu_requests():
                 if node != name:
                     continue
@@ -296,72 +478,92 @@ class Joiner:
                     if g is None:
                         break  # more requested than the node has: never sell a GPU twice
                     free[g] -= f
-                    rows.append(_Row(base + g, f, 1.0, 0.0, np.nan, key, unit_kind, profile, "ksm_request", "none"))
-        return gpus, rows
+                    rows.append((base + g, f, self._holders.index(key), unit_kind, self._profiles.index(profile)))
+        gpu_node = np.concatenate([gpu_node, np.array(extra_node, np.int64)]).astype(np.int64)
+        gpu_model = np.concatenate([gpu_model, np.array(extra_model, np.int64)]).astype(np.int64)
+        gpu, f, holder, unit_kind, profile = (list(c) for c in zip(*rows)) if rows else ([], [], [], [], [])
+        return gpu_node, gpu_model, _Rows.of(gpu, f, 1.0, 0.0, np.nan, holder, unit_kind, profile, KSM_REQUEST,
+                                             UNMEASURED), blind
 
-    def _unit_of_resource(self, resource: str, model: str, info: NodeInfo) -> tuple[float, str, str]:
+    def _unit_of_resource(self, resource: str, model: str, info: NodeInfo) -> tuple[float, int, str]:
         """(fraction, unit kind, MIG profile) of one unit of a requested GPU resource."""
         if resource.startswith(MIG_PREFIX):
             profile = profile_of_resource(resource)
-            return self.mig.fraction(model, profile, self.rule)[0], "mig", profile
-        return (1.0 / info.replicas, "replica", "") if info.replicas > 1 else (1.0, "gpu", "")
+            return self.mig.fraction(model, profile, self.rule)[0], MIG, profile
+        return (1.0 / info.replicas, REPLICA, "") if info.replicas > 1 else (1.0, GPU, "")
 
-    def _finish(self, rows: list[_Row], gpus: list[tuple[str, str, NodeInfo]]) -> Joined:
-        node_index: dict[str, int] = {}
-        first_gpu: list[int] = []
-        for g, (node_name, _, _) in enumerate(gpus):
-            if node_name not in node_index:
-                node_index[node_name] = len(node_index)
-                first_gpu.append(g)
-        gpu_node = np.array([node_index[name] for name, _, _ in gpus], dtype=np.int64)
-        gpus_on_node = np.bincount(gpu_node, minlength=len(node_index))
-        nodes = [self._node_cost(name, gpus[g][1], gpus[g][2], int(gpus_on_node[n]))
-                 for (name, n), g in zip(node_index.items(), first_gpu)]
+    def _finish(self, rows: _Rows, gpu_spec: np.ndarray, gpu_model: np.ndarray,
+                specs: list[tuple[str, NodeInfo]], models: list[str]) -> Joined:
+        """Nodes numbered in the order their first GPU comes; each row's attribute set: one per
+        holding (a pod's units on a node, of one kind and profile), worked out once."""
+        spec_of, first_gpu = np.unique(gpu_spec, return_index=True)
+        order = np.argsort(first_gpu, kind="stable")
+        renumber = np.zeros(len(specs), np.int64)
+        renumber[spec_of[order]] = np.arange(len(order))
+        gpu_node = renumber[gpu_spec]
+        gpus_on_node = np.bincount(gpu_node, minlength=len(order))
+        nodes = [self._node_cost(*specs[s], models[gpu_model[g]], int(gpus_on_node[n]))
+                 for n, (s, g) in enumerate(zip(spec_of[order].tolist(), first_gpu[order].tolist()))]
         split = self.pricer.config.instance_price_split
         node_prices = [node.price.per_gpu(split) for node in nodes]
-        prices = [node_prices[n].per_gpu_hour for n in gpu_node]
+        prices = np.array([p.per_gpu_hour for p in node_prices], np.float64)[gpu_node]
         unpriced = sum(int(gpus_on_node[n]) for n, price in enumerate(node_prices) if price.source == "none")
-        node_attrs: dict[tuple[str, str], Attrs] = {}  # a node's GPUs share one set
-        gpu_attrs = [node_attrs.get((name, model)) or node_attrs.setdefault((name, model), _node_attrs(name, model, info))
-                     for name, model, info in gpus]
-        # The rows of one holding (a pod's GPUs on a node, of one kind and profile) share their set.
-        sets: dict[tuple, tuple[Attrs, tuple[bool, ...]]] = {}
-        row_attrs, found = [], []
-        for r in rows:
-            key = (r.holder, r.attribution, gpu_attrs[r.gpu], r.unit_kind, r.profile, r.basis)
-            known = sets.get(key)
-            if known is None:
-                attrs, tags_found = self._holder_attrs(r.holder, r.attribution, gpu_attrs[r.gpu])
-                known = sets[key] = (with_attrs(attrs, {"unit_kind": r.unit_kind, "mig_profile": r.profile,
-                                                        "activity_basis": r.basis}), tags_found)
-            row_attrs.append(known[0])
-            found.append(known[1])
-        unit_rows = UnitRows(
-            np.array(prices, dtype=np.float64), np.array([r.gpu for r in rows], dtype=np.int64),
-            np.array([r.f for r in rows]), np.array([r.share for r in rows]),
-            np.array([r.measured for r in rows]), np.array([r.activity for r in rows]),
-        )
-        return Joined(unit_rows, row_attrs, found, gpu_node, nodes, [], split, unpriced)
+        # A node's GPUs of one model share one set of node attributes.
+        pair_of_gpu, pair_first = group_ids(gpu_node, gpu_model)
+        pair_set = np.array([self._node_sets.index(_node_attrs(nodes[n].name, models[m], specs[spec_of[order][n]][1]))
+                             for n, m in zip(gpu_node[pair_first].tolist(), gpu_model[pair_first].tolist())], np.int64)
+        row_set = np.zeros(len(rows), np.int64)
+        if len(rows):
+            pair = pair_of_gpu[rows.gpu]
+            key, first = group_ids(rows.holder, rows.attribution, pair, rows.kind, rows.profile, rows.basis)
+            sets = [self._holding_set(int(rows.holder[r]), int(rows.attribution[r]), int(pair_set[pair[r]]),
+                                      int(gpu_node[rows.gpu[r]]), int(rows.kind[r]), int(rows.profile[r]),
+                                      int(rows.basis[r])) for r in first.tolist()]
+            row_set = np.array(sets, np.int64)[key]
+        unit_rows = UnitRows(prices, rows.gpu, rows.f, rows.share, rows.measured, rows.activity)
+        e = np.zeros(0, np.int64)
+        return Joined(unit_rows, row_set, [], np.zeros((0, len(TAG_NAMES)), bool), e, e, np.zeros(0, np.int8), e,
+                      [], [], gpu_node, nodes, Pods.empty(), split, unpriced)
 
-    def _node_cost(self, name: str, model: str, info: NodeInfo, gpus: int) -> NodeCost:
+    def _holding_set(self, holder: int, attribution: int, node_set: int, node: int, kind: int, profile: int,
+                     basis: int) -> int:
+        attrs, found, attribution = self._holder_attrs(holder, attribution, node_set)
+        attrs = with_attrs(attrs, {"unit_kind": KINDS[kind], "mig_profile": self._profiles.values[profile],
+                                   "activity_basis": BASES[basis]})
+        return self._sets.add(attrs, found, holder, self._namespaces.index(self._holders.values[holder][0]),
+                              attribution, node)
+
+    def _finish_sets(self, joined: Joined) -> None:
+        s = self._sets
+        joined.sets = s.attrs
+        joined.set_found = np.array(s.found, bool).reshape(-1, len(TAG_NAMES))
+        joined.set_holder = np.array(s.holder, np.int64)
+        joined.set_namespace = np.array(s.namespace, np.int64)
+        joined.set_attribution = np.array(s.attribution, np.int8)
+        joined.set_node = np.array(s.node, np.int64)
+        joined.holders, joined.namespaces = self._holders.values, self._namespaces.values
+
+    def _node_cost(self, name: str, info: NodeInfo, model: str, gpus: int) -> NodeCost:
         price = self.pricer.node_price(info.instance_type, (model, info.gpu_product), info.capacity_type,
                                        gpus, info.vcpus, info.memory_gib)
         return NodeCost(name, price, _node_attrs(name, model, info), gpus,
                         price.vcpus or info.vcpus, price.memory_gib or info.memory_gib)
 
-    def _holder_attrs(self, holder: tuple[str, str], attribution: str, node_attrs: Attrs) -> tuple[Attrs, tuple[bool, ...]]:
-        """The holder's attributes and which tags its labels gave; worked out once per join for
-        each holder, attribution and node (a pod holds several units, and it is a GPU holder and a
-        pod row), so the sets of its rows share their pairs."""
-        key = (holder, attribution, node_attrs)
-        known = self._holders.get(key)
+    def _holder_attrs(self, holder: int, attribution: int, node_set: int) -> tuple[Attrs, tuple[bool, ...], int]:
+        """The holder's attributes, which tags its labels gave, and its attribution (`pod_unknown`
+        for a pod no source knows); worked out once per join for each holder, attribution and
+        node (a pod holds several units, and it is a GPU holder and a pod row), so the sets of
+        its rows share their pairs."""
+        key = (holder, attribution, node_set)
+        known = self._holder_memo.get(key)
         if known is None:
-            attrs, found = self._holder_attrs_of(holder, attribution, node_attrs)
-            known = self._holders[key] = (attrs_of(attrs), found)
+            attrs, found, final = self._holder_attrs_of(self._holders.values[holder], ATTRIBUTIONS[attribution],
+                                                        self._node_sets.values[node_set])
+            known = self._holder_memo[key] = (attrs_of(attrs), found, ATTRIBUTIONS.index(final))
         return known
 
     def _holder_attrs_of(self, holder: tuple[str, str], attribution: str,
-                         node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...]]:
+                         node_attrs: Attrs) -> tuple[dict[str, str], tuple[bool, ...], str]:
         pod = self.facts.pod(holder, self._start)
         tags = self._tags(holder, pod)
         attrs = dict(zip(TAG_NAMES, tags.values))
@@ -370,7 +572,7 @@ class Joiner:
         kind, name = workload(holder[0], holder[1], pod, self.facts.owners)
         attrs.update(dict(node_attrs), namespace=holder[0], pod=holder[1], attribution=attribution,
                      workload_kind=kind, workload_name=name)
-        return attrs, tags.from_labels
+        return attrs, tags.from_labels, attribution
 
     def _add_cpu_only_nodes(self, joined: Joined) -> None:
         """Nodes without GPUs that have an instance price, for scad on every instance."""
@@ -379,27 +581,37 @@ class Joiner:
             info = node_info(facts)
             if name in costed or gpu_count(facts, info) > 0:
                 continue
-            node = self._node_cost(name, "", info, 0)
+            node = self._node_cost(name, info, "", 0)
             if node.price.instance_hour is not None:
                 joined.nodes.append(node)
 
-    def _pod_rows(self, joined: Joined, rows: list[_Row], use: dict[tuple[int, int], PodUse]) -> list[PodRow]:
+    def _pod_rows(self, joined: Joined, rows: _Rows, use: dict[tuple[int, int], PodUse]) -> Pods:
         """Every pod that ran on a costed node in the interval: the Running pods kube-state-metrics
         places there, and the GPU holders DCGM shows there."""
         node_of = {n.name: i for i, n in enumerate(joined.nodes)}
-        gpu_share: dict[tuple[int, tuple[str, str]], tuple[float, str]] = {}
-        for r in rows:
-            if r.holder != ("", ""):
-                key = (int(joined.gpu_node[r.gpu]), r.holder)
-                gpu_share[key] = (max(gpu_share.get(key, (0.0, ""))[0], r.share), r.attribution)
+        node_set = [self._node_sets.index(n.attrs) for n in joined.nodes]
+        # Per (node, holder): the longest share of the interval it held a unit there, and the
+        # attribution of its last row.
+        gpu_share: dict[tuple[int, int], tuple[float, int]] = {}
+        held = np.flatnonzero(rows.holder != NOBODY)
+        if len(held):
+            node = joined.gpu_node[rows.gpu[held]]
+            key, first = group_ids(node, rows.holder[held])
+            by_key = np.lexsort((np.arange(len(held)), key))  # each key's rows, in row order
+            starts = np.flatnonzero(np.diff(key[by_key], prepend=-1))
+            longest = np.maximum.reduceat(rows.share[held][by_key], starts)
+            attribution = rows.attribution[held][by_key[np.append(starts[1:], len(held)) - 1]]  # its last row's
+            holder = rows.holder[held]
+            for k in np.argsort(first, kind="stable").tolist():  # in the order the rows name them
+                gpu_share[(int(node[first[k]]), int(holder[first[k]]))] = (float(longest[k]), int(attribution[k]))
         code = self.s.find
-        out: list[PodRow] = []
-        seen: set[tuple[int, tuple[str, str]]] = set()
-        for holder, pod in self.facts.pods.items():
+        out: list[tuple] = []
+        seen: set[tuple[int, int]] = set()
+        for key, pod in self.facts.pods.items():
             n = node_of.get(pod.node)
             if n is None:
                 continue
-            u = use.get((code(holder[0]), code(holder[1])))
+            u = use.get((code(key[0]), code(key[1])))
             running = pod.phase == "Running" and not pod.deleted
             if u is not None and not np.isnan(u.running_share):
                 share = u.running_share
@@ -407,28 +619,31 @@ class Joiner:
                 share = 0.0
             else:
                 share = float(running)
-            held = gpu_share.get((n, holder))
-            if held is not None:
-                share = max(share, held[0])
+            h = self._holders.index(key)
+            got = gpu_share.get((n, h))
+            if got is not None:
+                share = max(share, got[0])
             if share <= 0:
                 continue
-            seen.add((n, holder))
-            out.append(self._pod_row(joined, n, holder, "pod" if held is None else held[1], share, u))
-        for (n, holder), (share, attribution) in gpu_share.items():
-            if (n, holder) not in seen:  # unknown to kube-state-metrics: GPUs only
-                out.append(self._pod_row(joined, n, holder, attribution, share, None))
-        return out
+            seen.add((n, h))
+            out.append(self._pod_row(n, node_set[n], h, POD if got is None else got[1], share, u))
+        for (n, h), (share, attribution) in gpu_share.items():
+            if (n, h) not in seen:  # unknown to kube-state-metrics: GPUs only
+                out.append(self._pod_row(n, node_set[n], h, attribution, share, None))
+        if not out:
+            return Pods.empty()
+        n, s, *values = (np.array(c) for c in zip(*out))
+        return Pods(n.astype(np.int64), s.astype(np.int64), *(v.astype(np.float64) for v in values))
 
-    def _pod_row(self, joined: Joined, n: int, holder: tuple[str, str], attribution: str, share: float,
-                 use: PodUse | None) -> PodRow:
-        pod = self.facts.pod(holder, self._start)
-        attrs, found = self._holder_attrs(holder, attribution, joined.nodes[n].attrs)
+    def _pod_row(self, n: int, node_set: int, holder: int, attribution: int, share: float,
+                 use: PodUse | None) -> tuple:
+        pod = self.facts.pod(self._holders.values[holder], self._start)
+        attrs, found, final = self._holder_attrs(holder, attribution, node_set)
+        s = self._sets.add(attrs, found, holder, self._namespaces.index(self._holders.values[holder][0]), final, n)
         nan = float("nan")
-        return PodRow(
-            n, attrs, found, min(share, 1.0),
-            pod.requested("cpu") if pod else 0.0, pod.requested("memory") / 2**30 if pod else 0.0,
-            use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan,
-        )
+        return (n, s, min(share, 1.0), pod.requested("cpu") if pod else 0.0,
+                pod.requested("memory") / 2**30 if pod else 0.0,
+                use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan)
 
     def _tags(self, holder: tuple[str, str], pod: PodFacts | None) -> Tags:
         if holder == ("", ""):

@@ -1,0 +1,240 @@
+"""The cost models series by series, in dicts: the readable reference of `models` (which does the
+same work on columns). Tests hold the two to the same results on the same joins.
+
+Each model prices the same holdings (docs/cost-model.md section 2); see `models` for what each
+model and idle policy does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import numpy as np
+
+from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
+from otelgpu.attribution.models import SUMS, _Extended
+from otelgpu.config import TAG_NAMES, AttributionConfig
+from otelgpu.enrich.join import Joined
+from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
+from otelgpu.telemetry import SelfMetrics
+
+Series = dict[str, dict[Attrs, float]]
+
+
+@dataclass
+class _Idle:
+    """Unheld cost per node and resource, and the rows that could take a share of it."""
+
+    amount: np.ndarray  # [node]
+    row_node: np.ndarray  # [row] node of each candidate row
+    row_weight: np.ndarray  # [row] allocated cost of the row (0: not a holder of the resource)
+    row_attrs: list[Attrs]
+
+
+class CostModelsReference:
+    def __init__(self, config: AttributionConfig, tag_defaults: Mapping[str, str],
+                 metrics: Optional[SelfMetrics] = None, dropped: frozenset[str] = frozenset()) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.dropped = dropped  # attributes the series do not keep (`series.detail`, `series.drop_attributes`)
+        self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
+        self._with = _Extended()
+
+    def needs_pods(self) -> bool:
+        return "scad" in self.config.cost_models
+
+    def attribute(self, j: Joined, dt: float) -> tuple[Series, Series]:
+        """Sums and gauges of one interval."""
+        sums: Series = {m: defaultdict(float) for m in SUMS}
+        self._with.tick()
+        base = attribute_request(j.rows, dt)
+        for i, attrs in enumerate(j.row_attrs):
+            sums["held"][attrs] += float(base.held_s[i])
+        for model in self.config.cost_models:
+            self._model(model, j, dt, base, sums)
+        self._unattributed(j, base, sums)
+        gauges = self._gauges(j, base)
+        return {k: self._projected(v) for k, v in sums.items() if v}, gauges
+
+    def _project(self, attrs: Attrs) -> Attrs:
+        return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs
+
+    def _projected(self, series: Mapping[Attrs, float]) -> dict[Attrs, float]:
+        """Series without the dropped attributes, the increments of series that merge added up."""
+        if not self.dropped:
+            return dict(series)
+        out: dict[Attrs, float] = defaultdict(float)
+        for attrs, value in series.items():
+            out[self._project(attrs)] += value
+        return dict(out)
+
+    def _model(self, model: str, j: Joined, dt: float, base: Attribution, sums: Series) -> None:
+        cfg, n_node = self.config, len(j.nodes)
+        common = {"cost_model": model, "idle_policy": cfg.idle.policy}
+        row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
+        if model == "scad":
+            rates = [node.price.scad_rates() for node in j.nodes]
+            node_price = np.array([r[0][0] for r in rates])
+            node_source = [r[1] for r in rates]
+        else:
+            convention = "opencost" if model == "opencost" else j.split
+            per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
+            node_price = np.array([p.per_gpu_hour for p in per_gpu])
+            node_source = [p.source for p in per_gpu]
+        if model in ("request", "hybrid") or not len(j.gpu_node):
+            att = base
+        else:
+            rows = j.rows
+            att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
+                                             rows.row_measured, rows.row_activity), dt)
+        extra = [self._with.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
+        row_attrs = [self._with(a, extra[n]) for a, n in zip(j.row_attrs, row_node.tolist())]
+        alloc = att.alloc
+        if model == "hybrid":
+            measured = att.alloc - att.unmeasured > 0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                activity = np.where(measured, att.effective / (att.alloc - att.unmeasured), 0.0)
+            use = activity * att.alloc
+            if cfg.hybrid_weight == "activity":
+                use = self._holder_activity(j, row_node, att)
+            alloc = hybrid(row_node, n_node, att.alloc, use, measured, cfg.hybrid_alpha)
+        else:
+            for i, attrs in enumerate(row_attrs):
+                sums["effective"][attrs] += float(att.effective[i])
+                sums["waste"][attrs] += float(att.waste[i])
+                sums["unmeasured"][attrs] += float(att.unmeasured[i])
+        for i, attrs in enumerate(row_attrs):
+            sums["allocated"][attrs] += float(alloc[i])
+        node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
+        capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
+        gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc, row_attrs)
+        idles = [("gpu", gpu_idle, capacity, node_attrs)]
+        if model == "scad":
+            # SCAD hands each resource's unused capacity to the pods on the node that hold it.
+            unused, gpu_idle.amount = share(row_node, alloc, gpu_idle.amount)
+            for i, attrs in enumerate(row_attrs):
+                sums["unused"][attrs] += float(unused[i])
+            idles += self._scad_cpu_memory(j, dt, rates, node_source, common, sums)
+        for resource, idle, cap, attrs_of_node in idles:
+            for n in range(n_node):
+                if cap[n] or j.nodes[n].gpus:
+                    sums["capacity"][attrs_of_node[n]] += float(cap[n])
+            self._idle_policy(idle, j, attrs_of_node, sums)
+
+    @staticmethod
+    def _holder_activity(j: Joined, row_node: np.ndarray, att: Attribution) -> np.ndarray:
+        """Each holder's activity (its effective over its measured allocation, all its units on the
+        node together), spread over its rows by allocated cost, so the rows of one holder weigh
+        a_p in total whatever the size of the holding."""
+        codes: dict[tuple, int] = {}
+        holder = np.array([codes.setdefault((int(row_node[i]), d["namespace"], d["pod"]) if d.get("pod")
+                                            else (int(row_node[i]), attrs), len(codes))
+                           for i, attrs in enumerate(j.row_attrs) for d in (dict(attrs),)], dtype=np.int64)
+        n = len(codes)
+        effective = np.bincount(holder, weights=att.effective, minlength=n)
+        measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=n)
+        alloc = np.bincount(holder, weights=att.alloc, minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = np.where(measured > 0, effective / measured, 0.0)
+            part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)
+        return a[holder] * part
+
+    def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
+        pods = j.pod_rows()
+        pod_node = np.array([p.node for p in pods], dtype=np.int64)
+        qty = np.zeros((len(pods), 2))
+        basis = []
+        for i, p in enumerate(pods):
+            cpu = p.cpu_request if np.isnan(p.cpu_used) else max(p.cpu_request, p.cpu_used)
+            mem = p.memory_request_gib if np.isnan(p.memory_used_gib) else max(p.memory_request_gib, p.memory_used_gib)
+            qty[i] = (p.share * cpu, p.share * mem)
+            basis.append(("requests" if np.isnan(p.cpu_used) else "usage",
+                          "requests" if np.isnan(p.memory_used_gib) else "usage"))
+            if self.metrics is not None:
+                for resource, b, reserved in zip(("cpu", "memory"), basis[-1], (p.cpu_request, p.memory_request_gib)):
+                    if b == "requests" and reserved > 0:
+                        self.metrics.count("scad_request_fallbacks", resource)
+        cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
+        rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
+        out = scad(pod_node, qty, cap, rate, dt)
+        hours = dt / 3600.0
+        result = []
+        for x, resource in enumerate(("cpu", "memory")):
+            extra = [self._with.extra(dict(common, resource=resource, price_source=node_source[n]))
+                     for n in range(len(j.nodes))]
+            pod_extra = {(n, b): self._with.extra(dict(extra[n], activity_basis=b))
+                         for n in range(len(j.nodes)) for b in ("requests", "usage")}
+            attrs = [self._with(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
+            for i, a in enumerate(attrs):
+                if qty[i, x] > 0:
+                    sums["allocated"][a] += float(out.split[i, x])
+                    sums["unused"][a] += float(out.unused[i, x])
+            node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
+            idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
+            result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
+        return result
+
+    def _idle_policy(self, idle: _Idle, j: Joined, node_attrs: list[Attrs], sums: Series) -> None:
+        policy = self.config.idle
+        amount = idle.amount
+        if policy.policy == "share":
+            if policy.share_scope == "cluster":
+                group = np.zeros(len(idle.row_node), dtype=np.int64)
+                to_rows, left = share(group, idle.row_weight, np.array([amount.sum()]))
+                if left[0] == 0:
+                    amount = np.zeros_like(amount)
+            else:
+                to_rows, amount = share(idle.row_node, idle.row_weight, amount)
+            for i, attrs in enumerate(idle.row_attrs):
+                if to_rows[i]:
+                    sums["unused"][attrs] += float(to_rows[i])
+        for n, node in enumerate(j.nodes):
+            if amount[n] <= 0 and not node.gpus:
+                continue
+            if policy.policy == "platform":
+                attrs = with_attrs(node_attrs[n], dict(self.platform, attribution="idle"))
+                sums["unused"][attrs] += float(amount[n])
+            else:
+                sums["idle"][node_attrs[n]] += float(amount[n])
+
+    def _gauges(self, j: Joined, base: Attribution) -> Series:
+        gauges: Series = {"activity": {}, "tag_coverage": {}}
+        measured_alloc: dict[Attrs, float] = defaultdict(float)
+        effective: dict[Attrs, float] = defaultdict(float)
+        for i, attrs in enumerate(j.row_attrs):  # activity of merged series: weighted by their cost
+            measured_alloc[self._project(attrs)] += float(base.alloc[i] - base.unmeasured[i])
+            effective[self._project(attrs)] += float(base.effective[i])
+        for attrs, m in measured_alloc.items():
+            if m > 0:
+                gauges["activity"][attrs] = effective[attrs] / m
+        found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
+        namespaces = np.array([dict(a).get("namespace", "") for a in j.row_attrs], dtype=object)
+        scopes: list[tuple[Attrs, np.ndarray]] = [((), np.ones(len(namespaces), dtype=bool))]
+        if "namespace" not in self.dropped:
+            scopes += [((("namespace", ns),), namespaces == ns) for ns in sorted(set(namespaces) - {""})]
+        for scope, rows in scopes:
+            total = float(base.alloc[rows].sum())
+            if total <= 0:
+                continue
+            gauges["tag_coverage"][scope + (("tag", "all"),)] = float(base.alloc[rows & found.all(axis=1)].sum()) / total
+            for k, name in enumerate(TAG_NAMES):
+                gauges["tag_coverage"][with_attrs(scope, {"tag": name})] = \
+                    float(base.alloc[rows & found[:, k]].sum()) / total
+        return gauges
+
+    @staticmethod
+    def _unattributed(j: Joined, base: Attribution, sums: Series) -> None:
+        """Allocated GPU cost (request allocation) not tied to all five tags, by reason: no pod on
+        a busy device, a pod no source knows, or a known pod missing a tag."""
+        for i, attrs in enumerate(j.row_attrs):
+            if base.alloc[i] <= 0:
+                continue
+            a = dict(attrs)
+            reason = {"active_without_pod": "no_pod", "pod_unknown": "pod_unknown"}.get(a.get("attribution", ""))
+            if reason is None and not all(j.row_tags_found[i]):
+                reason = "tag_missing"
+            if reason is not None:
+                key = attrs_of({"namespace": a.get("namespace", ""), "node": a.get("node", ""), "reason": reason})
+                sums["unattributed"][key] += float(base.alloc[i])
