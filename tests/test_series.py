@@ -138,3 +138,41 @@ def test_a_plan_looked_up_ahead_records_as_the_lookup_at_the_close_and_a_stale_o
             early = planned.plan(sums(intervals[i + 1]))
         expected = plain.record(i * 60, (i + 1) * 60, sums(keys), {})
         assert list(map(repr, planned.record(i * 60, (i + 1) * 60, sums(keys), {}, plan))) == list(map(repr, expected))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 9), st.booleans()), max_size=10), min_size=1, max_size=8))
+def test_series_found_by_their_object_or_by_value_record_the_same(intervals: list[list[tuple[int, bool]]]) -> None:
+    """The cost models hand the store the same attribute-set objects interval after interval, and
+    the store finds those series by the object's identity; equal sets in other objects (a series
+    back after a gap, a projection) by value. Fed either way, a store records the same points."""
+    pool = {k: _series(k) for k in range(10)}
+    by_object, by_value = CostStore(end_after_intervals=1), CostStore(end_after_intervals=1)
+    for i, named in enumerate(intervals):
+        keys = dict(named)  # series k -> whether the pooled object (else a copy) names it
+        def sums(copies: bool) -> dict:
+            def attrs(k: int) -> tuple:
+                return tuple(list(pool[k])) if copies or not keys[k] else pool[k]
+            return {"allocated": {attrs(k): 1.0 + k for k in keys}, "held": {attrs(k): 2.0 for k in keys if k % 2}}
+        gauges = {"activity": {pool[k] if keys[k] else tuple(list(pool[k])): 0.5 for k in keys}}
+        plan = by_object.plan(sums(False)) if i % 2 else None
+        got = by_object.record(i * 60, (i + 1) * 60, sums(False), gauges, plan)
+        want = by_value.record(i * 60, (i + 1) * 60, sums(True), {"activity": {tuple(list(a)): v for a, v in
+                                                                               gauges["activity"].items()}})
+        assert list(map(repr, got)) == list(map(repr, want))
+        assert by_object.active_series() == by_value.active_series()
+
+
+def test_an_ended_series_object_is_no_longer_found_by_identity() -> None:
+    """A set's object that the store released could be freed and its address given to another
+    set's object: the store forgets released objects' identities, so such an object is looked up
+    by value."""
+    store = CostStore(end_after_intervals=1)
+    gone, kept = _series(1), _series(2)
+    store.record(0, 60, {"allocated": {gone: 1.0, kept: 1.0}}, {})
+    assert id(gone) in store._sets.object_ids().tolist()
+    store.record(60, 120, {"allocated": {kept: 1.0}}, {})  # `gone` ends
+    assert id(gone) not in store._sets.object_ids().tolist()
+    keys, _ = store._index()
+    assert id(gone) not in (keys // len(store.metric_keys)).tolist()
+    assert (keys // len(store.metric_keys)).tolist() == [id(kept)]

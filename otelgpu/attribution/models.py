@@ -141,7 +141,7 @@ class _Sums:
         return out
 
     def _attrs(self, s: int, e: int) -> Attrs:
-        return self._with(self.sets[s], self.extras[e]) if e else self.sets[s]
+        return self._with(self.sets[s], self.extras[e])
 
 
 class CostModels:
@@ -176,7 +176,7 @@ class CostModels:
             return Packed.columns(attrs, values)
         index: dict[Attrs, int] = {}
         into = np.array([index.setdefault(self._project(a), len(index)) for a in attrs], np.int64)
-        return Packed.columns(list(index), np.bincount(into, weights=values, minlength=len(index)))
+        return Packed.columns([self._with(a, ()) for a in index], np.bincount(into, weights=values, minlength=len(index)))
 
     def _model(self, model: str, j: Joined, dt: float, base: Attribution, out: _Sums) -> None:
         cfg, n_node = self.config, len(j.nodes)
@@ -310,7 +310,8 @@ class CostModels:
         row_series = row_series[inverse.reshape(-1)]
         measured = np.bincount(row_series, weights=base.alloc - base.unmeasured, minlength=len(index))
         effective = np.bincount(row_series, weights=base.effective, minlength=len(index))
-        gauges["activity"] = {attrs: e / m for attrs, e, m in zip(index, effective.tolist(), measured.tolist()) if m > 0}
+        keys = [self._with(a, ()) for a in index]  # the objects of the last interval: the store knows them
+        gauges["activity"] = {attrs: e / m for attrs, e, m in zip(keys, effective.tolist(), measured.tolist()) if m > 0}
         # Tag coverage per cluster and per namespace.
         found = j.set_found[j.row_set]
         everything = found.all(axis=1)
@@ -353,8 +354,9 @@ class CostModels:
 class _Extended:
     """`with_attrs`, remembered from one interval to the next (what this interval and the last one
     used). The same holders on the same nodes get the same sets interval after interval, and
-    handing back the very tuple of the last interval makes the store's lookup of the series an
-    identity check instead of a comparison pair by pair. Each distinct `extra` is kept once."""
+    handing back the very tuple of the last interval lets the store find the series by the
+    object's identity (`CostStore._look_up`) instead of comparing it pair by pair. Each distinct
+    `extra` is kept once."""
 
     def __init__(self) -> None:
         self._now: dict[tuple[Attrs, Attrs], Attrs] = {}
@@ -362,11 +364,13 @@ class _Extended:
         self._extras: dict[Attrs, Attrs] = {}
 
     def __call__(self, attrs: Attrs, extra: Attrs) -> Attrs:
-        """`extra`: the items of the attributes to add, as `extra()` keeps them."""
+        """`extra`: the items of the attributes to add, as `extra()` keeps them (`()`: none; the
+        object of the last interval equal to `attrs`)."""
         key = (attrs, extra)
-        out = self._now.get(key)
+        out = self._last.get(key)
         if out is None:
-            out = self._now[key] = self._last.get(key) or with_attrs(attrs, dict(extra))
+            out = self._now.get(key) or with_attrs(attrs, dict(extra))
+        self._now[key] = out
         return out
 
     def extra(self, extra: Mapping[str, str]) -> Attrs:

@@ -122,7 +122,8 @@ class CostStore:
         self._born = np.zeros(cap, np.int64)  # creation order: snapshots list sums oldest first
         self._live = np.zeros(cap, bool)
         self._births = 0
-        self._gauges: dict[tuple[str, Attrs], float] = {}
+        self._by_object: Optional[tuple[np.ndarray, np.ndarray]] = None  # `_index()`, until rows change
+        self._gauges: dict[str, _Gauges] = {}  # the latest interval's, per metric
         self._gauge_time = 0
         self._ended_totals: dict[tuple[str, Attrs], float] = {}
         self.last_time_ns = 0
@@ -135,8 +136,32 @@ class CostStore:
             return Plan(self._records, {metric: self._look_up(metric, series) for metric, series in sums.items()})
 
     def _look_up(self, metric: str, series: Mapping[Attrs, float]) -> np.ndarray:
-        get = self._rows[metric].get
-        return np.fromiter((get(attrs, -1) for attrs in series), np.int64, len(series))
+        """Each series' row, -1 for a new one. A series whose attribute set is the very object
+        the store keeps for it (the cost models hand back the same objects interval after
+        interval) is found by the object's identity, all at once; the others by value."""
+        keys = list(series)
+        code = self._code[metric]
+        wanted = np.fromiter(map(id, keys), np.int64, len(keys)) * len(self.metric_keys) + code
+        known, rows_of = self._index()
+        at = np.minimum(np.searchsorted(known, wanted), max(len(known) - 1, 0))
+        found = known[at] == wanted if len(known) else np.zeros(len(keys), bool)
+        rows = np.where(found, rows_of[at] if len(known) else -1, -1)
+        missed = np.flatnonzero(~found)
+        if len(missed):
+            get = self._rows[metric].get
+            rows[missed] = [get(keys[i], -1) for i in missed.tolist()]
+        return rows
+
+    def _index(self) -> tuple[np.ndarray, np.ndarray]:
+        """The live sums keyed by the identity of their attribute set's object (its id times the
+        number of metrics, plus the metric), sorted, and their rows. An id found here is that of
+        an object the store holds, so nothing else can have it."""
+        if self._by_object is None:
+            rows = np.flatnonzero(self._live)
+            keys = self._sets.object_ids()[self._aset[rows]] * len(self.metric_keys) + self._metric[rows]
+            order = np.argsort(keys)
+            self._by_object = (keys[order], rows[order])
+        return self._by_object
 
     def record(self, start_ns: int, end_ns: int, sums: Mapping[str, Mapping[Attrs, float]],
                gauges: Mapping[str, Mapping[Attrs, float]], plan: Optional[Plan] = None) -> Points:
@@ -152,8 +177,9 @@ class CostStore:
                 plan = None
             self._records += 1
             rows, incs = [], []
+            looked_up = plan.rows if plan is not None else {m: self._look_up(m, series) for m, series in sums.items()}
             for metric, series in sums.items():
-                rows_of = plan.rows[metric] if plan is not None else self._look_up(metric, series)
+                rows_of = looked_up[metric]
                 new, found = np.flatnonzero(rows_of < 0).tolist(), rows_of.tolist()
                 if new:
                     keys = list(series)
@@ -173,13 +199,14 @@ class CostStore:
             self._drop(gone)
             kept = self._live_rows()
             old_gauges = self._gauges
-            self._gauges = {(m, a): v for m, series in gauges.items() for a, v in series.items()}
+            self._gauges = {m: _Gauges(list(series), np.fromiter(series.values(), np.float64, len(series)))
+                            for m, series in gauges.items() if len(series)}
             self._gauge_time = end_ns
-            gone_gauges = [k for k in old_gauges if k not in self._gauges]
+            gone_gauges = {m: old.missing_from(self._gauges.get(m)) for m, old in old_gauges.items()}
             self.last_time_ns = end_ns
-            self.series_ended += len(gone) + len(gone_gauges)
-            return Points.stack([self._columns(kept, end_ns, table), self._gauge_points(list(self._gauges.items()), end_ns),
-                                 self._gauge_points([(k, np.nan) for k in gone_gauges], end_ns, ended=True), ended])
+            self.series_ended += len(gone) + sum(map(len, gone_gauges.values()))
+            return Points.stack([self._columns(kept, end_ns, table), self._gauge_points(self._gauges, end_ns),
+                                 self._gauge_points(gone_gauges, end_ns, ended=True), ended])
 
     def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
         if not self._n_free:
@@ -187,6 +214,7 @@ class CostStore:
         self._n_free -= 1
         row = int(self._free[self._n_free])
         self._rows[metric][attrs] = row
+        self._by_object = None
         self._metric[row] = self._code[metric]
         self._aset[row] = self._sets.add(attrs)
         self._start[row], self._value[row], self._quiet[row] = start_ns, value, quiet
@@ -214,6 +242,7 @@ class CostStore:
             if self.keep_ended:
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
         self._sets.release(asets)
+        self._by_object = None
         self._live[rows] = False
         self._free[self._n_free:self._n_free + len(rows)] = rows[::-1]
         self._n_free += len(rows)
@@ -225,21 +254,22 @@ class CostStore:
                       np.full(n, end_ns, np.int64), np.full(n, np.nan) if ended else self._value[rows],
                       np.full(n, ended, bool))
 
-    def _gauge_points(self, items: list[tuple[tuple[str, Attrs], float]], time_ns: int, ended: bool = False) -> Points:
-        n = len(items)
-        if not n:
+    def _gauge_points(self, gauges: Mapping[str, "_Gauges"], time_ns: int, ended: bool = False) -> Points:
+        parts = [(self._code[m], g) for m, g in gauges.items() if len(g)]
+        if not parts:
             return Points.empty()
-        attrs: dict[Attrs, int] = {}
-        aset = np.array([attrs.setdefault(a, len(attrs)) for (_, a), _ in items], np.uint32)
-        return Points(self.metric_keys, list(attrs), np.array([self._code[m] for (m, _), _ in items], np.uint16), aset,
-                      np.full(n, time_ns, np.int64), np.full(n, time_ns, np.int64),
-                      np.array([v for _, v in items], np.float64), np.full(n, ended, bool))
+        n = sum(len(g) for _, g in parts)
+        return Points(self.metric_keys, [a for _, g in parts for a in g.keys],
+                      np.concatenate([np.full(len(g.keys), code, np.uint16) for code, g in parts]),
+                      np.arange(n, dtype=np.uint32), np.full(n, time_ns, np.int64), np.full(n, time_ns, np.int64),
+                      np.full(n, np.nan) if ended else np.concatenate([g.values for _, g in parts]),
+                      np.full(n, ended, bool))
 
     def points(self) -> Points:
         """Every live series at its latest point (what a scrape shows)."""
         with self._lock:
             return Points.stack([self._columns(self._live_rows(), self.last_time_ns, list(self._sets.attrs)),
-                                 self._gauge_points(list(self._gauges.items()), self._gauge_time)])
+                                 self._gauge_points(self._gauges, self._gauge_time)])
 
     def _live_rows(self) -> np.ndarray:
         """The live sums' rows, oldest series first."""
@@ -270,7 +300,7 @@ class CostStore:
 
     def active_series(self) -> int:
         with self._lock:
-            return sum(map(len, self._rows.values())) + len(self._gauges)
+            return sum(map(len, self._rows.values())) + sum(map(len, self._gauges.values()))
 
     # Checkpoint state: the sums and the last interval end, all a restart needs to continue them.
 
@@ -326,6 +356,30 @@ class CostStore:
             self.last_time_ns = last
 
 
+@dataclass
+class _Gauges:
+    """One metric's gauges of the latest interval."""
+
+    keys: list[Attrs]
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def missing_from(self, new: Optional["_Gauges"]) -> "_Gauges":
+        """The gauges of these that `new` has not: matched by object first (the cost models hand
+        back the same objects interval after interval), then the rest by value."""
+        if new is None:
+            return _Gauges(self.keys, np.full(len(self.keys), np.nan))
+        old_ids = np.fromiter(map(id, self.keys), np.int64, len(self.keys))
+        new_ids = np.fromiter(map(id, new.keys), np.int64, len(new.keys))  # both alive: ids are distinct objects
+        unmatched = np.flatnonzero(~np.isin(old_ids, new_ids)).tolist()
+        if unmatched:
+            others = {new.keys[i] for i in np.flatnonzero(~np.isin(new_ids, old_ids)).tolist()}
+            unmatched = [i for i in unmatched if self.keys[i] not in others]
+        return _Gauges([self.keys[i] for i in unmatched], np.full(len(unmatched), np.nan))
+
+
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
     index is reused by the next new set. Each set is also kept as the ids of its strings (key,
@@ -335,6 +389,7 @@ class _AttrSets:
     def __init__(self) -> None:
         self.attrs: list[Attrs] = []
         self._codes: list[bytes] = []  # each set's string ids, uint32 (bytes: a fraction of an array's overhead)
+        self._ids = np.zeros(1024, np.int64)  # id() of each set's object (0 once released)
         self._index: dict[Attrs, int] = {}
         self._users: list[int] = []
         self._free: list[int] = []
@@ -353,6 +408,9 @@ class _AttrSets:
                 self.attrs.append(attrs)
                 self._codes.append(codes)
                 self._users.append(0)
+                if i == len(self._ids):
+                    self._ids = np.concatenate([self._ids, np.zeros(i, np.int64)])
+            self._ids[i] = id(attrs)
             self._index[attrs] = i
         self._users[i] += 1
         return i
@@ -371,7 +429,12 @@ class _AttrSets:
         self._strings.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
         for i in gone:
             self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
+        self._ids[gone] = 0
         self._free.extend(gone)
+
+    def object_ids(self) -> np.ndarray:
+        """id() of the object kept for each set (0 for a released one)."""
+        return self._ids[:len(self.attrs)]
 
     def table(self, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """These sets as arrays: their string ids, where each set ends, the strings' UTF-8 bytes
