@@ -27,7 +27,7 @@ import numpy as np
 
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.config import TAG_NAMES, AttributionConfig
-from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined
+from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined, Names
 from otelgpu.enrich.timeline import group_ids
 from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.telemetry import SelfMetrics
@@ -84,35 +84,25 @@ class _Idle:
 
 class _Sums:
     """One interval's increments, gathered in parts. A part names, per row, an attribute set (an
-    index into `sets`: the join's, then the node, platform and reason sets added here), an extra
+    index into the join's sets, then the node, platform and reason sets added here), an extra
     (an index into `extras`, the attributes a model adds; 0 adds none) and a value. A metric's
     series are the distinct (set, extra) pairs its parts name, an increment of 0 included, in
     the order they are first named; a series' value is the sum of its increments in the order
     they were added (as `models_reference` adds them one by one)."""
 
     def __init__(self, sets: list[Attrs], extended: "_Extended") -> None:
-        self.sets = list(sets)
-        self._added: dict[Attrs, int] = {}
-        self.extras: list[Attrs] = [()]
-        self._extra_index: dict[Attrs, int] = {(): 0}
+        self._joined = sets
+        self._added: Names[Attrs] = Names()
+        self.extras: Names[Attrs] = Names(())
         self._with = extended
         self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in SUMS}
 
     def set(self, attrs: Attrs) -> int:
         """The index of a set that is not one of the join's."""
-        i = self._added.get(attrs)
-        if i is None:
-            i = self._added[attrs] = len(self.sets)
-            self.sets.append(attrs)
-        return i
+        return len(self._joined) + self._added.index(attrs)
 
     def extra(self, items: Mapping[str, str]) -> int:
-        key = self._with.extra(items)
-        i = self._extra_index.get(key)
-        if i is None:
-            i = self._extra_index[key] = len(self.extras)
-            self.extras.append(key)
-        return i
+        return self.extras.index(self._with.extra(items))
 
     def add(self, metric: str, sets: np.ndarray, extras: np.ndarray | int, values: np.ndarray,
             where: Optional[np.ndarray] = None) -> None:
@@ -141,7 +131,8 @@ class _Sums:
         return out
 
     def _attrs(self, s: int, e: int) -> Attrs:
-        return self._with(self.sets[s], self.extras[e])
+        n = len(self._joined)
+        return self._with(self._joined[s] if s < n else self._added.values[s - n], self.extras.values[e])
 
 
 class CostModels:
@@ -182,33 +173,13 @@ class CostModels:
         cfg, n_node = self.config, len(j.nodes)
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
         row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
-        if model == "scad":
-            rates = [node.price.scad_rates() for node in j.nodes]
-            node_price = np.array([r[0][0] for r in rates])
-            node_source = [r[1] for r in rates]
-        else:
-            convention = "opencost" if model == "opencost" else j.split
-            per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
-            node_price = np.array([p.per_gpu_hour for p in per_gpu])
-            node_source = [p.source for p in per_gpu]
-        if model in ("request", "hybrid") or not len(j.gpu_node):
-            att = base
-        else:
-            rows = j.rows
-            att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
-                                             rows.row_measured, rows.row_activity), dt)
+        att, node_source, rates = priced(model, j, base, dt)
         extra = np.array([out.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)],
                          np.int64)
         row_extra = extra[row_node]
         alloc = att.alloc
         if model == "hybrid":
-            measured = att.alloc - att.unmeasured > 0
-            with np.errstate(invalid="ignore", divide="ignore"):
-                activity = np.where(measured, att.effective / (att.alloc - att.unmeasured), 0.0)
-            use = activity * att.alloc
-            if cfg.hybrid_weight == "activity":
-                use = self._holder_activity(j, row_node, att)
-            alloc = hybrid(row_node, n_node, att.alloc, use, measured, cfg.hybrid_alpha)
+            alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(j, row_node, att))
         else:
             out.add("effective", j.row_set, row_extra, att.effective)
             out.add("waste", j.row_set, row_extra, att.waste)
@@ -237,14 +208,7 @@ class CostModels:
         holder = j.set_holder[j.row_set]
         who = np.where(holder != NOBODY, holder, len(j.holders) + j.row_set)
         group, first = group_ids(row_node, who)
-        n = len(first)
-        effective = np.bincount(group, weights=att.effective, minlength=n)
-        measured = np.bincount(group, weights=att.alloc - att.unmeasured, minlength=n)
-        alloc = np.bincount(group, weights=att.alloc, minlength=n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            a = np.where(measured > 0, effective / measured, 0.0)
-            part = np.where(alloc[group] > 0, att.alloc / alloc[group], 0.0)
-        return a[group] * part
+        return holder_activity(group, len(first), att)
 
     def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, out: _Sums) -> list:  # noqa: ANN001
         p = j.pods
@@ -281,13 +245,7 @@ class CostModels:
         policy = self.config.idle
         amount = idle.amount
         if policy.policy == "share":
-            if policy.share_scope == "cluster":
-                group = np.zeros(len(idle.row_node), dtype=np.int64)
-                to_rows, left = share(group, idle.row_weight, np.array([amount.sum()]))
-                if left[0] == 0:
-                    amount = np.zeros_like(amount)
-            else:
-                to_rows, amount = share(idle.row_node, idle.row_weight, amount)
+            to_rows, amount = shared_idle(policy.share_scope, idle.row_node, idle.row_weight, amount)
             out.add("unused", idle.row_set, idle.row_extra, to_rows, where=to_rows != 0)
         booked = ~((amount <= 0) & ~has_gpus)
         if policy.policy == "platform":
@@ -349,6 +307,60 @@ class CostModels:
                                              "node": j.nodes[j.set_node[s]].name, "reason": REASONS[reason[s]]}))
                           for s in sets[first].tolist()], np.int64)
         out.add("unattributed", keyed[key], 0, base.alloc[rows])
+
+
+def priced(model: str, j: Joined, base: Attribution, dt: float) -> tuple[Attribution, list[str], Optional[list]]:
+    """The model's attribution of the join's rows (`base`, the request model's, where the model
+    prices GPUs the same way), each node's price source, and SCAD's rates per node (scad only)."""
+    rates = None
+    if model == "scad":
+        rates = [node.price.scad_rates() for node in j.nodes]
+        node_price = np.array([r[0][0] for r in rates])
+        node_source = [r[1] for r in rates]
+    else:
+        convention = "opencost" if model == "opencost" else j.split
+        per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
+        node_price = np.array([p.per_gpu_hour for p in per_gpu])
+        node_source = [p.source for p in per_gpu]
+    if model in ("request", "hybrid") or not len(j.gpu_node):
+        return base, node_source, rates
+    rows = j.rows
+    return attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
+                                      rows.row_measured, rows.row_activity), dt), node_source, rates
+
+
+def hybrid_allocation(att: Attribution, row_node: np.ndarray, n_node: int, config: AttributionConfig,
+                      holder_activity: Callable[[], np.ndarray]) -> np.ndarray:
+    """Each row's allocated cost under hybrid: the request allocation re-blended per node by use
+    (activity times allocated, or `holder_activity()` with `hybrid_weight: activity`)."""
+    measured = att.alloc - att.unmeasured > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        activity = np.where(measured, att.effective / (att.alloc - att.unmeasured), 0.0)
+    use = holder_activity() if config.hybrid_weight == "activity" else activity * att.alloc
+    return hybrid(row_node, n_node, att.alloc, use, measured, config.hybrid_alpha)
+
+
+def holder_activity(holder: np.ndarray, n: int, att: Attribution) -> np.ndarray:
+    """Per row: its holder's activity (of `n` holders, numbered per row in `holder`), spread over
+    the holder's rows by allocated cost (hybrid_weight `activity`)."""
+    effective = np.bincount(holder, weights=att.effective, minlength=n)
+    measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=n)
+    alloc = np.bincount(holder, weights=att.alloc, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        a = np.where(measured > 0, effective / measured, 0.0)
+        part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)
+    return a[holder] * part
+
+
+def shared_idle(scope: str, row_node: np.ndarray, row_weight: np.ndarray,
+                amount: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Idle policy `share`: each node's unheld cost (across the cluster with scope `cluster`)
+    handed to the rows pro rata to their weight; returns (per row, left per node)."""
+    if scope == "cluster":
+        group = np.zeros(len(row_node), dtype=np.int64)
+        to_rows, left = share(group, row_weight, np.array([amount.sum()]))
+        return to_rows, (np.zeros_like(amount) if left[0] == 0 else amount)
+    return share(row_node, row_weight, amount)
 
 
 class _Extended:

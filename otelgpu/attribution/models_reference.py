@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 import numpy as np
 
-from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
-from otelgpu.attribution.models import SUMS, _Extended
-from otelgpu.config import TAG_NAMES, AttributionConfig
+from otelgpu.attribution.engine import Attribution, attribute_request, scad, share
+from otelgpu.attribution.models import SUMS, CostModels, holder_activity, hybrid_allocation, priced, shared_idle
+from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.join import Joined
 from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
-from otelgpu.telemetry import SelfMetrics
 
 Series = dict[str, dict[Attrs, float]]
 
@@ -33,17 +32,8 @@ class _Idle:
     row_attrs: list[Attrs]
 
 
-class CostModelsReference:
-    def __init__(self, config: AttributionConfig, tag_defaults: Mapping[str, str],
-                 metrics: Optional[SelfMetrics] = None, dropped: frozenset[str] = frozenset()) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.dropped = dropped  # attributes the series do not keep (`series.detail`, `series.drop_attributes`)
-        self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
-        self._with = _Extended()
-
-    def needs_pods(self) -> bool:
-        return "scad" in self.config.cost_models
+class CostModelsReference(CostModels):
+    """`CostModels`' configuration, its sums and gauges computed series by series."""
 
     def attribute(self, j: Joined, dt: float) -> tuple[Series, Series]:
         """Sums and gauges of one interval."""
@@ -58,9 +48,6 @@ class CostModelsReference:
         gauges = self._gauges(j, base)
         return {k: self._projected(v) for k, v in sums.items() if v}, gauges
 
-    def _project(self, attrs: Attrs) -> Attrs:
-        return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs
-
     def _projected(self, series: Mapping[Attrs, float]) -> dict[Attrs, float]:
         """Series without the dropped attributes, the increments of series that merge added up."""
         if not self.dropped:
@@ -74,32 +61,12 @@ class CostModelsReference:
         cfg, n_node = self.config, len(j.nodes)
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
         row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
-        if model == "scad":
-            rates = [node.price.scad_rates() for node in j.nodes]
-            node_price = np.array([r[0][0] for r in rates])
-            node_source = [r[1] for r in rates]
-        else:
-            convention = "opencost" if model == "opencost" else j.split
-            per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
-            node_price = np.array([p.per_gpu_hour for p in per_gpu])
-            node_source = [p.source for p in per_gpu]
-        if model in ("request", "hybrid") or not len(j.gpu_node):
-            att = base
-        else:
-            rows = j.rows
-            att = attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
-                                             rows.row_measured, rows.row_activity), dt)
+        att, node_source, rates = priced(model, j, base, dt)
         extra = [self._with.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
         row_attrs = [self._with(a, extra[n]) for a, n in zip(j.row_attrs, row_node.tolist())]
         alloc = att.alloc
         if model == "hybrid":
-            measured = att.alloc - att.unmeasured > 0
-            with np.errstate(invalid="ignore", divide="ignore"):
-                activity = np.where(measured, att.effective / (att.alloc - att.unmeasured), 0.0)
-            use = activity * att.alloc
-            if cfg.hybrid_weight == "activity":
-                use = self._holder_activity(j, row_node, att)
-            alloc = hybrid(row_node, n_node, att.alloc, use, measured, cfg.hybrid_alpha)
+            alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(j, row_node, att))
         else:
             for i, attrs in enumerate(row_attrs):
                 sums["effective"][attrs] += float(att.effective[i])
@@ -132,14 +99,7 @@ class CostModelsReference:
         holder = np.array([codes.setdefault((int(row_node[i]), d["namespace"], d["pod"]) if d.get("pod")
                                             else (int(row_node[i]), attrs), len(codes))
                            for i, attrs in enumerate(j.row_attrs) for d in (dict(attrs),)], dtype=np.int64)
-        n = len(codes)
-        effective = np.bincount(holder, weights=att.effective, minlength=n)
-        measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=n)
-        alloc = np.bincount(holder, weights=att.alloc, minlength=n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            a = np.where(measured > 0, effective / measured, 0.0)
-            part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)
-        return a[holder] * part
+        return holder_activity(holder, len(codes), att)
 
     def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
         pods = j.pod_rows()
@@ -180,13 +140,7 @@ class CostModelsReference:
         policy = self.config.idle
         amount = idle.amount
         if policy.policy == "share":
-            if policy.share_scope == "cluster":
-                group = np.zeros(len(idle.row_node), dtype=np.int64)
-                to_rows, left = share(group, idle.row_weight, np.array([amount.sum()]))
-                if left[0] == 0:
-                    amount = np.zeros_like(amount)
-            else:
-                to_rows, amount = share(idle.row_node, idle.row_weight, amount)
+            to_rows, amount = shared_idle(policy.share_scope, idle.row_node, idle.row_weight, amount)
             for i, attrs in enumerate(idle.row_attrs):
                 if to_rows[i]:
                     sums["unused"][attrs] += float(to_rows[i])
