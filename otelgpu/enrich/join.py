@@ -516,10 +516,15 @@ class Joiner:
         if len(rows):
             pair = pair_of_gpu[rows.gpu]
             key, first = group_ids(rows.holder, rows.attribution, pair, rows.kind, rows.profile, rows.basis)
-            sets = [self._holding_set(int(rows.holder[r]), int(rows.attribution[r]), int(pair_set[pair[r]]),
-                                      int(gpu_node[rows.gpu[r]]), int(rows.kind[r]), int(rows.profile[r]),
-                                      int(rows.basis[r])) for r in first.tolist()]
-            row_set = np.array(sets, np.int64)[key]
+            # In the order of their first rows: holders' tag values are admitted under the caps
+            # (tag_values) in the order their units come, whatever the order of their names.
+            sets = np.zeros(len(first), np.int64)
+            for k in np.argsort(first).tolist():
+                r = int(first[k])
+                sets[k] = self._holding_set(int(rows.holder[r]), int(rows.attribution[r]), int(pair_set[pair[r]]),
+                                            int(gpu_node[rows.gpu[r]]), int(rows.kind[r]), int(rows.profile[r]),
+                                            int(rows.basis[r]))
+            row_set = sets[key]
         unit_rows = UnitRows(prices, rows.gpu, rows.f, rows.share, rows.measured, rows.activity)
         e = np.zeros(0, np.int64)
         return Joined(unit_rows, row_set, [], np.zeros((0, len(TAG_NAMES)), bool), e, e, np.zeros(0, np.int8), e,

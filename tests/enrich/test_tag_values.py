@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+from cluster import Cluster, Node, Pod, Unit
 from otelgpu.config import TagValuesConfig
 from otelgpu.enrich.labels import TagValues
 from otelgpu.telemetry import SelfMetrics
+from support import feed, make_config, offline_pipeline
 
 
 def values(max_distinct: int = 8, per_namespace: int | None = None, release_after: int = 3) -> TagValues:
@@ -54,3 +56,19 @@ def test_the_state_survives_a_restart_and_older_checkpoints_load():
     old = values(max_distinct=2, per_namespace=2)
     old.restore({"team": ["a", "b"], "model": []})  # the format before namespaces
     assert old("team", "c", "ml") == "other" and old("team", "b", "ml") == "b"
+
+
+def test_under_the_cap_the_holders_of_the_first_units_keep_their_values_whatever_their_names() -> None:
+    """The join admits holders' tag values in the order their units come (DCGM's, GPU by GPU),
+    not in the order their names were first seen: pod "aa", named first by kube-state-metrics,
+    holds the second GPU."""
+    node = Node("n1", "p4d.24xlarge", cpu=96, memory_gib=1152, labels={"nvidia.com/gpu.count": "2"},
+                units=[Unit("GPU-0"), Unit("GPU-1")])
+    pods = [Pod("ns", "aa", "n1", {"team": "team-a"}, gpu=("nvidia_com_gpu", 1), holds=("GPU-1",)),
+            Pod("ns", "zz", "n1", {"team": "team-z"}, gpu=("nvidia_com_gpu", 1), holds=("GPU-0",))]
+    p = offline_pipeline(make_config(attribution__interval_seconds=900, attribution__lateness_seconds=3600,
+                                     tag_values__max_distinct=1))
+    feed(p, *Cluster([node], pods).scrapes(300, 1800))
+    p.close_due(flush=True)
+    teams = {pod: team for pod, team in p.store.totals("allocated", ("pod", "team"), {"cost_model": "request"})}
+    assert teams == {"zz": "team-z", "aa": "other"}
