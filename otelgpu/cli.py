@@ -1,4 +1,5 @@
-"""`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`, `otelgpu warm-up`."""
+"""`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`, `otelgpu warm-up`,
+`otelgpu rules [--budgets FILE] [--prometheusrule]`."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run the sidecar on a simulated 3-node GPU cluster")
     demo.add_argument("--keep-running", action="store_true", help="keep serving until interrupted")
     demo.add_argument("--metrics-port", type=int, default=None, help="port of the /metrics page (default 9464)")
+    rules = sub.add_parser("rules", help="print Prometheus recording and alerting rules for the cost series")
+    rules.add_argument("--budgets", help="YAML: team budgets (USD per 30 days) and alert thresholds")
+    rules.add_argument("--prometheusrule", action="store_true", help="as a Prometheus Operator PrometheusRule")
+    rules.add_argument("--namespace", default="monitoring", help="the PrometheusRule's namespace")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -73,6 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args.config)
         if args.command == "warm-up":
             return _warm_up()
+        if args.command == "rules":
+            from otelgpu import alerts
+
+            settings = alerts.load_alerts_config(args.budgets)
+            given = " ".join(a for a in (f"--budgets {args.budgets}" if args.budgets else "",
+                                         "--prometheusrule" if args.prometheusrule else "",
+                                         f"--namespace {args.namespace}" if args.namespace != "monitoring" else "") if a)
+            given = f" {given}" if given else ""
+            sys.stdout.write(alerts.prometheus_rule(settings, namespace=args.namespace, args=given)
+                             if args.prometheusrule else alerts.rule_file(settings, args=given))
+            return 0
         if args.command == "check-config":
             config = load_config(args.config)
             prices = config.attribution.prices

@@ -1,0 +1,214 @@
+"""Prometheus alerting and recording rules for otelgpu's cost series, from one budgets file.
+
+`otelgpu rules --budgets FILE` writes a rule file that Prometheus, Amazon Managed Service for
+Prometheus' ruler (`aws amp create-rule-groups-namespace`) and the Prometheus Operator
+(`--prometheusrule`, a PrometheusRule manifest) all load:
+
+- recording rules: each team's charge (allocated + unused, of one cost model, summed over the
+  fleet's clusters) in USD per hour over 5 m, 30 m, 1 h and 6 h, and over the last 30 days;
+  each team's budget, from the file, per 30 days and per hour;
+- alerts, each with a runbook (docs/alerts.md): a team burning its budget at `page_burn_rate`
+  times the planned rate over 1 h and 5 m (page), or `warn_burn_rate` times over 6 h and 30 m
+  (warning); a team whose 30-day budget runs out within 24 h at the 6 h rate; tag coverage under
+  `tag_coverage_min`; unattributed cost over `unattributed_max` of the allocated cost; GPU nodes
+  costed without device data, or GPUs without a price; idle capacity over `idle_share_max` of
+  capacity; the sidecar down, its cost series no longer arriving, its exports failing, or
+  snapshots given up.
+
+Budgets are per rolling 30 days (a rule cannot restart a sum on the first of a month).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
+
+from otelgpu.config import _format_loc, _message
+from otelgpu.errors import ConfigError
+
+PERIOD_HOURS = 30 * 24  # a budget's period
+CHARGED = 'rate({{__name__=~"gpu_cost_(allocated|unused)_total", cost_model="{model}"}}[{window}])'
+
+
+@dataclass(config=ConfigDict(extra="forbid", frozen=True))
+class AlertsConfig:
+    """The budgets file: what `otelgpu rules` reads."""
+
+    budgets: dict[str, float] = Field(default_factory=dict)  # team -> USD per 30 days
+    cost_model: Literal["request", "scad", "opencost", "hybrid"] = "request"  # the model budgets are charged in
+    warn_burn_rate: float = Field(2.0, gt=1)
+    page_burn_rate: float = Field(4.0, gt=1)
+    tag_coverage_min: float = Field(0.8, ge=0, le=1)
+    unattributed_max: float = Field(0.02, ge=0, le=1)
+    idle_share_max: float = Field(0.5, ge=0, le=1)
+    runbooks: str = "docs/alerts.md"  # where docs/alerts.md is published: each alert links its section
+    job: str = "otelgpu"  # the scrape job of otelgpu's own /metrics (collector-config/)
+
+    @field_validator("budgets")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = sorted(team for team, usd in value.items() if not usd > 0 or not team.strip())
+        if bad:
+            raise ValueError(f"budgets must be positive amounts of named teams: {', '.join(map(repr, bad))}")
+        return value
+
+    @field_validator("job")
+    @classmethod
+    def _label_value(cls, value: str) -> str:
+        if '"' in value or "\\" in value or not value:
+            raise ValueError("a job name without quotes or backslashes")
+        return value
+
+
+_ADAPTER = TypeAdapter(AlertsConfig)
+
+
+def load_alerts_config(path: str | Path | None) -> AlertsConfig:
+    """The budgets file's settings (the defaults, without budgets, for None); ConfigError lists
+    every problem."""
+    if path is None:
+        return AlertsConfig()
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from exc
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping"])
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise ConfigError([f"{path}: {_format_loc(e['loc'])}: {_message(e)}" for e in exc.errors()]) from exc
+
+
+def rule_groups(c: AlertsConfig) -> list[dict[str, Any]]:
+    """The rule groups, as Prometheus' rule file format has them."""
+    return [_recording(c), _budgets(c), _alerts(c)]
+
+
+def _recording(c: AlertsConfig) -> dict[str, Any]:
+    rules: list[dict[str, Any]] = [
+        {"record": f"team:gpu_cost_usd_per_hour:rate{w}",
+         "expr": f"3600 * sum by (team) ({CHARGED.format(model=c.cost_model, window=w)})"}
+        for w in ("5m", "30m", "1h", "6h")]
+    return {"name": "otelgpu-cost-rates", "interval": "1m", "rules": rules}
+
+
+def _budgets(c: AlertsConfig) -> dict[str, Any]:
+    """The 30-day spend (every 10 minutes: it reads 30 days of every cost series) and the budgets."""
+    spent = ('sum by (team) (increase({{__name__=~"gpu_cost_(allocated|unused)_total", cost_model="{model}"}}[30d]))'
+             .format(model=c.cost_model))
+    rules: list[dict[str, Any]] = [{"record": "team:gpu_cost_usd:increase30d", "expr": spent}]
+    for team, usd in sorted(c.budgets.items()):
+        rules.append({"record": "team:gpu_cost_budget_usd:30d", "expr": f"vector({usd:g})", "labels": {"team": team}})
+        rules.append({"record": "team:gpu_cost_budget_usd_per_hour", "expr": f"vector({usd / PERIOD_HOURS:.12g})",
+                      "labels": {"team": team}})
+    return {"name": "otelgpu-cost-budgets", "interval": "10m", "rules": rules}
+
+
+def _alerts(c: AlertsConfig) -> dict[str, Any]:
+    def burn(long: str, short: str, rate: float) -> str:
+        return (f"(team:gpu_cost_usd_per_hour:rate{long} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})\n"
+                f"and on (team)\n"
+                f"(team:gpu_cost_usd_per_hour:rate{short} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})")
+
+    def alert(name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+        return {"alert": name, "expr": expr, "for": duration, "labels": {"severity": severity},
+                "annotations": {"summary": summary, "description": description,
+                                "runbook_url": f"{c.runbooks}#{name.lower()}"}}
+
+    model, job = c.cost_model, c.job
+    return {"name": "otelgpu-alerts", "rules": [
+        alert("GPUCostBudgetBurnFast", burn("1h", "5m", c.page_burn_rate), "2m", "page",
+              "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
+              f"Over the last hour and the last 5 minutes, team {{{{ $labels.team }}}} was charged more than "
+              f"{c.page_burn_rate:g} times its planned hourly rate (its 30-day budget over 720 h), {model} model."),
+        alert("GPUCostBudgetBurnSlow", burn("6h", "30m", c.warn_burn_rate), "15m", "warning",
+              "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
+              f"Over the last 6 hours and the last 30 minutes, team {{{{ $labels.team }}}} was charged more than "
+              f"{c.warn_burn_rate:g} times its planned hourly rate, {model} model."),
+        alert("GPUCostBudgetExhaustedWithin24h",
+              "team:gpu_cost_budget_usd:30d - on (team) team:gpu_cost_usd:increase30d\n"
+              "< on (team) 24 * team:gpu_cost_usd_per_hour:rate6h", "10m", "page",
+              "Team {{ $labels.team }}'s GPU budget runs out within 24 hours",
+              "At its rate over the last 6 hours, team {{ $labels.team }} spends what is left of its 30-day "
+              "budget (team:gpu_cost_budget_usd:30d - team:gpu_cost_usd:increase30d) within a day."),
+        alert("GPUCostTagCoverageLow", f'gpu_cost_tag_coverage_ratio{{tag="all", namespace=""}} < {c.tag_coverage_min:g}',
+              "1h", "warning", "Only {{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU cost carries all five tags",
+              "Pods without team, project, environment, model or cost center labels (or namespace labels) are "
+              "billed to the defaults. gpu_cost_unattributed_total says which namespaces."),
+        alert("GPUCostUnattributedHigh",
+              "sum by (cluster) (rate(gpu_cost_unattributed_total[1h]))\n"
+              '/ sum by (cluster) (rate(gpu_cost_allocated_total{cost_model="request"}[1h]))\n'
+              f"> {c.unattributed_max:g}", "1h", "warning",
+              "{{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU cost is unattributed",
+              "Allocated GPU cost that no pod, an unknown pod or a pod missing a tag holds: gpu_cost_unattributed_total "
+              "by reason and namespace."),
+        alert("GPUNodeCostedWithoutDeviceData",
+              f'increase(otelgpu_gpu_seconds_without_device_data_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
+              "Cluster {{ $labels.cluster }} has GPU nodes costed without DCGM data",
+              "GPUs that kube-state-metrics counts got no dcgm-exporter series: their cost is booked on requests, "
+              "activity unmeasured. The exporter is down, not scraped, or the node lost GPUs."),
+        alert("GPUCostUnpriced", f'increase(otelgpu_unpriced_gpu_seconds_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
+              "Cluster {{ $labels.cluster }} has GPUs without a price: their cost is missing",
+              "No price for an instance type or GPU model: add it to prices.file or the catalog."),
+        alert("GPUIdleShareHigh",
+              f'sum by (cluster) (increase(gpu_cost_idle_total{{cost_model="{model}", resource="gpu"}}[6h])\n'
+              f'  or increase(gpu_cost_unused_total{{cost_model="{model}", resource="gpu", attribution="idle"}}[6h]))\n'
+              f'/ sum by (cluster) (increase(gpu_cost_capacity_total{{cost_model="{model}", resource="gpu"}}[6h]))\n'
+              f"> {c.idle_share_max:g}", "1h", "warning",
+              "{{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU capacity was idle over 6 h",
+              "GPU capacity nobody held: scale the node groups down, or move work onto fewer nodes."),
+        alert("OtelgpuDown", f'up{{job="{job}"}} == 0', "5m", "page",
+              "otelgpu in cluster {{ $labels.cluster }} is down",
+              "The Collector cannot scrape otelgpu's /metrics: the sidecar is not running or not ready. Costs are "
+              "computed again from its checkpoint and write-ahead log when it is back."),
+        alert("OtelgpuCostSeriesMissing",
+              "count by (cluster) (count_over_time(gpu_cost_capacity_total[3h]))\n"
+              "unless count by (cluster) (count_over_time(gpu_cost_capacity_total[20m]))", "0m", "page",
+              "No GPU cost from cluster {{ $labels.cluster }} for 20 minutes",
+              "Cost series stopped arriving: otelgpu, its Collector or the remote write to the workspace."),
+        alert("OtelgpuExportFailing",
+              f'sum by (cluster, exporter) (increase(otelgpu_export_failures_total{{job="{job}"}}[15m])) > 0\n'
+              f'unless on (cluster, exporter) sum by (cluster, exporter) (increase(otelgpu_exports_total{{job="{job}"}}[15m])) > 0',
+              "5m", "warning", "otelgpu in cluster {{ $labels.cluster }} cannot deliver over {{ $labels.exporter }}",
+              "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_export_queue_snapshots)."),
+        alert("OtelgpuSnapshotsDropped",
+              f'sum by (cluster, exporter, reason) (increase(otelgpu_export_snapshots_dropped_total{{job="{job}"}}[1h])) > 0',
+              "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",
+              "Snapshots given up (reason {{ $labels.reason }}): their cost is in the next snapshot of each "
+              "cumulative series, but its points in between are lost."),
+    ]}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line expressions as literal blocks, as people write rule files."""
+
+
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+HEADER = ("# Generated by: otelgpu rules{args}\n"
+          "# Recording and alerting rules for otelgpu's cost series (docs/alerts.md): edit the budgets file\n"
+          "# and generate again rather than editing this file.\n")
+
+
+def _dump(document: dict[str, Any]) -> str:
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+
+
+def rule_file(c: AlertsConfig, args: str = "") -> str:
+    return HEADER.format(args=args) + _dump({"groups": rule_groups(c)})
+
+
+def prometheus_rule(c: AlertsConfig, name: str = "otelgpu", namespace: str = "monitoring", args: str = "") -> str:
+    """The same groups as a Prometheus Operator PrometheusRule."""
+    manifest = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/name": "otelgpu"}},
+                "spec": {"groups": rule_groups(c)}}
+    return HEADER.format(args=args) + _dump(manifest)
+
