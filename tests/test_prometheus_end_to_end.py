@@ -15,6 +15,7 @@ from cluster import Cluster, Node, Pod, Unit
 from sidecar import Sidecar
 from support import eventually, feed
 
+from otelgpu.alerts import AlertsConfig, rule_groups
 from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
@@ -152,3 +153,24 @@ def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tm
     ref = {m["team"]: v for m, v in prometheus.query(window.format("reference"), at)}
     got = {m["team"]: v for m, v in prometheus.query(window.format("restarted"), at)}
     assert ref["vision"] > 0 and got == pytest.approx(ref, rel=1e-9)
+
+
+def test_the_recording_rules_read_the_series_remote_write_delivers(prometheus: PrometheusServer) -> None:
+    """`otelgpu rules`' recording expressions, run as PromQL on what a real run wrote: each team's
+    charge per hour over the last hour and over 30 days, with the names and labels the series have."""
+
+    c = scenario()
+    p = in_process(c, config("one", prometheus.write_url))
+    end = c.t0 / NS + 3600
+    records = {r["record"]: r["expr"] for g in rule_groups(AlertsConfig()) for r in g["rules"] if "record" in r}
+    hourly = {m["team"]: v for m, v in prometheus.query(records["team:gpu_cost_usd_per_hour:rate1h"], end)}
+    assert hourly["vision"] == pytest.approx(24.0, rel=1e-9)  # two A100s at $12/h all hour
+    assert set(hourly) == {"vision", "nlp", "research"}
+    spent = {m["team"]: v for m, v in prometheus.query(records["team:gpu_cost_usd:increase30d"], end)}
+    billed = p.store.totals("allocated", ("team",), {"cost_model": "request"})
+    assert set(spent) == {team for (team,) in billed}
+    for (team,), total in billed.items():
+        # increase() reads from each series' first sample, an interval's cost in: it extrapolates
+        # back toward zero by at most half an interval.
+        first = 12.0 * {"vision": 2, "nlp": 1, "research": 1}[team] * INTERVAL_S / 3600
+        assert total - first <= spent[team] <= total + 1e-9, team
