@@ -1,5 +1,5 @@
 """`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`, `otelgpu warm-up`,
-`otelgpu rules [--budgets FILE] [--prometheusrule]`."""
+`otelgpu rules [--budgets FILE] [--prometheusrule]`, `otelgpu report --prometheus URL --start T --end T`."""
 
 from __future__ import annotations
 
@@ -56,6 +56,35 @@ def _warm_up() -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from otelgpu.report import parse_time, write_csv
+    from otelgpu.report.promql import PromClient, QueryError
+    from otelgpu.report.showback import showback
+
+    try:
+        start, end = parse_time(args.start), parse_time(args.end)
+    except ValueError as exc:
+        raise ConfigError([f"report: {exc}"]) from exc
+    if not end > start:
+        raise ConfigError([f"report: --end ({args.end}) must come after --start ({args.start})"])
+    by = tuple(b.strip() for b in args.by.split(",") if b.strip())
+    client = PromClient(args.prometheus, sigv4_region=args.sigv4_region)
+    try:
+        result = showback(client, start, end, by, args.cost_model, {"cluster": args.cluster} if args.cluster else None)
+    except QueryError as exc:
+        print(f"otelgpu: {exc}", file=sys.stderr)
+        return 1
+    if abs(result.gap) > 1e-6 * max(result.capacity, 1.0):
+        print(f"otelgpu: warning: the rows and the idle add up to {result.charged + result.idle:.6f} of a capacity of "
+              f"{result.capacity:.6f}: series are missing from the workspace", file=sys.stderr)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as out:
+            write_csv(result, out)
+    else:
+        write_csv(result, sys.stdout)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otelgpu", description="GPU cost attribution sidecar")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--budgets", help="YAML: team budgets (USD per 30 days) and alert thresholds")
     rules.add_argument("--prometheusrule", action="store_true", help="as a Prometheus Operator PrometheusRule")
     rules.add_argument("--namespace", default="monitoring", help="the PrometheusRule's namespace")
+    report = sub.add_parser("report", help="showback of a period from the cost series in Prometheus or AMP")
+    report.add_argument("--prometheus", required=True,
+                        help="server URL (AMP: https://aps-workspaces.REGION.amazonaws.com/workspaces/WS)")
+    report.add_argument("--sigv4-region", help="sign requests with SigV4 for AMP in this region")
+    report.add_argument("--start", required=True, help="ISO 8601 date or time (UTC without a zone)")
+    report.add_argument("--end", required=True, help="ISO 8601 date or time: the period is (start, end]")
+    report.add_argument("--by", default="team", help="labels to group by, comma-separated (default team)")
+    report.add_argument("--cost-model", default="request", choices=["request", "scad", "opencost", "hybrid"])
+    report.add_argument("--cluster", help="only this cluster (default: every cluster of the workspace)")
+    report.add_argument("--output", help="file to write (default standard output)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -89,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(alerts.prometheus_rule(settings, namespace=args.namespace, args=given)
                              if args.prometheusrule else alerts.rule_file(settings, args=given))
             return 0
+        if args.command == "report":
+            return _report(args)
         if args.command == "check-config":
             config = load_config(args.config)
             prices = config.attribution.prices

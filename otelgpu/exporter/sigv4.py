@@ -43,14 +43,15 @@ class Signer:
 
     CredentialsUnavailable = (BotoCoreError, ClientError, OSError)
 
-    def __init__(self, region: str, service: str) -> None:
+    def __init__(self, region: str, service: str, where: str = "exporter.remote_write.sigv4") -> None:
+        """`where`: what asked for signing, in errors."""
         self.region, self.service = region, service
         try:
             self._credentials = Session().get_credentials()
         except BotoCoreError as exc:
-            raise ConfigError([f"exporter.remote_write.sigv4: AWS credentials unusable: {exc}"]) from exc
+            raise ConfigError([f"{where}: AWS credentials unusable: {exc}"]) from exc
         if self._credentials is None:
-            raise ConfigError([f"exporter.remote_write.sigv4: no AWS credentials found; tried {CREDENTIAL_CHAIN}"])
+            raise ConfigError([f"{where}: no AWS credentials found; tried {CREDENTIAL_CHAIN}"])
 
     def headers(self, headers: Mapping[str, str], url: str, body: bytes) -> dict[str, str]:
         """`headers` with SigV4's added; raises one of CredentialsUnavailable when the credentials

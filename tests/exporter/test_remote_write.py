@@ -4,8 +4,6 @@ the published AWS test suite, and IRSA credentials fetched through botocore's ow
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import math
 import os
@@ -25,6 +23,7 @@ from typing import Any, Iterator
 import cramjam
 import pytest
 from botocore.credentials import ReadOnlyCredentials
+from sigv4ref import reference_sigv4
 from support import eventually
 
 from otelgpu.config import DeliveryConfig, RemoteWriteConfig, SigV4Config
@@ -170,22 +169,6 @@ def test_sigv4_matches_the_aws_test_suite(method, headers, body, token, signed, 
     assert {k: out[k] for k in headers} == headers  # the caller's headers are kept as they were
 
 
-def _reference_sigv4(headers: dict[str, str], host: str, path: str, body: bytes, key: str, secret: str,
-                     amz_date: str, region: str, service: str) -> str:
-    """SigV4 written out step by step from AWS's documentation, to check a shape the suite lacks."""
-    canonical = {k.lower(): " ".join(v.split()) for k, v in headers.items()} | {"host": host}
-    names = sorted(canonical)
-    request = "\n".join(["POST", path, "", *(f"{n}:{canonical[n]}" for n in names), "", ";".join(names),
-                         hashlib.sha256(body).hexdigest()])
-    scope = f"{amz_date[:8]}/{region}/{service}/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(request.encode()).hexdigest()])
-    k = ("AWS4" + secret).encode()
-    for part in (amz_date[:8], region, service, "aws4_request"):
-        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
-    return f"AWS4-HMAC-SHA256 Credential={key}/{scope}, SignedHeaders={';'.join(names)}, Signature={signature}"
-
-
 def test_sigv4_of_a_remote_write_request_to_amp() -> None:
     url = "https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1234abcd/api/v1/remote_write"
     body = bytes(cramjam.snappy.compress_raw(b"\x0a\x10not a real request"))
@@ -200,7 +183,7 @@ def test_sigv4_of_a_remote_write_request_to_amp() -> None:
     assert ("SignedHeaders=content-encoding;content-type;host;x-amz-date;x-amz-security-token;"
             "x-prometheus-remote-write-version,") in out["Authorization"]  # User-Agent is never signed
     signed = {k: v for k, v in out.items() if k not in ("Authorization", "User-Agent")}
-    assert out["Authorization"] == _reference_sigv4(
+    assert out["Authorization"] == reference_sigv4(
         signed, "aps-workspaces.eu-west-1.amazonaws.com", "/workspaces/ws-1234abcd/api/v1/remote_write", body,
         "ASIAEXAMPLE", "secretEXAMPLE", "20260301T080005Z", "eu-west-1", "aps")
 
@@ -274,7 +257,7 @@ def test_irsa_web_identity_credentials_sign_the_request(monkeypatch, tmp_path, r
     names = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
     assert "x-amz-security-token" in names
     arrived = {k: v for k, v in headers.items() if k.lower() in names and k.lower() != "host"}
-    assert auth == _reference_sigv4(arrived, headers["Host"], "/api/v1/write", receiver.received[1].body,
+    assert auth == reference_sigv4(arrived, headers["Host"], "/api/v1/write", receiver.received[1].body,
                                     "ASIASTSEXAMPLE", "stsSecretEXAMPLE", amz_date, "eu-west-1", "aps")
 
 

@@ -1,0 +1,45 @@
+"""`otelgpu report`: showback of a period from the cost series in Prometheus or AMP (showback.py),
+written as CSV."""
+
+from __future__ import annotations
+
+import csv
+import math
+from datetime import datetime, timezone
+from typing import TextIO
+
+from otelgpu.report.showback import Showback
+
+FIGURES = ("charged", "allocated", "unused", "effective", "waste", "unmeasured", "gpu_hours", "cost_per_gpu_hour")
+
+
+def parse_time(text: str) -> float:
+    """ISO 8601 (`2026-11-01`, `2026-11-01T06:00:00Z`, with an offset) as seconds since the epoch;
+    a time without a zone is UTC."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ValueError(f"expected an ISO 8601 date or time, got {text!r}") from exc
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def write_csv(s: Showback, out: TextIO) -> None:
+    """One row per group, largest charge first, then `(idle)` and `(total)` (the capacity, what the
+    rows and the idle add up to). Money in the currency of the series; shares of the capacity."""
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([*s.by, *FIGURES, "share_of_capacity"])
+    blank = [""] * max(len(s.by) - 1, 0)
+    for r in s.rows:
+        values = [r.charged, r.allocated, r.unused, r.effective, r.waste, r.unmeasured, r.gpu_hours, r.cost_per_gpu_hour]
+        w.writerow([*r.key, *map(_number, values), _number(r.charged / s.capacity if s.capacity else math.nan)])
+    idle = [s.idle, 0, s.idle, 0, 0, 0, 0, math.nan]
+    w.writerow(["(idle)", *blank, *map(_number, idle), _number(s.idle_share)])
+    gpu_hours = sum(r.gpu_hours for r in s.rows)
+    total = [s.capacity, sum(r.allocated for r in s.rows), sum(r.unused for r in s.rows) + s.idle,
+             sum(r.effective for r in s.rows), sum(r.waste for r in s.rows), sum(r.unmeasured for r in s.rows),
+             gpu_hours, math.nan]
+    w.writerow(["(total)", *blank, *map(_number, total), _number(1.0 if s.capacity else math.nan)])
+
+
+def _number(x: float) -> str:
+    return "" if math.isnan(x) else f"{x:.6f}"

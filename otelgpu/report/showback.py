@@ -1,0 +1,145 @@
+"""Showback from the cost series in Prometheus or AMP: what each group (any tags: team, project,
+model, cost center, namespace, workload, ...) was charged over a period under one cost model, with
+the idle capacity, so that the rows and the idle add up to the cluster's capacity cost.
+
+Each series' cost over (start, end] is read exactly, not extrapolated as `increase()` does: its
+last value by `end` less its last value by `start`. A series that restarted inside the period (it
+ended, and the same pod held a unit again later: a counter reset) is read sample by sample, each
+reset counted from zero, as Prometheus counts resets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from otelgpu.report.promql import Labels, PromClient, QueryError, selector
+
+NAMES = {"allocated": "gpu_cost_allocated_total", "effective": "gpu_cost_effective_total",
+         "waste": "gpu_cost_waste_total", "unmeasured": "gpu_cost_unmeasured_total",
+         "unused": "gpu_cost_unused_total", "idle": "gpu_cost_idle_total", "capacity": "gpu_cost_capacity_total",
+         "unattributed": "gpu_cost_unattributed_total"}
+HELD = "gpu_held_seconds_total"
+LOOKBACK_S = 86_400  # how far before the period a series' last value is looked for
+
+
+@dataclass
+class Row:
+    key: tuple[str, ...]  # the values of `Showback.by`, "" where a series has no such label
+    allocated: float = 0.0
+    unused: float = 0.0  # unheld capacity handed to the group (SCAD, idle policy share or platform)
+    effective: float = 0.0
+    waste: float = 0.0
+    unmeasured: float = 0.0
+    gpu_allocated: float = 0.0  # allocated of the GPU resource alone
+    gpu_hours: float = 0.0  # GPU-hours held (unit fraction x hours)
+
+    @property
+    def charged(self) -> float:
+        return self.allocated + self.unused
+
+    @property
+    def cost_per_gpu_hour(self) -> float:
+        return self.gpu_allocated / self.gpu_hours if self.gpu_hours > 0 else math.nan
+
+
+@dataclass
+class Showback:
+    start: float  # seconds since the epoch: the period is (start, end]
+    end: float
+    by: tuple[str, ...]
+    cost_model: str
+    matchers: Labels  # the selection (cost_model, cluster, ...)
+    rows: list[Row] = field(default_factory=list)  # largest charge first; groups with nothing to show left out
+    idle: float = 0.0  # capacity nobody held, kept as idle
+    capacity: float = 0.0
+    unattributed: float = 0.0  # allocated cost without all five tags (`request` allocation)
+
+    @property
+    def charged(self) -> float:
+        return sum(r.charged for r in self.rows)
+
+    @property
+    def idle_share(self) -> float:
+        return self.idle / self.capacity if self.capacity > 0 else math.nan
+
+    @property
+    def gap(self) -> float:
+        """Capacity not accounted for by the rows and the idle: 0 up to rounding, unless series are
+        missing from the workspace (a dropped snapshot, a series refused by the backend)."""
+        return self.capacity - self.charged - self.idle
+
+
+def increases(client: PromClient, name: str, matchers: Labels, start: float, end: float,
+              lookback_s: int = LOOKBACK_S) -> list[tuple[Labels, float]]:
+    """Each series' increase over (start, end]: the series with a sample in the period, with their
+    labels (without `__name__`)."""
+    if not end > start:
+        raise ValueError(f"the period must end after it starts ({start} -> {end})")
+    sel, period = selector(name, matchers), f"{_seconds(end - start)}s"
+    now = {_key(labels): (labels, value) for labels, value in client.vector(f"last_over_time({sel}[{period}])", end)}
+    if not now:
+        return []
+    before = {_key(labels): value for labels, value in client.vector(f"last_over_time({sel}[{lookback_s}s])", start)}
+    # A reset inside the period, or between the last value before it and the first in it.
+    around = f"{_seconds(end - start + lookback_s)}s"
+    reset = {_key(labels) for labels, _ in client.vector(f"resets({sel}[{around}]) > 0", end)}
+    out = []
+    for key, (labels, last) in now.items():
+        own = {k: v for k, v in labels.items() if k != "__name__"}
+        if key in reset:
+            out.append((own, _increase(client, selector(name, own), start, end, around)))
+        else:
+            out.append((own, last - before.get(key, 0.0)))
+    return out
+
+
+def _increase(client: PromClient, sel: str, start: float, end: float, around: str) -> float:
+    """A series' increase over (start, end] from its raw samples, each reset counted from zero."""
+    series = client.matrix(f"{sel}[{around}]", end)
+    if len(series) != 1:
+        raise QueryError(f"{sel}: expected one series, found {len(series)}")
+    previous, total = 0.0, 0.0
+    for t, v in series[0][1]:
+        if t > start:
+            total += v - previous if v >= previous else v
+        previous = v
+    return total
+
+
+def showback(client: PromClient, start: float, end: float, by: Iterable[str], cost_model: str = "request",
+             matchers: Optional[Labels] = None) -> Showback:
+    """The period's showback grouped by the labels `by`, under `cost_model`, of the series that
+    match `matchers` (a cluster, say)."""
+    by = tuple(by)
+    selection = {**(matchers or {}), "cost_model": cost_model}
+    out = Showback(start, end, by, cost_model, selection)
+    rows: dict[tuple[str, ...], Row] = {}
+
+    def row(labels: Labels) -> Row:
+        key = tuple(labels.get(name, "") for name in by)
+        return rows.setdefault(key, Row(key))
+
+    for metric in ("allocated", "unused", "effective", "waste", "unmeasured"):
+        for labels, value in increases(client, NAMES[metric], selection, start, end):
+            r = row(labels)
+            setattr(r, metric, getattr(r, metric) + value)
+            if metric == "allocated" and labels.get("resource", "gpu") == "gpu":
+                r.gpu_allocated += value
+    for labels, value in increases(client, HELD, matchers or {}, start, end):  # the same under every model
+        row(labels).gpu_hours += value / 3600.0
+    out.idle = sum(v for _, v in increases(client, NAMES["idle"], selection, start, end))
+    out.capacity = sum(v for _, v in increases(client, NAMES["capacity"], selection, start, end))
+    out.unattributed = sum(v for _, v in increases(client, NAMES["unattributed"], matchers or {}, start, end))
+    held = [r for r in rows.values() if r.charged or r.gpu_hours or r.effective or r.waste or r.unmeasured]
+    out.rows = sorted(held, key=lambda r: (-r.charged, r.key))  # groups that only ended in the period: none
+    return out
+
+
+def _key(labels: Labels) -> frozenset[tuple[str, str]]:
+    return frozenset((k, v) for k, v in labels.items() if k != "__name__")
+
+
+def _seconds(duration: float) -> int:
+    return max(int(round(duration)), 1)

@@ -1,0 +1,201 @@
+"""`otelgpu report` against a real Prometheus holding what a real otelgpu run remote-wrote: each
+team's charge over the whole hour and over parts of it, to the cent of the run's own totals,
+adding up with the idle capacity to the capacity cost; a pod whose series ended and started again
+inside the period (a counter reset) counted in full; the CSV the command writes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+import pytest
+from cluster import Cluster, Node, Pod, Unit
+from sigv4ref import reference_sigv4
+from support import feed
+
+from otelgpu.config import parse_config
+from otelgpu.enrich.window import NS
+from otelgpu.pipeline import Pipeline
+from otelgpu.report.promql import PromClient, QueryError
+from otelgpu.report.showback import increases, showback
+
+if TYPE_CHECKING:
+    from promserver import PrometheusServer
+
+pytest_plugins = ["promserver"]  # the `prometheus` fixture
+
+A100 = "NVIDIA A100-SXM4-40GB"
+INTERVAL_S = 300
+
+
+def scenario() -> Cluster:
+    """$12 an hour per A100. vision: `train` holds two GPUs all hour and `batch` one GPU from 30 to
+    40 and again from 50 to 60 minutes (its series ends in between, and starts again); nlp holds
+    one until 25 minutes, research one from 35 minutes."""
+    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
+    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
+                capacity={"nvidia_com_gpu": 4})
+    gpu = ("nvidia_com_gpu", 1)
+    pods = [Pod("ml", "train", "gpu-1", {"team": "vision"}, gpu=("nvidia_com_gpu", 2), holds=("GPU-0", "GPU-1")),
+            Pod("web", "serve", "gpu-1", {"team": "nlp"}, gpu=gpu, holds=("GPU-2",), end_s=1500),
+            Pod("ml", "batch", "gpu-1", {"team": "vision"}, gpu=gpu, holds=("GPU-2",), start_s=1800, end_s=2400),
+            Pod("ml", "batch", "gpu-1", {"team": "vision"}, gpu=gpu, holds=("GPU-2",), start_s=3000, end_s=3600),
+            Pod("lab", "eval", "gpu-1", {"team": "research"}, gpu=gpu, holds=("GPU-3",), start_s=2100)]
+    return Cluster([node], pods, t0=t0_s * NS)
+
+
+def run(c: Cluster, write_url: str) -> Pipeline:
+    config = parse_config({
+        "cluster": {"name": "one"},
+        "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
+        "attribution": {"interval_seconds": INTERVAL_S, "lateness_seconds": 30, "cost_models": ["request"],
+                        "prices": {"gpu_hour_by_gpu_model": {A100: 12.0}}},
+        "exporter": {"prometheus": {"enabled": False},
+                     "remote_write": {"url": write_url, "timeout_seconds": 5,
+                                      "delivery": {"backoff_initial_seconds": 0.05, "shutdown_timeout_seconds": 20}}}})
+    p = Pipeline(config, serve_receivers=False, keep_ended=True)
+    feed(p, *c.scrapes(60, 3600))
+    p.shutdown()
+    assert not p.metrics.export_failures and not p.metrics.export_snapshots_dropped
+    return p
+
+
+def by_team(s) -> dict[str, float]:  # noqa: ANN001
+    return {r.key[0]: r.charged for r in s.rows}
+
+
+def test_showback_to_the_cent_adding_up_to_the_capacity(prometheus: PrometheusServer) -> None:
+    c = scenario()
+    p = run(c, prometheus.write_url)
+    client = PromClient(prometheus.url)
+    t0 = c.t0 / NS
+    hour = showback(client, t0, t0 + 3600, ["team"], matchers={"cluster": "one"})
+    expected = {team: v for (team,), v in p.store.totals("allocated", ("team",), {"cost_model": "request"}).items()}
+    assert by_team(hour) == pytest.approx(expected, rel=1e-12)
+    assert by_team(hour) == pytest.approx({"vision": 24 + 4, "nlp": 5, "research": 5}, rel=1e-12)
+    assert hour.capacity == pytest.approx(48, rel=1e-12) and hour.idle == pytest.approx(10, rel=1e-12)
+    assert abs(hour.gap) < 1e-9 and hour.idle_share == pytest.approx(10 / 48)
+    vision = next(r for r in hour.rows if r.key == ("vision",))
+    assert vision.gpu_hours == pytest.approx(2 + 1 / 3) and vision.cost_per_gpu_hour == pytest.approx(12.0)
+    assert vision.effective + vision.waste + vision.unmeasured == pytest.approx(vision.allocated, rel=1e-12)
+
+    # The second half hour: nlp's pod was gone; batch held a GPU twice, its counter starting again.
+    half = showback(client, t0 + 1800, t0 + 3600, ["team"], matchers={"cluster": "one"})
+    assert by_team(half) == pytest.approx({"vision": 12 + 4, "research": 5}, rel=1e-12)
+    assert half.capacity == pytest.approx(24, rel=1e-12) and abs(half.gap) < 1e-9
+    # The last 15 minutes: batch's second holding only. Its last value before the period (2.0, from
+    # its first holding) is larger than its last value in it: the reset is read sample by sample.
+    last = {labels["pod"]: v for labels, v in increases(client, "gpu_cost_allocated_total",
+                                                         {"cluster": "one", "cost_model": "request"},
+                                                         t0 + 2700, t0 + 3600)}
+    assert last["batch"] == pytest.approx(2.0, rel=1e-12) and last["train"] == pytest.approx(6.0, rel=1e-12)
+
+
+def test_the_report_command_writes_the_csv(prometheus: PrometheusServer, tmp_path) -> None:
+    c = scenario()
+    run(c, prometheus.write_url)
+    t0 = c.t0 / NS
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    out = tmp_path / "showback.csv"
+    done = subprocess.run([sys.executable, "-m", "otelgpu", "report", "--prometheus", prometheus.url,
+                           "--start", iso(t0), "--end", iso(t0 + 3600), "--by", "team,namespace",
+                           "--cluster", "one", "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    got = {(r["team"], r["namespace"]): float(r["charged"]) for r in rows}
+    assert got == pytest.approx({("vision", "ml"): 28.0, ("nlp", "web"): 5.0, ("research", "lab"): 5.0,
+                                 ("(idle)", ""): 10.0, ("(total)", ""): 48.0}, rel=1e-6)
+    assert [r["team"] for r in rows][:3] == ["vision", "nlp", "research"] or \
+        [r["team"] for r in rows][:3] == ["vision", "research", "nlp"]
+    assert float(rows[-2]["share_of_capacity"]) == pytest.approx(10 / 48, rel=1e-5)
+
+    refused = subprocess.run([sys.executable, "-m", "otelgpu", "report", "--prometheus", prometheus.url,
+                              "--start", iso(t0 + 3600), "--end", iso(t0)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "must come after" in refused.stderr
+
+
+def test_an_unreachable_or_refusing_server_is_a_clear_error(prometheus: PrometheusServer) -> None:
+    with pytest.raises(QueryError, match="refused|HTTP 400"):
+        PromClient(prometheus.url).vector("sum(", time.time())
+    with pytest.raises(QueryError, match="127.0.0.1:9"):
+        PromClient("http://127.0.0.1:9").vector("up", time.time())
+
+
+class SigV4Gate:
+    """An AMP-like front for the real Prometheus: it checks each request's SigV4 signature (recomputed
+    step by step, `sigv4ref`) with the secret it knows, answers 403 on a mismatch, and forwards the
+    rest."""
+
+    def __init__(self, target: str, key: str, secret: str, region: str) -> None:
+        gate = self
+        self.checked = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                auth, date = self.headers.get("Authorization", ""), self.headers.get("X-Amz-Date", "")
+                names = auth.partition("SignedHeaders=")[2].partition(",")[0].split(";")
+                signed = {n: self.headers[n] for n in names if n != "host"}
+                expected = reference_sigv4(signed, self.headers["Host"], self.path, body, key, secret, date,
+                                           region, "aps")
+                if auth != expected:
+                    self.send_response(403)
+                    self.end_headers()
+                    self.wfile.write(b'{"message": "The request signature we calculated does not match"}')
+                    return
+                gate.checked += 1
+                forward = urllib.request.Request(target + self.path, data=body, method="POST",
+                                                 headers={"Content-Type": self.headers["Content-Type"]})
+                with urllib.request.urlopen(forward, timeout=10) as answer:
+                    data = answer.read()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:  # noqa: ANN002
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_amp_queries_are_signed_with_sigv4(prometheus: PrometheusServer, monkeypatch, tmp_path) -> None:
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, var in (("config", "AWS_CONFIG_FILE"), ("credentials", "AWS_SHARED_CREDENTIALS_FILE")):
+        (tmp_path / name).write_text("")
+        monkeypatch.setenv(var, str(tmp_path / name))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    c = scenario()
+    run(c, prometheus.write_url)
+    t0 = c.t0 / NS
+    gate = SigV4Gate(prometheus.url, "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "eu-west-1")
+    try:
+        signed = showback(PromClient(gate.url, sigv4_region="eu-west-1"), t0, t0 + 3600, ["team"])
+        plain = showback(PromClient(prometheus.url), t0, t0 + 3600, ["team"])
+        assert by_team(signed) == by_team(plain) and gate.checked >= 20
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        with pytest.raises(QueryError, match="HTTP 403"):
+            showback(PromClient(gate.url, sigv4_region="eu-west-1"), t0, t0 + 3600, ["team"])
+    finally:
+        gate.stop()
