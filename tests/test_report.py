@@ -18,13 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 import pytest
-from cluster import Cluster, Node, Pod, Unit
+from costrun import run, scenario
 from sigv4ref import reference_sigv4
-from support import feed
 
-from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
-from otelgpu.pipeline import Pipeline
 from otelgpu.report.promql import PromClient, QueryError
 from otelgpu.report.showback import increases, showback
 
@@ -32,42 +29,6 @@ if TYPE_CHECKING:
     from promserver import PrometheusServer
 
 pytest_plugins = ["promserver"]  # the `prometheus` fixture
-
-A100 = "NVIDIA A100-SXM4-40GB"
-INTERVAL_S = 300
-
-
-def scenario() -> Cluster:
-    """$12 an hour per A100. vision: `train` holds two GPUs all hour and `batch` one GPU from 30 to
-    40 and again from 50 to 60 minutes (its series ends in between, and starts again); nlp holds
-    one until 25 minutes, research one from 35 minutes."""
-    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
-    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
-                capacity={"nvidia_com_gpu": 4})
-    gpu = ("nvidia_com_gpu", 1)
-    pods = [Pod("ml", "train", "gpu-1", {"team": "vision"}, gpu=("nvidia_com_gpu", 2), holds=("GPU-0", "GPU-1")),
-            Pod("web", "serve", "gpu-1", {"team": "nlp"}, gpu=gpu, holds=("GPU-2",), end_s=1500),
-            Pod("ml", "batch", "gpu-1", {"team": "vision"}, gpu=gpu, holds=("GPU-2",), start_s=1800, end_s=2400),
-            Pod("ml", "batch", "gpu-1", {"team": "vision"}, gpu=gpu, holds=("GPU-2",), start_s=3000, end_s=3600),
-            Pod("lab", "eval", "gpu-1", {"team": "research"}, gpu=gpu, holds=("GPU-3",), start_s=2100)]
-    return Cluster([node], pods, t0=t0_s * NS)
-
-
-def run(c: Cluster, write_url: str) -> Pipeline:
-    config = parse_config({
-        "cluster": {"name": "one"},
-        "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
-        "attribution": {"interval_seconds": INTERVAL_S, "lateness_seconds": 30, "cost_models": ["request"],
-                        "prices": {"gpu_hour_by_gpu_model": {A100: 12.0}}},
-        "exporter": {"prometheus": {"enabled": False},
-                     "remote_write": {"url": write_url, "timeout_seconds": 5,
-                                      "delivery": {"backoff_initial_seconds": 0.05, "shutdown_timeout_seconds": 20}}}})
-    p = Pipeline(config, serve_receivers=False, keep_ended=True)
-    feed(p, *c.scrapes(60, 3600))
-    p.shutdown()
-    assert not p.metrics.export_failures and not p.metrics.export_snapshots_dropped
-    return p
-
 
 def by_team(s) -> dict[str, float]:  # noqa: ANN001
     return {r.key[0]: r.charged for r in s.rows}

@@ -1,0 +1,206 @@
+"""Grafana dashboards for otelgpu's cost series, built with grafana-foundation-sdk:
+
+    python monitoring/dashboards/build.py    # writes executive.json, oncall.json, debug.json here
+
+- executive: spend by team, project, model and cost center; allocated, effective, waste, idle;
+  cost per GPU-hour; the trend; top spenders; the cost models side by side;
+- on-call: burn rate against the budgets (`otelgpu rules`), tag coverage and unattributed cost,
+  idle capacity by node and GPU model, GPUs without device data or price, the sidecar's exports;
+- debug: per node, GPU, MIG slice and replica; activity; the sidecar's own health.
+
+Every dashboard has a data source, `cluster` and `cost_model` variable. Totals over the time range
+use `increase()` over `$__range`, which counts a counter that ends and starts again (a pod that
+holds a unit again later) as Prometheus counts resets; rates use `$__rate_interval`. Money panels
+add `allocated` and `unused` (what a group is charged) under one cost model, never across models.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from grafana_foundation_sdk.builders import bargauge, dashboard, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, VariableRefresh
+
+HERE = Path(__file__).resolve().parent
+SOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = 'cluster=~"$cluster", cost_model="$cost_model"'
+CHARGED = f'{{__name__=~"gpu_cost_(allocated|unused)_total", {SEL}}}'
+CLUSTER = 'cluster=~"$cluster"'
+SELF = 'job="otelgpu", cluster=~"$cluster"'
+GPU_ALLOCATED = f'gpu_cost_allocated_total{{{SEL}, resource="gpu"}}'
+HELD = f"gpu_held_seconds_total{{{CLUSTER}}}"
+
+
+def total(selector: str, by: str = "") -> str:
+    """The sum over the time range of a cumulative series selection, optionally grouped."""
+    group = f" by ({by})" if by else ""
+    return f"sum{group} (increase({selector}[$__range]))"
+
+
+def hourly(selector: str, by: str = "") -> str:
+    group = f" by ({by})" if by else ""
+    return f"3600 * sum{group} (rate({selector}[$__rate_interval]))"
+
+
+class Layout:
+    """Panels placed left to right on a 24-column grid, wrapping to a new row."""
+
+    def __init__(self) -> None:
+        self.x = self.y = self.row_h = 0
+
+    def place(self, w: int, h: int) -> GridPos:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        pos = GridPos(h=h, w=w, x=self.x, y=self.y)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+
+class Board:
+    def __init__(self, uid: str, title: str, description: str) -> None:
+        self.layout = Layout()
+        self.d = (dashboard.Dashboard(title).uid(uid).description(description).tags(["otelgpu", "gpu", "cost"])
+                  .time("now-7d", "now").refresh("5m").timezone("utc")
+                  .with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+                  .with_variable(_query_variable("cluster", "Cluster", "label_values(gpu_cost_capacity_total, cluster)",
+                                                 multi=True))
+                  .with_variable(_query_variable("cost_model", "Cost model",
+                                                 "label_values(gpu_cost_capacity_total, cost_model)")))
+
+    def add(self, builder: Callable[[], Any], title: str, description: str, exprs: list[tuple[str, str]],
+            unit: str = "currencyUSD", w: int = 8, h: int = 8, instant: bool = False) -> None:
+        """A panel of `builder` with one query per (expression, legend)."""
+        panel = (builder().title(title).description(description).datasource(SOURCE).unit(unit)
+                 .grid_pos(self.layout.place(w, h)))
+        for ref, (expr, legend) in zip("ABCDEFGH", exprs):
+            query = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend)
+            panel = panel.with_target(query.instant() if instant else query.range())
+        self.d = self.d.with_panel(panel)
+
+    def json(self) -> str:
+        return json.dumps(self.d.build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def _query_variable(name: str, label: str, query: str, multi: bool = False) -> dashboard.QueryVariable:
+    v = (dashboard.QueryVariable(name).label(label).datasource(SOURCE).query(query)
+         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED))
+    return v.multi(True).include_all(True) if multi else v
+
+
+def executive() -> Board:
+    b = Board("otelgpu-executive", "GPU cost: executive",
+              "Who spent what on GPUs over the time range, under one cost model (otelgpu).")
+    b.add(stat.Panel, "Charged", "Allocated + unused: what the teams are charged.", [(total(CHARGED), "")], w=6, h=4,
+          instant=True)
+    b.add(stat.Panel, "Capacity", "The cost of the GPU capacity (and, under scad, the instances) the model splits.",
+          [(total(f"gpu_cost_capacity_total{{{SEL}}}"), "")], w=6, h=4, instant=True)
+    b.add(stat.Panel, "Idle share", "Capacity nobody held, over the capacity.",
+          [(f'{total(f"gpu_cost_idle_total{{{SEL}}}")} / {total(f"gpu_cost_capacity_total{{{SEL}}}")}', "")],
+          unit="percentunit", w=6, h=4, instant=True)
+    b.add(stat.Panel, "Cost per GPU-hour", "Allocated GPU cost over the GPU-hours held.",
+          [(f"{total(GPU_ALLOCATED)} / ({total(HELD)} / 3600)", "")], w=6, h=4, instant=True)
+    for tag in ("team", "project", "model", "cost_center"):
+        b.add(bargauge.Panel, f"Charged by {tag.replace('_', ' ')}", f"Allocated + unused per {tag}.",
+              [(f"sort_desc({total(CHARGED, tag)})", f"{{{{{tag}}}}}")], w=6, h=8, instant=True)
+    b.add(timeseries.Panel, "Allocated, effective, waste and idle per hour",
+          "Allocated = effective + waste + unmeasured; idle: capacity nobody held.",
+          [(hourly(f"gpu_cost_allocated_total{{{SEL}}}"), "allocated"),
+           (hourly(f"gpu_cost_effective_total{{{SEL}}}"), "effective"),
+           (hourly(f"gpu_cost_waste_total{{{SEL}}}"), "waste"),
+           (hourly(f"gpu_cost_idle_total{{{SEL}}}"), "idle")], unit="currencyUSD", w=12, h=9)
+    b.add(timeseries.Panel, "Charged per hour by team", "The trend of each team's charge.",
+          [(hourly(CHARGED, "team"), "{{team}}")], w=12, h=9)
+    b.add(table.Panel, "Top spenders", "The ten workloads charged most over the time range.",
+          [(f"topk(10, {total(CHARGED, 'cluster, namespace, workload_kind, workload_name')})", "")], w=12, h=9,
+          instant=True)
+    b.add(table.Panel, "Cost models side by side", "Each model's charge per team (the models split the same "
+          "capacity differently; never add them up).",
+          [(total(f'{{__name__=~"gpu_cost_(allocated|unused)_total", {CLUSTER}}}', "cost_model, team"), "")],
+          w=12, h=9, instant=True)
+    return b
+
+
+def oncall() -> Board:
+    b = Board("otelgpu-oncall", "GPU cost: on-call", "Budgets, attribution quality and the pipeline (otelgpu).")
+    b.add(timeseries.Panel, "Burn rate against budget",
+          "Each team's charge per hour over its planned rate (team budgets from `otelgpu rules`): 1 spends the "
+          "30-day budget in 30 days; the alerts warn at 2 and page at 4.",
+          [("team:gpu_cost_usd_per_hour:rate1h / on (team) team:gpu_cost_budget_usd_per_hour", "{{team}}")],
+          unit="none", w=12, h=8)
+    b.add(timeseries.Panel, "Tag coverage", "Share of allocated cost carrying all five tags, per cluster.",
+          [(f'gpu_cost_tag_coverage_ratio{{{CLUSTER}, tag="all", namespace=""}}', "{{cluster}}")],
+          unit="percentunit", w=12, h=8)
+    b.add(table.Panel, "Unattributed cost by reason", "no_pod, pod_unknown, tag_missing; per namespace.",
+          [(total(f"gpu_cost_unattributed_total{{{CLUSTER}}}", "reason, namespace"), "")], w=12, h=8, instant=True)
+    b.add(table.Panel, "Idle by node and GPU model", "GPU capacity nobody held.",
+          [(total(f'gpu_cost_idle_total{{{SEL}, resource="gpu"}}', "cluster, node, gpu_model"), "")], w=12, h=8,
+          instant=True)
+    b.add(timeseries.Panel, "GPUs without device data or price", "GPU-seconds costed from kube-state-metrics alone, "
+          "and GPU-seconds without a price.",
+          [(f"sum by (cluster) (rate(otelgpu_gpu_seconds_without_device_data_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} without device data"),
+           (f"sum by (cluster) (rate(otelgpu_unpriced_gpu_seconds_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} unpriced")], unit="none", w=12, h=8)
+    b.add(timeseries.Panel, "Exports", "Snapshots delivered and failed attempts per exporter, and the queue.",
+          [(f"sum by (cluster, exporter) (rate(otelgpu_exports_total{{{SELF}}}[$__rate_interval]))", "{{cluster}} {{exporter}} ok"),
+           (f"sum by (cluster, exporter, reason) (rate(otelgpu_export_failures_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} {{exporter}} {{reason}}"),
+           (f"otelgpu_export_queue_snapshots{{{SELF}}}", "{{cluster}} {{exporter}} queued")], unit="none", w=12, h=8)
+    b.add(stat.Panel, "Sidecars up", "otelgpu's /metrics scraped by the Collector.",
+          [(f"sum by (cluster) (up{{{SELF}}})", "{{cluster}}")], unit="none", w=12, h=4, instant=True)
+    b.add(stat.Panel, "Cost series arriving", "Cost series written in the last 15 minutes, per cluster.",
+          [(f"count by (cluster) (count_over_time(gpu_cost_capacity_total{{{CLUSTER}}}[15m]))", "{{cluster}}")],
+          unit="none", w=12, h=4, instant=True)
+    return b
+
+
+def debug() -> Board:
+    b = Board("otelgpu-debug", "GPU cost: debug", "Per node, GPU, MIG slice and replica; the sidecar's health.")
+    b.add(table.Panel, "Cost per node", "Capacity, allocated and idle per node.",
+          [(total(f"gpu_cost_capacity_total{{{SEL}}}", "cluster, node, instance_type, capacity_type, price_source"), "")],
+          w=12, h=9, instant=True)
+    b.add(table.Panel, "GPU-hours by unit", "GPU-hours held per node, unit kind (gpu, mig, replica) and MIG profile.",
+          [(f"{total(HELD, 'cluster, node, unit_kind, mig_profile')} / 3600", "")],
+          unit="h", w=12, h=9, instant=True)
+    b.add(table.Panel, "Pods on GPUs", "Allocated, effective and waste per pod.",
+          [(total(f"gpu_cost_allocated_total{{{SEL}}}", "cluster, namespace, pod, node, unit_kind, mig_profile"), ""),
+           (total(f"gpu_cost_waste_total{{{SEL}}}", "cluster, namespace, pod, node, unit_kind, mig_profile"), "")],
+          w=24, h=9, instant=True)
+    b.add(timeseries.Panel, "Activity", "Time-weighted activity of the units each pod held, last interval.",
+          [(f"gpu_activity_ratio{{{CLUSTER}}}", "{{namespace}}/{{pod}} {{unit_kind}} {{mig_profile}}")],
+          unit="percentunit", w=24, h=8)
+    b.add(timeseries.Panel, "Points received and rejected", "Per second, by reason.",
+          [(f"sum by (cluster) (rate(otelgpu_points_received_total{{{SELF}}}[$__rate_interval]))", "{{cluster}} received"),
+           (f"sum by (cluster, reason) (rate(otelgpu_points_rejected_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} rejected {{reason}}"),
+           (f"sum by (cluster) (rate(otelgpu_points_late_total{{{SELF}}}[$__rate_interval]))", "{{cluster}} late")],
+          unit="none", w=12, h=8)
+    b.add(timeseries.Panel, "Work per interval", "Seconds spent per step, per interval.",
+          [(f"sum by (cluster, step) (rate(otelgpu_work_seconds_total{{{SELF}}}[$__rate_interval])) / on (cluster) "
+            f"group_left sum by (cluster) (rate(otelgpu_intervals_computed_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} {{step}}")], unit="s", w=12, h=8)
+    b.add(timeseries.Panel, "Series and checkpoints", "Live cost series; checkpoint and write-ahead log errors.",
+          [(f"otelgpu_series_active{{{SELF}}}", "{{cluster}} series"),
+           (f"sum by (cluster, reason) (increase(otelgpu_checkpoint_errors_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} checkpoint {{reason}}"),
+           (f"sum by (cluster, error) (increase(otelgpu_wal_errors_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} wal {{error}}")], unit="none", w=24, h=8)
+    return b
+
+
+BOARDS = {"executive": executive, "oncall": oncall, "debug": debug}
+
+
+def main(out: Path = HERE) -> int:
+    for name, build in BOARDS.items():
+        (out / f"{name}.json").write_text(build().json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE))
