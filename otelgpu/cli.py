@@ -8,6 +8,7 @@ import faulthandler
 import logging
 import signal
 import sys
+from typing import TextIO
 
 from otelgpu.config import load_config, load_prices_file
 from otelgpu.errors import ConfigError
@@ -77,11 +78,19 @@ def _report(args: argparse.Namespace) -> int:
     if abs(result.gap) > 1e-6 * max(result.capacity, 1.0):
         print(f"otelgpu: warning: the rows and the idle add up to {result.charged + result.idle:.6f} of a capacity of "
               f"{result.capacity:.6f}: series are missing from the workspace", file=sys.stderr)
+    def write(out: TextIO) -> None:
+        if args.format == "html":
+            from otelgpu.report.html import write_html
+
+            write_html(result, out, args.currency)
+        else:
+            write_csv(result, out)
+
     if args.output:
         with open(args.output, "w", encoding="utf-8", newline="") as out:
-            write_csv(result, out)
+            write(out)
     else:
-        write_csv(result, sys.stdout)
+        write(sys.stdout)
     return 0
 
 
@@ -109,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--by", default="team", help="labels to group by, comma-separated (default team)")
     report.add_argument("--cost-model", default="request", choices=["request", "scad", "opencost", "hybrid"])
     report.add_argument("--cluster", help="only this cluster (default: every cluster of the workspace)")
+    report.add_argument("--format", default="csv", choices=["csv", "html"],
+                        help="csv, or html: one self-contained page with charts")
+    report.add_argument("--currency", default="USD", help="the currency of the cost series (attribution.currency)")
     report.add_argument("--output", help="file to write (default standard output)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from datetime import datetime, timezone
+from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
@@ -160,3 +161,71 @@ def test_amp_queries_are_signed_with_sigv4(prometheus: PrometheusServer, monkeyp
             showback(PromClient(gate.url, sigv4_region="eu-west-1"), t0, t0 + 3600, ["team"])
     finally:
         gate.stop()
+
+
+class Page(HTMLParser):
+    """What a test reads of the HTML page: its text, the charged bars' widths per group, and every
+    element that could load something from elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.bars: dict[str, float] = {}
+        self.loads: list[str] = []
+        self._title = ""
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:  # noqa: ANN001
+        a = dict(attrs)
+        if tag in ("script", "link", "img", "iframe", "object", "embed") or "src" in a or "href" in a:
+            self.loads.append(tag)
+        if tag == "rect" and a.get("class") in ("effective", "waste", "unmeasured", "other", "unused"):
+            self._title = "bar"
+            self._width = float(a["width"])
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._title == "bar":
+            group = data.split(":")[0]
+            self.bars[group] = self.bars.get(group, 0.0) + self._width
+            self._title = ""
+
+
+def test_the_report_page_is_self_contained_and_draws_what_it_says(prometheus: PrometheusServer, tmp_path) -> None:
+    c = scenario()
+    run(c, prometheus.write_url)
+    t0 = c.t0 / NS
+    out = tmp_path / "showback.html"
+    done = subprocess.run([sys.executable, "-m", "otelgpu", "report", "--prometheus", prometheus.url,
+                           "--start", str(int(t0)), "--end", str(int(t0 + 3600)), "--by", "team", "--format", "html",
+                           "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2 and "ISO 8601" in done.stderr  # seconds are not a date
+    iso = [datetime.fromtimestamp(t, timezone.utc).isoformat() for t in (t0, t0 + 3600)]
+    done = subprocess.run([sys.executable, "-m", "otelgpu", "report", "--prometheus", prometheus.url,
+                           "--start", iso[0], "--end", iso[1], "--by", "team", "--format", "html",
+                           "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    page = Page()
+    page.feed(out.read_text())
+    text = " ".join(page.text)
+    assert not page.loads  # no script, stylesheet, image or link: it opens offline
+    for figure in ("48.00 USD", "38.00 USD", "10.00 USD (20.8 %)", "28.00 USD", "12.00 USD"):
+        assert figure in text, figure
+    assert page.bars.keys() == {"vision", "nlp", "research"}
+    assert page.bars["vision"] / page.bars["nlp"] == pytest.approx(28 / 5, rel=1e-3)
+    assert page.bars["research"] == pytest.approx(page.bars["nlp"], rel=1e-3)
+
+
+def test_label_values_cannot_inject_markup_into_the_page() -> None:
+    from otelgpu.report.html import write_html
+    from otelgpu.report.showback import Row, Showback
+
+    hostile = '<script>alert("x")</script>'
+    s = Showback(0, 3600, ("team",), "request", {"cluster": '"><img src=x onerror=alert(1)>'},
+                 [Row((hostile,), allocated=5.0, effective=2.0, waste=3.0, gpu_allocated=5.0, gpu_hours=1.0)],
+                 idle=1.0, capacity=6.0)
+    out = io.StringIO()
+    write_html(s, out)
+    page = Page()
+    page.feed(out.getvalue())
+    assert not page.loads and "<script>" not in out.getvalue() and "<img" not in out.getvalue()
+    assert hostile in " ".join(page.text)  # shown as text

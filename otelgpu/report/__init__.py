@@ -1,5 +1,5 @@
 """`otelgpu report`: showback of a period from the cost series in Prometheus or AMP (showback.py),
-written as CSV."""
+written as CSV (here) or as a self-contained HTML page (html.py)."""
 
 from __future__ import annotations
 
