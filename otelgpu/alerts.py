@@ -88,27 +88,36 @@ def load_alerts_config(path: str | Path | None) -> AlertsConfig:
 
 def rule_groups(c: AlertsConfig) -> list[dict[str, Any]]:
     """The rule groups, as Prometheus' rule file format has them."""
-    return [_recording(c), _budgets(c), _alerts(c)]
+    return [_recording(c), _spent(c), _alerts(c)]
 
 
 def _recording(c: AlertsConfig) -> dict[str, Any]:
+    """Every minute: the charge rates and the budgets. A series is seen for 5 minutes after its last
+    sample, so whatever an alert reads directly is recorded more often than that."""
     rules: list[dict[str, Any]] = [
         {"record": f"team:gpu_cost_usd_per_hour:rate{w}",
          "expr": f"3600 * sum by (team) ({CHARGED.format(model=c.cost_model, window=w)})"}
         for w in ("5m", "30m", "1h", "6h")]
+    for team, usd in sorted(c.budgets.items()):
+        rules.append({"record": "team:gpu_cost_budget_usd:30d", "expr": f"vector({_number(usd)})", "labels": {"team": team}})
+        rules.append({"record": "team:gpu_cost_budget_usd_per_hour", "expr": f"vector({_number(usd / PERIOD_HOURS)})",
+                      "labels": {"team": team}})
     return {"name": "otelgpu-cost-rates", "interval": "1m", "rules": rules}
 
 
-def _budgets(c: AlertsConfig) -> dict[str, Any]:
-    """The 30-day spend (every 10 minutes: it reads 30 days of every cost series) and the budgets."""
+def _spent(c: AlertsConfig) -> dict[str, Any]:
+    """The 30-day spend, every 10 minutes (it reads 30 days of every cost series): the alert reads
+    its latest value over the last 20 minutes, not the instant (gone 5 minutes after each sample)."""
     spent = ('sum by (team) (increase({{__name__=~"gpu_cost_(allocated|unused)_total", cost_model="{model}"}}[30d]))'
              .format(model=c.cost_model))
-    rules: list[dict[str, Any]] = [{"record": "team:gpu_cost_usd:increase30d", "expr": spent}]
-    for team, usd in sorted(c.budgets.items()):
-        rules.append({"record": "team:gpu_cost_budget_usd:30d", "expr": f"vector({usd:g})", "labels": {"team": team}})
-        rules.append({"record": "team:gpu_cost_budget_usd_per_hour", "expr": f"vector({usd / PERIOD_HOURS:.12g})",
-                      "labels": {"team": team}})
-    return {"name": "otelgpu-cost-budgets", "interval": "10m", "rules": rules}
+    return {"name": "otelgpu-cost-spent", "interval": "10m",
+            "rules": [{"record": "team:gpu_cost_usd:increase30d", "expr": spent}]}
+
+
+def _number(x: float) -> str:
+    """A PromQL number that reads back as `x` exactly."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _alerts(c: AlertsConfig) -> dict[str, Any]:
@@ -123,6 +132,7 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
                                 "runbook_url": f"{c.runbooks}#{name.lower()}"}}
 
     model, job = c.cost_model, c.job
+    failures, exports = f'otelgpu_export_failures_total{{job="{job}"}}', f'otelgpu_exports_total{{job="{job}"}}'
     return {"name": "otelgpu-alerts", "rules": [
         alert("GPUCostBudgetBurnFast", burn("1h", "5m", c.page_burn_rate), "2m", "page",
               "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
@@ -133,7 +143,7 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
               f"Over the last 6 hours and the last 30 minutes, team {{{{ $labels.team }}}} was charged more than "
               f"{c.warn_burn_rate:g} times its planned hourly rate, {model} model."),
         alert("GPUCostBudgetExhaustedWithin24h",
-              "team:gpu_cost_budget_usd:30d - on (team) team:gpu_cost_usd:increase30d\n"
+              "team:gpu_cost_budget_usd:30d - on (team) last_over_time(team:gpu_cost_usd:increase30d[20m])\n"
               "< on (team) 24 * team:gpu_cost_usd_per_hour:rate6h", "10m", "page",
               "Team {{ $labels.team }}'s GPU budget runs out within 24 hours",
               "At its rate over the last 6 hours, team {{ $labels.team }} spends what is left of its 30-day "
@@ -170,16 +180,17 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
               "computed again from its checkpoint and write-ahead log when it is back."),
         alert("OtelgpuCostSeriesMissing",
               "count by (cluster) (count_over_time(gpu_cost_capacity_total[3h]))\n"
-              "unless count by (cluster) (count_over_time(gpu_cost_capacity_total[20m]))", "0m", "page",
+              "unless count by (cluster) (count_over_time(gpu_cost_capacity_total[20m]))\n"
+              f'unless on (cluster) max by (cluster) (otelgpu_series_active{{job="{job}"}}) == 0', "0m", "page",
               "No GPU cost from cluster {{ $labels.cluster }} for 20 minutes",
               "Cost series stopped arriving: otelgpu, its Collector or the remote write to the workspace."),
         alert("OtelgpuExportFailing",
-              f'sum by (cluster, exporter) (increase(otelgpu_export_failures_total{{job="{job}"}}[15m])) > 0\n'
-              f'unless on (cluster, exporter) sum by (cluster, exporter) (increase(otelgpu_exports_total{{job="{job}"}}[15m])) > 0',
+              _counted(failures, "15m", "cluster, instance, exporter") + "\nunless on (cluster, instance, exporter)\n"
+              + _counted(exports, "15m", "cluster, instance, exporter"),
               "5m", "warning", "otelgpu in cluster {{ $labels.cluster }} cannot deliver over {{ $labels.exporter }}",
               "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_export_queue_snapshots)."),
         alert("OtelgpuSnapshotsDropped",
-              f'sum by (cluster, exporter, reason) (increase(otelgpu_export_snapshots_dropped_total{{job="{job}"}}[1h])) > 0',
+              _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",
               "Snapshots given up (reason {{ $labels.reason }}): their cost is in the next snapshot of each "
               "cumulative series, but its points in between are lost."),
@@ -212,3 +223,11 @@ def prometheus_rule(c: AlertsConfig, name: str = "otelgpu", namespace: str = "mo
                 "spec": {"groups": rule_groups(c)}}
     return HEADER.format(args=args) + _dump(manifest)
 
+
+
+def _counted(counter: str, window: str, by: str) -> str:
+    """Counts of a labelled counter in the last `window`, per `by`, where any: its increase, and the
+    value of a series that appeared in the window (the sidecar exposes a label's series from its
+    first count on, so `increase()` alone never sees that first one)."""
+    return (f"(sum by ({by}) (increase({counter}[{window}])) > 0\n"
+            f" or sum by ({by}) ({counter} unless {counter} offset {window}) > 0)")

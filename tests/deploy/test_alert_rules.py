@@ -4,6 +4,7 @@ every alert pass (firing and not firing), and a bad budgets file is refused with
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -72,13 +73,13 @@ def test_budgets_become_hourly_rates_and_thresholds_reach_the_alerts(tmp_path) -
     path = tmp_path / "budgets.yaml"
     path.write_text("cost_model: scad\nbudgets: {vision: 7200, nlp: 1000}\npage_burn_rate: 10\nidle_share_max: 0.25\n")
     groups = {g["name"]: g for g in rule_groups(load_alerts_config(path))}
-    budgets = [(r["record"], r["expr"], r["labels"]["team"]) for r in groups["otelgpu-cost-budgets"]["rules"] if "labels" in r]
+    budgets = [(r["record"], r["expr"], r["labels"]["team"]) for r in groups["otelgpu-cost-rates"]["rules"] if "labels" in r]
     assert budgets == [("team:gpu_cost_budget_usd:30d", "vector(1000)", "nlp"),
-                       ("team:gpu_cost_budget_usd_per_hour", "vector(1.38888888889)", "nlp"),
+                       ("team:gpu_cost_budget_usd_per_hour", "vector(1.3888888888888888)", "nlp"),
                        ("team:gpu_cost_budget_usd:30d", "vector(7200)", "vision"),
                        ("team:gpu_cost_budget_usd_per_hour", "vector(10)", "vision")]
-    rates = groups["otelgpu-cost-rates"]["rules"]
-    assert all('cost_model="scad"' in r["expr"] for r in rates)
+    rates = [r for r in groups["otelgpu-cost-rates"]["rules"] if "labels" not in r]
+    assert len(rates) == 4 and all('cost_model="scad"' in r["expr"] for r in rates)
     alerts = {r["alert"]: r["expr"] for r in groups["otelgpu-alerts"]["rules"]}
     assert alerts["GPUCostBudgetBurnFast"].count("> 10") == 2 and alerts["GPUIdleShareHigh"].endswith("> 0.25")
 
@@ -94,3 +95,28 @@ def test_a_bad_budgets_file_is_refused_with_every_problem(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "otelgpu", "rules", "--budgets", str(path)], capture_output=True,
                           text=True)
     assert done.returncode == 2 and "cost_model" in done.stderr and not done.stdout
+
+
+def test_alerts_read_recorded_series_no_staler_than_prometheus_sees_them() -> None:
+    """A series is visible for 5 minutes after its last sample: an alert that reads a series
+    recorded every 10 minutes directly would lose it for half of the time (and its `for` with it);
+    promtool's unit tests evaluate every group each step and cannot show this."""
+    groups = rule_groups(load_alerts_config(REPO / BUDGETS))
+    interval = {r["record"]: g.get("interval", "1m") for g in groups for r in g["rules"] if "record" in r}
+    for group in groups:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            for record, every in interval.items():
+                for use in re.finditer(re.escape(record) + r"(?![\w:])", rule["expr"]):
+                    if every != "1m":
+                        before = rule["expr"][:use.start()]
+                        assert before.endswith("last_over_time("), (rule["alert"], record, every)
+
+
+def test_budget_amounts_are_written_exactly() -> None:
+    groups = rule_groups(AlertsConfig(budgets={"big": 1234567.89, "half": 100000.5}))
+    values = {(r["record"], r["labels"]["team"]): r["expr"] for g in groups for r in g["rules"] if "record" in r and "labels" in r}
+    assert values[("team:gpu_cost_budget_usd:30d", "big")] == "vector(1234567.89)"
+    assert values[("team:gpu_cost_budget_usd:30d", "half")] == "vector(100000.5)"
+    assert float(values[("team:gpu_cost_budget_usd_per_hour", "big")][7:-1]) == 1234567.89 / 720
