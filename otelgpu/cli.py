@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import os
 import signal
 import sys
 from typing import TextIO
@@ -69,9 +70,18 @@ def _report(args: argparse.Namespace) -> int:
     if not end > start:
         raise ConfigError([f"report: --end ({args.end}) must come after --start ({args.start})"])
     by = tuple(b.strip() for b in args.by.split(",") if b.strip())
+    if not args.lookback > 0:
+        raise ConfigError(["report: --lookback must be a positive number of days"])
+    if args.output:  # before the queries: a path that cannot be written fails now
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ConfigError([f"report: --output {args.output}: {folder} is not a folder this user can write"])
     client = PromClient(args.prometheus, sigv4_region=args.sigv4_region)
     try:
-        result = showback(client, start, end, by, args.cost_model, {"cluster": args.cluster} if args.cluster else None)
+        result = showback(client, start, end, by, args.cost_model, {"cluster": args.cluster} if args.cluster else None,
+                          int(args.lookback * 86_400))
+    except ValueError as exc:
+        raise ConfigError([f"report: {exc}"]) from exc
     except QueryError as exc:
         print(f"otelgpu: {exc}", file=sys.stderr)
         return 1
@@ -122,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="csv, or html: one self-contained page with charts")
     report.add_argument("--currency", default="USD", help="the currency of the cost series (attribution.currency)")
     report.add_argument("--output", help="file to write (default standard output)")
+    report.add_argument("--lookback", type=float, default=7.0,
+                        help="days before --start to look for each series' last value (default 7)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

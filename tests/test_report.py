@@ -229,3 +229,55 @@ def test_label_values_cannot_inject_markup_into_the_page() -> None:
     page.feed(out.getvalue())
     assert not page.loads and "<script>" not in out.getvalue() and "<img" not in out.getvalue()
     assert hostile in " ".join(page.text)  # shown as text
+
+
+def write(prometheus: PrometheusServer, series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]]) -> None:
+    """Remote-write these series (labels with __name__, sorted; samples as (seconds, value))."""
+    import cramjam
+
+    from otelgpu.exporter.remote_write import build_requests
+
+    ms = {labels: [(int(t * 1000), v) for t, v in samples] for labels, samples in series.items()}
+    for request in build_requests(ms, 10_000):
+        body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+        post = urllib.request.Request(prometheus.write_url, data=body, method="POST", headers={
+            "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+            "X-Prometheus-Remote-Write-Version": "0.1.0"})
+        with urllib.request.urlopen(post, timeout=10) as answer:
+            assert answer.status in (200, 204)
+
+
+def test_a_restarted_series_is_read_alone_though_another_has_its_labels_and_more(prometheus: PrometheusServer) -> None:
+    """With attributes dropped, one series' labels can be all of another's and one more: the
+    selector that reads the restarted one's samples matches both."""
+    t0 = time.time() // 60 * 60 - 3000
+    base = (("__name__", "gpu_cost_allocated_total"), ("cluster", "c"), ("cost_model", "request"), ("team", "a"))
+    more = tuple(sorted(base + (("gpu_model", "X"),)))
+    write(prometheus, {base: [(t0 + 60 * k, v) for k, v in enumerate([1.0, 2.0, 3.0, 1.0, 2.0])],  # reset at k=3
+                       more: [(t0 + 60 * k, 10.0 * (k + 1)) for k in range(5)]})
+    got = {labels.get("gpu_model", ""): v for labels, v in increases(
+        PromClient(prometheus.url), "gpu_cost_allocated_total", {"cluster": "c"}, t0 + 30, t0 + 300)}
+    assert got == {"": pytest.approx(1.0 + 1.0 + 2.0), "X": pytest.approx(40.0)}
+
+
+def test_report_arguments_refused_before_any_query(prometheus: PrometheusServer, tmp_path) -> None:
+    def report(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "otelgpu", "report", "--prometheus", prometheus.url,
+                               "--start", "2026-11-01", "--end", "2026-11-02", *args], capture_output=True, text=True)
+
+    for args, message in ((("--by", "team,resource"), "cannot group by resource"),
+                          (("--output", str(tmp_path / "missing" / "x.csv")), "--output"),
+                          (("--lookback", "0"), "--lookback")):
+        done = report(*args)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_csv_without_groups_keeps_its_columns() -> None:
+    from otelgpu.report import write_csv
+    from otelgpu.report.showback import Row, Showback
+
+    out = io.StringIO()
+    write_csv(Showback(0, 3600, (), "request", {}, [Row((), allocated=4.0, gpu_hours=1.0)], idle=1.0, capacity=5.0), out)
+    rows = list(csv.reader(io.StringIO(out.getvalue())))
+    assert rows[0][:2] == ["group", "charged"] and {len(r) for r in rows} == {len(rows[0])}
+    assert [r[0] for r in rows[1:]] == ["everything", "(idle)", "(total)"] and rows[3][1] == "5.000000"

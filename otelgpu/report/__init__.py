@@ -27,11 +27,12 @@ def write_csv(s: Showback, out: TextIO) -> None:
     """One row per group, largest charge first, then `(idle)` and `(total)` (the capacity, what the
     rows and the idle add up to). Money in the currency of the series; shares of the capacity."""
     w = csv.writer(out, lineterminator="\n")
-    w.writerow([*s.by, *FIGURES, "share_of_capacity"])
+    w.writerow([*(s.by or ("group",)), *FIGURES, "share_of_capacity"])
     blank = [""] * max(len(s.by) - 1, 0)
     for r in s.rows:
         values = [r.charged, r.allocated, r.unused, r.effective, r.waste, r.unmeasured, r.gpu_hours, r.cost_per_gpu_hour]
-        w.writerow([*r.key, *map(_number, values), _number(r.charged / s.capacity if s.capacity else math.nan)])
+        w.writerow([*(r.key or ("everything",)), *map(_number, values),
+                    _number(r.charged / s.capacity if s.capacity else math.nan)])
     idle = [s.idle, 0, s.idle, 0, 0, 0, 0, math.nan]
     w.writerow(["(idle)", *blank, *map(_number, idle), _number(s.idle_share)])
     gpu_hours = sum(r.gpu_hours for r in s.rows)

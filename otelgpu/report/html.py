@@ -16,7 +16,8 @@ TOP = 20  # groups drawn one by one; the rest are drawn as one bar
 COLORS = {"effective": "#2f7d32", "waste": "#e08a00", "unmeasured": "#9e9e9e", "other": "#6d4c9f",
           "unused": "#4f8fd6", "idle": "#d0d0d0"}
 LEGEND = {"effective": "effective (used)", "waste": "waste (held, idle)", "unmeasured": "unmeasured",
-          "other": "CPU and memory (scad)", "unused": "unused capacity handed over", "idle": "idle (nobody held it)"}
+          "other": "no activity split (CPU and memory; all of hybrid's)", "unused": "unused capacity handed over",
+          "idle": "idle (nobody held it)"}
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }
 h1 { font-size: 22px; margin: 0 0 4px; } .sub { color: #555; margin-bottom: 18px; }

@@ -52,7 +52,10 @@ class PromClient:
         body = urllib.parse.urlencode({"query": promql, "time": repr(at)}).encode()
         headers = {**self.headers, "Content-Type": "application/x-www-form-urlencoded"}
         if self._signer is not None:
-            headers = self._signer.headers(headers, url, body)
+            try:
+                headers = self._signer.headers(headers, url, body)
+            except self._signer.CredentialsUnavailable as exc:
+                raise QueryError(f"{url}: AWS credentials unavailable for signing: {exc}") from exc
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:

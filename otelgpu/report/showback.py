@@ -21,7 +21,7 @@ NAMES = {"allocated": "gpu_cost_allocated_total", "effective": "gpu_cost_effecti
          "unused": "gpu_cost_unused_total", "idle": "gpu_cost_idle_total", "capacity": "gpu_cost_capacity_total",
          "unattributed": "gpu_cost_unattributed_total"}
 HELD = "gpu_held_seconds_total"
-LOOKBACK_S = 86_400  # how far before the period a series' last value is looked for
+LOOKBACK_S = 7 * 86_400  # how far before the period a series' last value is looked for (`--lookback`)
 
 
 @dataclass
@@ -89,30 +89,40 @@ def increases(client: PromClient, name: str, matchers: Labels, start: float, end
     for key, (labels, last) in now.items():
         own = {k: v for k, v in labels.items() if k != "__name__"}
         if key in reset:
-            out.append((own, _increase(client, selector(name, own), start, end, around)))
+            out.append((own, _increase(client, selector(name, own), key, start, end, around)))
         else:
             out.append((own, last - before.get(key, 0.0)))
     return out
 
 
-def _increase(client: PromClient, sel: str, start: float, end: float, around: str) -> float:
-    """A series' increase over (start, end] from its raw samples, each reset counted from zero."""
-    series = client.matrix(f"{sel}[{around}]", end)
+def _increase(client: PromClient, sel: str, key: frozenset[tuple[str, str]], start: float, end: float,
+              around: str) -> float:
+    """A series' increase over (start, end] from its raw samples, each reset counted from zero.
+    The selector also matches series with more labels: the one whose labels are `key` is read."""
+    series = [samples for labels, samples in client.matrix(f"{sel}[{around}]", end) if _key(labels) == key]
     if len(series) != 1:
-        raise QueryError(f"{sel}: expected one series, found {len(series)}")
+        raise QueryError(f"{sel}: expected one series with exactly these labels, found {len(series)}")
     previous, total = 0.0, 0.0
-    for t, v in series[0][1]:
+    for t, v in series[0]:
         if t > start:
             total += v - previous if v >= previous else v
         previous = v
     return total
 
 
+MODEL_LABELS = ("cost_model", "idle_policy", "resource", "price_source")  # money series only
+
+
 def showback(client: PromClient, start: float, end: float, by: Iterable[str], cost_model: str = "request",
-             matchers: Optional[Labels] = None) -> Showback:
+             matchers: Optional[Labels] = None, lookback_s: int = LOOKBACK_S) -> Showback:
     """The period's showback grouped by the labels `by`, under `cost_model`, of the series that
-    match `matchers` (a cluster, say)."""
+    match `matchers` (a cluster, say). ValueError for a grouping by labels that only money series
+    carry (the GPU-hours would fall in a group of their own)."""
     by = tuple(by)
+    bad = sorted(set(by) & set(MODEL_LABELS))
+    if bad:
+        raise ValueError(f"cannot group by {', '.join(bad)}: GPU-hours carry none of {', '.join(MODEL_LABELS)} "
+                         "(a report is in one cost model; resources show in the CPU and memory figures)")
     selection = {**(matchers or {}), "cost_model": cost_model}
     out = Showback(start, end, by, cost_model, selection)
     rows: dict[tuple[str, ...], Row] = {}
@@ -122,16 +132,16 @@ def showback(client: PromClient, start: float, end: float, by: Iterable[str], co
         return rows.setdefault(key, Row(key))
 
     for metric in ("allocated", "unused", "effective", "waste", "unmeasured"):
-        for labels, value in increases(client, NAMES[metric], selection, start, end):
+        for labels, value in increases(client, NAMES[metric], selection, start, end, lookback_s):
             r = row(labels)
             setattr(r, metric, getattr(r, metric) + value)
             if metric == "allocated" and labels.get("resource", "gpu") == "gpu":
                 r.gpu_allocated += value
-    for labels, value in increases(client, HELD, matchers or {}, start, end):  # the same under every model
+    for labels, value in increases(client, HELD, matchers or {}, start, end, lookback_s):  # the same under every model
         row(labels).gpu_hours += value / 3600.0
-    out.idle = sum(v for _, v in increases(client, NAMES["idle"], selection, start, end))
-    out.capacity = sum(v for _, v in increases(client, NAMES["capacity"], selection, start, end))
-    out.unattributed = sum(v for _, v in increases(client, NAMES["unattributed"], matchers or {}, start, end))
+    out.idle = sum(v for _, v in increases(client, NAMES["idle"], selection, start, end, lookback_s))
+    out.capacity = sum(v for _, v in increases(client, NAMES["capacity"], selection, start, end, lookback_s))
+    out.unattributed = sum(v for _, v in increases(client, NAMES["unattributed"], matchers or {}, start, end, lookback_s))
     held = [r for r in rows.values() if r.charged or r.gpu_hours or r.effective or r.waste or r.unmeasured]
     out.rows = sorted(held, key=lambda r: (-r.charged, r.key))  # groups that only ended in the period: none
     return out
