@@ -47,8 +47,11 @@ def test_the_shipped_dashboards_are_what_the_builder_writes(tmp_path) -> None:
 def test_every_panel_uses_the_data_source_and_the_variables() -> None:
     for name, board in boards().items():
         variables = {v["name"]: v for v in board["templating"]["list"]}
-        assert {"datasource", "cluster", "cost_model"} <= set(variables), name
+        assert {"datasource", "cluster", "cost_model", "resolution"} <= set(variables), name
         assert variables["cluster"]["multi"] and variables["cluster"]["includeAll"]
+        # A rate needs two samples of a series otelgpu writes once per attribution interval.
+        ranged = [p for p in board["panels"] if not any(t.get("instant") for t in p["targets"])]
+        assert ranged and all(p.get("interval") == "$resolution" for p in ranged), name
         for panel in board["panels"]:
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
             assert panel["targets"] and panel.get("description"), panel["title"]

@@ -8,7 +8,9 @@
   idle capacity by node and GPU model, GPUs without device data or price, the sidecar's exports;
 - debug: per node, GPU, MIG slice and replica; activity; the sidecar's own health.
 
-Every dashboard has a data source, `cluster` and `cost_model` variable. Totals over the time range
+Every dashboard has a data source, `cluster` and `cost_model` variable, and a `resolution`
+constant: the graphs' minimum step, twice otelgpu's attribution interval (each series gets one
+sample per interval, and a rate needs two). Totals over the time range
 use `increase()` over `$__range`, which counts a counter that ends and starts again (a pod that
 holds a unit again later) as Prometheus counts resets; rates use `$__rate_interval`. Money panels
 add `allocated` and `unused` (what a group is charged) under one cost model, never across models.
@@ -33,18 +35,25 @@ CLUSTER = 'cluster=~"$cluster"'
 SELF = 'job="otelgpu", cluster=~"$cluster"'
 GPU_ALLOCATED = f'gpu_cost_allocated_total{{{SEL}, resource="gpu"}}'
 HELD = f"gpu_held_seconds_total{{{CLUSTER}}}"
+RESOLUTION = "2m"  # graphs' minimum step: twice otelgpu's attribution interval (60 s by default)
 
 
-def total(selector: str, by: str = "") -> str:
-    """The sum over the time range of a cumulative series selection, optionally grouped."""
+def total(selector: str, by: str = "", also: str = "") -> str:
+    """The sum over the time range of a cumulative series selection (and of `also`'s), optionally grouped."""
     group = f" by ({by})" if by else ""
-    return f"sum{group} (increase({selector}[$__range]))"
+    more = f" or increase({also}[$__range])" if also else ""
+    return f"sum{group} (increase({selector}[$__range]){more})"
 
 
-def hourly(selector: str, by: str = "") -> str:
+def hourly(selector: str, by: str = "", also: str = "") -> str:
     group = f" by ({by})" if by else ""
-    return f"3600 * sum{group} (rate({selector}[$__rate_interval]))"
+    more = f" or rate({also}[$__rate_interval])" if also else ""
+    return f"3600 * sum{group} (rate({selector}[$__rate_interval]){more})"
 
+
+def idle(extra: str = "") -> tuple[str, str]:
+    """Capacity nobody held: kept as idle, or booked to the platform tags (`idle.policy: platform`)."""
+    return f"gpu_cost_idle_total{{{SEL}{extra}}}", f'gpu_cost_unused_total{{{SEL}{extra}, attribution="idle"}}'
 
 class Layout:
     """Panels placed left to right on a 24-column grid, wrapping to a new row."""
@@ -70,13 +79,16 @@ class Board:
                   .with_variable(_query_variable("cluster", "Cluster", "label_values(gpu_cost_capacity_total, cluster)",
                                                  multi=True))
                   .with_variable(_query_variable("cost_model", "Cost model",
-                                                 "label_values(gpu_cost_capacity_total, cost_model)")))
+                                                 "label_values(gpu_cost_capacity_total, cost_model)"))
+                  .with_variable(dashboard.ConstantVariable("resolution").value(RESOLUTION)))
 
     def add(self, builder: Callable[[], Any], title: str, description: str, exprs: list[tuple[str, str]],
             unit: str = "currencyUSD", w: int = 8, h: int = 8, instant: bool = False) -> None:
         """A panel of `builder` with one query per (expression, legend)."""
         panel = (builder().title(title).description(description).datasource(SOURCE).unit(unit)
                  .grid_pos(self.layout.place(w, h)))
+        if not instant:  # a rate needs two samples: otelgpu writes one per attribution interval
+            panel = panel.interval("$resolution")
         for ref, (expr, legend) in zip("ABCDEFGH", exprs):
             query = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend)
             panel = panel.with_target(query.instant() if instant else query.range())
@@ -100,7 +112,7 @@ def executive() -> Board:
     b.add(stat.Panel, "Capacity", "The cost of the GPU capacity (and, under scad, the instances) the model splits.",
           [(total(f"gpu_cost_capacity_total{{{SEL}}}"), "")], w=6, h=4, instant=True)
     b.add(stat.Panel, "Idle share", "Capacity nobody held, over the capacity.",
-          [(f'{total(f"gpu_cost_idle_total{{{SEL}}}")} / {total(f"gpu_cost_capacity_total{{{SEL}}}")}', "")],
+          [(f'{total(idle()[0], also=idle()[1])} / {total(f"gpu_cost_capacity_total{{{SEL}}}")}', "")],
           unit="percentunit", w=6, h=4, instant=True)
     b.add(stat.Panel, "Cost per GPU-hour", "Allocated GPU cost over the GPU-hours held.",
           [(f"{total(GPU_ALLOCATED)} / ({total(HELD)} / 3600)", "")], w=6, h=4, instant=True)
@@ -112,7 +124,7 @@ def executive() -> Board:
           [(hourly(f"gpu_cost_allocated_total{{{SEL}}}"), "allocated"),
            (hourly(f"gpu_cost_effective_total{{{SEL}}}"), "effective"),
            (hourly(f"gpu_cost_waste_total{{{SEL}}}"), "waste"),
-           (hourly(f"gpu_cost_idle_total{{{SEL}}}"), "idle")], unit="currencyUSD", w=12, h=9)
+           (hourly(idle()[0], also=idle()[1]), "idle")], unit="currencyUSD", w=12, h=9)
     b.add(timeseries.Panel, "Charged per hour by team", "The trend of each team's charge.",
           [(hourly(CHARGED, "team"), "{{team}}")], w=12, h=9)
     b.add(table.Panel, "Top spenders", "The ten workloads charged most over the time range.",
@@ -138,7 +150,7 @@ def oncall() -> Board:
     b.add(table.Panel, "Unattributed cost by reason", "no_pod, pod_unknown, tag_missing; per namespace.",
           [(total(f"gpu_cost_unattributed_total{{{CLUSTER}}}", "reason, namespace"), "")], w=12, h=8, instant=True)
     b.add(table.Panel, "Idle by node and GPU model", "GPU capacity nobody held.",
-          [(total(f'gpu_cost_idle_total{{{SEL}, resource="gpu"}}', "cluster, node, gpu_model"), "")], w=12, h=8,
+          [(total(idle(', resource="gpu"')[0], "cluster, node, gpu_model", idle(', resource="gpu"')[1]), "")], w=12, h=8,
           instant=True)
     b.add(timeseries.Panel, "GPUs without device data or price", "GPU-seconds costed from kube-state-metrics alone, "
           "and GPU-seconds without a price.",
