@@ -61,7 +61,7 @@ def _warm_up() -> int:
 def _report(args: argparse.Namespace) -> int:
     from otelgpu.report import parse_time, write_csv
     from otelgpu.report.promql import PromClient, QueryError
-    from otelgpu.report.showback import showback
+    from otelgpu.report.showback import GAP_CAUSES, showback
 
     try:
         start, end = parse_time(args.start), parse_time(args.end)
@@ -87,7 +87,7 @@ def _report(args: argparse.Namespace) -> int:
         return 1
     if abs(result.gap) > 1e-6 * max(result.capacity, 1.0):
         print(f"otelgpu: warning: the rows and the idle add up to {result.charged + result.idle:.6f} of a capacity of "
-              f"{result.capacity:.6f}: series are missing from the workspace", file=sys.stderr)
+              f"{result.capacity:.6f}: {GAP_CAUSES}", file=sys.stderr)
     def write(out: TextIO) -> None:
         if args.format == "html":
             from otelgpu.report.html import write_html

@@ -19,6 +19,8 @@ from otelgpu.alerts import AlertsConfig, rule_groups
 from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
+from otelgpu.report.promql import PromClient
+from otelgpu.report.showback import showback
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
@@ -116,6 +118,14 @@ def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) ->
     assert not p.metrics.export_snapshots_dropped
     expected = p.store.totals("allocated", ("cost_model", "team"))
     assert totals(prometheus, "outage", c.t0 / NS + 3600) == pytest.approx(expected, rel=1e-12)
+    # The report reads the same money from the merged snapshots, for the hour and for a window
+    # that the outage cuts, and it adds up to the capacity.
+    client, t0 = PromClient(prometheus.url), c.t0 / NS
+    for model in ("request", "scad"):
+        hour = showback(client, t0, t0 + 3600, ["team"], model, {"cluster": "outage"})
+        assert {r.key[0]: r.allocated for r in hour.rows} == pytest.approx(
+            {team: v for (m, team), v in expected.items() if m == model}, rel=1e-12)
+        assert abs(hour.gap) < 1e-9 * hour.capacity
 
 
 def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tmp_path: Path) -> None:
@@ -153,6 +163,14 @@ def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tm
     ref = {m["team"]: v for m, v in prometheus.query(window.format("reference"), at)}
     got = {m["team"]: v for m, v in prometheus.query(window.format("restarted"), at)}
     assert ref["vision"] > 0 and got == pytest.approx(ref, rel=1e-9)
+    # The report across the kill -9 reads to the cent what the run without it reads.
+    client = PromClient(prometheus.url)
+    for start, stop in ((0, 3600), (900, 2700), (1500, 2100)):
+        runs = [showback(client, c.t0 / NS + start, c.t0 / NS + stop, ["team"], "request", {"cluster": name})
+                for name in ("reference", "restarted")]
+        reference, restarted = ({r.key[0]: r.charged for r in run.rows} for run in runs)
+        assert reference and restarted == pytest.approx(reference, rel=1e-12)
+        assert (runs[1].capacity, runs[1].idle) == pytest.approx((runs[0].capacity, runs[0].idle), rel=1e-12)
 
 
 def test_the_recording_rules_read_the_series_remote_write_delivers(prometheus: PrometheusServer) -> None:

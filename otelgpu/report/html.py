@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from html import escape
 from typing import TextIO
 
-from otelgpu.report.showback import Row, Showback
+from otelgpu.report.showback import GAP_CAUSES, Row, Showback
 
 TOP = 20  # groups drawn one by one; the rest are drawn as one bar
 COLORS = {"effective": "#2f7d32", "waste": "#e08a00", "unmeasured": "#9e9e9e", "other": "#6d4c9f",
@@ -51,7 +51,7 @@ def write_html(s: Showback, out: TextIO, currency: str = "USD") -> None:
              f"{escape(selection)}</div>"]
     if abs(s.gap) > 1e-6 * max(s.capacity, 1.0):
         parts.append(f"<p class=\"warn\">The groups and the idle add up to {money(s.charged + s.idle)} of a capacity "
-                     f"of {money(s.capacity)}: series are missing from the workspace.</p>")
+                     f"of {escape(money(s.capacity))}: {escape(GAP_CAUSES)}.</p>")
     parts.append("<div class=\"cards\">" + "".join(f"<div class=\"card\"><b>{escape(v)}</b><span>{escape(k)}</span></div>"
                                                    for k, v in cards) + "</div>")
     parts.append("<h2>Charged per group, and what it bought</h2>" + _legend(["effective", "waste", "unmeasured", "other",

@@ -21,6 +21,8 @@ NAMES = {"allocated": "gpu_cost_allocated_total", "effective": "gpu_cost_effecti
          "unused": "gpu_cost_unused_total", "idle": "gpu_cost_idle_total", "capacity": "gpu_cost_capacity_total",
          "unattributed": "gpu_cost_unattributed_total"}
 HELD = "gpu_held_seconds_total"
+GAP_CAUSES = ("series are missing from the workspace, or the period starts or ends inside a delivery outage "
+              "(snapshots merged while the backend was down carry each series' cost of the outage at one time)")
 LOOKBACK_S = 7 * 86_400  # how far before the period a series' last value is looked for (`--lookback`)
 
 
@@ -67,7 +69,8 @@ class Showback:
     @property
     def gap(self) -> float:
         """Capacity not accounted for by the rows and the idle: 0 up to rounding, unless series are
-        missing from the workspace (a dropped snapshot, a series refused by the backend)."""
+        missing from the workspace (a dropped snapshot, a series refused by the backend) or the
+        period is cut inside a delivery outage (`GAP_CAUSES`)."""
         return self.capacity - self.charged - self.idle
 
 
