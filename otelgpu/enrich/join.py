@@ -194,12 +194,11 @@ class _Rows:
         return len(self.gpu)
 
 
-class _Sets:
+class _Sets(Names[Attrs]):
     """The distinct attribute sets of one join, with what the cost models read of each."""
 
     def __init__(self) -> None:
-        self.attrs: list[Attrs] = []
-        self._index: dict[Attrs, int] = {}
+        super().__init__()
         self.found: list[tuple[bool, ...]] = []
         self.holder: list[int] = []
         self.namespace: list[int] = []
@@ -208,10 +207,8 @@ class _Sets:
 
     def add(self, attrs: Attrs, found: tuple[bool, ...], holder: int, namespace: int, attribution: int,
             node: int) -> int:
-        i = self._index.get(attrs)
-        if i is None:
-            i = self._index[attrs] = len(self.attrs)
-            self.attrs.append(attrs)
+        i = self.index(attrs)
+        if i == len(self.found):  # new: what the models read of it
             self.found.append(found)
             self.holder.append(holder)
             self.namespace.append(namespace)
@@ -319,11 +316,11 @@ class Joiner:
         node's replicas (else of the pods sharing the GPU); its activity is per replica."""
         i = np.flatnonzero(H.holder_pod >= 0)
         e = H.entity[i]
-        pairs, holder_of = np.unique(np.stack([H.holder_ns[i], H.holder_pod[i]], axis=1).reshape(-1, 2), axis=0,
-                                     return_inverse=True)
+        holder_of, first = group_ids(H.holder_ns[i], H.holder_pod[i])
         st = self.s.string
-        table = np.array([self._holders.index((st(n), st(p))) for n, p in pairs.tolist()], np.int64)
-        holder = table[holder_of.reshape(-1)] if len(i) else np.zeros(0, np.int64)
+        table = np.array([self._holders.index((st(n), st(p))) for n, p in
+                          zip(H.holder_ns[i][first].tolist(), H.holder_pod[i][first].tolist())], np.int64)
+        holder = table[holder_of] if len(i) else np.zeros(0, np.int64)
         f, unit_kind = base_f[e].copy(), kind[e].copy()
         basis = np.full(len(i), DEVICE, np.int8)
         mean = H.mean_activity[i]
@@ -333,9 +330,10 @@ class Joiner:
             k = H.replicas[i][sh].astype(np.int64)
             ask = np.flatnonzero(k == 0)
             if len(ask):
-                who, which = np.unique(np.stack([holder[sh][ask], held[ask]], axis=1), axis=0, return_inverse=True)
-                asked = [self._requested_replicas(self._holders.values[h], n) for h, n in who.tolist()]
-                k[ask] = np.array(asked, np.int64)[which.reshape(-1)]
+                which, first = group_ids(holder[sh][ask], held[ask])
+                asked = [self._requested_replicas(self._holders.values[h], n)
+                         for h, n in zip(holder[sh][ask][first].tolist(), held[ask][first].tolist())]
+                k[ask] = np.array(asked, np.int64)[which]
             pods_per_ent = np.bincount(H.entity[H.holder_pod >= 0], minlength=len(shared))
             node_r = ent_replicas[e[sh]]
             r = np.where(node_r > 1, node_r, np.maximum(pods_per_ent[e[sh]], 1))
@@ -540,7 +538,7 @@ class Joiner:
 
     def _finish_sets(self, joined: Joined) -> None:
         s = self._sets
-        joined.sets = s.attrs
+        joined.sets = s.values
         joined.set_found = np.array(s.found, bool).reshape(-1, len(TAG_NAMES))
         joined.set_holder = np.array(s.holder, np.int64)
         joined.set_namespace = np.array(s.namespace, np.int64)

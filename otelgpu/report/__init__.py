@@ -35,10 +35,8 @@ def write_csv(s: Showback, out: TextIO) -> None:
                     _number(r.charged / s.capacity if s.capacity else math.nan)])
     idle = [s.idle, 0, s.idle, 0, 0, 0, 0, math.nan]
     w.writerow(["(idle)", *blank, *map(_number, idle), _number(s.idle_share)])
-    gpu_hours = sum(r.gpu_hours for r in s.rows)
-    total = [s.capacity, sum(r.allocated for r in s.rows), sum(r.unused for r in s.rows) + s.idle,
-             sum(r.effective for r in s.rows), sum(r.waste for r in s.rows), sum(r.unmeasured for r in s.rows),
-             gpu_hours, math.nan]
+    t = s.total
+    total = [s.capacity, t.allocated, t.unused, t.effective, t.waste, t.unmeasured, t.gpu_hours, math.nan]
     w.writerow(["(total)", *blank, *map(_number, total), _number(1.0 if s.capacity else math.nan)])
 
 

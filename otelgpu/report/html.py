@@ -38,12 +38,10 @@ def write_html(s: Showback, out: TextIO, currency: str = "USD") -> None:
     money = _money(currency)
     period = f"{_utc(s.start)} to {_utc(s.end)}"
     selection = ", ".join(f"{k}={v}" for k, v in sorted(s.matchers.items()))
-    gpu_hours = sum(r.gpu_hours for r in s.rows)
-    gpu_allocated = sum(r.gpu_allocated for r in s.rows)
+    t = s.total
     cards = [("capacity", money(s.capacity)), ("charged", money(s.charged)),
              ("idle", f"{money(s.idle)} ({_percent(s.idle_share)})"), ("unattributed", money(s.unattributed)),
-             ("GPU-hours held", f"{gpu_hours:,.2f}"),
-             ("cost per GPU-hour", money(gpu_allocated / gpu_hours) if gpu_hours > 0 else "-")]
+             ("GPU-hours held", f"{t.gpu_hours:,.2f}"), ("cost per GPU-hour", money(t.cost_per_gpu_hour))]
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>GPU showback, {escape(period)}"
              f"</title><style>{STYLE}</style></head><body>",
              f"<h1>GPU showback by {escape(', '.join(s.by) or 'everything')}</h1>",
@@ -150,10 +148,9 @@ def _table(s: Showback, money) -> str:  # noqa: ANN001
                         _percent(r.charged / s.capacity if s.capacity else math.nan)]))
     pad = [""] * (labels - 1)
     rows.append(tr(["(idle)", *pad, money(s.idle), "", money(s.idle), "", "", "", "", "", _percent(s.idle_share)]))
-    rows.append(tr(["(total)", *pad, money(s.capacity), money(sum(r.allocated for r in s.rows)),
-                    money(sum(r.unused for r in s.rows) + s.idle), money(sum(r.effective for r in s.rows)),
-                    money(sum(r.waste for r in s.rows)), money(sum(r.unmeasured for r in s.rows)),
-                    f"{sum(r.gpu_hours for r in s.rows):,.2f}", "", "100.0 %"], "total"))
+    t = s.total
+    rows.append(tr(["(total)", *pad, money(s.capacity), money(t.allocated), money(t.unused), money(t.effective),
+                    money(t.waste), money(t.unmeasured), f"{t.gpu_hours:,.2f}", "", "100.0 %"], "total"))
     return "".join(rows) + "</tbody></table>"
 
 

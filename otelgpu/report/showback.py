@@ -67,6 +67,15 @@ class Showback:
         return self.idle / self.capacity if self.capacity > 0 else math.nan
 
     @property
+    def total(self) -> Row:
+        """The rows added up, the idle counted as unused (nobody's): its `charged` is what the rows
+        and the idle add up to, the capacity but for `gap`."""
+        rows = self.rows
+        return Row(("(total)",), sum(r.allocated for r in rows), sum(r.unused for r in rows) + self.idle,
+                   sum(r.effective for r in rows), sum(r.waste for r in rows), sum(r.unmeasured for r in rows),
+                   sum(r.gpu_allocated for r in rows), sum(r.gpu_hours for r in rows))
+
+    @property
     def gap(self) -> float:
         """Capacity not accounted for by the rows and the idle: 0 up to rounding, unless series are
         missing from the workspace (a dropped snapshot, a series refused by the backend) or the
