@@ -33,7 +33,8 @@ from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.telemetry import SelfMetrics
 
 Series = dict[str, Mapping[Attrs, float]]
-SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "unattributed")
+SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "provisioned",
+        "unattributed")
 RESOURCES = ("gpu", "cpu", "memory")
 REASONS = ("no_pod", "pod_unknown", "tag_missing")  # why allocated cost is unattributed
 
@@ -153,6 +154,9 @@ class CostModels:
         out = _Sums(j.sets, self._with)
         base = attribute_request(j.rows, dt)
         out.add("held", j.row_set, 0, base.held_s)
+        gpus = np.bincount(j.gpu_node, minlength=len(j.nodes)).astype(np.float64)
+        nodes = np.array([out.set(node.attrs) for node in j.nodes], np.int64)
+        out.add("provisioned", nodes, 0, gpus * dt, where=gpus > 0)
         for model in self.config.cost_models:
             self._model(model, j, dt, base, out)
         self._unattributed(j, base, out)

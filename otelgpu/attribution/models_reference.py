@@ -42,6 +42,9 @@ class CostModelsReference(CostModels):
         base = attribute_request(j.rows, dt)
         for i, attrs in enumerate(j.row_attrs):
             sums["held"][attrs] += float(base.held_s[i])
+        for n, gpus in enumerate(np.bincount(j.gpu_node, minlength=len(j.nodes)).tolist()):
+            if gpus:
+                sums["provisioned"][self._with(j.nodes[n].attrs, ())] += gpus * dt
         for model in self.config.cost_models:
             self._model(model, j, dt, base, sums)
         self._unattributed(j, base, sums)

@@ -296,6 +296,16 @@ def test_a_forty_minute_job_costs_forty_minutes() -> None:
         assert cpu[pod] == pytest.approx(96 * 0.9 * u * qty / sum(a.values()), rel=1e-9)
 
 
+def test_provisioned_gpu_seconds_count_physical_gpus_whatever_the_sharing() -> None:
+    # Eight whole GPUs for an hour; one H100 cut into MIG slices is one GPU; held never exceeds it.
+    for cluster, gpus in ((p4d_cluster(), 8), (h100_mig_cluster(), 1)):
+        store = run(cluster, ("request", "scad"))
+        provisioned = store.totals("provisioned", ("node",))
+        assert provisioned == pytest.approx({(cluster.nodes[0].name,): gpus * HOUR})
+        assert 0 < sum(store.totals("held", ("node",)).values()) < gpus * HOUR
+        assert all("cost_model" not in dict(p.attrs) for p in store.points() if p.metric == "provisioned")
+
+
 # --- several models side by side, over OTLP ------------------------------------------------------
 
 def test_all_models_side_by_side_each_adds_up() -> None:
