@@ -76,7 +76,11 @@ def _report(args: argparse.Namespace) -> int:
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise ConfigError([f"report: --output {args.output}: {folder} is not a folder this user can write"])
+    if args.format == "focus-parquet" and not args.output:
+        raise ConfigError(["report: --format focus-parquet needs --output FILE"])
     client = PromClient(args.prometheus, sigv4_region=args.sigv4_region)
+    if args.format.startswith("focus"):
+        return _focus(args, client, start, end)
     try:
         result = showback(client, start, end, by, args.cost_model, {"cluster": args.cluster} if args.cluster else None,
                           int(args.lookback * 86_400))
@@ -104,6 +108,36 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _focus(args: argparse.Namespace, client, start: float, end: float) -> int:  # noqa: ANN001 - PromClient
+    from otelgpu.report import focus
+    from otelgpu.report.promql import QueryError
+
+    provider = focus.Provider(args.provider, args.service_name, args.billing_account)
+    try:
+        step = focus.GRANULARITY_S[args.granularity]
+        focus.periods(start, end, step)
+        data = focus.collect(client, start, end, step, args.cost_model,
+                             {"cluster": args.cluster} if args.cluster else None, int(args.lookback * 86_400))
+    except ValueError as exc:
+        raise ConfigError([f"report: {exc}"]) from exc
+    except QueryError as exc:
+        print(f"otelgpu: {exc}", file=sys.stderr)
+        return 1
+    for warning in data.warnings:
+        print(f"otelgpu: warning: {warning}", file=sys.stderr)
+    if args.format == "focus-parquet":
+        try:
+            focus.write_parquet(data, args.output, provider, args.currency)
+        except ValueError as exc:
+            raise ConfigError([f"report: {exc}"]) from exc
+    elif args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as out:
+            focus.write_csv(data, out, provider, args.currency)
+    else:
+        focus.write_csv(data, sys.stdout, provider, args.currency)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otelgpu", description="GPU cost attribution sidecar")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,12 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--by", default="team", help="labels to group by, comma-separated (default team)")
     report.add_argument("--cost-model", default="request", choices=["request", "scad", "opencost", "hybrid"])
     report.add_argument("--cluster", help="only this cluster (default: every cluster of the workspace)")
-    report.add_argument("--format", default="csv", choices=["csv", "html"],
-                        help="csv, or html: one self-contained page with charts")
+    report.add_argument("--format", default="csv", choices=["csv", "html", "focus-csv", "focus-parquet"],
+                        help="csv; html: one self-contained page with charts; focus-csv, focus-parquet: a FOCUS 1.3 "
+                             "cost and usage dataset of split cost allocation (docs/report.md)")
     report.add_argument("--currency", default="USD", help="the currency of the cost series (attribution.currency)")
     report.add_argument("--output", help="file to write (default standard output)")
     report.add_argument("--lookback", type=float, default=7.0,
                         help="days before --start to look for each series' last value (default 7)")
+    report.add_argument("--granularity", default="day", choices=["hour", "day"],
+                        help="FOCUS: the charge period (default day); --start and --end on its edges")
+    report.add_argument("--provider", default="Amazon Web Services",
+                        help="FOCUS: the provider of the nodes (HostProviderName, ServiceProviderName, ...)")
+    report.add_argument("--service-name", default="Amazon Elastic Compute Cloud",
+                        help="FOCUS: the provider's service the nodes are (ServiceName)")
+    report.add_argument("--billing-account", help="FOCUS: BillingAccountId (default: the cluster's name)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -16,11 +16,12 @@ A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 300
 
 
-def scenario() -> Cluster:
+def scenario(align_s: int = INTERVAL_S) -> Cluster:
     """$12 an hour per A100. vision: `train` holds two GPUs all hour and `batch` one GPU from 30 to
     40 and again from 50 to 60 minutes (its series ends in between, and starts again); nlp holds
-    one until 25 minutes, research one from 35 minutes."""
-    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
+    one until 25 minutes, research one from 35 minutes. The hour starts on a multiple of `align_s`
+    (3600: an hour's edge) and ends before now."""
+    t0_s = int(time.time()) // align_s * align_s - 3600
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
                 capacity={"nvidia_com_gpu": 4})
     gpu = ("nvidia_com_gpu", 1)
@@ -32,12 +33,15 @@ def scenario() -> Cluster:
     return Cluster([node], pods, t0=t0_s * NS)
 
 
-def run(c: Cluster, write_url: str) -> Pipeline:
+def run(c: Cluster, write_url: str, cost_models: tuple[str, ...] = ("request",), idle_policy: str = "keep") -> Pipeline:
+    """The run of `c`; under `scad`, the p4d.24xlarge instance costs $120 an hour."""
     config = parse_config({
         "cluster": {"name": "one"},
         "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
-        "attribution": {"interval_seconds": INTERVAL_S, "lateness_seconds": 30, "cost_models": ["request"],
-                        "prices": {"gpu_hour_by_gpu_model": {A100: 12.0}}},
+        "attribution": {"interval_seconds": INTERVAL_S, "lateness_seconds": 30, "cost_models": list(cost_models),
+                        "idle": {"policy": idle_policy},
+                        "prices": {"gpu_hour_by_gpu_model": {A100: 12.0},
+                                   "instance_hour_by_instance_type": {"p4d.24xlarge": 120.0}}},
         "exporter": {"prometheus": {"enabled": False},
                      "remote_write": {"url": write_url, "timeout_seconds": 5,
                                       "delivery": {"backoff_initial_seconds": 0.05, "shutdown_timeout_seconds": 20}}}})
@@ -46,3 +50,21 @@ def run(c: Cluster, write_url: str) -> Pipeline:
     p.shutdown()
     assert not p.metrics.export_failures and not p.metrics.export_snapshots_dropped
     return p
+
+
+def remote_write(write_url: str, series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]]) -> None:
+    """Remote-write these series (labels with __name__, sorted; samples as (seconds, value))."""
+    import urllib.request
+
+    import cramjam
+
+    from otelgpu.exporter.remote_write import build_requests
+
+    ms = {labels: [(int(t * 1000), v) for t, v in samples] for labels, samples in series.items()}
+    for request in build_requests(ms, 10_000):
+        body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+        post = urllib.request.Request(write_url, data=body, method="POST", headers={
+            "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+            "X-Prometheus-Remote-Write-Version": "0.1.0"})
+        with urllib.request.urlopen(post, timeout=10) as answer:
+            assert answer.status in (200, 204)

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 import pytest
-from costrun import run, scenario
+from costrun import remote_write, run, scenario
 from sigv4ref import reference_sigv4
 
 from otelgpu.enrich.window import NS
@@ -232,19 +232,7 @@ def test_label_values_cannot_inject_markup_into_the_page() -> None:
 
 
 def write(prometheus: PrometheusServer, series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]]) -> None:
-    """Remote-write these series (labels with __name__, sorted; samples as (seconds, value))."""
-    import cramjam
-
-    from otelgpu.exporter.remote_write import build_requests
-
-    ms = {labels: [(int(t * 1000), v) for t, v in samples] for labels, samples in series.items()}
-    for request in build_requests(ms, 10_000):
-        body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
-        post = urllib.request.Request(prometheus.write_url, data=body, method="POST", headers={
-            "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
-            "X-Prometheus-Remote-Write-Version": "0.1.0"})
-        with urllib.request.urlopen(post, timeout=10) as answer:
-            assert answer.status in (200, 204)
+    remote_write(prometheus.write_url, series)
 
 
 def test_a_restarted_series_is_read_alone_though_another_has_its_labels_and_more(prometheus: PrometheusServer) -> None:

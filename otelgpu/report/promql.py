@@ -12,6 +12,7 @@ from typing import Any, Optional
 from otelgpu.errors import OtelgpuError
 
 Labels = dict[str, str]
+MAX_POINTS = 11_000  # points per series Prometheus returns from a range query
 
 
 class QueryError(OtelgpuError):
@@ -47,9 +48,18 @@ class PromClient:
             raise QueryError(f"expected a range vector from {promql!r}, got a {data['resultType']}")
         return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
 
-    def _query(self, promql: str, at: float) -> dict[str, Any]:
-        url = f"{self.url}/api/v1/query"
-        body = urllib.parse.urlencode({"query": promql, "time": repr(at)}).encode()
+    def range_matrix(self, promql: str, start: float, end: float, step: float) -> list[tuple[Labels, list[tuple[float, float]]]]:
+        """A range query: each series' values at start, start + step, ... end (where it has one)."""
+        if (end - start) / step + 1 > MAX_POINTS:
+            raise QueryError(f"{promql!r}: {int((end - start) / step) + 1} steps, more than the {MAX_POINTS} "
+                             "Prometheus answers per series; ask for a shorter period or a coarser step")
+        data = self._query(promql, {"start": repr(start), "end": repr(end), "step": repr(step)}, "query_range")
+        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+
+    def _query(self, promql: str, at: float | dict[str, str], api: str = "query") -> dict[str, Any]:
+        url = f"{self.url}/api/v1/{api}"
+        when = at if isinstance(at, dict) else {"time": repr(at)}
+        body = urllib.parse.urlencode({"query": promql, **when}).encode()
         headers = {**self.headers, "Content-Type": "application/x-www-form-urlencoded"}
         if self._signer is not None:
             try:

@@ -107,14 +107,58 @@ def increases(client: PromClient, name: str, matchers: Labels, start: float, end
     return out
 
 
+def increases_by_period(client: PromClient, name: str, matchers: Labels, bounds: list[float],
+                        lookback_s: int = LOOKBACK_S) -> list[list[tuple[Labels, float]]]:
+    """`increases` over each period (bounds[k], bounds[k+1]] of equal length, from three queries
+    whatever the number of periods: the values at each period's end (a range query), the
+    periods with a reset, and each series' last value before the first period. A series' value
+    before a period is its last value in an earlier one. A series with a reset in or just before
+    a period, or whose value went down, is read there sample by sample."""
+    step = bounds[1] - bounds[0]
+    if any(not abs((b - a) - step) < 1e-6 for a, b in zip(bounds, bounds[1:])) or not step > 0:
+        raise ValueError("the periods must be of one length")
+    sel, window = selector(name, matchers), f"{_seconds(step)}s"
+    out: list[list[tuple[Labels, float]]] = [[] for _ in bounds[1:]]
+    ends = client.range_matrix(f"last_over_time({sel}[{window}])", bounds[1], bounds[-1], step)
+    if not ends:
+        return out
+    before = {_key(labels): value for labels, value in client.vector(f"last_over_time({sel}[{lookback_s}s])", bounds[0])}
+    # A reset in a period or in the one before: a reset across the start of a period is in the
+    # window when the series had a value in the period before (otherwise: see `_increase`).
+    resets = {(_key(labels), _period(t, bounds)) for labels, points in
+              client.range_matrix(f"resets({sel}[{_seconds(2 * step)}s]) > 0", bounds[1], bounds[-1], step)
+              for t, _ in points}
+    for labels, points in ends:
+        key, own = _key(labels), {k: v for k, v in labels.items() if k != "__name__"}
+        previous = before.get(key, 0.0)
+        for t, value in points:
+            k = _period(t, bounds)
+            if (key, k) in resets or value < previous:
+                increase = _increase(client, selector(name, own), key, bounds[k], t, window, previous)
+            else:
+                increase = value - previous
+            out[k].append((own, increase))
+            previous = value
+    return out
+
+
+def _period(t: float, bounds: list[float]) -> int:
+    """The period ending at `t` (a step of the range query)."""
+    k = int(round((t - bounds[0]) / (bounds[1] - bounds[0]))) - 1
+    if not 0 <= k < len(bounds) - 1:
+        raise QueryError(f"the server answered for {t}, outside the periods asked for")
+    return k
+
+
 def _increase(client: PromClient, sel: str, key: frozenset[tuple[str, str]], start: float, end: float,
-              around: str) -> float:
-    """A series' increase over (start, end] from its raw samples, each reset counted from zero.
-    The selector also matches series with more labels: the one whose labels are `key` is read."""
+              around: str, previous: float = 0.0) -> float:
+    """A series' increase over (start, end] from its raw samples, each reset counted from zero,
+    `previous` its value before the samples read. The selector also matches series with more
+    labels: the one whose labels are `key` is read."""
     series = [samples for labels, samples in client.matrix(f"{sel}[{around}]", end) if _key(labels) == key]
     if len(series) != 1:
         raise QueryError(f"{sel}: expected one series with exactly these labels, found {len(series)}")
-    previous, total = 0.0, 0.0
+    total = 0.0
     for t, v in series[0]:
         if t > start:
             total += v - previous if v >= previous else v

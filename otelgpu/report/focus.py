@@ -1,0 +1,375 @@
+"""A FOCUS 1.3 Cost and Usage dataset of the cost series: each node's GPU capacity cost per charge
+period (an hour or a day) split into allocated charges, with FOCUS 1.3's split cost allocation
+columns (AllocatedMethodId, AllocatedMethodDetails, AllocatedResourceId, AllocatedResourceName,
+AllocatedTags).
+
+The origin charge is what one node's capacity cost in one charge period under one cost model
+(`gpu_cost_capacity_total`: its GPUs under `request`, `opencost` and `hybrid`; the whole instance
+under `scad`). It is not written itself: the allocated charges take its place, as FOCUS asks, and
+add up to it in every cost column and in PricingQuantity. They are, per node and period:
+- one per holder (a pod, or a workload or namespace with coarser `series.detail`): its allocated
+  cost plus the unheld capacity handed to it (SCAD, idle policy `share`);
+- capacity nobody held: kept on the node (`idle`) or booked to the platform tags
+  (`idle_platform`); GPU cost of a busy unit no pod holds (`no_holder`); these have no
+  AllocatedResourceId, the unallocated portion of the origin;
+- what the series in the workspace do not account for (`unaccounted`: a gap, see
+  `showback.GAP_CAUSES`), so that the charges always add up to the origin.
+
+AllocatedMethodDetails records, per row, the ratio of the origin the row takes, one element per
+resource and part (held, or a share of unheld capacity), the GPU-hours held as UsageQuantity.
+Every ratio of one origin's charges adds up to 1. docs/report.md documents the methods.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Iterable, Optional, TextIO
+
+from otelgpu.config import TAG_NAMES
+from otelgpu.report.promql import Labels, PromClient
+from otelgpu.report.showback import LOOKBACK_S, NAMES, increases_by_period
+
+GRANULARITY_S = {"hour": 3600, "day": 86_400}
+PROVISIONED = "gpu_provisioned_seconds_total"
+HELD = "gpu_held_seconds_total"
+HOLDER_LABELS = ("namespace", "pod", "workload_kind", "workload_name")
+UNITS = {"gpu": "GPU-Hours", "cpu": "vCPU-Hours", "memory": "GiB-Hours"}
+UNHELD = {"idle": "capacity nobody held, kept on the node",
+          "idle_platform": "capacity nobody held, booked to the platform tags",
+          "no_holder": "GPU cost of units in use that no pod holds",
+          "unaccounted": "capacity cost the series in the workspace do not account for"}
+COLUMNS = (
+    "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodEnd",
+    "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription", "ChargeFrequency",
+    "ChargePeriodEnd", "ChargePeriodStart", "ContractedCost", "EffectiveCost", "HostProviderName",
+    "InvoiceId", "InvoiceIssuerName", "ListCost", "PricingQuantity", "PricingUnit", "ProviderName", "PublisherName",
+    "ServiceCategory", "ServiceName", "ServiceProviderName", "ServiceSubcategory",
+    "ResourceId", "ResourceName", "ResourceType",
+    "AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName", "AllocatedTags",
+    "x_ClusterName", "x_CostModel", "x_IdlePolicy", "x_AllocationKind", "x_GpuHoursHeld",
+    "x_UsedCost", "x_WasteCost", "x_UnmeasuredCost", "x_InstanceType", "x_CapacityType", "x_GpuModel",
+    "x_PriceSource",
+)
+DECIMALS = {"BilledCost", "ContractedCost", "EffectiveCost", "ListCost", "PricingQuantity", "x_GpuHoursHeld",
+            "x_UsedCost", "x_WasteCost", "x_UnmeasuredCost"}
+DATES = {"BillingPeriodEnd", "BillingPeriodStart", "ChargePeriodEnd", "ChargePeriodStart"}
+TOLERANCE = 1e-9  # relative: figures that differ by less are equal (float sums in another order)
+
+
+@dataclass
+class Provider:
+    """Who provides the capacity the nodes run on (FOCUS's provider columns)."""
+
+    name: str = "Amazon Web Services"
+    service: str = "Amazon Elastic Compute Cloud"
+    billing_account_id: Optional[str] = None  # default: the cluster
+    billing_account_name: Optional[str] = None
+
+
+@dataclass
+class Charge:
+    """One allocated charge: a share of one node's capacity cost in one period."""
+
+    kind: str  # "holder" or one of UNHELD
+    labels: Labels  # of the holder: tags, namespace, pod or workload ("" where absent)
+    parts: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))  # (resource, part) -> cost
+    used: float = 0.0
+    waste: float = 0.0
+    unmeasured: float = 0.0
+    gpu_seconds: float = 0.0  # held
+
+    @property
+    def cost(self) -> float:
+        return sum(self.parts.values())
+
+
+@dataclass
+class Origin:
+    """One node's capacity in one period under the cost model, and its allocated charges."""
+
+    start: float
+    end: float
+    cluster: str
+    node: str
+    labels: Labels  # instance_type, capacity_type, gpu_model, idle_policy, price_source
+    capacity: float = 0.0
+    gpu_seconds: float = 0.0  # provisioned
+    charges: dict[tuple, Charge] = field(default_factory=dict)
+
+    def charge(self, kind: str, labels: Labels) -> Charge:
+        key = (kind, tuple(sorted(labels.items())))
+        return self.charges.setdefault(key, Charge(kind, labels))
+
+    @property
+    def cost(self) -> float:
+        """What the charges split: the capacity, or more when the capacity series is short."""
+        return max(self.capacity, sum(c.cost for c in self.charges.values()))
+
+
+@dataclass
+class Dataset:
+    cost_model: str
+    origins: list[Origin]
+    warnings: list[str]
+
+
+def periods(start: float, end: float, step_s: int) -> list[float]:
+    """The bounds of the charge periods of `step_s` seconds from `start` to `end`, which must fall
+    on their edges (UTC)."""
+    if not end > start:
+        raise ValueError("the period must end after it starts")
+    if start % step_s or end % step_s:
+        what = {v: k for k, v in GRANULARITY_S.items()}.get(step_s, f"{step_s}-second period")
+        raise ValueError(f"--start and --end must fall on a UTC {what}'s edge (the charge periods' edges)")
+    return [float(t) for t in range(int(start), int(end) + 1, step_s)]
+
+
+def collect(client: PromClient, start: float, end: float, step_s: int = GRANULARITY_S["day"],
+            cost_model: str = "request", matchers: Optional[Labels] = None, lookback_s: int = LOOKBACK_S) -> Dataset:
+    """The origins of each charge period (`step_s` seconds) from `start` to `end` under
+    `cost_model`, each with its charges, from the series that match `matchers` (a cluster, say)."""
+    bounds = periods(start, end, step_s)
+    matchers = dict(matchers or {})
+    money = {**matchers, "cost_model": cost_model}
+
+    def read(name: str, selection: Labels) -> list[list[tuple[Labels, float]]]:
+        return increases_by_period(client, name, selection, bounds, lookback_s)
+
+    origins: dict[tuple[int, str, str], Origin] = {}
+    warnings: list[str] = []
+
+    def origin(k: int, labels: Labels) -> Origin:
+        where = (k, labels.get("cluster", ""), labels.get("node", ""))
+        if where not in origins:
+            origins[where] = Origin(bounds[k], bounds[k + 1], where[1], where[2], {})
+        o = origins[where]
+        for name in ("instance_type", "capacity_type", "gpu_model", "idle_policy", "price_source"):
+            if labels.get(name) and not o.labels.get(name):
+                o.labels[name] = labels[name]
+        return o
+
+    for k, series in enumerate(read(NAMES["capacity"], money)):
+        for labels, value in series:
+            origin(k, labels).capacity += value
+    for k, series in enumerate(read(NAMES["idle"], money)):
+        for labels, value in series:
+            origin(k, labels).charge("idle", {}).parts[(labels.get("resource", "gpu"), "idle")] += value
+    for metric, part in (("allocated", "held"), ("unused", "unused")):
+        for k, series in enumerate(read(NAMES[metric], money)):
+            for labels, value in series:
+                c = origin(k, labels).charge(_kind(labels), _holder(labels))
+                c.parts[(labels.get("resource", "gpu"), part)] += value
+    for metric, attr in (("effective", "used"), ("waste", "waste"), ("unmeasured", "unmeasured")):
+        for k, series in enumerate(read(NAMES[metric], money)):
+            for labels, value in series:
+                c = origin(k, labels).charge(_kind(labels), _holder(labels))
+                setattr(c, attr, getattr(c, attr) + value)
+    for k, series in enumerate(read(HELD, matchers)):  # the same under every model
+        for labels, value in series:
+            o = origins.get((k, labels.get("cluster", ""), labels.get("node", "")))
+            if o is not None:
+                o.charge(_kind(labels), _holder(labels)).gpu_seconds += value
+    for k, series in enumerate(read(PROVISIONED, matchers)):
+        for labels, value in series:
+            o = origins.get((k, labels.get("cluster", ""), labels.get("node", "")))
+            if o is not None:
+                o.gpu_seconds += value
+
+    kept, unpriced, short, gaps = [], 0, 0, 0
+    for o in origins.values():
+        charged = sum(c.cost for c in o.charges.values())
+        if o.cost <= 0:
+            unpriced += 1  # nothing to split (unpriced, or a node that came and went)
+            continue
+        gap = o.capacity - charged
+        if gap > TOLERANCE * o.capacity:
+            o.charge("unaccounted", {}).parts[(_main(o) if o.charges else "gpu", "unaccounted")] += gap
+            gaps += 1
+        elif -gap > TOLERANCE * o.capacity:
+            short += 1
+        o.charges = {key: c for key, c in o.charges.items() if c.cost != 0 or c.gpu_seconds != 0}
+        kept.append(o)
+    if unpriced:
+        warnings.append(f"{unpriced} node-periods with no capacity cost left out (unpriced, or nothing to split)")
+    if gaps:
+        warnings.append(f"{gaps} node-periods whose series do not add up to the capacity: the rest is written as "
+                        "x_AllocationKind=unaccounted (series missing, or a period edge inside a delivery outage)")
+    if short:
+        warnings.append(f"{short} node-periods whose charges exceed the capacity series (capacity series missing): "
+                        "the origin is taken as the charges' sum")
+    kept.sort(key=lambda o: (o.start, o.cluster, o.node))
+    return Dataset(cost_model, kept, warnings)
+
+
+def _kind(labels: Labels) -> str:
+    attribution = labels.get("attribution", "")
+    if attribution == "idle":
+        return "idle_platform"
+    if attribution == "active_without_pod":
+        return "no_holder"
+    return "holder"
+
+
+def _holder(labels: Labels) -> Labels:
+    return {k: labels[k] for k in (*TAG_NAMES, *HOLDER_LABELS) if labels.get(k)}
+
+
+def _main(o: Origin) -> str:
+    """The resource most of an origin's charges are of (where a gap is put)."""
+    by: dict[str, float] = defaultdict(float)
+    for c in o.charges.values():
+        for (resource, _), v in c.parts.items():
+            by[resource] += v
+    return max(by, key=lambda r: (by[r], r == "gpu"))
+
+
+def method_id(cost_model: str, idle_policy: str) -> str:
+    return f"otelgpu-{cost_model}-idle-{idle_policy}"
+
+
+def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[dict[str, object]]:
+    """The FOCUS rows: one per allocated charge, in origin order."""
+    for o in data.origins:
+        cost, hours = o.cost, o.gpu_seconds / 3600.0
+        policy = o.labels.get("idle_policy", "")
+        account = provider.billing_account_id or o.cluster or "otelgpu"
+        period = _month(o.start)
+        node = {"instance_type": o.labels.get("instance_type", ""), "capacity_type": o.labels.get("capacity_type", "")}
+        for c in sorted(o.charges.values(), key=lambda c: (c.kind != "holder", -c.cost, _resource_id(o, c) or "")):
+            ratio = c.cost / cost
+            resource_id = _resource_id(o, c)
+            yield {
+                "BilledCost": c.cost, "ContractedCost": c.cost, "EffectiveCost": c.cost, "ListCost": c.cost,
+                "BillingAccountId": account, "BillingAccountName": provider.billing_account_name or account,
+                "BillingCurrency": currency, "BillingPeriodStart": period[0], "BillingPeriodEnd": period[1],
+                "ChargeCategory": "Usage", "ChargeClass": None, "ChargeFrequency": "Usage-Based",
+                "ChargeDescription": _description(o, c, data.cost_model, node),
+                "ChargePeriodStart": o.start, "ChargePeriodEnd": o.end,
+                "HostProviderName": provider.name, "InvoiceId": None, "InvoiceIssuerName": provider.name, "ProviderName": provider.name,
+                "PublisherName": provider.name, "ServiceProviderName": provider.name,
+                "ServiceCategory": "Compute", "ServiceSubcategory": "Virtual Machines", "ServiceName": provider.service,
+                "PricingQuantity": hours * ratio, "PricingUnit": "GPU-Hours",
+                "ResourceId": o.node or None, "ResourceName": o.node or None,
+                "ResourceType": "Kubernetes node" if o.node else None,
+                "AllocatedMethodId": method_id(data.cost_model, policy),
+                "AllocatedMethodDetails": json.dumps(_details(c, cost), separators=(",", ":")),
+                "AllocatedResourceId": resource_id,
+                "AllocatedResourceName": _resource_name(c) if resource_id else None,
+                "AllocatedTags": _tags(c),
+                "x_ClusterName": o.cluster or None, "x_CostModel": data.cost_model, "x_IdlePolicy": policy or None,
+                "x_AllocationKind": c.kind, "x_GpuHoursHeld": c.gpu_seconds / 3600.0,
+                "x_UsedCost": c.used, "x_WasteCost": c.waste, "x_UnmeasuredCost": c.unmeasured,
+                "x_InstanceType": node["instance_type"] or None, "x_CapacityType": node["capacity_type"] or None,
+                "x_GpuModel": o.labels.get("gpu_model") or None, "x_PriceSource": o.labels.get("price_source") or None,
+            }
+
+
+def _resource_id(o: Origin, c: Charge) -> Optional[str]:
+    """The holder: cluster/namespace/pod, cluster/namespace/kind/name (a workload) or
+    cluster/namespace; none for the unallocated portion."""
+    if c.kind != "holder":
+        return None
+    h = c.labels
+    if h.get("pod"):
+        path = [h.get("namespace", ""), h["pod"]]
+    elif h.get("workload_name"):
+        path = [h.get("namespace", ""), h.get("workload_kind", ""), h["workload_name"]]
+    elif h.get("namespace"):
+        path = [h["namespace"]]
+    else:
+        path = ["(unknown holder)"]
+    return "/".join([o.cluster, *path] if o.cluster else path)
+
+
+def _resource_name(c: Charge) -> str:
+    h = c.labels
+    return h.get("pod") or h.get("workload_name") or h.get("namespace") or "(unknown holder)"
+
+
+def _tags(c: Charge) -> Optional[str]:
+    tags = {k: v for k, v in c.labels.items() if k in TAG_NAMES or k in HOLDER_LABELS}
+    return json.dumps(tags, sort_keys=True, separators=(",", ":")) if tags else None
+
+
+def _details(c: Charge, cost: float) -> dict[str, object]:
+    elements = []
+    for (resource, part), value in sorted(c.parts.items()):
+        if value == 0:
+            continue
+        element: dict[str, object] = {"AllocatedRatio": value / cost, "UsageUnit": UNITS[resource]}
+        if resource == "gpu" and part == "held":
+            element["UsageQuantity"] = c.gpu_seconds / 3600.0
+        element["x_Resource"], element["x_Part"] = resource, part
+        elements.append(element)
+    if not elements:  # a holder with GPU-hours and no cost (a zero price)
+        elements.append({"AllocatedRatio": 0.0, "UsageUnit": "GPU-Hours", "UsageQuantity": c.gpu_seconds / 3600.0,
+                         "x_Resource": "gpu", "x_Part": "held"})
+    return {"Elements": elements}
+
+
+def _description(o: Origin, c: Charge, cost_model: str, node: dict[str, str]) -> str:
+    what = f"{node['instance_type'] or 'node'} {o.node}".strip()
+    scope = "instance" if cost_model == "scad" else "GPU capacity"
+    if c.kind == "holder":
+        return f"{scope} of {what} held by {_resource_name(c)} ({cost_model} allocation)"
+    return f"{scope} of {what}: {UNHELD[c.kind]} ({cost_model} allocation)"
+
+
+def _month(t: float) -> tuple[float, float]:
+    d = datetime.fromtimestamp(t, timezone.utc)
+    first = datetime(d.year, d.month, 1, tzinfo=timezone.utc)
+    after = datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return first.timestamp(), after.timestamp()
+
+
+def _text(column: str, value: object) -> str:
+    if value is None:
+        return ""
+    if column in DATES:
+        return datetime.fromtimestamp(float(value), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[arg-type]
+    if column in DECIMALS:
+        x = float(value)  # type: ignore[arg-type]
+        return repr(x) if math.isfinite(x) else ""  # always with a point or an exponent: a decimal
+    return str(value)
+
+
+def write_csv(data: Dataset, out: TextIO, provider: Provider, currency: str = "USD") -> int:
+    """The dataset as CSV (a header, then a row per allocated charge); returns the rows written."""
+    import csv
+
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(COLUMNS)
+    n = 0
+    for row in rows(data, provider, currency):
+        w.writerow([_text(c, row[c]) for c in COLUMNS])
+        n += 1
+    return n
+
+
+def write_parquet(data: Dataset, path: str, provider: Provider, currency: str = "USD") -> int:
+    """The dataset as Parquet: decimals as float64, times as UTC timestamps, the rest strings.
+    Needs pyarrow (`pip install otelgpu[focus]`)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ValueError("Parquet output needs pyarrow: pip install 'otelgpu[focus]'") from exc
+    table = list(rows(data, provider, currency))
+    fields, arrays = [], []
+    for c in COLUMNS:
+        values = [r[c] for r in table]
+        if c in DECIMALS:
+            kind = pa.float64()
+        elif c in DATES:
+            kind = pa.timestamp("s", tz="UTC")
+            values = [datetime.fromtimestamp(float(v), timezone.utc) for v in values]  # type: ignore[arg-type]
+        else:
+            kind = pa.string()
+        fields.append(pa.field(c, kind))
+        arrays.append(pa.array(values, type=kind))
+    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), path)
+    return len(table)

@@ -1,0 +1,168 @@
+"""The FOCUS 1.3 dataset of `otelgpu report` against a real Prometheus holding what a real otelgpu
+run remote-wrote (costrun's known hour): each node-period's capacity split into allocated charges
+to the cent, the ratios of each origin adding up to 1 and every summable column to the origin;
+a counter that restarts inside a charge period; series missing from the workspace; scad's three
+resources; and the files the command writes (CSV, Parquet) passing the FinOps Foundation's
+focus-validator (tools/focus-validate)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import pytest
+from costrun import remote_write, run, scenario
+from support import REPO
+
+from otelgpu.enrich.window import NS
+from otelgpu.report import focus
+from otelgpu.report.promql import PromClient
+
+if TYPE_CHECKING:
+    from promserver import PrometheusServer
+
+pytest_plugins = ["promserver"]  # the `prometheus` fixture
+QUARTER = 900
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dataset_rows(data: focus.Dataset) -> list[dict]:
+    return list(focus.rows(data, focus.Provider()))
+
+
+def assert_adds_up(rows: list[dict], origins: dict[tuple, float]) -> None:
+    """Per origin (period, node): the charges' ratios add up to 1, every summable column to the
+    origin's cost or quantity; each row's ratio is its cost over the origin's."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        by[(r["ChargePeriodStart"], r["ResourceId"])].append(r)
+    assert set(by) == set(origins)
+    for key, charges in by.items():
+        cost, quantity = origins[key]
+        for column in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost"):
+            assert sum(r[column] for r in charges) == pytest.approx(cost, rel=1e-12)
+        assert sum(r["PricingQuantity"] for r in charges) == pytest.approx(quantity, rel=1e-12)
+        ratios = [sum(e["AllocatedRatio"] for e in json.loads(r["AllocatedMethodDetails"])["Elements"]) for r in charges]
+        assert sum(ratios) == pytest.approx(1.0, rel=1e-12)
+        for r, ratio in zip(charges, ratios):
+            assert ratio == pytest.approx(r["BilledCost"] / cost, rel=1e-12, abs=1e-15)
+
+
+def test_each_node_period_is_split_to_the_cent(prometheus: PrometheusServer) -> None:
+    c = scenario(align_s=3600)
+    run(c, prometheus.write_url)
+    t0 = c.t0 / NS
+    data = focus.collect(PromClient(prometheus.url), t0, t0 + 3600, QUARTER, matchers={"cluster": "one"})
+    assert not data.warnings
+    rows = dataset_rows(data)
+    # $12 per A100-hour, 4 GPUs: each quarter hour costs $12 and provides one GPU-hour.
+    quarters = [t0 + QUARTER * k for k in range(4)]
+    assert_adds_up(rows, {(q, "gpu-1"): (12.0, 1.0) for q in quarters})
+    got = defaultdict(dict)
+    for r in rows:
+        got[r["ChargePeriodStart"] - t0][r["AllocatedResourceId"] or r["x_AllocationKind"]] = r["BilledCost"]
+    # train holds two GPUs all hour; nlp's serve one until 25 min; batch 30-40 and again 50-60 min
+    # (its series ended and started again: a counter reset inside the last quarter); eval from 35 min.
+    expected = {0: {"one/ml/train": 6, "one/web/serve": 3, "idle": 3},
+                900: {"one/ml/train": 6, "one/web/serve": 2, "idle": 4},
+                1800: {"one/ml/train": 6, "one/ml/batch": 2, "one/lab/eval": 2, "idle": 2},
+                2700: {"one/ml/train": 6, "one/ml/batch": 2, "one/lab/eval": 3, "idle": 1}}
+    assert {q: pytest.approx(v, rel=1e-12) for q, v in expected.items()} == dict(got)
+    train = next(r for r in rows if r["AllocatedResourceId"] == "one/ml/train")
+    (element,) = json.loads(train["AllocatedMethodDetails"])["Elements"]
+    assert element == {"AllocatedRatio": pytest.approx(0.5), "UsageUnit": "GPU-Hours", "UsageQuantity": pytest.approx(0.5),
+                       "x_Resource": "gpu", "x_Part": "held"}
+    assert train["PricingQuantity"] == pytest.approx(0.5) and train["PricingUnit"] == "GPU-Hours"
+    assert train["AllocatedResourceName"] == "train" and train["AllocatedMethodId"] == "otelgpu-request-idle-keep"
+    assert json.loads(train["AllocatedTags"])["team"] == "vision" and json.loads(train["AllocatedTags"])["namespace"] == "ml"
+    assert train["x_UsedCost"] + train["x_WasteCost"] + train["x_UnmeasuredCost"] == pytest.approx(train["BilledCost"])
+    idle = next(r for r in rows if r["x_AllocationKind"] == "idle")
+    assert idle["AllocatedResourceId"] is None and idle["AllocatedResourceName"] is None and idle["AllocatedTags"] is None
+    assert {r["BillingAccountId"] for r in rows} == {"one"} and {r["ResourceType"] for r in rows} == {"Kubernetes node"}
+
+
+def test_series_missing_from_the_workspace_show_as_unaccounted(prometheus: PrometheusServer) -> None:
+    """A node-hour whose holders' series never reached the workspace: the capacity is still split
+    whole, the part no series accounts for written as `unaccounted` with no resource."""
+    t0 = __import__("time").time() // 3600 * 3600 - 3600
+    labels = {"cluster": "c", "node": "n1", "instance_type": "g5.xlarge", "gpu_model": "A10G",
+              "cost_model": "request", "idle_policy": "keep", "resource": "gpu", "price_source": "config:gpu_model"}
+
+    def series(name: str, extra: dict, values: list[float]) -> tuple:
+        key = tuple(sorted({"__name__": name, **labels, **extra}.items()))
+        return key, [(t0 + 600 * (k + 1), v) for k, v in enumerate(values)]
+
+    written = dict([series("gpu_cost_capacity_total", {}, [1, 2, 3, 4, 5, 6]),
+                    series("gpu_cost_allocated_total", {"team": "a", "namespace": "x", "pod": "p"}, [1, 2, 3, 3, 3, 3]),
+                    series("gpu_cost_idle_total", {}, [0, 0, 0, 0, 0, 1])])
+    remote_write(prometheus.write_url, written)
+    data = focus.collect(PromClient(prometheus.url), t0, t0 + 3600, 3600, matchers={"cluster": "c"})
+    assert any("unaccounted" in w for w in data.warnings)
+    rows = dataset_rows(data)
+    assert_adds_up(rows, {(t0, "n1"): (6.0, 0.0)})  # no gpu_provisioned_seconds_total: no GPU-hours known
+    got = {r["x_AllocationKind"]: (r["BilledCost"], r["AllocatedResourceId"]) for r in rows}
+    assert got == {"holder": (pytest.approx(3.0), "c/x/p"), "idle": (pytest.approx(1.0), None),
+                   "unaccounted": (pytest.approx(2.0), None)}
+
+
+def test_scad_splits_the_whole_instance_resource_by_resource(prometheus: PrometheusServer) -> None:
+    c = scenario(align_s=3600)
+    p = run(c, prometheus.write_url, cost_models=("scad",), idle_policy="share")
+    t0 = c.t0 / NS
+    data = focus.collect(PromClient(prometheus.url), t0, t0 + 3600, 3600, "scad", {"cluster": "one"})
+    rows = dataset_rows(data)
+    capacity = data.origins[0].capacity  # the instance's GPUs, vCPUs and memory, as the run costed them
+    by_resource = p.store.totals("capacity", ("resource",), {"cost_model": "scad"})
+    assert set(by_resource) == {("gpu",), ("cpu",), ("memory",)}
+    assert capacity == pytest.approx(sum(by_resource.values()), rel=1e-12)
+    assert_adds_up(rows, {(t0, "gpu-1"): (capacity, 4.0)})
+    assert {r["AllocatedMethodId"] for r in rows} == {"otelgpu-scad-idle-share"}
+    parts = {(e["x_Resource"], e["x_Part"], e["UsageUnit"]) for r in rows
+             for e in json.loads(r["AllocatedMethodDetails"])["Elements"]}
+    assert {("gpu", "held", "GPU-Hours"), ("gpu", "unused", "GPU-Hours")} <= parts
+    assert {resource for resource, _, _ in parts} == {"gpu", "cpu", "memory"}
+
+
+def focus_validate(*files: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tools" / "focus-validate"), *files],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def test_the_report_command_writes_focus_csv_and_parquet_that_pass_focus_validator(
+        prometheus: PrometheusServer, tmp_path) -> None:
+    c = scenario(align_s=3600)
+    run(c, prometheus.write_url)
+    t0 = c.t0 / NS
+    base = [sys.executable, "-m", "otelgpu", "report", "--prometheus", prometheus.url, "--start", iso(t0),
+            "--end", iso(t0 + 3600), "--cluster", "one", "--granularity", "hour"]
+    written = {}
+    for form, name in (("focus-csv", "focus.csv"), ("focus-parquet", "focus.parquet")):
+        done = subprocess.run([*base, "--format", form, "--output", str(tmp_path / name)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        written[form] = tmp_path / name
+    rows = list(csv.DictReader(io.StringIO(written["focus-csv"].read_text())))
+    assert list(rows[0]) == list(focus.COLUMNS)
+    assert sum(float(r["BilledCost"]) for r in rows) == pytest.approx(48.0, rel=1e-12)
+    assert {r["AllocatedResourceId"] for r in rows} == {"one/ml/train", "one/web/serve", "one/ml/batch", "one/lab/eval", ""}
+    assert {r["ChargePeriodStart"] for r in rows} == {iso(t0)} and {r["ChargePeriodEnd"] for r in rows} == {iso(t0 + 3600)}
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(written["focus-parquet"]).to_pylist()
+    assert [r["BilledCost"] for r in table] == pytest.approx([float(r["BilledCost"]) for r in rows], rel=1e-15)
+    checked = focus_validate(str(written["focus-csv"]), str(written["focus-parquet"]))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # Arguments the dataset cannot take fail before any query.
+    off_edge = subprocess.run([*base[:6], iso(t0 + 60), *base[7:], "--format", "focus-csv"], capture_output=True, text=True)
+    assert off_edge.returncode == 2 and "edge" in off_edge.stderr
+    no_output = subprocess.run([*base, "--format", "focus-parquet"], capture_output=True, text=True)
+    assert no_output.returncode == 2 and "--output" in no_output.stderr
