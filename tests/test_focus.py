@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from costrun import remote_write, run, scenario
+from focuscheck import assert_adds_up
 from support import REPO
 
 from otelgpu.enrich.window import NS
@@ -37,24 +38,6 @@ def iso(t: float) -> str:
 
 def dataset_rows(data: focus.Dataset) -> list[dict]:
     return list(focus.rows(data, focus.Provider()))
-
-
-def assert_adds_up(rows: list[dict], origins: dict[tuple, float]) -> None:
-    """Per origin (period, node): the charges' ratios add up to 1, every summable column to the
-    origin's cost or quantity; each row's ratio is its cost over the origin's."""
-    by: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        by[(r["ChargePeriodStart"], r["ResourceId"])].append(r)
-    assert set(by) == set(origins)
-    for key, charges in by.items():
-        cost, quantity = origins[key]
-        for column in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost"):
-            assert sum(r[column] for r in charges) == pytest.approx(cost, rel=1e-12)
-        assert sum(r["PricingQuantity"] for r in charges) == pytest.approx(quantity, rel=1e-12)
-        ratios = [sum(e["AllocatedRatio"] for e in json.loads(r["AllocatedMethodDetails"])["Elements"]) for r in charges]
-        assert sum(ratios) == pytest.approx(1.0, rel=1e-12)
-        for r, ratio in zip(charges, ratios):
-            assert ratio == pytest.approx(r["BilledCost"] / cost, rel=1e-12, abs=1e-15)
 
 
 def test_each_node_period_is_split_to_the_cent(prometheus: PrometheusServer) -> None:

@@ -6,12 +6,14 @@ scenario is the last hour, cut at an interval boundary."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from cluster import Cluster, Node, Pod, Unit
+from focuscheck import assert_adds_up
 from sidecar import Sidecar
 from support import eventually, feed
 
@@ -20,6 +22,7 @@ from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.report.promql import PromClient
+from otelgpu.report import focus
 from otelgpu.report.showback import showback
 
 if TYPE_CHECKING:
@@ -126,6 +129,22 @@ def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) ->
         assert {r.key[0]: r.allocated for r in hour.rows} == pytest.approx(
             {team: v for (m, team), v in expected.items() if m == model}, rel=1e-12)
         assert abs(hour.gap) < 1e-9 * hour.capacity
+    # The FOCUS dataset in 5-minute charge periods: each period's charges add up to its origin,
+    # and over the hour each team's charges to the run's.
+    data = focus.collect(client, t0, t0 + 3600, INTERVAL_S, "request", {"cluster": "outage"})
+    rows = list(focus.rows(data, focus.Provider()))
+    assert_adds_up(rows, {(o.start, o.node): (o.cost, o.gpu_seconds / 3600) for o in data.origins})
+    teams: dict[str, float] = {}
+    for r in rows:
+        if r["AllocatedTags"]:
+            team = json.loads(r["AllocatedTags"])["team"]
+            teams[team] = teams.get(team, 0.0) + r["BilledCost"]
+    assert teams == pytest.approx({team: v for (m, team), v in expected.items() if m == "request"}, rel=1e-12)
+    assert sum(r["BilledCost"] for r in rows) == pytest.approx(hour_capacity(p, "request"), rel=1e-12)
+
+
+def hour_capacity(p: Pipeline, model: str) -> float:
+    return sum(p.store.totals("capacity", ("cost_model",), {"cost_model": model}).values())
 
 
 def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tmp_path: Path) -> None:
@@ -171,6 +190,12 @@ def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tm
         reference, restarted = ({r.key[0]: r.charged for r in run.rows} for run in runs)
         assert reference and restarted == pytest.approx(reference, rel=1e-12)
         assert (runs[1].capacity, runs[1].idle) == pytest.approx((runs[0].capacity, runs[0].idle), rel=1e-12)
+    # So does the FOCUS dataset, charge period by charge period (5 minutes).
+    datasets = [focus.collect(client, c.t0 / NS, end, INTERVAL_S, "request", {"cluster": name})
+                for name in ("reference", "restarted")]
+    charges = [{(r["ChargePeriodStart"], r["AllocatedResourceName"] or r["x_AllocationKind"]): r["BilledCost"]
+                for r in focus.rows(d, focus.Provider())} for d in datasets]
+    assert len(charges[0]) > 12 and charges[1] == pytest.approx(charges[0], rel=1e-12)
 
 
 def test_the_recording_rules_read_the_series_remote_write_delivers(prometheus: PrometheusServer) -> None:
