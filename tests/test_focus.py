@@ -149,3 +149,24 @@ def test_the_report_command_writes_focus_csv_and_parquet_that_pass_focus_validat
     assert off_edge.returncode == 2 and "edge" in off_edge.stderr
     no_output = subprocess.run([*base, "--format", "focus-parquet"], capture_output=True, text=True)
     assert no_output.returncode == 2 and "--output" in no_output.stderr
+
+
+def test_hostile_label_values_stay_inside_their_cells(prometheus: PrometheusServer) -> None:
+    """Pod and tag values come from users: quotes, commas, newlines and JSON in them come back
+    unchanged from the CSV, and AllocatedTags stays one JSON object."""
+    t0 = __import__("time").time() // 3600 * 3600 - 3600
+    hostile = {"namespace": 'ns,"x"', "pod": "p\nq", "team": '{"team":"other"}\\'}
+    node = {"cluster": "h", "node": "n", "cost_model": "request", "idle_policy": "keep", "resource": "gpu"}
+
+    def series(name: str, extra: dict) -> tuple:
+        return tuple(sorted({"__name__": name, **node, **extra}.items())), [(t0 + 1800, 1.0), (t0 + 3600, 2.0)]
+
+    remote_write(prometheus.write_url, dict([series("gpu_cost_capacity_total", {}),
+                                             series("gpu_cost_allocated_total", hostile)]))
+    data = focus.collect(PromClient(prometheus.url), t0, t0 + 3600, 3600, matchers={"cluster": "h"})
+    out = io.StringIO()
+    assert focus.write_csv(data, out, focus.Provider()) == 1
+    (row,) = csv.DictReader(io.StringIO(out.getvalue()))
+    assert row["AllocatedResourceId"] == 'h/ns,"x"/p\nq' and row["AllocatedResourceName"] == "p\nq"
+    assert json.loads(row["AllocatedTags"]) == hostile
+    assert float(row["BilledCost"]) == 2.0 and json.loads(row["AllocatedMethodDetails"])["Elements"][0]["AllocatedRatio"] == 1.0
