@@ -145,7 +145,7 @@ def test_the_report_command_writes_focus_csv_and_parquet_that_pass_focus_validat
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
     # Arguments the dataset cannot take fail before any query.
-    off_edge = subprocess.run([*base[:6], iso(t0 + 60), *base[7:], "--format", "focus-csv"], capture_output=True, text=True)
+    off_edge = subprocess.run([*base[:7], iso(t0 + 60), *base[8:], "--format", "focus-csv"], capture_output=True, text=True)
     assert off_edge.returncode == 2 and "edge" in off_edge.stderr
     no_output = subprocess.run([*base, "--format", "focus-parquet"], capture_output=True, text=True)
     assert no_output.returncode == 2 and "--output" in no_output.stderr
