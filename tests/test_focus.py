@@ -170,3 +170,29 @@ def test_hostile_label_values_stay_inside_their_cells(prometheus: PrometheusServ
     assert row["AllocatedResourceId"] == 'h/ns,"x"/p\nq' and row["AllocatedResourceName"] == "p\nq"
     assert json.loads(row["AllocatedTags"]) == hostile
     assert float(row["BilledCost"]) == 2.0 and json.loads(row["AllocatedMethodDetails"])["Elements"][0]["AllocatedRatio"] == 1.0
+
+
+def test_periods_cut_inside_a_delivery_outage_are_merged_until_they_add_up(prometheus: PrometheusServer) -> None:
+    """Merged snapshots carry a series' outage cost at one time of its own: here the pod's charge
+    arrives in the second quarter and the capacity it belongs to in the third. Those quarters
+    are one charge period in the dataset, exact; the others stay apart."""
+    t0 = __import__("time").time() // 3600 * 3600 - 3600
+    node = {"cluster": "o", "node": "n1", "cost_model": "request", "idle_policy": "keep", "resource": "gpu"}
+
+    def series(name: str, extra: dict, values: list[float]) -> tuple:
+        key = tuple(sorted({"__name__": name, **node, **extra}.items()))
+        return key, [(t0 + 900 * (k + 1) - 60, v) for k, v in enumerate(values)]
+
+    remote_write(prometheus.write_url, dict([
+        series("gpu_cost_capacity_total", {}, [3, 3, 9, 12]),
+        series("gpu_cost_allocated_total", {"team": "a", "namespace": "x", "pod": "p"}, [2, 6, 6, 8]),
+        series("gpu_cost_idle_total", {}, [1, 3, 3, 4])]))
+    data = focus.collect(PromClient(prometheus.url), t0, t0 + 3600, QUARTER, matchers={"cluster": "o"})
+    assert any("merged" in w for w in data.warnings) and not any("unaccounted" in w for w in data.warnings)
+    spans = [(o.start - t0, o.end - t0, o.capacity) for o in data.origins]
+    assert spans == [(0, 900, 3.0), (900, 2700, 6.0), (2700, 3600, 3.0)]
+    rows = dataset_rows(data)
+    assert_adds_up(rows, {(o.start, o.node): (o.cost, 0.0) for o in data.origins})
+    assert sum(r["BilledCost"] for r in rows) == pytest.approx(12.0)
+    merged = {r["x_AllocationKind"]: r["BilledCost"] for r in rows if r["ChargePeriodStart"] == t0 + 900}
+    assert merged == {"holder": pytest.approx(4.0), "idle": pytest.approx(2.0)}

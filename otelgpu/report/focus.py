@@ -179,7 +179,11 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
             if o is not None:
                 o.gpu_seconds += value
 
+    merged = _balanced(origins)
     kept, unpriced, short, gaps = [], 0, 0, 0
+    if merged:
+        warnings.append(f"{merged} node-periods cut inside a delivery outage were merged with the next ones, up "
+                        "to where their charges add up to their capacity (ChargePeriodStart and End say so)")
     for o in origins.values():
         charged = sum(c.cost for c in o.charges.values())
         if o.cost <= 0:
@@ -203,6 +207,59 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
                         "the origin is taken as the charges' sum")
     kept.sort(key=lambda o: (o.start, o.cluster, o.node))
     return Dataset(cost_model, kept, warnings)
+
+
+def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
+    """Merge each node's consecutive periods whose charges do not add up to their capacity, up to
+    the first period where, together, they do; returns how many periods were merged away.
+
+    While the backend is down, otelgpu merges queued snapshots (newest value per series), so each
+    series carries its cost of the outage at one time of its own: the capacity of a period cut
+    inside the outage may have arrived in a later period than its charges, or the reverse. Those
+    periods cannot be split; together they are exact. A node whose periods never add up (series
+    missing for good) keeps them apart."""
+    by_node: dict[tuple[str, str], list[tuple[int, Origin]]] = defaultdict(list)
+    for (k, cluster, node), o in sorted(origins.items()):
+        by_node[(cluster, node)].append((k, o))
+    merged = 0
+    for (cluster, node), periods in by_node.items():
+        i = 0
+        while i < len(periods):
+            gap, j = 0.0, i
+            while j < len(periods):
+                gap += _gap(periods[j][1])
+                if abs(gap) <= TOLERANCE * max(sum(o.capacity for _, o in periods[i:j + 1]), 1e-300):
+                    break
+                j += 1
+            if j > i and j < len(periods):
+                head = periods[i][1]
+                for k, o in periods[i + 1:j + 1]:
+                    _absorb(head, o)
+                    del origins[(k, cluster, node)]
+                merged += j - i
+            i = j + 1 if j < len(periods) else i + 1
+    return merged
+
+
+def _gap(o: Origin) -> float:
+    return o.capacity - sum(c.cost for c in o.charges.values())
+
+
+def _absorb(into: Origin, o: Origin) -> None:
+    """`o`'s capacity and charges added to `into`, whose period now ends where `o`'s does."""
+    into.end = o.end
+    into.capacity += o.capacity
+    into.gpu_seconds += o.gpu_seconds
+    for name, value in o.labels.items():
+        into.labels.setdefault(name, value)
+    for (kind, labels), c in o.charges.items():
+        target = into.charge(kind, dict(labels))
+        for part, value in c.parts.items():
+            target.parts[part] += value
+        target.used += c.used
+        target.waste += c.waste
+        target.unmeasured += c.unmeasured
+        target.gpu_seconds += c.gpu_seconds
 
 
 def _kind(labels: Labels) -> str:
