@@ -103,7 +103,9 @@ def load_catalog(path: Optional[str] = None) -> dict[str, InstanceType]:
     }
 
 
-def _norm(name: str) -> str:
+def gpu_model_key(name: str) -> str:
+    """A GPU model's name whatever its spelling: DCGM's `NVIDIA H100 80GB HBM3` and GFD's
+    `NVIDIA-H100-80GB-HBM3` are one model."""
     return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 
 
@@ -138,9 +140,9 @@ class Pricer:
 
     def _use(self, config: PricesConfig) -> None:
         self.config = config
-        self._by_model = {_norm(k): v for k, v in config.gpu_hour_by_gpu_model.items()}
+        self._by_model = {gpu_model_key(k): v for k, v in config.gpu_hour_by_gpu_model.items()}
         self._rates = {name: getattr(config.capacity_types, name) for name in ("on_demand", "spot", "reserved")}
-        self._rate_by_model = {name: {_norm(k): v for k, v in getattr(r, "gpu_hour_by_gpu_model", {}).items()}
+        self._rate_by_model = {name: {gpu_model_key(k): v for k, v in getattr(r, "gpu_hour_by_gpu_model", {}).items()}
                                for name, r in self._rates.items()}
 
     def reload_if_changed(self) -> bool:
@@ -177,8 +179,8 @@ class Pricer:
         tag = "" if rate_name == "on_demand" else rate_name + "."
         by_model = self._rate_by_model[rate_name] if tag else {}
         for model in gpu_models:  # a capacity type's own price, exact, no discount
-            if model and _norm(model) in by_model:
-                gpu_hour, gpu_source = by_model[_norm(model)], f"config:{tag}gpu_model"
+            if model and gpu_model_key(model) in by_model:
+                gpu_hour, gpu_source = by_model[gpu_model_key(model)], f"config:{tag}gpu_model"
                 break
         if gpu_hour is None and tag and instance_type in rate.gpu_hour_by_instance_type:
             gpu_hour, gpu_source = rate.gpu_hour_by_instance_type[instance_type], f"config:{tag}instance_type"
@@ -186,8 +188,8 @@ class Pricer:
         own_instance = bool(tag) and instance_type in rate.instance_hour_by_instance_type
         if gpu_hour is None and not own_instance:  # the type's own instance price beats discounted ones
             for model in gpu_models:
-                if model and _norm(model) in self._by_model:
-                    gpu_hour, gpu_source = self._by_model[_norm(model)] * factor, "config:gpu_model"
+                if model and gpu_model_key(model) in self._by_model:
+                    gpu_hour, gpu_source = self._by_model[gpu_model_key(model)] * factor, "config:gpu_model"
                     break
         if gpu_hour is None and not own_instance and instance_type in cfg.gpu_hour_by_instance_type:
             gpu_hour, gpu_source = cfg.gpu_hour_by_instance_type[instance_type] * factor, "config:instance_type"

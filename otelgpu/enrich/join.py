@@ -16,7 +16,7 @@ import numpy as np
 
 from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
-from otelgpu.attribution.prices import NodePrice, Pricer
+from otelgpu.attribution.prices import NodePrice, Pricer, gpu_model_key
 from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
@@ -228,6 +228,10 @@ class Joiner:
         self._ksm_reporting = False
         self.pricer, self.rule = pricer, fraction_rule
         self.pod_resources, self.cpu_only_nodes = pod_resources, cpu_only_nodes
+        # One spelling per GPU model on the series: the driver's (DCGM modelName), also for nodes
+        # known only from GFD's product label, which spells it with hyphens. From the catalog,
+        # then from what DCGM reports.
+        self._model_spelling = {gpu_model_key(t.gpu_model): t.gpu_model for t in pricer.catalog.values() if t.gpu_model}
         self._begin()
 
     def _begin(self) -> None:
@@ -277,6 +281,8 @@ class Joiner:
         models: Names[str] = Names()
         gpu_node = node_of_ent[gpu_first]  # index into names, for now
         gpu_model = self._indices(models, E.model[gpu_first])
+        for model in models.values:
+            self._model_spelling[gpu_model_key(model)] = model
         specs = list(zip(names, infos))
         gpu_node, gpu_model, blind_rows, blind = self._nodes_without_device_data(specs, gpu_node, gpu_model, models)
         all_rows = _Rows.concat([rows, unheld, blind_rows])
@@ -461,6 +467,7 @@ class Joiner:
             if count == 0:
                 continue
             model = info.gpu_product.split("-SHARED")[0].split("-MIG-")[0]  # GFD's product label
+            model = self._model_spelling.get(gpu_model_key(model), model)
             n = len(specs)
             specs.append((name, info))
             base, free = len(gpu_node) + len(extra_node), [1.0] * count

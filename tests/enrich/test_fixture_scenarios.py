@@ -68,7 +68,8 @@ def test_gpu_node_without_dcgm_data_still_costs_its_capacity(fixture_run):
     # kube-state-metrics reports the time-sliced g5.2xlarge, but no DCGM series of it arrived.
     price = Pricer(PricesConfig()).gpu_hour("g5.2xlarge", (), 1).per_gpu_hour * 60 / 3600
     capacity = fixture_run.store.totals("capacity", ("node", "gpu_model"))
-    assert capacity[(G5_NODE, "NVIDIA-A10G")] == pytest.approx(2 * price)
+    # GFD's label says NVIDIA-A10G-SHARED; the series carry the driver's spelling, as where DCGM reports.
+    assert capacity[(G5_NODE, "NVIDIA A10G")] == pytest.approx(2 * price)
     rows = fixture_run.store.totals("allocated", ("pod", "attribution", "unit_kind"))
     assert rows[("chat-api-6f7d9c8b7-4xq2m", "ksm_request", "replica")] == pytest.approx(2 * price / 4)
     assert rows[("embedder-85b4d6f9c-wz8pl", "ksm_request", "replica")] == pytest.approx(2 * price / 4)
@@ -169,6 +170,7 @@ def test_time_sliced_a10g_bills_replicas_not_gpus():
     assert rows[("embedder-85b4d6f9c-wz8pl", "replica", "per_pod", "spot")] == pytest.approx(gpu_interval / 4)
     idle = p.store.totals("idle", ("node",))[(G5_NODE,)]
     assert idle == pytest.approx(gpu_interval / 2)  # 2 of 4 replicas unheld
+    assert {k[1] for k in p.store.totals("capacity", ("node", "gpu_model")) if k[0] == G5_NODE} == {"NVIDIA A10G"}
     # chat-api used 52 % of the device while holding a quarter of it: effective is capped at allocated.
     eff = by_pod(p, "effective")
     assert eff["chat-api-6f7d9c8b7-4xq2m"] == pytest.approx(gpu_interval / 4)
