@@ -41,6 +41,12 @@ def test_every_mode_with_its_components_renders_and_validates(mode, components):
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "NetworkPolicy", "ConfigMap"} <= kinds
     assert {"gateway": "Deployment", "node": "DaemonSet"}[mode] in kinds
     _validate(objects)
+    # Every namespaced object lands in the namespace of the pod that uses it (a PersistentVolumeClaim
+    # elsewhere would leave the pod pending).
+    cluster_wide = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    namespaces = {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in objects
+                  if o["kind"] not in cluster_wide}
+    assert set(namespaces.values()) == {"otelgpu"}, namespaces
 
 
 def _validate(objects):
