@@ -138,8 +138,21 @@ def _focus(args: argparse.Namespace, client, start: float, end: float) -> int:  
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    import importlib.metadata
+
+    from otelgpu import __version__
+
+    try:
+        return importlib.metadata.version("otelgpu")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otelgpu", description="GPU cost attribution sidecar")
+    parser.add_argument("--version", action="version", version=f"otelgpu {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the sidecar")
     serve.add_argument("--config", required=True, help="YAML configuration file")

@@ -1,7 +1,8 @@
 """Configuration: a frozen dataclass tree loaded from YAML, validated once at start.
 
 Unknown keys are rejected, every problem is reported together with its YAML path, and
-`${env:NAME}` references (the Collector's syntax) are expanded and checked at load.
+`${env:NAME}` and `${env:NAME:-default}` references (the Collector's syntax) are expanded and
+checked at load.
 """
 
 from __future__ import annotations
@@ -18,16 +19,121 @@ from pydantic.dataclasses import dataclass
 from otelgpu.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 TAG_NAMES = ("team", "project", "environment", "model", "cost_center")
 
 
-def _endpoint(value: str) -> str:
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def split_endpoint(value: str) -> tuple[str, int]:
+    """`host:port`, `[v6 address]:port` or `:port` (every interface) as (host, port); the one
+    parser of listen and send endpoints. Port 0: any free port. ValueError when malformed."""
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host or ":" not in host:
+            raise ValueError(f"expected [IPv6 address]:port, got {value!r}")
+    elif ":" in host:
+        raise ValueError(f"an IPv6 address takes brackets: [{host}]:{port}, got {value!r}")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"expected host:port, got {value!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_.:%-]*", host):
+        raise ValueError(f"expected a host name or address before :{port}, got {value!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() in LOOPBACK_HOSTS or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_address(endpoint: str) -> str:
+    """`endpoint` as gRPC and the socket module take it: `[v6]:port`, `host:port`; `:port` is
+    every interface, IPv6 and IPv4 (`[::]:port`)."""
+    host, port = split_endpoint(endpoint)
+    if not host:
+        return f"[::]:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _endpoint(value: str) -> str:
+    split_endpoint(value)
     return value
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+
+
+def _duration(value: Any) -> float:
+    """Seconds from a number or a duration such as `30s`, `5m`, `1h`, `500ms` (the Collector's)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and _DURATION.match(value.strip()):
+        number, unit = _DURATION.match(value.strip()).groups()  # type: ignore[union-attr]
+        seconds = float(number) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    else:
+        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {value!r}")
+    if not 0 <= seconds <= 86_400:
+        raise ValueError(f"expected a duration from 0s to 24h, got {value!r}")
+    return seconds
+
+
+@dataclass(config=_STRICT)
+class ServerTLSConfig:
+    """TLS of a server, in the shape of the Collector's `tls:` (configtls): its certificate and key
+    (PEM), and with `client_ca_file` mutual TLS: clients must present a certificate that CA signed.
+    The files are read again when they change (checked at most every `reload_interval`; 0s: at
+    every new connection), so rotated certificates (cert-manager, a Secret update) take effect
+    without a restart; connections already open keep theirs."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: Optional[str] = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    reload_interval: float = 30.0
+
+    _check_reload = field_validator("reload_interval", mode="before")(_duration)
+
+
+@dataclass(config=_STRICT)
+class ClientTLSConfig:
+    """TLS of an exporter, in the shape of the Collector's `tls:` (configtls). The server's
+    certificate is verified against `ca_file` (default: the system's CAs); `cert_file` and
+    `key_file` are the client certificate for mutual TLS. `insecure: true` sends plaintext (OTLP
+    over gRPC; remote write follows its URL's scheme); left unset, plaintext is used only to a
+    loopback endpoint, and otelgpu refuses to start with plaintext to any other."""
+
+    insecure: Optional[bool] = None
+    insecure_skip_verify: bool = False
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    server_name_override: Optional[str] = None
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+    @model_validator(mode="after")
+    def _pair(self) -> "ClientTLSConfig":
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together (the client certificate and its key)")
+        return self
+
+
+@dataclass(config=_STRICT)
+class ServerAuthConfig:
+    """Bearer-token authentication: a request must carry `Authorization: Bearer <token>` with one
+    of the tokens in `bearer_token_file`, one per line (two during a rotation). The file is read
+    again when it changes."""
+
+    bearer_token_file: str
 
 
 @dataclass(config=_STRICT)
@@ -37,7 +143,9 @@ class GrpcReceiverConfig:
     without an RPC, and after `max_connection_age_seconds` (in-flight RPCs get the grace period),
     so senders reconnect and spread over new replicas; null turns either off."""
 
-    endpoint: str = "0.0.0.0:4317"
+    endpoint: str = "127.0.0.1:4317"
+    tls: Optional[ServerTLSConfig] = None
+    auth: Optional[ServerAuthConfig] = None
     max_recv_msg_size_mib: int = Field(64, ge=1, le=1024)
     max_concurrent_requests: int = Field(16, ge=10, le=256)
     max_queued_requests: int = Field(16, ge=0, le=10_000)
@@ -46,6 +154,13 @@ class GrpcReceiverConfig:
     max_connection_age_grace_seconds: float = Field(30.0, ge=0, le=3600)
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
+
+    @field_validator("tls")
+    @classmethod
+    def _grpc_tls(cls, value: Optional[ServerTLSConfig]) -> Optional[ServerTLSConfig]:
+        if value is not None and value.min_version != "1.2":
+            raise ValueError("min_version: gRPC negotiates TLS 1.2 or 1.3 itself; only 1.2 can be set here")
+        return value
 
 
 @dataclass(config=_STRICT)
@@ -56,8 +171,10 @@ class HttpReceiverConfig:
     answer be taken within as long again; a keep-alive connection with no request for
     `idle_timeout_seconds` is closed."""
 
-    endpoint: str = "0.0.0.0:4318"
+    endpoint: str = "127.0.0.1:4318"
     enabled: bool = True
+    tls: Optional[ServerTLSConfig] = None
+    auth: Optional[ServerAuthConfig] = None
     max_connections: int = Field(32, ge=1, le=10_000)
     read_timeout_seconds: float = Field(30.0, gt=0, le=3600)
     idle_timeout_seconds: float = Field(60.0, gt=0, le=3600)
@@ -248,12 +365,59 @@ class DeliveryConfig:
 
 @dataclass(config=_STRICT)
 class OtlpExporterConfig:
+    """OTLP/gRPC to a Collector. `endpoint`: `host:port` (TLS unless `tls.insecure`, which a
+    loopback endpoint may leave unset), or `https://host:port`."""
+
     endpoint: str
-    insecure: bool = True
+    tls: ClientTLSConfig = ClientTLSConfig()
     headers: dict[str, str] = Field(default_factory=dict)
+    bearer_token_file: Optional[str] = None  # sent as `authorization: Bearer <token>`; re-read when it changes
     timeout_seconds: float = Field(10.0, gt=0, le=300)  # per attempt
     compression: Literal["gzip", "none"] = "gzip"
     delivery: DeliveryConfig = DeliveryConfig()
+    insecure: Optional[bool] = None  # moved to tls.insecure: refused with a message that says so
+
+    @model_validator(mode="after")
+    def _check(self) -> "OtlpExporterConfig":
+        if self.insecure is not None:
+            raise ValueError("insecure moved to tls.insecure (the Collector's shape): tls: {insecure: true}")
+        target = self.endpoint
+        scheme, _, rest = target.partition("://")
+        if _:
+            if scheme not in ("http", "https"):
+                raise ValueError(f"endpoint: expected host:port or http(s)://host:port, got {target!r}")
+            target = rest.rstrip("/")
+            if scheme == "http" and self.tls.insecure is False:
+                raise ValueError("endpoint http:// is plaintext, but tls.insecure is false")
+        host, _port = split_endpoint(target)
+        plaintext = scheme == "http" if _ else self.tls.insecure is True or (self.tls.insecure is None and is_loopback(host))
+        if scheme == "http" and self.tls.insecure is None and not is_loopback(host):
+            raise ValueError(f"endpoint {self.endpoint} sends plaintext to a host that is not loopback: use TLS, "
+                             "or set tls.insecure: true to allow it")
+        if plaintext and (self.tls.ca_file or self.tls.cert_file):
+            raise ValueError("tls: ca_file and cert_file need TLS, but the endpoint is plaintext "
+                             "(tls.insecure, or a loopback endpoint: set tls.insecure: false for TLS there)")
+        if self.tls.insecure_skip_verify:
+            raise ValueError("tls.insecure_skip_verify is not available over gRPC: give the server's CA in tls.ca_file")
+        _one_authorization(self.headers, self.bearer_token_file)
+        return self
+
+    @property
+    def target(self) -> tuple[str, bool]:
+        """host:port, and whether TLS is used."""
+        scheme, sep, rest = self.endpoint.partition("://")
+        if sep:
+            return rest.rstrip("/"), scheme == "https"
+        host, _ = split_endpoint(self.endpoint)
+        insecure = self.tls.insecure if self.tls.insecure is not None else is_loopback(host)
+        return self.endpoint, not insecure
+
+
+def _one_authorization(headers: dict[str, str], bearer_token_file: Optional[str], sigv4: bool = False) -> None:
+    given = [what for what, on in (("an Authorization header", any(k.lower() == "authorization" for k in headers)),
+                                   ("bearer_token_file", bool(bearer_token_file)), ("sigv4", sigv4)) if on]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} both set the Authorization header: keep one")
 
 
 @dataclass(config=_STRICT)
@@ -276,9 +440,11 @@ class RemoteWriteConfig:
     external_labels: dict[str, str] = Field(default_factory=dict)  # `cluster` is always cluster.name
     timeout_seconds: float = Field(30.0, gt=0, le=300)  # per request
     max_samples_per_request: int = Field(2000, ge=1, le=100_000)
-    ca_file: Optional[str] = None
-    insecure_skip_tls_verify: bool = False
+    tls: ClientTLSConfig = ClientTLSConfig()
+    bearer_token_file: Optional[str] = None  # sent as `Authorization: Bearer <token>`; re-read when it changes
     delivery: DeliveryConfig = DeliveryConfig()
+    ca_file: Optional[str] = None  # moved to tls.ca_file: refused with a message that says so
+    insecure_skip_tls_verify: Optional[bool] = None  # moved to tls.insecure_skip_verify
 
     @field_validator("url")
     @classmethod
@@ -286,6 +452,24 @@ class RemoteWriteConfig:
         if not re.match(r"^https?://[^/\s]+", value):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "RemoteWriteConfig":
+        if self.ca_file is not None or self.insecure_skip_tls_verify is not None:
+            raise ValueError("ca_file and insecure_skip_tls_verify moved to tls.ca_file and tls.insecure_skip_verify "
+                             "(the Collector's shape)")
+        import urllib.parse
+
+        url = urllib.parse.urlsplit(self.url)
+        if url.scheme == "http" and not self.tls.insecure and not is_loopback(url.hostname or ""):
+            raise ValueError(f"url {self.url} sends plaintext to a host that is not loopback: use https://, "
+                             "or set tls.insecure: true to allow it")
+        if url.scheme == "http" and (self.tls.ca_file or self.tls.cert_file):
+            raise ValueError("tls: ca_file and cert_file need an https:// url")
+        if url.scheme == "https" and self.tls.insecure:
+            raise ValueError("tls.insecure: true with an https:// url: use http:// for plaintext")
+        _one_authorization(self.headers, self.bearer_token_file, self.sigv4 is not None)
+        return self
 
     @field_validator("external_labels")
     @classmethod
@@ -301,8 +485,13 @@ class RemoteWriteConfig:
 
 @dataclass(config=_STRICT)
 class PrometheusConfig:
-    endpoint: str = "0.0.0.0:9464"
+    """`GET /metrics` (with `auth`, a bearer token), `/healthz` and `/readyz` (never authenticated:
+    the kubelet's probes carry no token, and they tell nothing but up and ready)."""
+
+    endpoint: str = "127.0.0.1:9464"
     enabled: bool = True
+    tls: Optional[ServerTLSConfig] = None
+    auth: Optional[ServerAuthConfig] = None
     # Serve the cost series on /metrics beside the self-metrics. Off where the cost reaches the
     # backend another way (OTLP, remote write) and the same backend scrapes /metrics: each cost
     # series would be stored twice, under two job/instance label sets, and sums would double.
@@ -449,9 +638,14 @@ def _expand_env(node: Any, path: str, problems: list[str]) -> Any:
         return [_expand_env(v, f"{path}[{i}]", problems) for i, v in enumerate(node)]
     if isinstance(node, str):
         def sub(match: re.Match[str]) -> str:
-            name = match.group(1)
+            name, default = match.group(1), match.group(2)
+            if os.environ.get(name):
+                return os.environ[name]
+            if default is not None:  # `${env:NAME:-default}`: the default when unset or empty
+                return default
             if name not in os.environ:
-                problems.append(f"{path}: environment variable {name} is not set")
+                problems.append(f"{path}: environment variable {name} is not set "
+                                f"(set it, or give a default: ${{env:{name}:-value}})")
                 return ""
             return os.environ[name]
         return _ENV_REF.sub(sub, node)

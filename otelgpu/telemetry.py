@@ -64,6 +64,7 @@ class SelfMetrics:
         # used or not), close (facts, join, attribution, cost series), commit (staging, checkpoint)
         # and send:<exporter> (every attempt, not the backoff)
         self.work_seconds: Counter[str] = Counter()
+        self.tls_reload_errors: Counter[str] = Counter()  # changed certificate files that could not be used, by server
 
     def add(self, name: str, amount: float = 1) -> None:
         if self._held(("add", name, amount)):
@@ -153,4 +154,5 @@ class SelfMetrics:
                 "intervals_ahead": dict(self.intervals_ahead),
                 "gpu_seconds_lost": self.gpu_seconds_lost,
                 "work_seconds": dict(self.work_seconds),
+                "tls_reload_errors": dict(self.tls_reload_errors),
             }

@@ -74,13 +74,15 @@ class MetricsSink:
 
 
 @contextmanager
-def serve_sink(sink: MetricsSink, port: int = 0) -> Iterator[int]:
-    """A gRPC server for `sink` on `port` (0: any free one) while the block runs; yields the port."""
+def serve_sink(sink: MetricsSink, port: int = 0, credentials: Optional[grpc.ServerCredentials] = None) -> Iterator[int]:
+    """A gRPC server for `sink` on `port` (0: any free one) while the block runs, over TLS with
+    `credentials`; yields the port."""
     handler = grpc.method_handlers_generic_handler(
         SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(sink.export)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[handler],
                          options=[("grpc.per_message_decompression", 0), ("grpc.so_reuseport", 0)])
-    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    port = (server.add_secure_port(f"127.0.0.1:{port}", credentials) if credentials
+            else server.add_insecure_port(f"127.0.0.1:{port}"))
     server.start()
     sink.endpoint = f"127.0.0.1:{port}"
     try:

@@ -38,7 +38,47 @@ def test_example_config_names_missing_environment_variable(monkeypatch):
     monkeypatch.delenv("CLUSTER_NAME", raising=False)
     with pytest.raises(ConfigError) as err:
         load_config(REPO / "examples" / "otelgpu.yaml")
-    assert err.value.problems == ["cluster.name: environment variable CLUSTER_NAME is not set"]
+    assert err.value.problems == ["cluster.name: environment variable CLUSTER_NAME is not set "
+                                  "(set it, or give a default: ${env:CLUSTER_NAME:-value})"]
+
+
+def test_environment_references_take_a_default(monkeypatch):
+    doc = {"cluster": {"name": "${env:OTELGPU_TEST_CLUSTER:-dev-1}"},
+           "receiver": {"grpc": {"endpoint": "${env:OTELGPU_TEST_HOST:-127.0.0.1}:${env:OTELGPU_TEST_PORT:-4317}"}}}
+    monkeypatch.delenv("OTELGPU_TEST_CLUSTER", raising=False)
+    monkeypatch.delenv("OTELGPU_TEST_PORT", raising=False)
+    monkeypatch.setenv("OTELGPU_TEST_HOST", "")  # set but empty: the default, as the Collector does
+    c = parse_config(doc)
+    assert (c.cluster.name, c.receiver.grpc.endpoint) == ("dev-1", "127.0.0.1:4317")
+    monkeypatch.setenv("OTELGPU_TEST_CLUSTER", "prod-eu")
+    monkeypatch.setenv("OTELGPU_TEST_PORT", "14317")
+    c = parse_config(doc)
+    assert (c.cluster.name, c.receiver.grpc.endpoint) == ("prod-eu", "127.0.0.1:14317")
+    assert parse_config({"cluster": {"name": "${env:OTELGPU_TEST_UNSET:-a:-b}"}}).cluster.name == "a:-b"
+
+
+@pytest.mark.parametrize(("endpoint", "parsed", "address", "loopback"), [
+    ("127.0.0.1:4317", ("127.0.0.1", 4317), "127.0.0.1:4317", True),
+    ("localhost:0", ("localhost", 0), "localhost:0", True),
+    ("[::1]:4317", ("::1", 4317), "[::1]:4317", True),
+    ("[::]:9464", ("::", 9464), "[::]:9464", False),
+    (":4318", ("", 4318), "[::]:4318", False),
+    ("0.0.0.0:4317", ("0.0.0.0", 4317), "0.0.0.0:4317", False),
+    ("collector.monitoring.svc:4317", ("collector.monitoring.svc", 4317), "collector.monitoring.svc:4317", False),
+])
+def test_one_endpoint_parser_for_every_endpoint(endpoint, parsed, address, loopback):
+    from otelgpu.config import is_loopback, listen_address, split_endpoint
+
+    assert split_endpoint(endpoint) == parsed and listen_address(endpoint) == address
+    assert is_loopback(parsed[0]) is loopback
+    for section in ({"receiver": {"grpc": {"endpoint": endpoint}}}, {"receiver": {"http": {"endpoint": endpoint}}},
+                    {"exporter": {"prometheus": {"endpoint": endpoint}}}):
+        parse_config(section)
+
+
+@pytest.mark.parametrize("endpoint", ["::1:4317", "[::1]", "[]:4317", "host:99999", "host", "a b:1", "[1.2.3.4]:5"])
+def test_malformed_endpoints_fail_check_config(endpoint):
+    assert problems({"receiver": {"grpc": {"endpoint": endpoint}}})
 
 
 @pytest.mark.parametrize("doc, expected", [
@@ -66,7 +106,7 @@ def test_example_config_names_missing_environment_variable(monkeypatch):
      "attribution.prices.instance_price_split: Input should be 'scad', 'opencost' or 'gpu_only'"),
     ({"tags": {"squad": {}}}, "tags: unknown tag(s) squad; tags are team, project, environment, model, cost_center"),
     ({"tags": {"team": {"pod_label": ["team"]}}}, "tags.team.pod_label: unknown key"),
-    ({"exporter": {"otlp": {"insecure": True}}}, "exporter.otlp.endpoint: Field required"),
+    ({"exporter": {"otlp": {"tls": {"insecure": True}}}}, "exporter.otlp.endpoint: Field required"),
     ([1, 2], "(top level): expected a mapping"),
     ({"attribution": {"idle": {"policy": "share", "share_scope": "cluster"}},
       "kubernetes": {"enabled": True, "scope": "node", "node_name": "ip-10-0-1-1"}},
@@ -103,3 +143,10 @@ def test_check_config_command(tmp_path):
     bad.write_text("cluster: {nme: c1}\n")
     res = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(bad)], capture_output=True, text=True)
     assert res.returncode == 2 and "cluster.nme: unknown key" in res.stderr
+
+
+def test_version_says_the_installed_release():
+    from otelgpu import __version__
+
+    done = subprocess.run([sys.executable, "-m", "otelgpu", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == f"otelgpu {__version__}"

@@ -63,7 +63,7 @@ def test_serve_takes_traffic_and_flushes_on_sigterm(tmp_path):
         "cluster": {"name": "serve-test"},
         "receiver": {"max_point_age_seconds": 0},  # the fixtures are stamped months ago
         "attribution": {"prices": {"gpu_hour_by_gpu_model": {"NVIDIA H100 80GB HBM3": 12.0}}},
-        "exporter": {"otlp": {"endpoint": sink.endpoint, "insecure": True}},
+        "exporter": {"otlp": {"endpoint": sink.endpoint, "tls": {"insecure": True}}},
     })
     try:
         serve.start(timeout=60)

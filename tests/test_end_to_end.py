@@ -32,7 +32,7 @@ def sidecar(sink, request):
     config = make_config(
         attribution__lateness_seconds=getattr(request, "param", 30),
         attribution__prices__gpu_hour_by_gpu_model={H100: 12.0},
-        exporter__otlp={"endpoint": sink.endpoint, "insecure": True, "timeout_seconds": 5},
+        exporter__otlp={"endpoint": sink.endpoint, "tls": {"insecure": True}, "timeout_seconds": 5},
         exporter__prometheus={"enabled": True, "endpoint": "127.0.0.1:0"},
         cluster={"name": "eks-prod-1"},
     )
@@ -134,7 +134,7 @@ def test_several_cost_models_side_by_side_over_otlp(sink):
     config = make_config(
         attribution__cost_models=["request", "scad"],
         attribution__prices__gpu_hour_by_gpu_model={H100: 12.0},
-        exporter__otlp={"endpoint": sink.endpoint, "insecure": True, "timeout_seconds": 5},
+        exporter__otlp={"endpoint": sink.endpoint, "tls": {"insecure": True}, "timeout_seconds": 5},
     )
     p = Pipeline(config)
     p.start()

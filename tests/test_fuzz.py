@@ -156,7 +156,7 @@ def check_rejected(out: Outcome, i: int, s: Send, rejected: int, message: str) -
 
 def run_served(sends: list[Send], t0: int, sink: CollectorSink | None = None) -> Outcome:
     """Every send as raw bytes through the real OTLP/gRPC receiver of a started pipeline."""
-    otlp = {"otlp": {"endpoint": sink.endpoint, "insecure": True, "timeout_seconds": 5}} if sink else {}
+    otlp = {"otlp": {"endpoint": sink.endpoint, "tls": {"insecure": True}, "timeout_seconds": 5}} if sink else {}
     p = Pipeline(config(**otlp), keep_ended=True)
     p.start()
     out = Outcome(p.store)

@@ -44,6 +44,7 @@ from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.tls import TokenFile, grpc_channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -225,15 +226,6 @@ def _retry_delay(error: grpc.RpcError) -> Optional[float]:
     return None
 
 
-def _target(endpoint: str, insecure: bool) -> tuple[str, bool]:
-    """host:port and whether to use TLS, for `host:port` and `http(s)://host:port` endpoints."""
-    if endpoint.startswith("https://"):
-        return endpoint[len("https://"):].rstrip("/"), True
-    if endpoint.startswith("http://"):
-        return endpoint[len("http://"):].rstrip("/"), False
-    return endpoint, not insecure
-
-
 class OtlpSender:
     """One OTLP/gRPC channel to the Collector; `send()` delivers a snapshot or says why not."""
 
@@ -245,10 +237,14 @@ class OtlpSender:
         self._metrics = metrics
         # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
         self._headers = tuple((k.lower(), v) for k, v in config.headers.items())
+        self._token = TokenFile(config.bearer_token_file, "exporter.otlp") if config.bearer_token_file else None
         self._compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
-        target, tls = _target(config.endpoint, config.insecure)
-        self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials()) if tls
-                         else grpc.insecure_channel(target))
+        target, tls = config.target
+        if tls:
+            credentials, options = grpc_channel_credentials(config.tls, "exporter.otlp")
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target)
         self._writer = RequestWriter(specs, cluster, instance)
         self._export = self._channel.unary_unary(
             "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request_serializer=None,
@@ -261,9 +257,10 @@ class OtlpSender:
         The next request is built while the one before it is on its way (at most two in flight,
         their points in different series): building takes about as long as sending."""
         calls: list[grpc.Future] = []
+        metadata = self._headers + (("authorization", self._token.header()),) if self._token else self._headers
         try:
             for request in self._writer.requests(points):  # built as the loop asks: while the last call is out
-                calls.append(self._export.future(request, metadata=self._headers,
+                calls.append(self._export.future(request, metadata=metadata,
                                                  timeout=self._config.timeout_seconds, compression=self._compression))
                 if len(calls) == 2:
                     self._answered(calls.pop(0).result())

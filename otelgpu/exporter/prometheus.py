@@ -102,6 +102,8 @@ _LABELLED_COUNTERS = (
      "Wall seconds spent taking intervals out, by step: ahead (computed before the close, used or not), "
      "close (facts, join, attribution, cost series), "
      "commit (staging and checkpoint), send:<exporter> (delivery attempts)"),
+    ("otelgpu_tls_reload_errors_total", "tls_reload_errors", ("server",),
+     "Changed certificate files a server could not use (the certificate loaded before is kept), by server"),
 )
 
 

@@ -52,6 +52,7 @@ from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
 from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.tls import TokenFile, client_context
 
 log = logging.getLogger(__name__)
 
@@ -393,8 +394,11 @@ class RemoteWriteSender:
             from otelgpu.exporter.sigv4 import Signer
 
             self._signer = Signer(config.sigv4.region, config.sigv4.service)
-        self._pool = (urllib3.PoolManager(cert_reqs="CERT_NONE") if config.insecure_skip_tls_verify
-                      else urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=config.ca_file))
+        self._token = TokenFile(config.bearer_token_file, "exporter.remote_write") if config.bearer_token_file else None
+        tls = config.tls
+        self._pool = urllib3.PoolManager(ssl_context=client_context(tls, "exporter.remote_write"),
+                                         server_hostname=tls.server_name_override,
+                                         assert_hostname=False if tls.insecure_skip_verify else None)
 
     def send(self, points: Sequence[Point], progress: Optional[Progress] = None) -> SendResult:
         """One attempt, starting after the first `progress.done` samples and advancing `progress`
@@ -443,6 +447,8 @@ class RemoteWriteSender:
 
     def _post(self, body: bytes) -> SendResult:
         headers = self._headers
+        if self._token is not None:
+            headers = {**headers, "Authorization": self._token.header()}
         if self._signer is not None:
             try:
                 headers = self._signer.headers(headers, self._config.url, body)

@@ -32,10 +32,11 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from otelgpu.config import GrpcReceiverConfig
+from otelgpu.config import GrpcReceiverConfig, listen_address
 from otelgpu.errors import ConfigError, OtelgpuError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.tls import BearerTokens, ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +91,22 @@ class _Workers(ThreadPoolExecutor):
 
 
 class _Admission(grpc.GenericRpcHandler):
-    """Picks the handler of each new RPC on grpcio's polling thread, before any worker sees it."""
+    """Picks the handler of each new RPC on grpcio's polling thread, before any worker sees it:
+    UNAUTHENTICATED without a valid bearer token (`auth`), UNAVAILABLE beyond the limit."""
 
     def __init__(self, workers: _Workers, limit: int, export: grpc.RpcMethodHandler,
-                 refuse: grpc.RpcMethodHandler) -> None:
+                 refuse: grpc.RpcMethodHandler, tokens: Optional[BearerTokens] = None,
+                 unauthenticated: Optional[grpc.RpcMethodHandler] = None) -> None:
         self._workers, self._limit, self._export, self._refuse = workers, limit, export, refuse
+        self._tokens, self._unauthenticated = tokens, unauthenticated
 
     def service(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
         if details.method != EXPORT:  # type: ignore[attr-defined]
             return None
+        if self._tokens is not None:
+            metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
+            if not self._tokens.check(metadata.get("authorization")):
+                return self._unauthenticated
         return self._export if self._workers.pending < self._limit else self._refuse
 
 
@@ -117,6 +125,7 @@ class GrpcReceiver:
         self._refusals: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._stopped = False
+        self.tls: Optional[ServerTLS] = None
 
     @property
     def requests_in_flight(self) -> int:
@@ -136,15 +145,27 @@ class GrpcReceiver:
             self._export, request_deserializer=None,
             response_serializer=ExportMetricsServiceResponse.SerializeToString,
         )
-        server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler()),))
+        tokens = BearerTokens(cfg.auth, "receiver.grpc") if cfg.auth else None
+        server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler(),
+                                                    tokens, self._unauthenticated_handler()),))
+        address = listen_address(cfg.endpoint)
         try:
-            self.port = server.add_insecure_port(cfg.endpoint)
+            if cfg.tls is not None:
+                self.tls = ServerTLS(cfg.tls, "receiver.grpc", lambda: self.metrics.count("tls_reload_errors", "receiver.grpc"))
+                self.port = server.add_secure_port(address, self.tls.grpc_credentials())
+            else:
+                self.port = server.add_insecure_port(address)
         except RuntimeError as exc:
             self.shutdown(grace=0)
             raise ConfigError([f"receiver.grpc.endpoint: cannot listen on {cfg.endpoint}: {exc}"]) from exc
+        except ConfigError:
+            self.shutdown(grace=0)
+            raise
         server.start()
         self._server = server
-        log.info("OTLP/gRPC receiver listening on port %d", self.port)
+        log.info("OTLP/gRPC receiver listening on %s (port %d, %s%s)", cfg.endpoint, self.port,
+                 "mTLS" if cfg.tls and cfg.tls.client_ca_file else "TLS" if cfg.tls else "plaintext",
+                 ", bearer token" if tokens else "")
 
     def _options(self) -> list[tuple[str, int]]:
         cfg = self.config
@@ -170,6 +191,15 @@ class GrpcReceiver:
 
         # Request-streaming, so the refusal never waits for the message; on a thread of its own, so
         # it never waits behind busy workers either.
+        refuse.experimental_thread_pool = self._refusals  # type: ignore[attr-defined]
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+    def _unauthenticated_handler(self) -> grpc.RpcMethodHandler:
+        def refuse(requests: Any, context: grpc.ServicerContext) -> None:
+            self.metrics.count("requests", ("grpc", "unauthenticated"))
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token this receiver accepts is required "
+                          "(authorization: Bearer <token>)")
+
         refuse.experimental_thread_pool = self._refusals  # type: ignore[attr-defined]
         return grpc.stream_unary_rpc_method_handler(refuse)
 

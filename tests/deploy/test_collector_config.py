@@ -130,7 +130,7 @@ def test_plaintext_only_over_loopback_and_endpoints_match_otelgpu(mode, componen
     assert not otelgpu.receiver.http.enabled
     assert _host_port(otelgpu.exporter.otlp.endpoint) == _host_port(
         config["receivers"]["otlp/cost"]["protocols"]["grpc"]["endpoint"])
-    assert otelgpu.exporter.otlp.insecure and _host_port(otelgpu.exporter.otlp.endpoint)[0] == "127.0.0.1"
+    assert otelgpu.exporter.otlp.tls.insecure and _host_port(otelgpu.exporter.otlp.endpoint)[0] == "127.0.0.1"
     # the health endpoints the probes call are where the configs listen
     health = _host_port(config["extensions"]["health_check"]["endpoint"])
     assert health == ("", p.container("otel-collector")["ports"][0]["containerPort"])  # every interface

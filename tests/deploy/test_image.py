@@ -15,11 +15,6 @@ from pathlib import Path
 import pytest
 from manifests import MODES, REPO, pod, render
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 DOCKERFILE = REPO / "Dockerfile"
 
 
@@ -58,7 +53,7 @@ def test_the_image_runs_as_a_non_root_user_the_pods_also_name():
 @pytest.mark.parametrize("mode", MODES)
 def test_the_pods_use_the_image_as_built(mode):
     p = pod(render(mode))
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    from otelgpu import __version__ as version
     ops = dict(instructions())
     built_cache = env()["NUMBA_CACHE_DIR"]
     # the init container copies the image's cache into the emptyDir otelgpu then uses
