@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
@@ -589,6 +589,24 @@ class KubernetesConfig:
         return self
 
 
+Matcher = dict[str, Union[str, tuple[str, ...]]]
+
+
+@dataclass(config=_STRICT)
+class SourcesConfig:
+    """Which scrape targets otelgpu takes each kind of fact from, by the resource attributes the
+    Collector's prometheus receiver gives their series (`service.name` is the scrape job, and
+    processors may add others, `k8s.namespace.name` say). A source is a list of matchers; a
+    matcher maps attributes to a value or a list of values, all of which must match. The series
+    of each kind from any other resource (a pod that got itself scraped under another job, with
+    honor_labels, say) are refused and counted (`otelgpu_points_rejected_total`), so nothing
+    else can move money: relabel a pod, invent a node, claim a GPU. `[{}]` takes any source."""
+
+    dcgm: tuple[Matcher, ...] = ({"service.name": ("dcgm-exporter", "nvidia-dcgm-exporter")},)
+    kube_state_metrics: tuple[Matcher, ...] = ({"service.name": "kube-state-metrics"},)
+    cadvisor: tuple[Matcher, ...] = ({"service.name": ("kubelet", "kubelet-cadvisor", "cadvisor")},)
+
+
 @dataclass(config=_STRICT)
 class ClusterConfig:
     name: str = Field("default", min_length=1)
@@ -605,6 +623,7 @@ class Config:
     exporter: ExporterConfig = ExporterConfig()
     series: SeriesConfig = SeriesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    sources: SourcesConfig = SourcesConfig()
 
     @field_validator("tags")
     @classmethod

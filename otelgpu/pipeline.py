@@ -121,7 +121,7 @@ class Pipeline:
         self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
         wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS)
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
-                             self.metrics, Limits.of(config.receiver, wanted), self.wal)
+                             self.metrics, Limits.of(config.receiver, wanted, config.sources), self.wal)
         self._processed: Optional[Position] = None  # log position through which batches are processed
         self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
         self._skipped_reported = 0

@@ -116,7 +116,7 @@ def test_one_target_stamped_minutes_ahead_does_not_make_everyone_late():
     clean = run(c.scrapes(30, 1200))
 
     def rogue(t_s: float) -> object:
-        return scrape("rogue", "10.9.9.9:9400", "rogue-node", c.t0 + int(t_s * NS),
+        return scrape("dcgm-exporter", "10.9.9.9:9400", "rogue-node", c.t0 + int(t_s * NS),  # a trusted job, a bad clock
                       {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": [({"UUID": "GPU-rogue", "Hostname": "rogue-node",
                                                             "modelName": A100}, 0.5)]})
 

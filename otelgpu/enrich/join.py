@@ -633,8 +633,8 @@ class Joiner:
             got = gpu_share.get((n, h))
             if got is not None:
                 share = max(share, got[0])
-            if share <= 0:
-                continue
+            if share <= 0 or (got is None and not _carries_cost(pod, u)):
+                continue  # a pod that holds and uses nothing costs nothing: its tags take no place
             seen.add((n, h))
             out.append(self._pod_row(n, node_set[n], h, POD if got is None else got[1], share, u))
         for (n, h), (share, attribution) in gpu_share.items():
@@ -660,6 +660,13 @@ class Joiner:
             return self.tags.resolve({}, {})
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
                                  pod.annotations if pod else None, holder[0])
+
+
+def _carries_cost(pod: PodFacts, use: PodUse | None) -> bool:
+    """Whether scad can charge the pod for vCPU or memory: it requests some or uses some."""
+    if pod.requested("cpu") > 0 or pod.requested("memory") > 0:
+        return True
+    return use is not None and ((use.cpu_cores or 0) > 0 or (use.memory_bytes or 0) > 0)
 
 
 def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:

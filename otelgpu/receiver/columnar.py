@@ -49,6 +49,7 @@ from otelgpu.receiver.decode import (
 )
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
+from otelgpu.receiver.sources import EVERY, KIND_OF_METRIC, SourceTrust, untrusted_reason
 from otelgpu.receiver.schema import (
     KNOWN_METRICS,
     REQUIRED_LABELS,
@@ -137,7 +138,7 @@ class ColumnarDecoder:
         self._shape_index: dict[LabelShape, int] = {}
         self.shape_ok = np.zeros((0, _CODES), bool)  # no problem, required keys present, MIG pair whole
         self.shape_q = np.zeros((0, 3))  # quantity bounds of its `resource`: lo, hi, whole
-        self._resources: dict[bytes, tuple[int, int, str]] = {}
+        self._resources: dict[bytes, tuple[int, int, str, int]] = {}
 
     def __len__(self) -> int:
         return self.sets
@@ -169,7 +170,7 @@ class ColumnarDecoder:
             set_shape = self.set_shape[:self.sets]  # a view: sets are only appended, sweeps make new arrays
             numbering = self.renumbered
         batch, rows = _columns(cols, resources, floor, horizon, set_shape, shapes, shape_ok, shape_q,
-                               label_off, label_key, label_val)
+                               label_off, label_key, label_val, lim.trust)
         if len(rows):
             with self.lock:
                 if self.renumbered == numbering:  # not emptied or swept meanwhile
@@ -303,8 +304,8 @@ class ColumnarDecoder:
             self.shape_q = np.vstack([self.shape_q, [[lo, hi, float(whole)]]])
         return index
 
-    def _resource(self, raw: bytes, a: int, b: int) -> tuple[int, int, str]:
-        """(node code, own pod code, source) of a scrape target's Resource at raw[a:b]."""
+    def _resource(self, raw: bytes, a: int, b: int) -> tuple[int, int, str, int]:
+        """(node code, own pod code, source, kinds it may send) of a scrape target's Resource at raw[a:b]."""
         key = raw[a:b] if a >= 0 else b""
         known = self._resources.get(key)
         if known is not None:
@@ -313,11 +314,12 @@ class ColumnarDecoder:
             attrs = Resource.FromString(key).attributes
         except DecodeError:
             raise _Unsure() from None
-        res = {kv.key: _any_value_str(kv.value) for kv in attrs if kv.key in _RESOURCE_KEYS}
-        lim, code = self.limits, self.strings.code
+        lim, code, trust = self.limits, self.strings.code, self.limits.trust
+        keys = _RESOURCE_KEYS | trust.keys if trust is not None else _RESOURCE_KEYS
+        res = {kv.key: _any_value_str(kv.value) for kv in attrs if kv.key in keys}
         node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
         pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
-        out = (node, pod, source_of(res))
+        out = (node, pod, source_of(res), trust.bits(res) if trust is not None else EVERY)
         if len(self._resources) < MAX_RESOURCES:
             self._resources[key] = out
         return out
@@ -332,13 +334,25 @@ def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.n
     return values[entries], new_off
 
 
-def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str]], floor: int, horizon: int,
+def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]], floor: int, horizon: int,
              set_shape: np.ndarray, shapes: list[LabelShape], shape_ok: np.ndarray, shape_q: np.ndarray,
-             label_off: np.ndarray, label_key: np.ndarray,
-             label_val: np.ndarray) -> tuple[PointBatch, np.ndarray]:
+             label_off: np.ndarray, label_key: np.ndarray, label_val: np.ndarray,
+             trust: Optional[SourceTrust] = None) -> tuple[PointBatch, np.ndarray]:
     """The batch, and the scanned points it kept (indices into c's columns)."""
     metric, t, value, sets = c["p_metric"].astype(np.int64), c["p_time"], c["p_value"], c["p_set"]
     stale = (c["p_flags"] & NO_RECORDED_VALUE) != 0
+    rejected: Counter[str] = Counter()
+    # Points of a kind their scrape target may not send: refused whatever else is wrong with them.
+    allowed = np.array([r[3] for r in resources], np.int64)
+    kind = KIND_OF_METRIC[metric]
+    untrusted = (allowed[c["p_res"]] & kind) == 0 if len(metric) else np.zeros(0, bool)
+    if untrusted.any():
+        for bit, n in zip(*np.unique(kind[untrusted], return_counts=True)):
+            rejected[untrusted_reason(int(bit))] += int(n)
+        if trust is not None:
+            for r in np.unique(c["p_res"][untrusted]).tolist():
+                trust.refused(resources[r][3], int(np.bitwise_or.reduce(kind[untrusted & (c["p_res"] == r)])),
+                              resources[r][2])
     known = sets >= 0
     shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
     # The checks every usable point passes, over whole columns; a point failing one is judged below.
@@ -350,8 +364,8 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str]], fl
             in_range = np.isfinite(value) & (_LO[metric] <= value) & (value <= _HI[metric])
             quantity = (q[:, 0] <= value) & (value <= q[:, 1]) & ((q[:, 2] == 0) | (value == np.floor(value)))
         ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
-    rejected: Counter[str] = Counter()
-    for i in np.flatnonzero(~ok).tolist():
+    ok &= ~untrusted
+    for i in np.flatnonzero(~ok & ~untrusted).tolist():
         name, m = NAMES[int(metric[i])], int(metric[i])
         s = int(sets[i])
         label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]

@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
 from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, REQUIRED_KEYS, REQUIRED_LABELS
+from otelgpu.receiver.sources import EVERY, KIND_OF_METRIC, untrusted_reason
 
 NO_RECORDED_VALUE = 1
 # A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
@@ -131,7 +132,7 @@ def source_of(resource_attrs: dict[str, str]) -> str:
     return f"{resource_attrs.get('service.name', '')}/{instance}"
 
 
-_RESOURCE_KEYS = ("k8s.node.name", "k8s.pod.name", "service.name", "service.instance.id")
+_RESOURCE_KEYS = frozenset(("k8s.node.name", "k8s.pod.name", "service.name", "service.instance.id"))
 
 
 class _Columns:
@@ -164,10 +165,13 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
     cols, rejected, ignored = _Columns(), Counter[str](), 0
     sources: dict[str, int] = {}
     code = strings.code
+    trust = lim.trust
+    keys = _RESOURCE_KEYS | trust.keys if trust is not None else _RESOURCE_KEYS
     for rm in request.resource_metrics:
-        res = {kv.key: _any_value_str(kv.value) for kv in rm.resource.attributes if kv.key in _RESOURCE_KEYS}
+        res = {kv.key: _any_value_str(kv.value) for kv in rm.resource.attributes if kv.key in keys}
         node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
         own_pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
+        allowed = trust.bits(res) if trust is not None else EVERY
         newest = 0
         for sm in rm.scope_metrics:
             for m in sm.metrics:
@@ -182,6 +186,12 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                 if which not in ("gauge", "sum"):
                     n = len(getattr(m, which).data_points) if which else 0
                     rejected[f"{m.name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
+                    continue
+                kind = int(KIND_OF_METRIC[mcode])
+                if not allowed & kind:
+                    if points:
+                        rejected[untrusted_reason(kind)] += len(points)
+                        trust.refused(allowed, kind, source_of(res))  # type: ignore[union-attr]
                     continue
                 for p in points:
                     reason, labels = _check(m.name, mcode, p, lim, floor, horizon)

@@ -7,8 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from otelgpu.config import ReceiverConfig
+from otelgpu.config import ReceiverConfig, SourcesConfig
 from otelgpu.receiver.schema import VALUE_RANGE, Metric, quantity_problem
+from otelgpu.receiver.sources import SourceTrust
 
 NS = 1_000_000_000
 
@@ -29,11 +30,13 @@ class Limits:
     max_label_bytes: int = 4096
     max_attributes: int = 512
     wanted: Optional[frozenset[str]] = None  # label keys kept; None keeps every key
+    trust: Optional[SourceTrust] = None  # which targets may send which kinds; None: any (`sources`)
 
     @classmethod
-    def of(cls, config: ReceiverConfig, wanted: Optional[frozenset[str]] = None) -> "Limits":
+    def of(cls, config: ReceiverConfig, wanted: Optional[frozenset[str]] = None,
+           sources: Optional[SourcesConfig] = None) -> "Limits":
         return cls(config.max_point_age_seconds * NS, config.max_future_seconds * NS, config.max_label_value_bytes,
-                   config.max_attributes_per_point, wanted)
+                   config.max_attributes_per_point, wanted, SourceTrust(sources) if sources is not None else None)
 
 
 def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:

@@ -191,6 +191,29 @@ def test_the_node_mode_scrapes_and_watches_only_its_node(mode, tmp_path, monkeyp
     assert otelgpu.checkpoint.directory in {m["mountPath"] for m in p.container("otelgpu")["volumeMounts"]}
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fact_sources_are_scraped_only_in_their_namespaces_under_the_jobs_otelgpu_trusts(mode, tmp_path,
+                                                                                             monkeypatch):
+    """A pod labelled like dcgm-exporter or kube-state-metrics in another namespace is not scraped
+    as one; and the jobs that do scrape them are the ones otelgpu's `sources` trust."""
+    p = pod(render(mode))
+    env = p.env("otel-collector")
+    jobs = {job["job_name"]: job for job in collector_config(p)["receivers"]["prometheus"]["config"]["scrape_configs"]}
+    namespaces = {"dcgm-exporter": env["DCGM_EXPORTER_NAMESPACE"], "kube-state-metrics": env["KUBE_STATE_METRICS_NAMESPACE"]}
+    for name, namespace in namespaces.items():
+        if name in jobs:
+            (sd,) = jobs[name]["kubernetes_sd_configs"]
+            assert sd["namespaces"] == {"names": [namespace]} and namespace
+    sources = otelgpu_config(p, tmp_path, monkeypatch).sources
+    trusted = {kind: {v for m in getattr(sources, kind) for v in ((m["service.name"],) if isinstance(m["service.name"], str)
+                                                                  else m["service.name"])}
+               for kind in ("dcgm", "kube_state_metrics", "cadvisor")}
+    assert "dcgm-exporter" in trusted["dcgm"] and "kubelet-cadvisor" in trusted["cadvisor"]
+    assert mode == "node" or "kube-state-metrics" in trusted["kube_state_metrics"]
+    for kind, names in trusted.items():  # no other job of the Collector is trusted for facts
+        assert not names & (set(jobs) - {"dcgm-exporter", "kube-state-metrics", "kubelet-cadvisor"}), kind
+
+
 # Prometheus' kubernetes_sd_configs fields (discovery/kubernetes/kubernetes.go, SDConfig and SelectorConfig).
 KUBERNETES_SD_FIELDS = {"api_server", "role", "kubeconfig_file", "namespaces", "selectors", "attach_metadata",
                         "authorization", "tls_config", "basic_auth", "oauth2", "follow_redirects", "proxy_url"}

@@ -411,3 +411,23 @@ def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch
     assert both.same(live[1], now=later)[0] and len(d) == 2  # a kept set is still found, renumbered pieces
     assert both.same(gone[0], now=later)[0]  # a swept set comes back as it was
     assert len(both.columnar) == 3 and both.columnar.n_pieces == 4
+
+
+def test_series_from_untrusted_scrape_targets_are_refused_the_same_by_both():
+    from otelgpu.config import SourcesConfig
+    from otelgpu.receiver.sources import BIT, SourceTrust, untrusted_reason
+
+    trusting = Limits(max_age_ns=86400 * NS, wanted=LIMITS.wanted, trust=SourceTrust(SourcesConfig()))
+    t0 = T // (3600 * NS) * 3600 * NS
+    both = Both(trusting)
+    for req in valid_cluster(t0).scrapes(60, 300):
+        honest = both.same(req.SerializeToString(), now=t0 + 300 * NS)
+        assert honest[0] and not any("not in sources" in r for r in honest[1])
+        for rm in req.resource_metrics:  # the same series, from a job nobody trusts
+            for kv in rm.resource.attributes:
+                if kv.key == "service.name":
+                    kv.value.string_value = "kubernetes-pods"
+        spoofed = both.same(req.SerializeToString(), now=t0 + 300 * NS)
+        consumed = len(honest[0]) + sum(n for r, n in honest[1].items())
+        assert spoofed[0] == [] and sum(spoofed[1].values()) == consumed
+        assert set(spoofed[1]) <= {untrusted_reason(b) for b in BIT.values()}
