@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
-from otelgpu.exporter.store import CostStore, Points
+from otelgpu.exporter.store import Attrs, CostStore, Points
 from otelgpu.heap import collector_paused, give_back, page_out
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
@@ -70,6 +70,25 @@ class _Ahead:
     costs: Optional[Costs]
     counts: list[tuple]  # its self-metrics, counted if it is used
     undo: list[Callable[[], None]]
+
+
+def interval_summary(sums: Mapping[str, Mapping[Attrs, float]], seconds: float
+                     ) -> tuple[float, dict[str, tuple[float, float]]]:
+    """GPUs provisioned in an interval, and per cost model its capacity cost and the part of it
+    nobody held (idle, or booked to the platform tags)."""
+    gpus = sum(sums.get("provisioned", {}).values()) / seconds
+    models: dict[str, list[float]] = {}
+    for metric, column in (("capacity", 0), ("idle", 1), ("unused", 1)):
+        for attrs, value in sums.get(metric, {}).items():
+            labels = dict(attrs)
+            if metric == "unused" and labels.get("attribution") != "idle":
+                continue
+            models.setdefault(labels.get("cost_model", ""), [0.0, 0.0])[column] += value
+    return gpus, {model: (c, i) for model, (c, i) in models.items()}
+
+
+def _clock(ns: int) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(ns / NS))
 
 
 def _put_back(a: _Ahead) -> None:
@@ -125,6 +144,7 @@ class Pipeline:
         self._processed: Optional[Position] = None  # log position through which batches are processed
         self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
         self._skipped_reported = 0
+        self._points_logged = (0, 0, 0)  # received, rejected, late at the last interval's log line
         self._strings_kept = 0  # strings the last compaction kept
         for delivery in self.deliveries:
             delivery.recover(self.store.last_time_ns)  # committed snapshots again; uncommitted ones dropped
@@ -404,6 +424,7 @@ class Pipeline:
             costs = self._compute(interval)
         snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges, costs.plan)
         self._count(snapshot)
+        self._log_interval(interval, costs, snapshot)
         self.metrics.add("unpriced_gpu_seconds", costs.unpriced_gpus * interval.seconds)
         self.metrics.add("gpu_seconds_without_device_data", costs.gpus_without_device_data * interval.seconds)
         self.metrics.add("intervals_computed")
@@ -413,6 +434,20 @@ class Pipeline:
         for callback in self.on_interval:
             callback(interval)
         return snapshot
+
+    def _log_interval(self, interval: Interval, costs: Costs, snapshot: Points) -> None:
+        """One line per closed interval: GPUs, each model's capacity cost and idle share, and the
+        points received, rejected and late since the last line."""
+        m = self.metrics
+        points = (m.points_received, sum(m.points_rejected.values()), m.points_late)
+        received, rejected, late = (a - b for a, b in zip(points, self._points_logged))
+        self._points_logged = points
+        gpus, models = interval_summary(costs.sums, interval.seconds)
+        cost = "; ".join(f"{model} {capacity:,.2f} {self.config.attribution.currency}, idle {idle / capacity:.0%}"
+                         if capacity else f"{model} 0 (unpriced)" for model, (capacity, idle) in models.items())
+        log.info("interval %s-%s UTC: %s GPUs; %s; points %s received, %s rejected, %s late; %s series",
+                 _clock(interval.start_ns), _clock(interval.end_ns), f"{gpus:,.0f}", cost or "no capacity",
+                 f"{received:,}", f"{rejected:,}", f"{late:,}", f"{len(snapshot) - int(snapshot.ended.sum()):,}")
 
     def _reload_prices(self) -> None:
         try:

@@ -50,6 +50,30 @@ def test_demo_reproduces_the_recipe_and_adds_up():
     assert 0 < cluster_all < 1 and f"all five tags {cluster_all:.0%}" in text
 
 
+def test_each_interval_logs_one_line_and_the_progress_line_keeps_models_apart(caplog):
+    import re
+
+    from otelgpu.demo.run import progress
+
+    caplog.set_level("INFO", logger="otelgpu")
+    p = run_demo(metrics_port=0, out=io.StringIO())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("interval ") and "UTC: " in r.getMessage()]
+    assert len(lines) == p.metrics.intervals_computed == 4
+    received = 0
+    for line in lines:
+        # GPUs, each model's capacity cost and idle share, and the points of the interval.
+        assert re.search(r"UTC: 17 GPUs; request [\d,.]+ USD, idle \d+%; scad [\d,.]+ USD, idle \d+%; opencost", line), line
+        received += int(re.search(r"points ([\d,]+) received, 0 rejected, 0 late", line).group(1).replace(",", ""))
+    assert received == p.metrics.points_received
+    capacity = {m: sum(p.store.totals("capacity", (), {"cost_model": m}).values()) for m in ("request", "scad")}
+    assert f"request {capacity['request'] / 4:,.2f} USD" in lines[-1] and f"scad {capacity['scad'] / 4:,.2f} USD" in lines[-1]
+    line = progress(p, 0)
+    for model in p.config.attribution.cost_models:  # each model's own totals, never a sum across models
+        where = {"cost_model": model}
+        charged = sum(sum(p.store.totals(m, (), where).values()) for m in ("allocated", "unused"))
+        assert f"{model}: charged {charged:.6f}" in line
+
+
 def test_demo_command_runs():
     res = subprocess.run([sys.executable, "-m", "otelgpu", "demo", "--metrics-port", "0"],
                          capture_output=True, text=True, timeout=120)

@@ -94,6 +94,19 @@ def compare_models(pipeline: Pipeline, out: TextIO) -> None:
     out.write(f"{'capacity':<16}" + "".join(f"{capacity[m]:>12.6f}" for m in models) + "\n")
 
 
+def progress(pipeline: Pipeline, end_ns: int) -> str:
+    """The keep-running line: each cost model's totals so far (models are never added together)."""
+    store = pipeline.store
+    charged: dict[str, float] = {}
+    for metric in ("allocated", "unused"):
+        for (model,), value in store.totals(metric, ("cost_model",)).items():
+            charged[model] = charged.get(model, 0.0) + value
+    idle = {model: v for (model,), v in store.totals("idle", ("cost_model",)).items()}
+    models = "; ".join(f"{model}: charged {charged.get(model, 0.0):.6f}, idle {idle.get(model, 0.0):.6f}"
+                       for model in pipeline.config.attribution.cost_models)
+    return f"interval ending {time.strftime('%H:%M:%S', time.gmtime(end_ns / NS))} UTC closed; totals so far, {models}\n"
+
+
 def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: TextIO = sys.stdout) -> Pipeline:
     started = time.monotonic()
     pipeline = Pipeline(demo_config(metrics_port), keep_ended=True)
@@ -116,10 +129,7 @@ def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: T
     if keep_running:
         out.write("running until interrupted (Ctrl-C); the cluster keeps reporting every minute\n")
         out.flush()
-        pipeline.on_interval.append(lambda iv: (out.write(
-            f"interval ending {time.strftime('%H:%M:%S', time.gmtime(iv.end_ns / NS))} UTC closed: cluster totals now "
-            f"allocated {sum(pipeline.store.totals('allocated').values()):.6f}, "
-            f"idle {sum(pipeline.store.totals('idle').values()):.6f}\n"), out.flush()))
+        pipeline.on_interval.append(lambda iv: (out.write(progress(pipeline, iv.end_ns)), out.flush()))
         try:
             while True:
                 replay(pipeline, time.time_ns() - 30 * NS, SCRAPE_S)  # one scrape, now
