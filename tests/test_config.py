@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,20 +27,28 @@ def test_defaults():
     assert c.exporter.otlp is None
 
 
-def test_example_config_loads(monkeypatch):
-    monkeypatch.setenv("CLUSTER_NAME", "eks-prod-1")
+def test_example_config_loads_with_nothing_set(monkeypatch):
+    monkeypatch.delenv("CLUSTER_NAME", raising=False)
     c = load_config(REPO / "examples" / "otelgpu.yaml")
-    assert c.cluster.name == "eks-prod-1"
+    assert c.cluster.name == "dev"
     assert c.attribution.prices.gpu_hour_by_gpu_model["NVIDIA H100 80GB HBM3"] == 6.88
-    assert c.exporter.otlp is not None and c.exporter.otlp.endpoint == "localhost:4319"
+    assert c.exporter.otlp is None and c.exporter.prometheus.cost_series  # nothing external to reach
+    monkeypatch.setenv("CLUSTER_NAME", "eks-prod-1")
+    assert load_config(REPO / "examples" / "otelgpu.yaml").cluster.name == "eks-prod-1"
 
 
-def test_example_config_names_missing_environment_variable(monkeypatch):
+def test_production_example_names_missing_environment_variable(monkeypatch):
     monkeypatch.delenv("CLUSTER_NAME", raising=False)
     with pytest.raises(ConfigError) as err:
-        load_config(REPO / "examples" / "otelgpu.yaml")
+        load_config(REPO / "examples" / "production.yaml")
     assert err.value.problems == ["cluster.name: environment variable CLUSTER_NAME is not set "
                                   "(set it, or give a default: ${env:CLUSTER_NAME:-value})"]
+    monkeypatch.setenv("CLUSTER_NAME", "prod-eu-1")
+    c = load_config(REPO / "examples" / "production.yaml")
+    assert c.kubernetes.enabled and c.checkpoint.directory and c.exporter.otlp.target == ("127.0.0.1:4319", False)
+    done = subprocess.run([sys.executable, "-m", "otelgpu", "check-config", str(REPO / "examples" / "production.yaml")],
+                          capture_output=True, text=True, env={**os.environ, "CLUSTER_NAME": "prod-eu-1"})
+    assert done.returncode == 0, done.stderr
 
 
 def test_environment_references_take_a_default(monkeypatch):

@@ -100,3 +100,34 @@ def test_serve_takes_traffic_and_flushes_on_sigterm(tmp_path):
     finally:
         serve.close()
         sink.stop()
+
+
+def test_the_example_config_serves_as_it_is_with_nothing_around(tmp_path, monkeypatch):
+    """examples/otelgpu.yaml needs no variable, Collector or cluster: fed a live cluster's scrapes
+    it serves their cost on /metrics under the cluster name `dev`, logs each interval, and stops
+    cleanly. (Only its listening ports are moved to free ones.)"""
+    import time
+
+    import yaml
+    from cluster import Cluster, Node, Pod, Unit
+    from support import REPO, eventually
+
+    from otelgpu.enrich.window import NS
+
+    monkeypatch.delenv("CLUSTER_NAME", raising=False)
+    h100 = "NVIDIA H100 80GB HBM3"
+    node = Node("gpu-1", "p5.48xlarge", 192, 2048, labels={"nvidia.com/gpu.count": "2"},
+                units=[Unit("GPU-0", h100), Unit("GPU-1", h100)], capacity={"nvidia_com_gpu": 2})
+    pods = [Pod("ml", "train", "gpu-1", {"team": "vision"}, gpu=("nvidia_com_gpu", 1), holds=("GPU-0",))]
+    c = Cluster([node], pods, t0=(time.time_ns() // (60 * NS) - 4) * 60 * NS)
+    serve = Sidecar(tmp_path, yaml.safe_load((REPO / "examples" / "otelgpu.yaml").read_text()), "example")
+    try:
+        serve.start(timeout=60)
+        serve.export(*c.scrapes(30, 240))
+        eventually(lambda: serve.metric("gpu_cost_allocated_total", cluster="dev", team="vision") > 0, 60)
+        assert serve.metric("gpu_cost_allocated_total", cluster="dev", team="vision") == pytest.approx(
+            6.88 * serve.metric("gpu_held_seconds_total", cluster="dev", team="vision") / 3600)
+        assert serve.stop(timeout=60) == 0, serve.log.read_text()[-6000:]
+        assert "UTC: 2 GPUs; request" in serve.log.read_text()
+    finally:
+        serve.close()
