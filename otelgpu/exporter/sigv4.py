@@ -3,10 +3,9 @@ Prometheus. Imported only when `exporter.remote_write.sigv4` is set: botocore co
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Mapping, Optional
+from typing import Mapping
 
-from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
+from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import BotoCoreError, ClientError
@@ -20,21 +19,12 @@ CREDENTIAL_CHAIN = ("environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), sha
 
 
 def sign(request_headers: Mapping[str, str], url: str, body: bytes, credentials: ReadOnlyCredentials,
-         region: str, service: str, now: Optional[datetime] = None, method: str = "POST") -> dict[str, str]:
+         region: str, service: str, method: str = "POST") -> dict[str, str]:
     """The headers with SigV4's added (X-Amz-Date, X-Amz-Security-Token with session credentials,
-    Authorization), signed by botocore over the exact body at `now` (UTC; default: the clock).
-
-    These are SigV4Auth.add_auth's own steps, two of them botocore internals, except that the time
-    comes from `now` through the request context, where every step reads it, rather than from
-    botocore's clock. The AWS test-suite vectors in the tests hold them to the published values."""
+    Authorization), signed over the exact body now by botocore's SigV4Auth.add_auth. The AWS
+    test-suite vectors in the tests hold it to the published values."""
     request = AWSRequest(method=method, url=url, data=body, headers=dict(request_headers))
-    auth = SigV4Auth(credentials, service, region)
-    when = datetime.now(timezone.utc) if now is None else now
-    when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
-    request.context["timestamp"] = when.strftime(SIGV4_TIMESTAMP)
-    auth._modify_request_before_signing(request)  # X-Amz-Date from the context, the session token
-    canonical = auth.canonical_request(request)
-    auth._inject_signature_to_request(request, auth.signature(auth.string_to_sign(request, canonical), request))
+    SigV4Auth(credentials, service, region).add_auth(request)
     return dict(request.headers.items())
 
 

@@ -159,10 +159,13 @@ STS_TOKEN = ("AQoDYXdzEPT//////////wEXAMPLEtc764bNrC9SAPBSM22wDOk4x4HIZ8j4FZTwdQ
     pytest.param("POST", {}, b"", STS_TOKEN, "host;x-amz-date;x-amz-security-token",
                  "85d96828115b5dc0cfc3bd16ad9e210dd772bbebba041836c64533a82be05ead", id="post-sts-header-before"),
 ])
-def test_sigv4_matches_the_aws_test_suite(method, headers, body, token, signed, signature) -> None:
+def test_sigv4_matches_the_aws_test_suite(method, headers, body, token, signed, signature, monkeypatch) -> None:
+    import botocore.auth
+
+    # The suite's vectors are signed at its own time: the signer's clock is set to it.
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: SUITE_TIME.replace(tzinfo=None))
     credentials = SUITE_CREDENTIALS._replace(token=token)
-    out = sign(headers, "https://example.amazonaws.com/", body, credentials, "us-east-1", "service",
-               now=SUITE_TIME, method=method)
+    out = sign(headers, "https://example.amazonaws.com/", body, credentials, "us-east-1", "service", method=method)
     assert out["X-Amz-Date"] == "20150830T123600Z"
     assert out["Authorization"] == f"{SUITE_SCOPE}, SignedHeaders={signed}, Signature={signature}"
     assert out.get("X-Amz-Security-Token") == token
@@ -175,17 +178,17 @@ def test_sigv4_of_a_remote_write_request_to_amp() -> None:
     headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
                "X-Prometheus-Remote-Write-Version": "0.1.0", "User-Agent": "otelgpu/test"}
     credentials = ReadOnlyCredentials("ASIAEXAMPLE", "secretEXAMPLE", "session/token+EXAMPLE==")
-    now = datetime(2026, 3, 1, 8, 0, 5, tzinfo=timezone.utc)
-    out = sign(headers, url, body, credentials, "eu-west-1", "aps", now=now)
-
-    assert out["X-Amz-Date"] == "20260301T080005Z"
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    out = sign(headers, url, body, credentials, "eu-west-1", "aps")
+    signed_at = datetime.strptime(out["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    assert before <= signed_at <= datetime.now(timezone.utc)  # signed now, by the clock
     assert out["X-Amz-Security-Token"] == "session/token+EXAMPLE=="
     assert ("SignedHeaders=content-encoding;content-type;host;x-amz-date;x-amz-security-token;"
             "x-prometheus-remote-write-version,") in out["Authorization"]  # User-Agent is never signed
     signed = {k: v for k, v in out.items() if k not in ("Authorization", "User-Agent")}
     assert out["Authorization"] == reference_sigv4(
         signed, "aps-workspaces.eu-west-1.amazonaws.com", "/workspaces/ws-1234abcd/api/v1/remote_write", body,
-        "ASIAEXAMPLE", "secretEXAMPLE", "20260301T080005Z", "eu-west-1", "aps")
+        "ASIAEXAMPLE", "secretEXAMPLE", out["X-Amz-Date"], "eu-west-1", "aps")
 
 
 def _clean_aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
