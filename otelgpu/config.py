@@ -165,11 +165,14 @@ class GrpcReceiverConfig:
 
 @dataclass(config=_STRICT)
 class HttpReceiverConfig:
-    """At most `max_connections` open connections, one thread each; beyond it the connection idle
-    the longest is closed to make room, or, when none is idle, the newcomer is answered 503. A
-    request (headers and body) must arrive within `read_timeout_seconds` of its first byte, and its
-    answer be taken within as long again; a keep-alive connection with no request for
-    `idle_timeout_seconds` is closed."""
+    """At most `max_connections` open connections, served by one event loop and a few worker threads
+    whatever their number; beyond it the connection that has waited longest for a request is closed
+    to make room, or, when every connection has a request under way, the newcomer is answered 503
+    with Retry-After. A connection waiting for a request (idle keep-alive, its TLS handshake and the
+    whole header block) is closed `idle_timeout_seconds` after it began waiting; a request's body
+    must arrive whole within `read_timeout_seconds` of its headers, and its answer be taken within as
+    long again. `tls` and `auth` as receiver.grpc's: TLS or mutual TLS with rotated files used for new
+    connections; the bearer token checked from the headers, before the body is read (401)."""
 
     endpoint: str = "127.0.0.1:4318"
     enabled: bool = True

@@ -153,7 +153,8 @@ class Pipeline:
         self.registry = CollectorRegistry(auto_describe=True)
         collector = CostCollector(self.store, self.metrics, config.cluster.name, config.exporter.prometheus.cost_series)
         self.registry.register(collector)
-        self.telemetry = (TelemetryServer(config.exporter.prometheus, collector.exposition, lambda: self.ready)
+        self.telemetry = (TelemetryServer(config.exporter.prometheus, collector.exposition, lambda: self.ready,
+                                          self_metrics=self.metrics)
                           if config.exporter.prometheus.enabled else None)
         r = config.receiver
         self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics) if serve_receivers else None

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -81,3 +83,32 @@ def _is_ip(host: str) -> bool:
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+def served_serial(port: int, ca_cert: Path, alpn: tuple[str, ...] = ()) -> int:
+    """The serial number of the certificate a new TLS connection to localhost:`port` is handed
+    (`alpn`: ("h2",) for a gRPC server)."""
+    context = ssl.create_default_context(cafile=str(ca_cert))
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
+    with socket.create_connection(("localhost", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def rotate_through_a_half_done_rotation(ca: Authority, server: Pair, served: Callable[[], int],
+                                        reload_errors: Callable[[], int], poll: Callable) -> Pair:
+    """Rotate `server`'s files in place as a careless rotation would: first a new certificate with
+    the old key, which must be kept out (the old certificate still `served()`, the refusal counted
+    in `reload_errors()`), then the new key; returns the new pair once `served()` hands it out."""
+    first = served()
+    key = server.key.read_bytes()
+    rotated = ca.issue("otelgpu", file=server.cert.stem)  # writes the new certificate and key over the old ones
+    new_key = rotated.key.read_bytes()
+    server.key.write_bytes(key)
+    assert served() == first
+    assert reload_errors() >= 1
+    server.key.write_bytes(new_key)  # the rotation completes
+    assert poll(lambda: served() != first, 10)
+    assert served() == ca.serial_of(rotated.cert.read_bytes())
+    return rotated

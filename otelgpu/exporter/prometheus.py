@@ -13,9 +13,7 @@ some 200,000 cost series.
 from __future__ import annotations
 
 import re
-import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Union, cast
 
 import numpy as np
@@ -26,9 +24,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from otelgpu.config import PrometheusConfig
+from otelgpu import httpserver
+from otelgpu.config import PrometheusConfig, split_endpoint
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.tls import BearerTokens, ServerTLS
 
 _INVALID_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -64,7 +64,7 @@ _LABELLED_COUNTERS = (
      "Export requests received, by transport and outcome"),
     ("otelgpu_receiver_connections_refused_total", "receiver_connections_refused", ("transport", "reason"),
      "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, by transport and reason "
-     "(connection_limit, idle_evicted, idle_timeout, read_timeout, concurrent_requests)"),
+     "(connection_limit, idle_evicted, idle_timeout, read_timeout, write_timeout, concurrent_requests)"),
     ("otelgpu_exports_total", "exports", ("exporter",),
      "Cost snapshots delivered, by exporter"),
     ("otelgpu_export_failures_total", "export_failures", ("exporter", "reason"),
@@ -243,88 +243,80 @@ def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str, cost_ser
     return registry
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a slow scraper must not hold up shutdown
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6  # for endpoints such as `[::]:9464`
+# /metrics is scraped by a few Prometheus servers and probed by the kubelet: a modest fixed bound.
+LIMITS = httpserver.Limits(max_connections=16, header_timeout_s=30.0, body_timeout_s=30.0, write_timeout_s=30.0,
+                           max_body_bytes=64 * 1024, workers=2, queued=16)
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no token
 
 
 class TelemetryServer:
-    """GET /metrics, /healthz and /readyz on one port. Binds in start() so port 0 works."""
+    """GET /metrics, /healthz and /readyz on one port (otelgpu.httpserver, within LIMITS; with
+    `tls`, HTTPS or mutual TLS; with `auth`, /metrics needs a bearer token, the probes never do).
+    Binds in start() so port 0 works. `self_metrics` counts TLS reload errors."""
 
     def __init__(self, config: PrometheusConfig, metrics: Union[CollectorRegistry, Callable[[], bytes]],
-                 ready: Callable[[], bool]) -> None:
+                 ready: Callable[[], bool], self_metrics: Optional[SelfMetrics] = None) -> None:
         """`metrics`: what /metrics serves, a registry or a function writing the text format."""
-        host, _, port = config.endpoint.rpartition(":")
-        self._host = host.strip("[]")
-        self._port = int(port)
+        self.config = config
+        self._host, self._port = split_endpoint(config.endpoint)
         self._render = metrics if callable(metrics) else lambda: generate_latest(metrics)
         self._ready = ready
-        self._server: Optional[_Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._self_metrics = self_metrics
+        self._server: Optional[httpserver.BoundedServer] = None
         self._lock = threading.Lock()
 
     @property
     def port(self) -> int:
-        return self._server.server_address[1] if self._server else self._port
+        return self._port
 
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self._host in ("0.0.0.0", "") else ("::1" if self._host == "::" else self._host)
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{'https' if self.config.tls else 'http'}://{host}:{self.port}/metrics"
 
     def start(self) -> None:
         with self._lock:
             if self._server is not None:
                 return
-            server_class = _Server6 if ":" in self._host else _Server
-            self._server = server_class((self._host, self._port), self._handler())
-            # A short poll interval: shutdown() blocks until serve_forever's next poll.
-            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                            name="otelgpu-telemetry", daemon=True)
-            self._thread.start()
+            cfg = self.config
+            tls = ServerTLS(cfg.tls, "exporter.prometheus", self._tls_error) if cfg.tls else None
+            tokens = BearerTokens(cfg.auth, "exporter.prometheus") if cfg.auth else None
+            server = httpserver.BoundedServer("otelgpu-telemetry", self._host, self._port, self._handle, LIMITS,
+                                              screen=self._screen, tls=tls, tokens=tokens, open_paths=OPEN_PATHS)
+            server.start()
+            self._server, self._port = server, server.port
 
     def shutdown(self) -> None:
         with self._lock:
-            server, thread = self._server, self._thread
-            if server is None or thread is None:
-                return
-            self._server = self._thread = None
-        server.shutdown()
-        server.server_close()
-        thread.join()
-        self._port = server.server_address[1]  # keep .port meaningful after shutdown
+            server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=1.0)  # .port stays meaningful after shutdown
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        render, ready = self._render, self._ready
+    def _tls_error(self) -> None:
+        if self._self_metrics is not None:
+            self._self_metrics.count("tls_reload_errors", "exporter.prometheus")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._reply(200, render(), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    self._reply(200, b"ok\n")
-                elif path == "/readyz":
-                    try:
-                        ok = bool(ready())
-                    except Exception:  # a failing check means not ready, never a 500 loop
-                        ok = False
-                    self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-                else:
-                    self._reply(404, b"not found\n")
+    def _screen(self, request: httpserver.Request) -> Optional[httpserver.Response]:
+        """Everything but /metrics is answered from the headers, on the loop: probes never wait
+        behind a scrape."""
+        if request.method not in ("GET", "HEAD"):
+            return _text(405, b"use GET\n", {"Allow": "GET, HEAD"})
+        if request.path == "/healthz":
+            return _text(200, b"ok\n")
+        if request.path == "/readyz":
+            try:
+                ok = bool(self._ready())
+            except Exception:  # a failing check means not ready, never a 500 loop
+                ok = False
+            return _text(200, b"ready\n") if ok else _text(503, b"not ready\n")
+        if request.path != "/metrics":
+            return _text(404, b"not found\n")
+        return None
 
-            def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def _handle(self, request: httpserver.Request) -> httpserver.Response:
+        return httpserver.Response(200, self._render(), {"Content-Type": CONTENT_TYPE_LATEST})
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # one line per scrape would drown the sidecar's real logs
 
-        return Handler
+def _text(status: int, body: bytes, headers: Optional[dict[str, str]] = None) -> httpserver.Response:
+    return httpserver.Response(status, body, {"Content-Type": "text/plain; charset=utf-8", **(headers or {})})

@@ -7,10 +7,18 @@ An unsupported Content-Type gets 400 (through errors.status_for, like every othe
 than 415: both tell the sender never to retry, and the status mapping stays in one place. Its error
 body is JSON, since the sender's format is unknown.
 
-Connections, request read deadlines and idle keep-alive connections are bounded by
-otelgpu.receiver.connections (`receiver.http.max_connections`, `read_timeout_seconds`,
-`idle_timeout_seconds`); bodies by `max_body_bytes`, after gunzip too (gzip is inflated with ISA-L;
-a body whose gzip trailer declares more than the limit is refused before any of it is inflated).
+Served by otelgpu.httpserver (tornado), which bounds what a client can hold: at most
+`receiver.http.max_connections` connections (the one waiting longest for a request makes room, else
+503 with Retry-After); `idle_timeout_seconds` to wait for a request (keep-alive, TLS handshake and
+the whole header block); `read_timeout_seconds` for the whole body after its headers, and as long
+again for the answer to be taken; each refusal and cut counted in
+`receiver_connections_refused{transport="http", reason}`. Requests are refused from their headers,
+before any body is read, without a valid bearer token (`auth`: 401, counted as
+requests{outcome="unauthenticated"}), a Content-Length (400) or within `max_body_bytes` (413); bodies
+are limited after gunzip too (gzip is inflated with ISA-L; a body whose gzip trailer declares more
+than the limit is refused before any of it is inflated). Requests are handled by a few worker
+threads, whatever the number of connections. `tls` gives TLS or mutual TLS, rotated files used for
+new connections (otelgpu.tls).
 """
 
 from __future__ import annotations
@@ -18,10 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
 import threading
-from http.server import BaseHTTPRequestHandler
-from typing import Any, Optional
+from typing import Optional
 
 import grpc
 from google.protobuf import json_format
@@ -33,11 +39,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otelgpu.config import HttpReceiverConfig
+from otelgpu import httpserver
+from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
-from otelgpu.receiver.connections import Connection, ConnectionGate, LimitedHTTPServer
 from otelgpu.receiver.ingest import Consumer, Request, answer
 from otelgpu.telemetry import SelfMetrics
+from otelgpu.tls import BearerTokens, ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,9 @@ PROTOBUF, JSON = "application/x-protobuf", "application/json"
 # Routing answers, outside the error taxonomy: no sender should retry them either.
 _NOT_FOUND = status_pb2.Status(code=grpc.StatusCode.NOT_FOUND.value[0], message=f"not found; OTLP metrics go to {PATH}")
 _NOT_POST = status_pb2.Status(code=grpc.StatusCode.UNIMPLEMENTED.value[0], message=f"use POST {PATH}")
+# The server's own refusals (401, 503 at a limit, 500), as google.rpc.Status codes.
+_CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
+WORKERS = 4  # threads decoding requests; with the queue, every connection may have one waiting
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
@@ -86,84 +96,6 @@ def _parse(body: bytes, media: str) -> Request:
     return request
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the Collector's exporter expects
-    timeout = None  # the connection's own deadlines apply instead (see Connection.recv_into)
-    receiver: "HttpReceiver"  # set on the per-receiver subclass
-
-    def __init__(self, request: socket.socket, client_address: Any, server: Any, conn: Connection) -> None:
-        self.conn = conn
-        super().__init__(request, client_address, server)  # serves the connection to its end
-
-    def setup(self) -> None:
-        super().setup()
-        self.rfile.close()
-        self.rfile = self.conn.reader()
-
-    def handle_one_request(self) -> None:
-        if not self.conn.next_request():  # evicted while idle, or the receiver is stopping
-            self.close_connection = True
-            return
-        super().handle_one_request()
-
-    def parse_request(self) -> bool:
-        # The request line may have come from the read buffer without a recv: start the deadline here too.
-        if not self.conn.request_started():
-            self.close_connection = True
-            return False
-        return super().parse_request()
-
-    def do_POST(self) -> None:
-        if self.path.split("?")[0] != PATH:
-            return self._other_method()
-        media = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        outcome, body, err = self.receiver.handle_export(self, media)
-        if err is None:
-            return self._finish(outcome, 200, media, body)
-        status = status_for(err)
-        msg = status_pb2.Status(code=status.grpc_code.value[0], message=str(err))
-        headers = {}
-        if isinstance(err, RetryableError):
-            headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-        self._finish(outcome, status.http_status, media if media in (PROTOBUF, JSON) else JSON, msg, headers)
-
-    def _other_method(self) -> None:
-        self.close_connection = True  # the body, if any, stays unread and must not pass for a request
-        if self.path.split("?")[0] != PATH:
-            return self._finish("invalid", 404, JSON, _NOT_FOUND)
-        self._finish("invalid", 405, JSON, _NOT_POST, {"Allow": "POST"})
-
-    def __getattr__(self, name: str) -> Any:
-        # The stdlib dispatches to do_<METHOD> and answers 501 when absent; every method but POST gets 405.
-        if name.startswith("do_"):
-            return self._other_method
-        raise AttributeError(name)
-
-    def _finish(self, outcome: str, code: int, media: str, msg: Message, headers: Optional[dict] = None) -> None:
-        self.receiver.metrics.count("requests", ("http", outcome))
-        data = json_format.MessageToJson(msg, indent=None).encode() if media == JSON else msg.SerializeToString()
-        self.conn.answering()
-        self.send_response(code)
-        self.send_header("Content-Type", media)
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s " + format, self.address_string(), *args)
-
-
-class _Server(LimitedHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Mostly clients that hung up mid-answer; the stdlib would print a traceback to stderr.
-        log.debug("OTLP/HTTP connection from %s failed", client_address, exc_info=True)
-
-
 class HttpReceiver:
     def __init__(self, config: HttpReceiverConfig, consumer: Consumer, metrics: SelfMetrics, max_body_bytes: int) -> None:
         self.config = config
@@ -171,64 +103,116 @@ class HttpReceiver:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.port: Optional[int] = None
-        self._server: Optional[_Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: Optional[httpserver.BoundedServer] = None
         self._lock = threading.Lock()
         self._stopped = False
 
     def start(self) -> None:
-        host, _, port = self.config.endpoint.rpartition(":")
-        handler = type("Handler", (_Handler,), {"receiver": self})
         c = self.config
-        gate = ConnectionGate(c.max_connections, c.read_timeout_seconds, c.idle_timeout_seconds, self.metrics)
+        host, port = split_endpoint(c.endpoint)
+        tls = (ServerTLS(c.tls, "receiver.http", lambda: self.metrics.count("tls_reload_errors", "receiver.http"))
+               if c.tls else None)
+        tokens = BearerTokens(c.auth, "receiver.http") if c.auth else None
+        limits = httpserver.Limits(max_connections=c.max_connections, header_timeout_s=c.idle_timeout_seconds,
+                                   body_timeout_s=c.read_timeout_seconds, write_timeout_s=c.read_timeout_seconds,
+                                   max_body_bytes=self.max_body_bytes, workers=WORKERS, queued=c.max_connections)
+        server = httpserver.BoundedServer("otlp-http", host, port, self._handle, limits, screen=self._screen,
+                                          error=self._error, refused=self._refused, tls=tls, tokens=tokens)
         try:
-            server = _Server((host, int(port)), handler, gate)
+            server.start()
         except OSError as exc:
-            raise ConfigError([f"receiver.http.endpoint: cannot listen on {self.config.endpoint}: {exc}"]) from exc
-        self._server, self.port = server, server.server_address[1]
-        # serve_forever notices shutdown() only between polls: keep the poll short so stopping is quick.
-        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="otlp-http", daemon=True)
-        self._thread.start()
-        log.info("OTLP/HTTP receiver listening on port %d", self.port)
+            raise ConfigError([f"receiver.http.endpoint: cannot listen on {c.endpoint}: {exc}"]) from exc
+        self._server, self.port = server, server.port
+        log.info("OTLP/HTTP receiver listening on %s (port %d, %s%s)", c.endpoint, self.port,
+                 "mTLS" if tls and tls.mutual else "TLS" if tls else "plaintext", ", bearer token" if tokens else "")
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace: float = 5.0) -> None:
+        """Stop accepting and close idle connections; requests under way are answered for up to
+        `grace` seconds."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         if self._server is not None:
-            self._server.shutdown()  # only after serve_forever started: it would wait forever otherwise
-            self._server.server_close()
-            self._server.gate.close()  # idle keep-alive connections would otherwise wait out their timeout
+            self._server.stop(grace)
 
     def connections(self) -> dict[str, int]:
-        """Open connections by state: `idle` (between requests), `reading` (a request under way) or
-        `closed` (cut off, its thread ending)."""
-        return self._server.gate.states() if self._server else {}
+        """Open connections by state: `idle` (waiting for a request: keep-alive, TLS handshake or
+        headers under way), `reading` (a body arriving) or `busy` (decoding, or answering)."""
+        return self._server.connections() if self._server else {}
 
-    def handle_export(self, req: BaseHTTPRequestHandler, media: str) -> tuple[str, Message, Optional[OtelgpuError]]:
+    def _refused(self, reason: str) -> None:
+        if reason == "unauthenticated":
+            self.metrics.count("requests", ("http", "unauthenticated"))
+        else:
+            self.metrics.count("receiver_connections_refused", ("http", reason))
+
+    def _screen(self, request: httpserver.Request) -> Optional[httpserver.Response]:
+        """From the headers, before the body is read: wrong path or method, no Content-Length or too large."""
+        if request.path != PATH:
+            return self._answer("invalid", 404, JSON, _NOT_FOUND)
+        if request.method != "POST":
+            return self._answer("invalid", 405, JSON, _NOT_POST, {"Allow": "POST"})
+        length = request.headers.get("Content-Length")
+        if not length or not length.isdigit():  # chunked bodies too: the size must be known beforehand
+            return self._failed("invalid", _media(request), PermanentError("Content-Length required"))
+        if int(length) > self.max_body_bytes:
+            return self._failed("invalid", _media(request),
+                                PermanentError(f"body exceeds {self.max_body_bytes} bytes", too_large=True))
+        return None
+
+    def _handle(self, request: httpserver.Request) -> httpserver.Response:
+        """On a worker: decode and hand to the consumer."""
+        media = _media(request)
+        outcome, body, err = self.handle_export(request.body, request.headers.get("Content-Encoding"), media)
+        if err is None:
+            return self._answer(outcome, 200, media, body)
+        return self._failed(outcome, media, err)
+
+    def _failed(self, outcome: str, media: str, err: OtelgpuError) -> httpserver.Response:
+        status = status_for(err)
+        msg = status_pb2.Status(code=status.grpc_code.value[0], message=str(err))
+        headers = {}
+        if isinstance(err, RetryableError):
+            headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+        return self._answer(outcome, status.http_status, media if media in (PROTOBUF, JSON) else JSON, msg, headers)
+
+    def _answer(self, outcome: str, code: int, media: str, msg: Message,
+                headers: Optional[dict[str, str]] = None) -> httpserver.Response:
+        self.metrics.count("requests", ("http", outcome))
+        return _response(code, media, msg, headers)
+
+    def _error(self, status: int, message: str, request: Optional[httpserver.Request]) -> httpserver.Response:
+        """The server's own refusals, as google.rpc.Status in the request's content type (JSON if unknown)."""
+        code = _CODES.get(status, grpc.StatusCode.INVALID_ARGUMENT)
+        media = _media(request) if request is not None else JSON
+        return _response(status, media if media in (PROTOBUF, JSON) else JSON,
+                         status_pb2.Status(code=code.value[0], message=message))
+
+    def handle_export(self, body: bytes, encoding: Optional[str], media: str) -> tuple[str, Message, Optional[OtelgpuError]]:
         """(outcome, response body, error to answer with instead)."""
         empty = ExportMetricsServiceResponse()
         try:
-            request = _parse(self._read_body(req, media), media)
+            request = _parse(self._unpack(body, encoding, media), media)
         except PermanentError as err:
             return "invalid", empty, err
         return answer(self.consumer, request, "HTTP")
 
-    def _read_body(self, req: BaseHTTPRequestHandler, media: str) -> bytes:
-        length = req.headers.get("Content-Length")
-        if not length or not length.isdigit():
-            req.close_connection = True  # the unread body would be taken for the next request
-            raise PermanentError("Content-Length required")
-        if int(length) > self.max_body_bytes:
-            req.close_connection = True
-            raise PermanentError(f"body exceeds {self.max_body_bytes} bytes", too_large=True)
-        body = req.rfile.read(int(length))
+    def _unpack(self, body: bytes, encoding: Optional[str], media: str) -> bytes:
         if media not in (PROTOBUF, JSON):
             raise PermanentError(f"unsupported Content-Type {media!r}; use {PROTOBUF} or {JSON}")
-        encoding = req.headers.get("Content-Encoding", "identity").strip().lower()
+        encoding = (encoding or "identity").strip().lower()
         if encoding == "gzip":
             return _inflate(body, self.max_body_bytes)
         if encoding != "identity":
             raise PermanentError(f"unsupported Content-Encoding {encoding!r}")
         return body
+
+
+def _media(request: httpserver.Request) -> str:
+    return request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+
+
+def _response(code: int, media: str, msg: Message, headers: Optional[dict[str, str]] = None) -> httpserver.Response:
+    data = json_format.MessageToJson(msg, indent=None).encode() if media == JSON else msg.SerializeToString()
+    return httpserver.Response(code, data, {"Content-Type": media, **(headers or {})})

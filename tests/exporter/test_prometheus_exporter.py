@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import requests
+from certs import Authority
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from otelgpu.config import PrometheusConfig
+from otelgpu.config import PrometheusConfig, ServerAuthConfig, ServerTLSConfig
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, cost_registry, label_name
 from otelgpu.exporter.store import CostStore, attrs_of
 from otelgpu.telemetry import SelfMetrics
@@ -148,3 +150,39 @@ def test_the_fast_text_is_prometheus_client_s_text(sums, gauges, cost_series) ->
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     assert collector.exposition() == generate_latest(registry)
+
+
+def test_metrics_over_tls_needs_a_token_and_the_probes_do_not(store: CostStore, tmp_path) -> None:
+    """exporter.prometheus with tls and auth: /metrics over HTTPS with a bearer token; /healthz and
+    /readyz open to the kubelet's probes, which carry no token; a rotated certificate that cannot
+    be used yet is counted and kept out."""
+    ca = Authority(tmp_path / "pki")
+    server_pair = ca.issue("otelgpu", file="server")
+    tokens = tmp_path / "tokens"
+    tokens.write_text("scrape-token\n")
+    metrics = SelfMetrics()
+    metrics.add("points_received", 7)
+    config = PrometheusConfig(endpoint="127.0.0.1:0", auth=ServerAuthConfig(bearer_token_file=str(tokens)),
+                              tls=ServerTLSConfig(cert_file=str(server_pair.cert), key_file=str(server_pair.key),
+                                                  reload_interval=0))
+    server = TelemetryServer(config, cost_registry(store, metrics, "c"), lambda: True, self_metrics=metrics)
+    server.start()
+    try:
+        assert server.url == f"https://127.0.0.1:{server.port}/metrics"
+        url = f"https://localhost:{server.port}"
+        get = lambda path, **kw: requests.get(url + path, verify=str(ca.cert), timeout=5, **kw)  # noqa: E731
+        assert get("/metrics").status_code == 401
+        assert get("/metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
+        scraped = get("/metrics", headers={"Authorization": "Bearer scrape-token"})
+        assert scraped.status_code == 200 and _samples(scraped.text)["otelgpu_points_received_total"][0].value == 7
+        assert get("/healthz").text == "ok\n" and get("/readyz").text == "ready\n"
+        assert get("/nope").status_code == 401  # everything but the probes needs the token
+        assert requests.post(url + "/metrics", headers={"Authorization": "Bearer scrape-token"}, data=b"x",
+                             verify=str(ca.cert), timeout=5).status_code == 405
+        with pytest.raises(requests.exceptions.ConnectionError):  # plaintext to the HTTPS port
+            requests.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5)
+        server_pair.key.write_bytes(ca.issue("other", file="other").key.read_bytes())  # a key of another pair
+        assert get("/healthz").status_code == 200  # the certificate loaded before is still served
+        assert metrics.tls_reload_errors["exporter.prometheus"] == 1
+    finally:
+        server.shutdown()

@@ -1,5 +1,7 @@
-"""OTLP/HTTP connection limits against real sockets: idle floods, full servers, slow-loris clients
-and idle keep-alive connections. Threads are counted by name, every wait is for a condition."""
+"""OTLP/HTTP connection limits against real sockets: idle floods, full servers, slow-loris clients in
+the headers and in the body, idle keep-alive connections, shutdown, and the worker threads, which
+stay few whatever the number of connections. Threads are counted by name, every wait is for a
+condition."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import time
 import requests
 from support import eventually
 
-from otelgpu.receiver.http_server import HttpReceiver
+from otelgpu.receiver.http_server import WORKERS, HttpReceiver
 
 from .helpers import VLLM
 
@@ -22,7 +24,8 @@ HEAD = (b"POST /v1/metrics HTTP/1.1\r\nHost: otelgpu\r\nContent-Type: applicatio
 
 
 def threads(receiver: HttpReceiver) -> int:
-    prefix = f"otlp-http-conn-{receiver.port}-"
+    """The receiver's threads: its event loop and its workers."""
+    prefix = f"otlp-http-{receiver.port}"
     return sum(t.name.startswith(prefix) for t in threading.enumerate())
 
 
@@ -77,25 +80,38 @@ def refused(metrics, reason: str) -> int:
     return metrics.receiver_connections_refused[("http", reason)]
 
 
-def test_idle_connections_beyond_the_limit_keep_threads_bounded(http_receiver, make_ingest, metrics, otel_request):
+class Gate:
+    """A consumer that holds every request until opened: keeps the workers busy on demand."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.opened, self.entered = inner, threading.Event(), 0
+        self._lock = threading.Lock()
+
+    def consume(self, request):
+        with self._lock:
+            self.entered += 1
+        self.opened.wait(30)
+        return self.inner.consume(request)
+
+
+def test_idle_connections_beyond_the_limit_are_evicted_oldest_first(http_receiver, make_ingest, metrics, otel_request):
     receiver = http_receiver(make_ingest(), max_connections=4)
-    socks, peak = [], 0
+    socks = []
     for i in range(12):
         socks.append(connect(receiver))
         # Each newcomer beyond four closes the connection idle the longest: the first eight go.
         eventually(lambda: refused(metrics, "idle_evicted") == max(0, i - 3)
                    and receiver.connections() == {"idle": min(i + 1, 4)})
-        peak = max(peak, threads(receiver))
-    assert peak == 4 and threads(receiver) == 4
     assert all(closed_by_server(s) for s in socks[:8])
     assert all(still_open(s) for s in socks[8:])
     # a real sender still gets through: it takes the place of the oldest idle connection
     assert post(receiver, otel_request(VLLM).SerializeToString()) == 200
     assert refused(metrics, "idle_evicted") == 9 and refused(metrics, "connection_limit") == 0
-    assert closed_by_server(socks[8]) and threads(receiver) <= 4
+    assert closed_by_server(socks[8])
+    assert threads(receiver) == 1 + WORKERS  # the loop and the workers, whatever the connections
     for s in socks:
         s.close()
-    eventually(lambda: threads(receiver) == 0)
+    eventually(lambda: receiver.connections() == {})
 
 
 def test_full_of_requests_under_way_a_newcomer_gets_503_with_retry_after(http_receiver, make_ingest, metrics,
@@ -111,17 +127,33 @@ def test_full_of_requests_under_way_a_newcomer_gets_503_with_retry_after(http_re
         answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in head
+    assert b"\r\nContent-Type: application/json\r\n" in head
     assert json.loads(body)["code"] == 14  # UNAVAILABLE, as a google.rpc.Status
-    assert refused(metrics, "connection_limit") == 1 and threads(receiver) == 2
+    assert refused(metrics, "connection_limit") == 1
     for s in slow:  # the senders give up: their places free
         s.close()
-    eventually(lambda: threads(receiver) == 0)
+    eventually(lambda: receiver.connections() == {})
     assert post(receiver, otel_request(VLLM).SerializeToString()) == 200
+    assert refused(metrics, "read_timeout") == 0  # hung up, not cut
 
 
-def test_slow_loris_is_cut_at_the_read_deadline_while_others_are_served(http_receiver, make_ingest, metrics,
-                                                                        otel_request):
-    receiver = http_receiver(make_ingest(), read_timeout_seconds=0.5, max_connections=3)
+def test_a_sender_of_a_request_refused_for_a_full_server_reads_the_503(http_receiver, make_ingest, metrics):
+    """requests sends its whole body before reading: the refusal drains it, so the close does not
+    reset the connection under the answer."""
+    receiver = http_receiver(make_ingest(), max_connections=1)
+    slow = connect(receiver)
+    slow.sendall(HEAD + b"\r\n0123")
+    eventually(lambda: receiver.connections() == {"reading": 1})
+    response = requests.post(f"http://127.0.0.1:{receiver.port}/v1/metrics", data=b"\0" * 200_000,
+                             headers={"Content-Type": "application/x-protobuf"}, timeout=10)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.json()["code"] == 14
+    slow.close()
+
+
+def test_slow_loris_is_cut_at_the_header_and_body_deadlines_while_others_are_served(
+        http_receiver, make_ingest, metrics, otel_request):
+    receiver = http_receiver(make_ingest(), idle_timeout_seconds=0.5, read_timeout_seconds=0.5, max_connections=3)
     body = otel_request(VLLM).SerializeToString()
     in_headers, in_body = connect(receiver), connect(receiver)
     in_headers.sendall(HEAD + b"X-Slow: ")
@@ -131,15 +163,14 @@ def test_slow_loris_is_cut_at_the_read_deadline_while_others_are_served(http_rec
                 for k, s, b in (("headers", in_headers, b"a"), ("body", in_body, b"0"))]
     for t in trickles:
         t.start()
-    eventually(lambda: receiver.connections().get("reading") == 2)
     assert post(receiver, body) == 200  # on the third place, while both trickle
     for t in trickles:
         t.join()
-    # each recv got its byte in time: only the deadline for the whole request could end them
+    # each recv got its byte in time: only a deadline for the whole header block or body could end them
     assert results == {"headers": True, "body": True}
-    assert refused(metrics, "read_timeout") == 2
+    eventually(lambda: receiver.connections() == {})  # counted as the server lets go of them
+    assert refused(metrics, "idle_timeout") == 1 and refused(metrics, "read_timeout") == 1
     assert dict(metrics.requests) == {("http", "ok"): 1}  # the cut requests were never answered
-    eventually(lambda: threads(receiver) == 0)
 
 
 def test_idle_keep_alive_connection_is_closed(http_receiver, make_ingest, metrics, otel_request):
@@ -154,15 +185,69 @@ def test_idle_keep_alive_connection_is_closed(http_receiver, make_ingest, metric
         response.read()
     assert client.sock is not None and closed_by_server(client.sock)
     assert closed_by_server(silent)
+    eventually(lambda: receiver.connections() == {})  # counted as the server lets go of them
     assert refused(metrics, "idle_timeout") == 2 and metrics.requests[("http", "ok")] == 2
-    eventually(lambda: threads(receiver) == 0)
     client.close()
 
 
-def test_shutdown_closes_idle_connections(http_receiver, make_ingest, metrics):
-    receiver = http_receiver(make_ingest())  # idle timeout 60 s: only shutdown can close it this soon
+def test_shutdown_closes_idle_connections_and_answers_requests_under_way(http_receiver, make_ingest, metrics,
+                                                                         otel_request):
+    gate = Gate(make_ingest())
+    receiver = http_receiver(gate)  # idle timeout 60 s: only shutdown can close it this soon
     sock = connect(receiver)
     eventually(lambda: receiver.connections() == {"idle": 1})
-    receiver.shutdown()
-    assert closed_by_server(sock)
+    codes: list[int] = []
+    sender = threading.Thread(target=lambda: codes.append(post(receiver, otel_request(VLLM).SerializeToString())))
+    sender.start()
+    eventually(lambda: gate.entered == 1)
+    stopping = threading.Thread(target=receiver.shutdown)
+    stopping.start()
+    assert closed_by_server(sock)  # at once, while the request under way is still held
+    gate.opened.set()
+    sender.join()
+    stopping.join()
+    assert codes == [200]
+    assert refused(metrics, "idle_timeout") == 0
     eventually(lambda: threads(receiver) == 0)
+    try:
+        connect(receiver).close()
+        raise AssertionError("still accepting after shutdown")
+    except ConnectionRefusedError:
+        pass
+
+
+def test_workers_stay_few_and_requests_beyond_the_queue_get_503(http_receiver, make_ingest, metrics, otel_request):
+    """Twelve senders at once on four workers: all wait on open connections, none gets a thread of
+    its own. Requests whose senders left still hold their place until handled: beyond the workers
+    and the queue (one waiting request per connection) a newcomer gets 503 with Retry-After."""
+    gate = Gate(make_ingest())
+    receiver = http_receiver(gate, max_connections=12)
+    body = otel_request(VLLM).SerializeToString()
+    codes: list[int] = []
+    senders = [threading.Thread(target=lambda: codes.append(post(receiver, body))) for _ in range(12)]
+    for s in senders:
+        s.start()
+    eventually(lambda: gate.entered == WORKERS and receiver.connections() == {"busy": 12})
+    assert threads(receiver) == 1 + WORKERS
+    gate.opened.set()
+    for s in senders:
+        s.join()
+    assert codes == [200] * 12
+
+    gate.opened.clear()
+    gate.entered = 0
+    limit = WORKERS + 12  # the workers, and one waiting request per allowed connection
+    for n in range(limit):  # each sender leaves; its request stays, held by a worker or queued
+        with connect(receiver) as s:
+            s.sendall(HEAD.replace(b"1000", str(len(body)).encode()) + b"\r\n" + body)
+            eventually(lambda: receiver.connections().get("busy") == 1)
+        eventually(lambda: receiver.connections() == {})
+    assert gate.entered == WORKERS and threads(receiver) == 1 + WORKERS
+    response = requests.post(f"http://127.0.0.1:{receiver.port}/v1/metrics", data=body,
+                             headers={"Content-Type": "application/x-protobuf"}, timeout=10)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.headers["Content-Type"] == "application/x-protobuf"  # the sender's own format
+    assert refused(metrics, "concurrent_requests") == 1
+    gate.opened.set()
+    eventually(lambda: receiver._server.under_way() == 0)  # places free as the held requests are handled
+    assert gate.entered == limit and post(receiver, body) == 200
