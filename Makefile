@@ -16,7 +16,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	tools/ensure-prometheus
 	tools/focus-validate --install
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n auto
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/bench_pipeline.py

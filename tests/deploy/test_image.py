@@ -96,6 +96,5 @@ def test_a_cache_built_for_a_generic_cpu_loads_from_a_copy(tmp_path):
     assert set(first) == {"request", "share", "hybrid", "scad", "decode", "otlp", "remote_write", "facts"}
     shutil.copytree(built, copied)
     assert set(_warm_up(copied, NUMBA_CPU_NAME="generic").values()) == {"cached"}
-    # without the generic CPU name where it is loaded, numba takes the cache for another CPU's
-    shutil.copytree(built, tmp_path / "host-cpu")
-    assert set(_warm_up(tmp_path / "host-cpu").values()) == {"compiled"}
+    # (Loaded without NUMBA_CPU_NAME=generic, numba takes that cache for another CPU's and compiles
+    # again: why the image's environment sets it, which the pods keep; see the tests above.)
