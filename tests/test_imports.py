@@ -35,3 +35,32 @@ def test_remote_write_without_sigv4_and_no_kubernetes_import_neither():
 def test_sigv4_imports_botocore():
     assert loaded(exporter__remote_write__url="https://aps.example/api/v1/remote_write",
                   exporter__remote_write__sigv4__region="eu-west-1") == ["botocore"]
+
+
+def test_every_declared_dependency_is_imported_by_otelgpu():
+    """The runtime dependencies in pyproject.toml are the ones otelgpu's code imports (by their
+    top-level modules, as installed); the test tools live in the `test` extra."""
+    import ast
+    import importlib.metadata
+    import re
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    imported = set()
+    for path in (REPO / "otelgpu").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+    unused = []
+    for requirement in declared:
+        name = re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0]
+        # The modules the distribution installs, by file: namespace packages (opentelemetry,
+        # google) are shared by several distributions, so their top-level name says nothing.
+        modules = {str(f.with_suffix("")).replace("/", ".").removesuffix(".__init__")
+                   for f in importlib.metadata.files(name) or () if f.suffix in (".py", ".so")}
+        modules = {m.split(".cpython-")[0] for m in modules}
+        if not imported & modules:
+            unused.append(name)
+    assert not unused, f"declared but never imported by otelgpu: {unused}"
