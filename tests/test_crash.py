@@ -98,25 +98,30 @@ def test_restart_during_an_outage_delivers_the_series_that_ended_meanwhile(prome
     c = scenario()  # nlp's pod ends at 25 minutes: its series end while Prometheus is away
     end = c.t0 / NS + 3600
     in_process(c, config("steady", prometheus.write_url))
-    doc = config("outage-restart", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")})
-    side = Sidecar(tmp_path, doc).start()
+    state = {"checkpoint": {"directory": str(tmp_path / "state")}}
+    # The first process gives up delivering 1 s after SIGTERM (the backend is down); the second
+    # has the usual time to deliver what is left.
+    first = Sidecar(tmp_path, config("outage-restart", prometheus.write_url, shutdown_timeout_s=1, **state), "first")
+    second = Sidecar(tmp_path, config("outage-restart", prometheus.write_url, **state), "second")
     requests = c.scrapes(60, 3600)
     try:
+        first.start()
         for request in requests[:15]:
-            send_until_acknowledged(side, request)
-        side.wait_for("otelgpu_exports_total", 2)
+            send_until_acknowledged(first, request)
+        first.wait_for("otelgpu_exports_total", 2)
         prometheus.stop()
         for request in requests[15:40]:  # 15 to 40 minutes: nlp ends at 25
-            send_until_acknowledged(side, request)
-        side.wait_for("otelgpu_export_failures_total", 1)
-        assert side.stop() == 0  # SIGTERM while the backend is still down: the queue stays on disk
+            send_until_acknowledged(first, request)
+        first.wait_for("otelgpu_export_failures_total", 1)
+        assert first.stop() == 0  # SIGTERM while the backend is still down: the queue stays on disk
         prometheus.start(port=prometheus.port)
-        side.start()
+        second.start()
         for request in requests[40:]:
-            send_until_acknowledged(side, request)
-        assert side.stop() == 0
+            send_until_acknowledged(second, request)
+        assert second.stop() == 0
     finally:
-        side.close()
+        first.close()
+        second.close()
     assert totals(prometheus, "outage-restart", end) == pytest.approx(totals(prometheus, "steady", end), rel=1e-12)
     # nlp's series were delivered with their last value and then ended (a stale marker).
     last = prometheus.query('max_over_time(gpu_cost_allocated_total{cluster="outage-restart", team="nlp", '

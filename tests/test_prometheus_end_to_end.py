@@ -49,7 +49,8 @@ def scenario() -> Cluster:
     return Cluster([node], pods, t0=t0_s * NS)
 
 
-def config(cluster: str, write_url: str, queue_size: int = 60, **extra: Any) -> dict[str, Any]:
+def config(cluster: str, write_url: str, queue_size: int = 60, shutdown_timeout_s: float = 20, **extra: Any
+           ) -> dict[str, Any]:
     """Every interval's snapshot is delivered (the queue holds the whole hour) unless `queue_size`
     says otherwise: merged snapshots keep the totals but not the per-interval samples that
     `increase()` over a window reads."""
@@ -58,7 +59,8 @@ def config(cluster: str, write_url: str, queue_size: int = 60, **extra: Any) -> 
                             "prices": {"gpu_hour_by_gpu_model": {A100: 12.0}}},
             "exporter": {"remote_write": {"url": write_url, "timeout_seconds": 5,
                                           "delivery": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5,
-                                                       "shutdown_timeout_seconds": 20, "queue_size": queue_size}}},
+                                                       "shutdown_timeout_seconds": shutdown_timeout_s,
+                                                       "queue_size": queue_size}}},
             **extra}
 
 
