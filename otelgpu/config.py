@@ -580,6 +580,8 @@ class KubernetesConfig:
     watch_timeout_seconds: int = Field(300, ge=1, le=3600)  # the server ends a watch after this; rewatched
     backoff_initial_seconds: float = Field(0.5, gt=0, le=60)
     backoff_max_seconds: float = Field(30.0, gt=0, le=600)
+    # How long the start waits for the first lists (kube-state-metrics facts serve meanwhile).
+    initial_sync_timeout_seconds: float = Field(10.0, ge=0, le=600)
 
     @model_validator(mode="after")
     def _check(self) -> "KubernetesConfig":

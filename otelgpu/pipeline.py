@@ -54,7 +54,6 @@ FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgo
 # The string interner is compacted once it holds this many strings and twice what the last
 # compaction kept: amortised, each string is copied a bounded number of times.
 COMPACT_STRINGS_FROM = 65_536
-KUBE_SYNC_WAIT_S = 10.0  # how long start() waits for the first Kubernetes API lists
 
 
 @dataclass
@@ -256,9 +255,10 @@ class Pipeline:
         intervals have the API's facts (kube-state-metrics facts serve meanwhile)."""
         if self.kube:
             self.kube.start()
-            if not self.kube.wait_synced(KUBE_SYNC_WAIT_S):
+            wait = self.config.kubernetes.initial_sync_timeout_seconds
+            if not self.kube.wait_synced(wait):
                 log.warning("Kubernetes API not listed after %.0f s; attributing with what is known and "
-                            "retrying in the background", KUBE_SYNC_WAIT_S)
+                            "retrying in the background", wait)
 
     def start(self) -> None:
         kernels = warm_up()  # the first request and the first export must never wait for the JIT

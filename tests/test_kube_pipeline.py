@@ -52,8 +52,8 @@ def sidecar():
     """A pipeline whose Kubernetes API source is started, shut down after the test."""
     started: list[Pipeline] = []
 
-    def start(api: FakeKubeApi) -> Pipeline:
-        p = offline_pipeline(api_config(api))
+    def start(api: FakeKubeApi, **kube: Any) -> Pipeline:
+        p = offline_pipeline(api_config(api, **kube))
         # Changes take effect when observed; here that is the data time the scenario has reached.
         p.kube.facts.clock = lambda: p.windows.watermark_ns / NS
         p.start_sources()
@@ -159,7 +159,7 @@ def test_refused_pods_fall_back_to_kube_state_metrics_then_the_api_takes_over(ap
     api.apply(before_t0(cluster.pod_object(replace(cluster.pods[0], labels={**cluster.pods[0].labels,
                                                                              "cost-center": "cc-9"}))))
     api.forbid("list", "pods")
-    p = sidecar(api)
+    p = sidecar(api, initial_sync_timeout_seconds=0.5)  # pods are refused: the start waits in vain
     def allow() -> None:
         assert p.metrics.kube_errors[("pods", "list", "forbidden")] >= 1
         api.allow("list", "pods")
