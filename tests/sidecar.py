@@ -63,13 +63,17 @@ class Sidecar:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a self-metric's samples on /metrics with these labels (0 when absent)."""
+        return self.metrics(name, **labels)[name]
+
+    def metrics(self, *names: str, **labels: str) -> dict[str, float]:
+        """Per name, the sum of its samples with these labels, all from one scrape of /metrics."""
         text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        total = 0.0
+        totals = dict.fromkeys(names, 0.0)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    total += sample.value
-        return total
+                if sample.name in totals and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    totals[sample.name] += sample.value
+        return totals
 
     def wait_for(self, name: str, at_least: float, timeout: float = 30) -> float:
         return eventually(lambda: (value := self.metric(name)) >= at_least and (value,), timeout,
