@@ -48,7 +48,7 @@ def is_loopback(host: str) -> bool:
     """Whether `host` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
     import ipaddress
 
-    if host.lower() in LOOPBACK_HOSTS or host.lower().endswith(".localhost"):
+    if host.lower() in LOOPBACK_HOSTS:  # not *.localhost: cluster DNS resolves such names through its search path
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -402,6 +402,8 @@ class OtlpExporterConfig:
                              "(tls.insecure, or a loopback endpoint: set tls.insecure: false for TLS there)")
         if self.tls.insecure_skip_verify:
             raise ValueError("tls.insecure_skip_verify is not available over gRPC: give the server's CA in tls.ca_file")
+        if self.tls.min_version != "1.2":
+            raise ValueError("tls.min_version: gRPC negotiates TLS 1.2 or 1.3 itself; only 1.2 can be set here")
         _one_authorization(self.headers, self.bearer_token_file)
         return self
 
@@ -461,10 +463,17 @@ class RemoteWriteConfig:
         if self.ca_file is not None or self.insecure_skip_tls_verify is not None:
             raise ValueError("ca_file and insecure_skip_tls_verify moved to tls.ca_file and tls.insecure_skip_verify "
                              "(the Collector's shape)")
-        import urllib.parse
+        import urllib3.util
 
-        url = urllib.parse.urlsplit(self.url)
-        if url.scheme == "http" and not self.tls.insecure and not is_loopback(url.hostname or ""):
+        # Parsed as the client that sends parses it (urllib.parse reads `http://a\\@b/` as host b,
+        # urllib3 as host a), and with nothing before the host that could be read two ways.
+        url = urllib3.util.parse_url(self.url)
+        if url.auth is not None or "\\" in self.url or "@" in (url.netloc or ""):
+            raise ValueError(f"url {self.url!r}: no user information or backslash before the path (put "
+                             "credentials in headers or bearer_token_file)")
+        if url.scheme == "http" and self.tls.insecure is False:
+            raise ValueError("url http:// is plaintext, but tls.insecure is false")
+        if url.scheme == "http" and not self.tls.insecure and not is_loopback((url.host or "").strip("[]")):
             raise ValueError(f"url {self.url} sends plaintext to a host that is not loopback: use https://, "
                              "or set tls.insecure: true to allow it")
         if url.scheme == "http" and (self.tls.ca_file or self.tls.cert_file):

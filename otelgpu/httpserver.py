@@ -86,6 +86,7 @@ logging.getLogger("tornado.general").addFilter(_ClientNoise())
 
 RETRY_AFTER_S = 1  # a slot frees as soon as one request is answered or one deadline passes
 IDLE, READING, BUSY = "idle", "reading", "busy"  # a connection's state (see BoundedServer.connections)
+CLOSING = "closing"  # answered from its headers (a refusal), its body drained before the close
 _LINGER_S, _QUIET_S, _LINGER_BYTES = 1.0, 0.2, 1 << 20  # the drain of a refused request's body
 
 
@@ -197,7 +198,8 @@ class BoundedServer:
     def connections(self) -> dict[str, int]:
         """Open connections by state: `idle` (waiting for a request: keep-alive, TLS handshake or
         headers under way; the ones eviction may close), `reading` (a request's body arriving),
-        `busy` (its handler running or its answer being written)."""
+        `busy` (its handler running or its answer being written), `closing` (answered from its
+        headers, a refusal, and drained before the close; evicted before any idle one)."""
         return self._on_loop(lambda server: dict(Counter(conn.state for conn in server.open.values())), {})
 
     def under_way(self) -> int:
@@ -309,7 +311,10 @@ class _Server(HTTPServer):
             stream.close()
             return
         if len(self.open) >= lim.max_connections:
-            waiting = [conn for conn in self.open.values() if conn.state == IDLE]
+            # A connection being closed after a refusal goes first: clients refused from their
+            # headers (no token, too large) must not keep the ones that send well out.
+            closing = [conn for conn in self.open.values() if conn.state == CLOSING]
+            waiting = closing or [conn for conn in self.open.values() if conn.state == IDLE]
             if waiting:
                 self.cut(min(waiting, key=lambda conn: conn.since), "idle_evicted")
             else:
@@ -376,10 +381,10 @@ class _Server(HTTPServer):
         if response is not None:
             return response
         if body_follows(request.headers):
-            length = request.headers.get("Content-Length", "")
-            if not length.isdigit():
+            length = content_length(request.headers.get("Content-Length"))
+            if length is None:
                 return owner.error(411, "Content-Length required", request)
-            if int(length) > lim.max_body_bytes:
+            if length > lim.max_body_bytes:
                 return owner.error(413, f"body exceeds {lim.max_body_bytes} bytes", request)
         if self.slots >= lim.workers + lim.queued:
             owner.refused("concurrent_requests")
@@ -434,7 +439,7 @@ class _Exchange(httputil.HTTPMessageDelegate):
         if not body_follows(headers):
             self.early = answer  # the connection stays open: nothing unread
             return None
-        self.conn.state = BUSY
+        self.conn.state, self.conn.since = CLOSING, self.server.clock
         if self.request.method == "HEAD":
             answer.body = b""
         # tornado awaits this before it would read the body; the stream is closed by then
@@ -498,6 +503,12 @@ class _Exchange(httputil.HTTPMessageDelegate):
 
         deadline = stream.io_loop.call_later(server.owner.limits.write_timeout_s, expired)
         written.add_done_callback(lambda _: stream.io_loop.remove_timeout(deadline))
+
+
+def content_length(value: Optional[str]) -> Optional[int]:
+    """A Content-Length header's value when it is one (ASCII digits only: `str.isdigit` also
+    takes "²", which int() refuses)."""
+    return int(value) if value and value.isascii() and value.isdigit() else None
 
 
 def body_follows(headers: httputil.HTTPHeaders) -> bool:

@@ -185,18 +185,20 @@ class BearerTokens:
 
     def _load(self) -> list[bytes]:
         text = _read(self.path, f"{self.where}.auth").decode("utf-8", "replace")
-        return [line.strip().encode() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        return [line.strip().encode() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
     def tokens(self) -> list[bytes]:
+        """The tokens accepted now. A file that cannot be read (being replaced, say) keeps the
+        tokens read before; a file read and holding no token revokes them all."""
         with self._lock:
             if self._files.changed():
                 try:
-                    tokens = self._load()
+                    self._tokens = self._load()
+                    if not self._tokens:
+                        log.warning("%s.auth: %s holds no token: every request is refused until it does",
+                                    self.where, self.path)
                 except ConfigError as exc:
                     log.error("%s; keeping the tokens read before", exc.problems[0])
-                    tokens = []
-                if tokens:
-                    self._tokens = tokens
             return self._tokens
 
     def check(self, authorization: Optional[str]) -> bool:

@@ -196,3 +196,32 @@ def test_periods_cut_inside_a_delivery_outage_are_merged_until_they_add_up(prome
     assert sum(r["BilledCost"] for r in rows) == pytest.approx(12.0)
     merged = {r["x_AllocationKind"]: r["BilledCost"] for r in rows if r["ChargePeriodStart"] == t0 + 900}
     assert merged == {"holder": pytest.approx(4.0), "idle": pytest.approx(2.0)}
+
+
+def test_merges_stay_within_a_month_and_a_node_with_held_hours_but_no_cost_series_still_splits() -> None:
+    """On origins built here (no server): a capacity that arrives a period late across the end
+    of a month is not merged into the month before (each month's bill stays its own); a node
+    whose holders' cost series are missing but whose GPU-hours arrived is split (all of it
+    unaccounted), not a crash."""
+    from datetime import datetime, timezone
+
+    day = 86_400.0
+    feb = datetime(2026, 2, 1, tzinfo=timezone.utc).timestamp()
+    origins = {}
+    for k, (start, capacity, charged) in enumerate(((feb - 2 * day, 10.0, 10.0), (feb - day, 0.0, 10.0),
+                                                   (feb, 20.0, 10.0), (feb + day, 10.0, 10.0))):
+        o = focus.Origin(start, start + day, "c", "n1", {"idle_policy": "keep"})
+        o.capacity = capacity
+        o.charge("holder", {"pod": "p", "namespace": "x"}).parts[("gpu", "held")] += charged
+        origins[(k, "c", "n1")] = o
+    assert focus._balanced(origins) == 0  # Jan 31 and Feb 1 would add up together: not across the month
+    assert len(origins) == 4
+
+    held_only = focus.Origin(feb, feb + day, "c", "n2", {})
+    held_only.capacity = 10.0
+    held_only.charge("holder", {"pod": "q", "namespace": "x"}).gpu_seconds = 3600.0
+    data = focus.Dataset("request", [held_only], [])
+    # as collect() finishes an origin: the gap becomes an unaccounted charge
+    held_only.charge("unaccounted", {}).parts[(focus._main(held_only), "unaccounted")] += 10.0
+    rows = dataset_rows(data)
+    assert sum(r["BilledCost"] for r in rows) == pytest.approx(10.0)

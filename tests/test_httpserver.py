@@ -21,9 +21,9 @@ LIMITS = Limits(max_connections=8, header_timeout_s=30, body_timeout_s=30, write
 class Served:
     """A BoundedServer on 127.0.0.1:0 with its refusals counted."""
 
-    def __init__(self, handle, limits: Limits = LIMITS, host: str = "127.0.0.1") -> None:
+    def __init__(self, handle, limits: Limits = LIMITS, host: str = "127.0.0.1", **options) -> None:
         self.refusals: list[str] = []
-        self.server = BoundedServer("test-http", host, 0, handle, limits, refused=self.refusals.append)
+        self.server = BoundedServer("test-http", host, 0, handle, limits, refused=self.refusals.append, **options)
         self.server.start()
         self.url = f"http://127.0.0.1:{self.server.port}"
 
@@ -37,8 +37,8 @@ class Served:
 def served():
     started: list[Served] = []
 
-    def start(handle, limits: Limits = LIMITS, host: str = "127.0.0.1") -> Served:
-        started.append(Served(handle, limits, host))
+    def start(handle, limits: Limits = LIMITS, host: str = "127.0.0.1", **options) -> Served:
+        started.append(Served(handle, limits, host, **options))
         return started[-1]
 
     yield start
@@ -150,3 +150,31 @@ def test_oversized_headers_close_the_connection(served):
         answer = b""
     assert not answer.startswith(b"HTTP/1.1 200")
     assert requests.get(s.url, timeout=10).status_code == 200
+
+
+def test_clients_refused_from_their_headers_cannot_keep_a_real_sender_out(served, tmp_path):
+    """Six clients without a token hold connections by announcing bodies they trickle; the
+    connections being closed after their 401s are evicted first, so the sender with the token
+    always gets a place."""
+    from otelgpu.config import ServerAuthConfig
+    from otelgpu.tls import BearerTokens
+
+    token = tmp_path / "token"
+    token.write_text("good\n")
+    s = served(echo, Limits(max_connections=4, header_timeout_s=30, body_timeout_s=30, write_timeout_s=30,
+                            max_body_bytes=1000), tokens=BearerTokens(ServerAuthConfig(str(token)), "test"))
+    hostile = [s.raw(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n") for _ in range(6)]
+    eventually(lambda: s.server.connections().get("closing", 0) >= 3)
+    for _ in range(5):
+        ok = requests.post(s.url, data=b"hello", headers={"Authorization": "Bearer good"}, timeout=10)
+        assert ok.status_code == 200 and ok.text == "hello"
+    for sock in hostile:
+        sock.close()
+
+
+def test_a_content_length_of_other_digits_is_refused_not_a_crash(served, caplog):
+    s = served(echo)
+    sock = s.raw("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: ²\r\n\r\n".encode("latin-1"))
+    assert answer_of(sock).startswith(b"HTTP/1.1 411 ")
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert requests.post(s.url, data=b"still here", timeout=10).text == "still here"

@@ -244,7 +244,9 @@ class OtlpSender:
             credentials, options = grpc_channel_credentials(config.tls, "exporter.otlp")
             self._channel = grpc.secure_channel(target, credentials, options=options)
         else:
-            self._channel = grpc.insecure_channel(target)
+            # Plaintext is allowed only over the loopback: never through an HTTP proxy the
+            # environment names (http_proxy, grpc_proxy), which would carry it off the host.
+            self._channel = grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)])
         self._writer = RequestWriter(specs, cluster, instance)
         self._export = self._channel.unary_unary(
             "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request_serializer=None,

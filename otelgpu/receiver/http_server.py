@@ -153,10 +153,10 @@ class HttpReceiver:
             return self._answer("invalid", 404, JSON, _NOT_FOUND)
         if request.method != "POST":
             return self._answer("invalid", 405, JSON, _NOT_POST, {"Allow": "POST"})
-        length = request.headers.get("Content-Length")
-        if not length or not length.isdigit():  # chunked bodies too: the size must be known beforehand
+        length = httpserver.content_length(request.headers.get("Content-Length"))
+        if length is None:  # chunked bodies too: the size must be known beforehand
             return self._failed("invalid", _media(request), PermanentError("Content-Length required"))
-        if int(length) > self.max_body_bytes:
+        if length > self.max_body_bytes:
             return self._failed("invalid", _media(request),
                                 PermanentError(f"body exceeds {self.max_body_bytes} bytes", too_large=True))
         return None

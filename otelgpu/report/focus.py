@@ -137,10 +137,14 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
     money = {**matchers, "cost_model": cost_model}
 
     def read(name: str, selection: Labels) -> list[list[tuple[Labels, float]]]:
-        return increases_by_period(client, name, selection, bounds, lookback_s)
+        periods = increases_by_period(client, name, selection, bounds, lookback_s)
+        kept = [[(labels, v) for labels, v in series if math.isfinite(v)] for series in periods]
+        dropped[0] += sum(len(a) - len(b) for a, b in zip(periods, kept))
+        return kept
 
     origins: dict[tuple[int, str, str], Origin] = {}
     warnings: list[str] = []
+    dropped = [0]  # increases that are not numbers (NaN, infinite): left out, and said so
 
     def origin(k: int, labels: Labels) -> Origin:
         where = (k, labels.get("cluster", ""), labels.get("node", ""))
@@ -179,6 +183,8 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
             if o is not None:
                 o.gpu_seconds += value
 
+    if dropped[0]:
+        warnings.append(f"{dropped[0]} series-periods whose increase is not a number were left out")
     merged = _balanced(origins)
     kept, unpriced, short, gaps = [], 0, 0, 0
     if merged:
@@ -209,6 +215,9 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
     return Dataset(cost_model, kept, warnings)
 
 
+MAX_MERGED = 48  # periods one merge may span: an outage longer than that stays apart, its gaps unaccounted
+
+
 def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
     """Merge each node's consecutive periods whose charges do not add up to their capacity, up to
     the first period where, together, they do; returns how many periods were merged away.
@@ -216,8 +225,9 @@ def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
     While the backend is down, otelgpu merges queued snapshots (newest value per series), so each
     series carries its cost of the outage at one time of its own: the capacity of a period cut
     inside the outage may have arrived in a later period than its charges, or the reverse. Those
-    periods cannot be split; together they are exact. A node whose periods never add up (series
-    missing for good) keeps them apart."""
+    periods cannot be split; together they are exact. A merge never crosses a calendar month
+    (each month's bill stays its own) and spans at most MAX_MERGED periods; a node whose periods
+    do not add up within that (series missing for good) keeps them apart."""
     by_node: dict[tuple[str, str], list[tuple[int, Origin]]] = defaultdict(list)
     for (k, cluster, node), o in sorted(origins.items()):
         by_node[(cluster, node)].append((k, o))
@@ -225,19 +235,24 @@ def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
     for (cluster, node), periods in by_node.items():
         i = 0
         while i < len(periods):
-            gap, j = 0.0, i
-            while j < len(periods):
-                gap += _gap(periods[j][1])
-                if abs(gap) <= TOLERANCE * max(sum(o.capacity for _, o in periods[i:j + 1]), 1e-300):
-                    break
+            first = periods[i][1]
+            gap, capacity, j = _gap(first), first.capacity, i
+            month = _month(first.start)
+            while abs(gap) > TOLERANCE * max(capacity, 1e-300):
                 j += 1
-            if j > i and j < len(periods):
-                head = periods[i][1]
+                # Periods without any series in between are spanned: an outage leaves such holes.
+                if j == len(periods) or periods[j][0] - periods[i][0] >= MAX_MERGED \
+                        or _month(periods[j][1].start) != month:
+                    j = i  # not within reach: this period stays apart
+                    break
+                gap += _gap(periods[j][1])
+                capacity += periods[j][1].capacity
+            if j > i:
                 for k, o in periods[i + 1:j + 1]:
-                    _absorb(head, o)
+                    _absorb(first, o)
                     del origins[(k, cluster, node)]
                 merged += j - i
-            i = j + 1 if j < len(periods) else i + 1
+            i = j + 1
     return merged
 
 
@@ -281,7 +296,7 @@ def _main(o: Origin) -> str:
     for c in o.charges.values():
         for (resource, _), v in c.parts.items():
             by[resource] += v
-    return max(by, key=lambda r: (by[r], r == "gpu"))
+    return max(by, key=lambda r: (by[r], r == "gpu")) if by else "gpu"
 
 
 def method_id(cost_model: str, idle_policy: str) -> str:

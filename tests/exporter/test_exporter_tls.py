@@ -188,6 +188,15 @@ def test_insecure_skip_verify_trusts_any_server_when_asked(pki, store, intervals
     ({"remote_write": {"url": "http://prometheus:9090/api/v1/write", "tls": {"insecure": True}}}, None),
     ({"remote_write": {"url": "http://localhost:9090/api/v1/write"}}, None),
     ({"remote_write": {"url": "https://x/api/v1/write", "ca_file": "/ca.pem"}}, "moved to tls.ca_file"),
+    # Read as urllib3 reads it, the host is 192.0.2.2; urllib.parse would say 127.0.0.1.
+    ({"remote_write": {"url": "http://192.0.2.2:9\\@127.0.0.1/api/v1/write"}}, "no user information or backslash"),
+    ({"remote_write": {"url": "http://user:pw@127.0.0.1/api/v1/write"}}, "no user information"),
+    ({"remote_write": {"url": "http://[::1]:9090/api/v1/write"}}, None),
+    ({"remote_write": {"url": "http://localhost:9090/api/v1/write", "tls": {"insecure": False}}}, "plaintext, but"),
+    # Cluster DNS resolves x.localhost through its search path (a Service in a namespace "localhost").
+    ({"remote_write": {"url": "http://otel.localhost:9090/api/v1/write"}}, "not loopback"),
+    ({"otlp": {"endpoint": "otel.localhost:4317"}}, None),  # TLS, then: allowed, and not plaintext
+    ({"otlp": {"endpoint": "collector:4317", "tls": {"min_version": "1.3"}}}, "only 1.2 can be set"),
     ({"remote_write": {"url": "https://x/api/v1/write", "sigv4": {"region": "eu-west-1"},
                        "bearer_token_file": "/t"}}, "keep one"),
 ])
@@ -205,3 +214,30 @@ def test_the_otlp_target_follows_the_endpoint_and_tls() -> None:
     assert OtlpExporterConfig(endpoint="collector:4317").target == ("collector:4317", True)
     assert OtlpExporterConfig(endpoint="https://collector:4317/").target == ("collector:4317", True)
     assert OtlpExporterConfig(endpoint="[::1]:4319").target == ("[::1]:4319", False)
+
+
+def test_a_name_under_localhost_gets_tls() -> None:
+    assert OtlpExporterConfig(endpoint="otel.localhost:4317").target == ("otel.localhost:4317", True)
+
+
+def test_plaintext_to_loopback_never_goes_through_a_proxy(store, intervals, monkeypatch) -> None:
+    """An http_proxy in the environment would carry loopback plaintext off the host: the OTLP
+    exporter's plaintext channel does not use it (the proxy here counts who comes)."""
+    import socket
+
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen(8)
+    proxy.settimeout(0.01)
+    for name in ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    intervals.record(0)
+    sink = MetricsSink()
+    try:
+        with serve_sink(sink):
+            assert send_one(OtlpExporterConfig(endpoint=sink.endpoint, timeout_seconds=5), store).ok
+        assert len(sink.received) == 1
+        with pytest.raises(TimeoutError):
+            proxy.accept()  # nobody came to the proxy
+    finally:
+        proxy.close()

@@ -158,3 +158,19 @@ def test_unusable_certificate_files_stop_the_start_with_their_setting(make_inges
                             make_ingest(), metrics)
     with pytest.raises(ConfigError, match="holds no token"):
         receiver.start()
+
+
+def test_token_files_comments_and_revocation(tmp_path) -> None:
+    from otelgpu.tls import BearerTokens
+
+    path = tmp_path / "tokens"
+    path.write_text("  # the old one below was revoked on 2026-05-01\nnew-token\n")
+    tokens = BearerTokens(ServerAuthConfig(bearer_token_file=str(path)), "receiver.grpc")
+    assert tokens.check("Bearer new-token")
+    assert not tokens.check("Bearer # the old one below was revoked on 2026-05-01")  # an indented comment
+    path.write_text("")  # emptied on purpose: every token revoked
+    assert not tokens.check("Bearer new-token")
+    path.write_text("newer\n")
+    assert tokens.check("Bearer newer")
+    path.unlink()  # gone for a moment (a Secret being replaced): what was read stays
+    assert tokens.check("Bearer newer")
