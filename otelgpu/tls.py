@@ -170,6 +170,20 @@ def grpc_channel_credentials(config: ClientTLSConfig, where: str) -> tuple[grpc.
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert), options
 
 
+def server_tokens(auth: Optional[ServerAuthConfig], tls: Optional[ServerTLSConfig], endpoint: str,
+                  where: str) -> Optional["BearerTokens"]:
+    """The tokens of a server's `auth`, if any. Tokens sent in plaintext to an address beyond the
+    loopback can be read on the way: said at start (a service mesh may encrypt the hop itself)."""
+    if auth is None:
+        return None
+    from otelgpu.config import is_loopback, split_endpoint
+
+    if tls is None and not is_loopback(split_endpoint(endpoint)[0]):
+        log.warning("%s: bearer tokens accepted in plaintext on %s: set %s.tls, unless the network itself "
+                    "encrypts this hop (a service mesh)", where, endpoint, where)
+    return BearerTokens(auth, where)
+
+
 class BearerTokens:
     """The tokens of a token file, one per line (blank lines and `#` comments skipped), read
     again when the file changes. `check()` compares in constant time."""

@@ -28,7 +28,7 @@ from otelgpu import httpserver
 from otelgpu.config import PrometheusConfig, split_endpoint
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
-from otelgpu.tls import BearerTokens, ServerTLS
+from otelgpu.tls import ServerTLS, server_tokens
 
 _INVALID_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -281,7 +281,7 @@ class TelemetryServer:
                 return
             cfg = self.config
             tls = ServerTLS(cfg.tls, "exporter.prometheus", self._tls_error) if cfg.tls else None
-            tokens = BearerTokens(cfg.auth, "exporter.prometheus") if cfg.auth else None
+            tokens = server_tokens(cfg.auth, cfg.tls, cfg.endpoint, "exporter.prometheus")
             server = httpserver.BoundedServer("otelgpu-telemetry", self._host, self._port, self._handle, LIMITS,
                                               screen=self._screen, tls=tls, tokens=tokens, open_paths=OPEN_PATHS)
             server.start()

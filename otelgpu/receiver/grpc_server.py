@@ -36,7 +36,7 @@ from otelgpu.config import GrpcReceiverConfig, listen_address
 from otelgpu.errors import ConfigError, OtelgpuError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
-from otelgpu.tls import BearerTokens, ServerTLS
+from otelgpu.tls import BearerTokens, ServerTLS, server_tokens
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class GrpcReceiver:
             self._export, request_deserializer=None,
             response_serializer=ExportMetricsServiceResponse.SerializeToString,
         )
-        tokens = BearerTokens(cfg.auth, "receiver.grpc") if cfg.auth else None
+        tokens = server_tokens(cfg.auth, cfg.tls, cfg.endpoint, "receiver.grpc")
         server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler(),
                                                     tokens, self._unauthenticated_handler()),))
         address = listen_address(cfg.endpoint)

@@ -44,7 +44,7 @@ from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, Request, answer
 from otelgpu.telemetry import SelfMetrics
-from otelgpu.tls import BearerTokens, ServerTLS
+from otelgpu.tls import ServerTLS, server_tokens
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class HttpReceiver:
         host, port = split_endpoint(c.endpoint)
         tls = (ServerTLS(c.tls, "receiver.http", lambda: self.metrics.count("tls_reload_errors", "receiver.http"))
                if c.tls else None)
-        tokens = BearerTokens(c.auth, "receiver.http") if c.auth else None
+        tokens = server_tokens(c.auth, c.tls, c.endpoint, "receiver.http")
         limits = httpserver.Limits(max_connections=c.max_connections, header_timeout_s=c.idle_timeout_seconds,
                                    body_timeout_s=c.read_timeout_seconds, write_timeout_s=c.read_timeout_seconds,
                                    max_body_bytes=self.max_body_bytes, workers=WORKERS, queued=c.max_connections)

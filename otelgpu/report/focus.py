@@ -201,7 +201,7 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
             gaps += 1
         elif -gap > TOLERANCE * o.capacity:
             short += 1
-        o.charges = {key: c for key, c in o.charges.items() if c.cost != 0 or c.gpu_seconds != 0}
+        o.charges = {key: c for key, c in o.charges.items() if c.cost or c.gpu_seconds or c.used or c.waste or c.unmeasured}
         kept.append(o)
     if unpriced:
         warnings.append(f"{unpriced} node-periods with no capacity cost left out (unpriced, or nothing to split)")

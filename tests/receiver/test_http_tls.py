@@ -185,3 +185,17 @@ def test_unusable_certificate_files_stop_the_start_with_their_setting(make_inges
         receiver = HttpReceiver(HttpReceiverConfig(endpoint="127.0.0.1:0", tls=tls), make_ingest(), metrics, 1 << 20)
         with pytest.raises(ConfigError, match=says):
             receiver.start()
+
+
+def test_tokens_in_plaintext_beyond_the_loopback_are_said_at_start(make_ingest, metrics, tmp_path, caplog):
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    for endpoint, warned in (("127.0.0.1:0", False), ("0.0.0.0:0", True)):
+        caplog.clear()
+        receiver = HttpReceiver(HttpReceiverConfig(endpoint=endpoint, auth=ServerAuthConfig(bearer_token_file=str(token))),
+                                make_ingest(), metrics, 1 << 20)
+        receiver.start()
+        try:
+            assert ("bearer tokens accepted in plaintext" in caplog.text) is warned
+        finally:
+            receiver.shutdown()
