@@ -72,6 +72,7 @@ MAX_SHAPES = 1 << 12  # distinct label shapes: a few dozen in a cluster; beyond,
 SWEEP_FROM = 1 << 12  # sets before the first sweep
 SET_IDLE_NS = 300 * 10**9  # a set no point carried for this long (data time) is dropped at a sweep
 MAX_RESOURCES = 4096  # distinct scrape-target resources remembered
+UNREAD = -3  # a point's set: not looked up (its scrape target may not send its kind)
 
 
 def _names() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,6 +163,7 @@ class ColumnarDecoder:
                 return None
             try:
                 resources = [self._resource(raw, int(a), int(b)) for a, b in cols["r_res"]]
+                _untrusted_unread(cols, resources)
                 self._learn(raw, buf, cols)
             except _Unsure:
                 return None
@@ -323,6 +325,18 @@ class ColumnarDecoder:
         if len(self._resources) < MAX_RESOURCES:
             self._resources[key] = out
         return out
+
+
+def _untrusted_unread(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]]) -> None:
+    """Points of a kind their scrape target may not send keep no label set: their labels are
+    never read or interned (they are refused in `_columns`, as the reference decoder refuses
+    them before reading their points)."""
+    metric, p_set = cols["p_metric"].astype(np.int64), cols["p_set"]
+    if not len(metric):
+        return
+    allowed = np.array([r[3] for r in resources], np.int64)
+    untrusted = (allowed[cols["p_res"]] & KIND_OF_METRIC[metric]) == 0
+    p_set[untrusted & (p_set == -1)] = UNREAD
 
 
 def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -431,3 +431,10 @@ def test_series_from_untrusted_scrape_targets_are_refused_the_same_by_both():
         consumed = len(honest[0]) + sum(n for r, n in honest[1].items())
         assert spoofed[0] == [] and sum(spoofed[1].values()) == consumed
         assert set(spoofed[1]) <= {untrusted_reason(b) for b in BIT.values()}
+
+    # A decoder that never saw these series keeps none of a refused target's labels.
+    fresh = Both(trusting)
+    strings = len(fresh.strings)
+    assert fresh.same(req.SerializeToString(), now=t0 + 300 * NS)[0] == []
+    # No label set, and no string but the targets' own node and pod names, as the reference reads
+    assert len(fresh.columnar) == 0 and len(fresh.strings) - strings <= 2 * len(req.resource_metrics)
