@@ -384,20 +384,16 @@ class OtlpExporterConfig:
     def _check(self) -> "OtlpExporterConfig":
         if self.insecure is not None:
             raise ValueError("insecure moved to tls.insecure (the Collector's shape): tls: {insecure: true}")
-        target = self.endpoint
-        scheme, _, rest = target.partition("://")
-        if _:
-            if scheme not in ("http", "https"):
-                raise ValueError(f"endpoint: expected host:port or http(s)://host:port, got {target!r}")
-            target = rest.rstrip("/")
-            if scheme == "http" and self.tls.insecure is False:
-                raise ValueError("endpoint http:// is plaintext, but tls.insecure is false")
-        host, _port = split_endpoint(target)
-        plaintext = scheme == "http" if _ else self.tls.insecure is True or (self.tls.insecure is None and is_loopback(host))
-        if scheme == "http" and self.tls.insecure is None and not is_loopback(host):
+        scheme, sep, _ = self.endpoint.partition("://")
+        if sep and scheme not in ("http", "https"):
+            raise ValueError(f"endpoint: expected host:port or http(s)://host:port, got {self.endpoint!r}")
+        address, tls = self.target
+        if scheme == "http" and self.tls.insecure is False:
+            raise ValueError("endpoint http:// is plaintext, but tls.insecure is false")
+        if not tls and not self.tls.insecure and not is_loopback(split_endpoint(address)[0]):
             raise ValueError(f"endpoint {self.endpoint} sends plaintext to a host that is not loopback: use TLS, "
                              "or set tls.insecure: true to allow it")
-        if plaintext and (self.tls.ca_file or self.tls.cert_file):
+        if not tls and (self.tls.ca_file or self.tls.cert_file):
             raise ValueError("tls: ca_file and cert_file need TLS, but the endpoint is plaintext "
                              "(tls.insecure, or a loopback endpoint: set tls.insecure: false for TLS there)")
         if self.tls.insecure_skip_verify:
@@ -409,10 +405,12 @@ class OtlpExporterConfig:
 
     @property
     def target(self) -> tuple[str, bool]:
-        """host:port, and whether TLS is used."""
+        """host:port, and whether TLS is used (ValueError for a malformed endpoint)."""
         scheme, sep, rest = self.endpoint.partition("://")
         if sep:
-            return rest.rstrip("/"), scheme == "https"
+            address = rest.rstrip("/")
+            split_endpoint(address)
+            return address, scheme == "https"
         host, _ = split_endpoint(self.endpoint)
         insecure = self.tls.insecure if self.tls.insecure is not None else is_loopback(host)
         return self.endpoint, not insecure

@@ -71,13 +71,14 @@ class _Ahead:
     undo: list[Callable[[], None]]
 
 
-def interval_summary(sums: Mapping[str, Mapping[Attrs, float]], seconds: float
+def interval_summary(sums: Mapping[str, Mapping[Attrs, float]], seconds: float, platform_idle: bool = False
                      ) -> tuple[float, dict[str, tuple[float, float]]]:
     """GPUs provisioned in an interval, and per cost model its capacity cost and the part of it
-    nobody held (idle, or booked to the platform tags)."""
+    nobody held: idle, or with `platform_idle` (idle policy `platform`) the unused cost booked
+    to the platform tags (the only policy that books unheld capacity there)."""
     gpus = sum(sums.get("provisioned", {}).values()) / seconds
     models: dict[str, list[float]] = {}
-    for metric, column in (("capacity", 0), ("idle", 1), ("unused", 1)):
+    for metric, column in (("capacity", 0), ("idle", 1), *((("unused", 1),) if platform_idle else ())):
         for attrs, value in sums.get(metric, {}).items():
             labels = dict(attrs)
             if metric == "unused" and labels.get("attribution") != "idle":
@@ -443,7 +444,8 @@ class Pipeline:
         points = (m.points_received, sum(m.points_rejected.values()), m.points_late)
         received, rejected, late = (a - b for a, b in zip(points, self._points_logged))
         self._points_logged = points
-        gpus, models = interval_summary(costs.sums, interval.seconds)
+        gpus, models = interval_summary(costs.sums, interval.seconds,
+                                        self.config.attribution.idle.policy == "platform")
         cost = "; ".join(f"{model} {capacity:,.2f} {self.config.attribution.currency}, idle {idle / capacity:.0%}"
                          if capacity else f"{model} 0 (unpriced)" for model, (capacity, idle) in models.items())
         log.info("interval %s-%s UTC: %s GPUs; %s; points %s received, %s rejected, %s late; %s series",

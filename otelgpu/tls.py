@@ -17,14 +17,18 @@ import os
 import ssl
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
 import grpc
 
 from otelgpu.config import ClientTLSConfig, ServerAuthConfig, ServerTLSConfig
 from otelgpu.errors import ConfigError
 
+if TYPE_CHECKING:
+    from otelgpu.telemetry import SelfMetrics
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -52,6 +56,18 @@ class _Files:
             return False
         self._seen = now
         return True
+
+
+def _fresh(files: _Files, load: Callable[[], T], current: T) -> T:
+    """What `load()` reads if the files changed since the last look, else `current`; a change
+    that cannot be read (a file being replaced) keeps `current`, logged."""
+    if not files.changed():
+        return current
+    try:
+        return load()
+    except ConfigError as exc:
+        log.error("%s; keeping what was read before", exc.problems[0])
+        return current
 
 
 def _read(path: str, where: str) -> bytes:
@@ -170,18 +186,31 @@ def grpc_channel_credentials(config: ClientTLSConfig, where: str) -> tuple[grpc.
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert), options
 
 
-def server_tokens(auth: Optional[ServerAuthConfig], tls: Optional[ServerTLSConfig], endpoint: str,
-                  where: str) -> Optional["BearerTokens"]:
-    """The tokens of a server's `auth`, if any. Tokens sent in plaintext to an address beyond the
-    loopback can be read on the way: said at start (a service mesh may encrypt the hop itself)."""
-    if auth is None:
-        return None
+class _Secured(Protocol):
+    endpoint: str
+    tls: Optional[ServerTLSConfig]
+    auth: Optional[ServerAuthConfig]
+
+
+def server_security(config: _Secured, where: str, metrics: Optional[SelfMetrics] = None
+                    ) -> tuple[Optional[ServerTLS], Optional["BearerTokens"], str]:
+    """A server's TLS and bearer tokens from its `tls:` and `auth:` (each None when not set), and
+    a few words saying which, for its start-up log line. Reloads that fail are counted in
+    `metrics.tls_reload_errors` under `where`. Tokens taken in plaintext beyond the loopback can
+    be read on the way: said at start (a service mesh may encrypt the hop itself)."""
     from otelgpu.config import is_loopback, split_endpoint
 
-    if tls is None and not is_loopback(split_endpoint(endpoint)[0]):
-        log.warning("%s: bearer tokens accepted in plaintext on %s: set %s.tls, unless the network itself "
-                    "encrypts this hop (a service mesh)", where, endpoint, where)
-    return BearerTokens(auth, where)
+    tls = tokens = None
+    if config.tls is not None:
+        tls = ServerTLS(config.tls, where,
+                        (lambda: metrics.count("tls_reload_errors", where)) if metrics is not None else None)
+    if config.auth is not None:
+        if tls is None and not is_loopback(split_endpoint(config.endpoint)[0]):
+            log.warning("%s: bearer tokens accepted in plaintext on %s: set %s.tls, unless the network itself "
+                        "encrypts this hop (a service mesh)", where, config.endpoint, where)
+        tokens = BearerTokens(config.auth, where)
+    words = "mTLS" if tls and tls.mutual else "TLS" if tls else "plaintext"
+    return tls, tokens, words + (", bearer token" if tokens else "")
 
 
 class BearerTokens:
@@ -201,18 +230,17 @@ class BearerTokens:
         text = _read(self.path, f"{self.where}.auth").decode("utf-8", "replace")
         return [line.strip().encode() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
+    def _reload(self) -> list[bytes]:
+        tokens = self._load()
+        if not tokens:
+            log.warning("%s.auth: %s holds no token: every request is refused until it does", self.where, self.path)
+        return tokens
+
     def tokens(self) -> list[bytes]:
         """The tokens accepted now. A file that cannot be read (being replaced, say) keeps the
         tokens read before; a file read and holding no token revokes them all."""
         with self._lock:
-            if self._files.changed():
-                try:
-                    self._tokens = self._load()
-                    if not self._tokens:
-                        log.warning("%s.auth: %s holds no token: every request is refused until it does",
-                                    self.where, self.path)
-                except ConfigError as exc:
-                    log.error("%s; keeping the tokens read before", exc.problems[0])
+            self._tokens = _fresh(self._files, self._reload, self._tokens)
             return self._tokens
 
     def check(self, authorization: Optional[str]) -> bool:
@@ -245,9 +273,5 @@ class TokenFile:
         return token
 
     def header(self) -> str:
-        if self._files.changed():
-            try:
-                self._token = self._load()
-            except ConfigError as exc:
-                log.error("%s; keeping the token read before", exc.problems[0])
+        self._token = _fresh(self._files, self._load, self._token)
         return f"Bearer {self._token}"

@@ -155,10 +155,10 @@ class CostModels:
         base = attribute_request(j.rows, dt)
         out.add("held", j.row_set, 0, base.held_s)
         gpus = np.bincount(j.gpu_node, minlength=len(j.nodes)).astype(np.float64)
-        nodes = np.array([out.set(node.attrs) for node in j.nodes], np.int64)
-        out.add("provisioned", nodes, 0, gpus * dt, where=gpus > 0)
+        node_set = np.array([out.set(node.attrs) for node in j.nodes], np.int64)  # each node's capacity series
+        out.add("provisioned", node_set, 0, gpus * dt, where=gpus > 0)
         for model in self.config.cost_models:
-            self._model(model, j, dt, base, out)
+            self._model(model, j, dt, base, node_set, out)
         self._unattributed(j, base, out)
         return out.series(self._merged), self._gauges(j, base)
 
@@ -173,7 +173,7 @@ class CostModels:
         into = np.array([index.setdefault(self._project(a), len(index)) for a in attrs], np.int64)
         return Packed.columns([self._with(a, ()) for a in index], np.bincount(into, weights=values, minlength=len(index)))
 
-    def _model(self, model: str, j: Joined, dt: float, base: Attribution, out: _Sums) -> None:
+    def _model(self, model: str, j: Joined, dt: float, base: Attribution, node_set: np.ndarray, out: _Sums) -> None:
         cfg, n_node = self.config, len(j.nodes)
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
         row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
@@ -189,7 +189,6 @@ class CostModels:
             out.add("waste", j.row_set, row_extra, att.waste)
             out.add("unmeasured", j.row_set, row_extra, att.unmeasured)
         out.add("allocated", j.row_set, row_extra, alloc)
-        node_set = np.array([out.set(node.attrs) for node in j.nodes], np.int64)
         capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
         gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc,
                          j.row_set, row_extra)

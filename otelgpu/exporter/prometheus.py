@@ -28,7 +28,7 @@ from otelgpu import httpserver
 from otelgpu.config import PrometheusConfig, split_endpoint
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
-from otelgpu.tls import ServerTLS, server_tokens
+from otelgpu.tls import server_security
 
 _INVALID_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -280,8 +280,7 @@ class TelemetryServer:
             if self._server is not None:
                 return
             cfg = self.config
-            tls = ServerTLS(cfg.tls, "exporter.prometheus", self._tls_error) if cfg.tls else None
-            tokens = server_tokens(cfg.auth, cfg.tls, cfg.endpoint, "exporter.prometheus")
+            tls, tokens, _ = server_security(cfg, "exporter.prometheus", self._self_metrics)
             server = httpserver.BoundedServer("otelgpu-telemetry", self._host, self._port, self._handle, LIMITS,
                                               screen=self._screen, tls=tls, tokens=tokens, open_paths=OPEN_PATHS)
             server.start()
@@ -292,10 +291,6 @@ class TelemetryServer:
             server, self._server = self._server, None
         if server is not None:
             server.stop(grace=1.0)  # .port stays meaningful after shutdown
-
-    def _tls_error(self) -> None:
-        if self._self_metrics is not None:
-            self._self_metrics.count("tls_reload_errors", "exporter.prometheus")
 
     def _screen(self, request: httpserver.Request) -> Optional[httpserver.Response]:
         """Everything but /metrics is answered from the headers, on the loop: probes never wait

@@ -163,7 +163,7 @@ class ColumnarDecoder:
                 return None
             try:
                 resources = [self._resource(raw, int(a), int(b)) for a, b in cols["r_res"]]
-                _untrusted_unread(cols, resources)
+                _untrusted(cols, resources)
                 self._learn(raw, buf, cols)
             except _Unsure:
                 return None
@@ -327,16 +327,15 @@ class ColumnarDecoder:
         return out
 
 
-def _untrusted_unread(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]]) -> None:
-    """Points of a kind their scrape target may not send keep no label set: their labels are
-    never read or interned (they are refused in `_columns`, as the reference decoder refuses
-    them before reading their points)."""
+def _untrusted(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]]) -> None:
+    """Mark the points of a kind their scrape target may not send (`cols["untrusted"]`): they keep
+    no label set (their labels are never read or interned, as the reference decoder never reads
+    them) and are refused in `_columns`."""
     metric, p_set = cols["p_metric"].astype(np.int64), cols["p_set"]
-    if not len(metric):
-        return
     allowed = np.array([r[3] for r in resources], np.int64)
-    untrusted = (allowed[cols["p_res"]] & KIND_OF_METRIC[metric]) == 0
+    untrusted = (allowed[cols["p_res"]] & KIND_OF_METRIC[metric]) == 0 if len(metric) else np.zeros(0, bool)
     p_set[untrusted & (p_set == -1)] = UNREAD
+    cols["untrusted"] = untrusted
 
 
 def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -357,9 +356,7 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]
     stale = (c["p_flags"] & NO_RECORDED_VALUE) != 0
     rejected: Counter[str] = Counter()
     # Points of a kind their scrape target may not send: refused whatever else is wrong with them.
-    allowed = np.array([r[3] for r in resources], np.int64)
-    kind = KIND_OF_METRIC[metric]
-    untrusted = (allowed[c["p_res"]] & kind) == 0 if len(metric) else np.zeros(0, bool)
+    kind, untrusted = KIND_OF_METRIC[metric], c["untrusted"]
     if untrusted.any():
         for bit, n in zip(*np.unique(kind[untrusted], return_counts=True)):
             rejected[untrusted_reason(int(bit))] += int(n)

@@ -36,7 +36,7 @@ from otelgpu.config import GrpcReceiverConfig, listen_address
 from otelgpu.errors import ConfigError, OtelgpuError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer
 from otelgpu.telemetry import SelfMetrics
-from otelgpu.tls import BearerTokens, ServerTLS, server_tokens
+from otelgpu.tls import BearerTokens, server_security
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,6 @@ class GrpcReceiver:
         self._refusals: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._stopped = False
-        self.tls: Optional[ServerTLS] = None
 
     @property
     def requests_in_flight(self) -> int:
@@ -134,6 +133,7 @@ class GrpcReceiver:
 
     def start(self) -> None:
         cfg = self.config
+        tls, tokens, security = server_security(cfg, "receiver.grpc", self.metrics)  # ConfigError before anything runs
         admitted = cfg.max_concurrent_requests + cfg.max_queued_requests
         self._executor = _Workers(cfg.max_concurrent_requests)
         self._refusals = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otlp-grpc-refuse")
@@ -145,14 +145,12 @@ class GrpcReceiver:
             self._export, request_deserializer=None,
             response_serializer=ExportMetricsServiceResponse.SerializeToString,
         )
-        tokens = server_tokens(cfg.auth, cfg.tls, cfg.endpoint, "receiver.grpc")
         server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler(),
                                                     tokens, self._unauthenticated_handler()),))
         address = listen_address(cfg.endpoint)
         try:
-            if cfg.tls is not None:
-                self.tls = ServerTLS(cfg.tls, "receiver.grpc", lambda: self.metrics.count("tls_reload_errors", "receiver.grpc"))
-                self.port = server.add_secure_port(address, self.tls.grpc_credentials())
+            if tls is not None:
+                self.port = server.add_secure_port(address, tls.grpc_credentials())
             else:
                 self.port = server.add_insecure_port(address)
         except RuntimeError as exc:
@@ -163,9 +161,7 @@ class GrpcReceiver:
             raise
         server.start()
         self._server = server
-        log.info("OTLP/gRPC receiver listening on %s (port %d, %s%s)", cfg.endpoint, self.port,
-                 "mTLS" if cfg.tls and cfg.tls.client_ca_file else "TLS" if cfg.tls else "plaintext",
-                 ", bearer token" if tokens else "")
+        log.info("OTLP/gRPC receiver listening on %s (port %d, %s)", cfg.endpoint, self.port, security)
 
     def _options(self) -> list[tuple[str, int]]:
         cfg = self.config

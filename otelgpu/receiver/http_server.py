@@ -44,7 +44,7 @@ from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, Request, answer
 from otelgpu.telemetry import SelfMetrics
-from otelgpu.tls import ServerTLS, server_tokens
+from otelgpu.tls import server_security
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,7 @@ class HttpReceiver:
     def start(self) -> None:
         c = self.config
         host, port = split_endpoint(c.endpoint)
-        tls = (ServerTLS(c.tls, "receiver.http", lambda: self.metrics.count("tls_reload_errors", "receiver.http"))
-               if c.tls else None)
-        tokens = server_tokens(c.auth, c.tls, c.endpoint, "receiver.http")
+        tls, tokens, security = server_security(c, "receiver.http", self.metrics)
         limits = httpserver.Limits(max_connections=c.max_connections, header_timeout_s=c.idle_timeout_seconds,
                                    body_timeout_s=c.read_timeout_seconds, write_timeout_s=c.read_timeout_seconds,
                                    max_body_bytes=self.max_body_bytes, workers=WORKERS, queued=c.max_connections)
@@ -123,8 +121,7 @@ class HttpReceiver:
         except OSError as exc:
             raise ConfigError([f"receiver.http.endpoint: cannot listen on {c.endpoint}: {exc}"]) from exc
         self._server, self.port = server, server.port
-        log.info("OTLP/HTTP receiver listening on %s (port %d, %s%s)", c.endpoint, self.port,
-                 "mTLS" if tls and tls.mutual else "TLS" if tls else "plaintext", ", bearer token" if tokens else "")
+        log.info("OTLP/HTTP receiver listening on %s (port %d, %s)", c.endpoint, self.port, security)
 
     def shutdown(self, grace: float = 5.0) -> None:
         """Stop accepting and close idle connections; requests under way are answered for up to

@@ -191,13 +191,12 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
         warnings.append(f"{merged} node-periods cut inside a delivery outage were merged with the next ones, up "
                         "to where their charges add up to their capacity (ChargePeriodStart and End say so)")
     for o in origins.values():
-        charged = sum(c.cost for c in o.charges.values())
         if o.cost <= 0:
             unpriced += 1  # nothing to split (unpriced, or a node that came and went)
             continue
-        gap = o.capacity - charged
+        gap = _gap(o)
         if gap > TOLERANCE * o.capacity:
-            o.charge("unaccounted", {}).parts[(_main(o) if o.charges else "gpu", "unaccounted")] += gap
+            o.charge("unaccounted", {}).parts[(_main(o), "unaccounted")] += gap
             gaps += 1
         elif -gap > TOLERANCE * o.capacity:
             short += 1
