@@ -31,10 +31,15 @@ class Sidecar:
     telemetry endpoints are set here to free loopback ports. The log goes to a file (an unread
     pipe would stall the process)."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], name: str = "serve") -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], name: str = "serve",
+                 credentials: Optional[grpc.ChannelCredentials] = None, token: Optional[str] = None) -> None:
+        """`credentials`, `token`: what export() presents (the config's receiver.grpc tls and auth
+        are kept; only its endpoint is set here)."""
         self.grpc_port, self.metrics_port = free_port(), free_port()
-        doc = {**config, "receiver": {**config.get("receiver", {}), "grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"},
-                                      "http": {"enabled": False}}}
+        self.credentials, self.token = credentials, token
+        receiver = config.get("receiver", {})
+        grpc_config = {**receiver.get("grpc", {}), "endpoint": f"127.0.0.1:{self.grpc_port}"}
+        doc = {**config, "receiver": {**receiver, "grpc": grpc_config, "http": {"enabled": False}}}
         doc["exporter"] = {**config.get("exporter", {}), "prometheus": {"endpoint": f"127.0.0.1:{self.metrics_port}"}}
         self.config = workdir / f"{name}.yaml"
         self.config.write_text(yaml.safe_dump(doc))
@@ -56,10 +61,13 @@ class Sidecar:
         return self
 
     def export(self, *reqs: ExportMetricsServiceRequest) -> None:
-        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+        channel = (grpc.secure_channel(f"localhost:{self.grpc_port}", self.credentials) if self.credentials
+                   else grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}"))
+        metadata = (("authorization", f"Bearer {self.token}"),) if self.token else ()
+        with channel:
             stub = metrics_service_pb2_grpc.MetricsServiceStub(channel)
             for r in reqs:
-                stub.Export(r, timeout=10)
+                stub.Export(r, timeout=10, metadata=metadata)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a self-metric's samples on /metrics with these labels (0 when absent)."""

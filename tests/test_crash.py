@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from sidecar import Sidecar
 from support import eventually
 from test_prometheus_end_to_end import INTERVAL_S, TOTALS, config, in_process, scenario
@@ -91,6 +92,56 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
         ref = {m["team"]: v for m, v in prometheus.query(window.format("uninterrupted"), at)}
         got = {m["team"]: v for m, v in prometheus.query(window.format("killed"), at)}
         assert got == pytest.approx(ref, rel=1e-9)
+
+
+def test_kill_9_behind_mutual_tls_and_a_token_with_hostile_traffic_mixed_in(prometheus: PrometheusServer,
+                                                                             tmp_path: Path) -> None:
+    """The worst day for the secured receiver: the real sidecar behind mutual TLS and a bearer
+    token, killed -9 at random instants and restarted, while a client without the token and a
+    scrape target outside the trusted jobs (spoofing kube-state-metrics and dcgm-exporter series
+    under another job) send alongside the Collector. The money is what an undisturbed run gives,
+    to the cent; the intruders are refused, every time, and nothing of theirs is counted."""
+    from certs import Authority
+    from test_source_trust import rogue
+
+    c = scenario()
+    end = c.t0 / NS + 3600
+    in_process(c, config("undisturbed", prometheus.write_url))
+    ca = Authority(tmp_path / "pki")
+    server, client = ca.issue("otelgpu", file="server"), ca.issue("collector", server=False, file="client")
+    token = tmp_path / "token"
+    token.write_text("collector-token\n")
+    secured = {"grpc": {"tls": {"cert_file": str(server.cert), "key_file": str(server.key),
+                                "client_ca_file": str(ca.cert)},
+                        "auth": {"bearer_token_file": str(token)}}}
+    credentials = grpc.ssl_channel_credentials(ca.cert.read_bytes(), client.key.read_bytes(), client.cert.read_bytes())
+    side = Sidecar(tmp_path, config("secured", prometheus.write_url, receiver=secured,
+                                    checkpoint={"directory": str(tmp_path / "state")}),
+                   credentials=credentials, token="collector-token")
+    rng = random.Random(20261124)
+    requests = c.scrapes(60, 3600)
+    kills = set(rng.sample(range(3, len(requests) - 2), 6))
+    unauthenticated = 0
+    side.start()
+    try:
+        for i, request in enumerate(requests):
+            hostile = rogue(int(request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+                                .time_unix_nano), teams=20)
+            send_until_acknowledged(side, request, rng.uniform(0.0, 0.1) if i in kills else None)
+            send_until_acknowledged(side, hostile[0])  # trusted transport, untrusted source: refused points
+            with grpc.secure_channel(f"localhost:{side.grpc_port}", credentials) as channel, \
+                    pytest.raises(grpc.RpcError) as refused:  # the right certificate, a guessed token
+                metrics_service_pb2_grpc.MetricsServiceStub(channel).Export(
+                    request, timeout=10, metadata=(("authorization", "Bearer guess"),))
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            unauthenticated += 1
+        assert side.stop() == 0
+    finally:
+        side.close()
+    assert side.log.read_text().count("kernels ready") == len(kills) + 1
+    undisturbed, secured_totals = totals(prometheus, "undisturbed", end), totals(prometheus, "secured", end)
+    assert secured_totals == pytest.approx(undisturbed, rel=1e-12, abs=1e-12)
+    assert unauthenticated == len(requests)
 
 
 def test_restart_during_an_outage_delivers_the_series_that_ended_meanwhile(prometheus: PrometheusServer,
