@@ -29,6 +29,7 @@ from support import make_config  # noqa: E402
 import otelgpu.pipeline as pipeline_module  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
 from otelgpu.pipeline import Pipeline  # noqa: E402
+from otelgpu.telemetry import total
 
 A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 60
@@ -96,7 +97,7 @@ def main() -> None:
     seen0, rss0 = baseline or (0, end)
     print(f"VmRSS after the warm-up: {end - rss0:+.1f} MiB at the end, {peak - rss0:+.1f} MiB at the most, over "
           f"{args.pods - seen0:,d} more pods ({(end - rss0) * 1024 / max(args.pods - seen0, 1) * 1000:+.1f} KiB "
-          f"per thousand pods at the end); interner compactions {p.metrics.interner_compactions}")
+          f"per thousand pods at the end); interner compactions {total(p.metrics.interner_compactions)}")
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ def run(args: argparse.Namespace, n_nodes: int, limits: dict[str, str], child: s
     while steady < 10:
         m = scrape_metrics(metrics_port)
         state = (m.get("otelgpu_intervals_computed_total"), m.get('otelgpu_exports_total{exporter="otlp"}'),
-                 m.get('otelgpu_export_queue_snapshots{exporter="otlp"}'))
+                 m.get('otelgpu_exporter_queue_size{exporter="otlp"}'))
         steady = steady + 1 if state == last and state[2] == 0 else 0
         last = state
         time.sleep(0.3)

@@ -23,6 +23,7 @@ from otelgpu.demo.otlp import request
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.receiver.decode import decode
+from otelgpu.telemetry import total
 
 COLLECTOR_BUDGET = 10_000 / 0.60  # points per second of a whole core, from the Collector's CI budget
 
@@ -66,7 +67,7 @@ def main() -> None:
           f"{payload / 2**20:.1f} MiB of OTLP")
     print(f"decode: {points / decode_s:,.0f} points/s of CPU = {points / decode_s / COLLECTOR_BUDGET:.2f}x "
           f"the Collector's budget rate per core")
-    print(f"facts + windows + join + kernel + store for {p.metrics.intervals_computed} intervals: {join_s:.3f} s CPU")
+    print(f"facts + windows + join + kernel + store for {total(p.metrics.intervals_computed)} intervals: {join_s:.3f} s CPU")
 
     rng = np.random.default_rng(1)
     n_gpu, n_row = 8000, 40000

@@ -188,7 +188,7 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
               _counted(failures, "15m", "cluster, instance, exporter") + "\nunless on (cluster, instance, exporter)\n"
               + _counted(exports, "15m", "cluster, instance, exporter"),
               "5m", "warning", "otelgpu in cluster {{ $labels.cluster }} cannot deliver over {{ $labels.exporter }}",
-              "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_export_queue_snapshots)."),
+              "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_exporter_queue_size)."),
         alert("OtelgpuSnapshotsDropped",
               _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",

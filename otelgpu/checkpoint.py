@@ -229,7 +229,7 @@ class Checkpoint:
             where = f"moved to {aside}"
         except OSError as move_error:
             where = f"could not be moved aside ({move_error}); it will be overwritten"
-        self.metrics.count("checkpoint_errors", exc.reason)
+        self.metrics.checkpoint_errors.labels(exc.reason).inc()
         log.error("checkpoint %s not used (%s): %s; %s. Cost counters start afresh.", self.path, exc.reason, exc, where)
 
     def save(self, state: Mapping[str, Any]) -> bool:
@@ -252,10 +252,10 @@ class Checkpoint:
             finally:
                 os.close(dir_fd)
         except (OSError, ValueError) as exc:
-            self.metrics.count("checkpoint_errors", "write")
+            self.metrics.checkpoint_errors.labels("write").inc()
             log.error("checkpoint not written to %s: %s (the previous one stays)", path, exc)
             return False
-        self.metrics.add("checkpoints_written")
+        self.metrics.checkpoints_written.inc()
         return True
 
     def close(self) -> None:

@@ -60,7 +60,7 @@ class Committer:
             d.release(self._through)
         if self.wal is not None:
             self.wal.rotate()
-            self.metrics.add("wal_segments_removed", self.wal.truncate_before(replay_from))
+            self.metrics.wal_segments_removed.inc(self.wal.truncate_before(replay_from))
         return True
 
     def _stage(self) -> bool:
@@ -72,7 +72,7 @@ class Committer:
                 try:
                     d.stage(snapshot, end_ns)
                 except OSError as exc:
-                    self.metrics.count("checkpoint_errors", "stage")
+                    self.metrics.checkpoint_errors.labels("stage").inc()
                     log.error("%s: snapshot of the interval ending %d not persisted (%s); exports wait until "
                               "the checkpoint directory takes writes again", d.name, end_ns, exc)
                     ok = False

@@ -57,7 +57,7 @@ class IntervalCosts:
             return self._one(interval, interval.samples, use, facts, None)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
             log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
-            self.metrics.count("interval_errors", "whole")
+            self.metrics.interval_errors.labels("whole").inc()
             return self._per_node(interval, use, facts)
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
@@ -76,7 +76,7 @@ class IntervalCosts:
                 part = self._one(interval, mine, use, facts, name)
             except Exception:  # noqa: BLE001
                 log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
-                self.metrics.count("interval_errors", "node")
+                self.metrics.interval_errors.labels("node").inc()
                 part = self._capacity_only(interval, mine, name, facts)
                 if part is None:
                     continue
@@ -96,7 +96,7 @@ class IntervalCosts:
             log.exception("node %s: not even its capacity could be costed in the interval ending %d",
                           name, interval.end_ns)
             gpus = len({(int(u), int(g)) for u, g in zip(s.uuid, s.gi)})
-            self.metrics.add("gpu_seconds_lost", gpus * interval.seconds)
+            self.metrics.gpu_seconds_lost.inc(gpus * interval.seconds)
             return None
         error = {"error": "processing"}
         marked = {m: {with_attrs(a, error): v for a, v in series.items()} for m, series in sums.items()}

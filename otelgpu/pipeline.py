@@ -41,6 +41,7 @@ from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
 from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
+from otelgpu import telemetry
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Position, Wal
 
@@ -229,14 +230,14 @@ class Pipeline:
             try:
                 batch = decode_batch(payload, self.strings)
             except RecordError as exc:
-                self.metrics.count("wal_corruptions", "record")
+                self.metrics.wal_corruptions.labels("record").inc()
                 log.error("write-ahead log record at %s not replayed: %s", first, exc)
                 continue
             batch.wal = (first, end)
             self.process(batch, replayed=end <= processed)
             records, points = records + 1, points + len(batch)
         if records:
-            self.metrics.add("wal_records_replayed", records)
+            self.metrics.wal_records_replayed.inc(records)
             log.info("replayed %d write-ahead log records (%d points) from %s", records, points, start)
 
     def _checkpoint_state(self) -> dict:
@@ -285,7 +286,7 @@ class Pipeline:
                 self.process(batch)
             except Exception:  # a bad batch must not stop attribution of the next ones
                 log.exception("batch processing failed")
-                self.metrics.count("points_rejected", "internal error while processing", len(batch))
+                self.metrics.points_rejected.labels("internal error while processing").inc(len(batch))
             finally:
                 self.ingest.task_done()
             if not self.ingest.depth and self.config.attribution.compute_ahead:
@@ -302,7 +303,7 @@ class Pipeline:
             self._drop_ahead("redone")  # it changed the facts these apply to: put them back first
             self.facts.update(late_facts)  # newer than what any later interval starts from
         if late and not replayed:
-            self.metrics.add("points_late", late)
+            self.metrics.points_late.inc(late)
         if batch.wal is not None:
             self._processed = batch.wal[1]
         self.close_due()
@@ -321,7 +322,7 @@ class Pipeline:
                 b.remap(table)
             self.windows.remap(table)
         self._strings_kept = len(self.strings)
-        self.metrics.add("interner_compactions")
+        self.metrics.interner_compactions.inc()
         log.info("string table compacted: %d strings kept of %d", self._strings_kept, before)
 
     def close_due(self, flush: bool = False) -> int:
@@ -330,7 +331,7 @@ class Pipeline:
         if self.windows.skipped > self._skipped_reported:
             n = self.windows.skipped - self._skipped_reported
             self._skipped_reported = self.windows.skipped
-            self.metrics.add("intervals_skipped", n)
+            self.metrics.intervals_skipped.inc(n)
             log.warning("no data for %d intervals in a row: those intervals are not computed (facts that old "
                         "would only guess their costs)", n)
         if not closed:
@@ -340,10 +341,10 @@ class Pipeline:
                 began = time.monotonic()
                 costs = ahead[1] if ahead and ahead[0] == interval.index else None
                 self.committer.add(interval.end_ns, self._close(interval, costs))
-                self.metrics.count("work_seconds", "close", time.monotonic() - began)
+                self.metrics.work_seconds.labels("close").inc(time.monotonic() - began)
             began = time.monotonic()
             self.committer.commit(self._checkpoint_state, self._replay_from())
-            self.metrics.count("work_seconds", "commit", time.monotonic() - began)
+            self.metrics.work_seconds.labels("commit").inc(time.monotonic() - began)
         give_back()  # what the close built and dropped
         return len(closed)
 
@@ -378,14 +379,14 @@ class Pipeline:
                 log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
                 costs = None
         give_back()  # what the computation built and dropped: held no longer than the close's
-        self.metrics.count("work_seconds", "ahead", time.monotonic() - began)  # used or not: CPU spent
+        self.metrics.work_seconds.labels("ahead").inc(time.monotonic() - began)  # used or not: CPU spent
         if self.kube and self.kube.view(interval.end_ns) != api:
             costs = None  # the API's facts moved while it computed: which ones it read is not known
         self._ahead = _Ahead(interval.index, interval.end_ns, interval.version, self.facts.version,
                              self.pricer_version, api, costs, counts, undo)
         if costs is None:
             _put_back(self._ahead)
-            self.metrics.count("intervals_ahead", "failed")
+            self.metrics.intervals_ahead.labels("failed").inc()
         return costs is not None
 
     def _ahead_pending(self) -> bool:
@@ -407,7 +408,7 @@ class Pipeline:
             self._drop_ahead("redone")
             return None
         self.metrics.apply(a.counts)
-        self.metrics.count("intervals_ahead", "used")
+        self.metrics.intervals_ahead.labels("used").inc()
         costs, a.costs, a.undo = a.costs, None, []
         return a.index, costs
 
@@ -417,7 +418,7 @@ class Pipeline:
         if self._ahead_pending():
             _put_back(self._ahead)
             if outcome:
-                self.metrics.count("intervals_ahead", outcome)
+                self.metrics.intervals_ahead.labels(outcome).inc()
 
     def _close(self, interval: Interval, costs: Optional[Costs] = None) -> Points:
         """`costs`: the interval's, computed ahead (it closed light)."""
@@ -427,9 +428,9 @@ class Pipeline:
         snapshot = self.store.record(interval.start_ns, interval.end_ns, costs.sums, costs.gauges, costs.plan)
         self._count(snapshot)
         self._log_interval(interval, costs, snapshot)
-        self.metrics.add("unpriced_gpu_seconds", costs.unpriced_gpus * interval.seconds)
-        self.metrics.add("gpu_seconds_without_device_data", costs.gpus_without_device_data * interval.seconds)
-        self.metrics.add("intervals_computed")
+        self.metrics.unpriced_gpu_seconds.inc(costs.unpriced_gpus * interval.seconds)
+        self.metrics.gpu_seconds_without_device_data.inc(costs.gpus_without_device_data * interval.seconds)
+        self.metrics.intervals_computed.inc()
         self.facts.expire(interval.end_ns)
         self.tag_values.tick()
         self.usage.expire(interval.end_ns)
@@ -441,7 +442,7 @@ class Pipeline:
         """One line per closed interval: GPUs, each model's capacity cost and idle share, and the
         points received, rejected and late since the last line."""
         m = self.metrics
-        points = (m.points_received, sum(m.points_rejected.values()), m.points_late)
+        points = tuple(int(telemetry.total(c)) for c in (m.points_received, m.points_rejected, m.points_late))
         received, rejected, late = (a - b for a, b in zip(points, self._points_logged))
         self._points_logged = points
         gpus, models = interval_summary(costs.sums, interval.seconds,
@@ -457,16 +458,16 @@ class Pipeline:
             if self.pricer.reload_if_changed():
                 self.pricer_version += 1
                 log.info("prices reloaded from %s", self.pricer.base.file)
-                self.metrics.add("price_reloads")
+                self.metrics.price_reloads.inc()
         except ConfigError as exc:
             log.error("price file not applied, previous prices stay in force: %s", exc)
-            self.metrics.add("price_reload_failures")
+            self.metrics.price_reload_failures.inc()
 
     def _count(self, snapshot: Points) -> None:
         ended = int(snapshot.ended.sum())
         if ended:
-            self.metrics.add("series_ended", ended)
-        self.metrics.set("series_active", "cost", len(snapshot) - ended)
+            self.metrics.series_ended.inc(ended)
+        self.metrics.series_active.set(len(snapshot) - ended)
 
     def drain(self) -> None:
         """Wait until every batch queued so far has been processed."""
@@ -492,7 +493,7 @@ class Pipeline:
             log.warning("shutting down: %d points of intervals only targets ahead of the cluster reached: %s",
                         ahead, kept)
             if not self.wal:
-                self.metrics.add("points_late", ahead)
+                self.metrics.points_late.inc(ahead)
         log.info("shutting down: queue drained, %d intervals closed and exported after %.1f s", closed,
                  time.monotonic() - began)
         for delivery in self.deliveries:  # all drain side by side, each to its own deadline

@@ -1,158 +1,223 @@
-"""The sidecar's own counters: every point received, rejected (by reason), late or ignored, every
-request by outcome, every interval computed and every export failure. Thread-safe."""
+"""The sidecar's own telemetry: typed prometheus_client metrics on a registry of their own, served
+on /metrics beside the cost series. Thread-safe.
+
+Names follow the Collector's own telemetry: `otelgpu_` where the Collector has `otelcol_`, the
+component kind next (`receiver_`, `exporter_`), what is counted and the unit last; the component
+and the transport are labels (`receiver="otlp", transport="grpc"`, `exporter="remote_write"`). The
+Collector's pairs are all here: points accepted and refused by the receiver, points sent and failed
+by each exporter, each exporter's queue size against its capacity, the process's CPU, memory and
+start time, and `target_info` naming the service. The `otelgpu_*` series beside them say what no
+Collector component can: why points were rejected, what became of each interval, what the
+Kubernetes API, the write-ahead log and the checkpoint did.
+
+Work computed ahead of its time may be thrown away: `held()` keeps what this thread counts in it
+aside until the work is kept (`apply`), so counters never count work twice."""
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections import Counter
+from collections import Counter as Tally
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional, Union
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector
+from prometheus_client.metrics import disable_created_metrics
+
+import otelgpu
+
+# Counters' `_created` series double the series count and no Collector exposes them.
+disable_created_metrics()
+
+_holding = threading.local()
+Key = Union[str, tuple[str, ...]]
+
+
+class HeldCounter(Counter):
+    """A Counter whose increments a thread inside `SelfMetrics.held()` keeps aside instead of adding."""
+
+    def inc(self, amount: float = 1, exemplar: Optional[dict[str, str]] = None) -> None:
+        pending = getattr(_holding, "pending", None)
+        if pending is None:
+            super().inc(amount, exemplar)
+        else:
+            pending.append((self, amount))
 
 
 class SelfMetrics:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._local = threading.local()  # `held`: counts of work that may be dropped
-        self.points_received = 0  # points of consumed metrics, accepted by decode
-        self.points_ignored = 0  # points of metrics otelgpu does not consume
-        self.points_late = 0  # accepted, but their interval had already closed
-        self.points_rejected: Counter[str] = Counter()  # by reason
-        self.requests: Counter[tuple[str, str]] = Counter()  # (transport, outcome)
-        # Connections (HTTP) or RPCs (gRPC) the receivers refused or cut off: (transport, reason)
-        self.receiver_connections_refused: Counter[tuple[str, str]] = Counter()
-        self.intervals_computed = 0
-        self.exports: Counter[str] = Counter()  # snapshots delivered, by exporter
-        self.export_failures: Counter[tuple[str, str]] = Counter()  # failed attempts, (exporter, reason)
-        self.export_snapshots_dropped: Counter[tuple[str, str]] = Counter()  # given up, (exporter, reason)
-        self.export_points_undeliverable: Counter[tuple[str, str]] = Counter()  # their points
-        self.export_points_rejected: Counter[str] = Counter()  # refused in a partial success, by exporter
-        self.export_series_rejected: Counter[tuple[str, str]] = Counter()  # left out by an exporter, (exporter, reason)
-        self.export_snapshots_merged: Counter[str] = Counter()  # merged in a full queue, by exporter
-        self.export_queue: dict[str, int] = {}  # exporter -> snapshots waiting (a gauge)
-        self.export_snapshots_recovered: Counter[str] = Counter()  # found on disk at start and queued, by exporter
-        self.export_snapshots_persisted: Counter[str] = Counter()  # left on disk at shutdown, by exporter
-        self.export_outbox_errors: Counter[tuple[str, str]] = Counter()  # persisted queue, (exporter, reason)
-        self.series_ended = 0  # series ended with a NO_RECORDED_VALUE point
-        self.series_active: dict[str, int] = {}  # "cost" -> live series in the store (a gauge)
-        self.checkpoints_written = 0
-        self.checkpoint_errors: Counter[str] = Counter()  # by reason
-        self.unpriced_gpu_seconds = 0.0  # GPU time for which no price was found
-        self.gpu_seconds_without_device_data = 0.0  # GPU nodes known only from kube-state-metrics
-        self.price_reloads = 0  # price file changes applied
-        self.price_reload_failures = 0  # price file changes refused (previous prices kept)
-        self.scad_request_fallbacks: Counter[str] = Counter()  # pod-intervals charged on requests, by resource
-        self.tag_values_capped: Counter[tuple[str, str]] = Counter()  # (tag, length | distinct)
-        self.kube_events: Counter[tuple[str, str]] = Counter()  # (resource, event type)
-        self.kube_lists: Counter[tuple[str, str]] = Counter()  # (resource, initial | gone | reconnect)
-        self.kube_errors: Counter[tuple[str, str, str]] = Counter()  # (resource, verb, reason)
-        self.kube_objects: dict[str, int] = {}  # resource -> objects held now (a gauge)
-        self.kube_synced: dict[str, int] = {}  # resource -> 1 once listed, 0 while relisting
-        self.wal_fsyncs = 0  # group commits of the write-ahead log
-        self.wal_records_replayed = 0  # log records replayed at start
-        self.wal_segments_removed = 0  # log segments a checkpoint made unnecessary
-        self.wal_errors: Counter[str] = Counter()  # log writes that failed, by error
-        self.wal_corruptions: Counter[str] = Counter()  # torn or corrupt records at replay (tail | segment | record)
-        self.intervals_skipped = 0  # intervals of gaps too long to fill
-        self.interner_compactions = 0  # string table compactions (strings of things gone released)
-        self.requests_decoded_by_reference = 0  # requests the columnar decoder left to protobuf
-        self.interval_errors: Counter[str] = Counter()  # intervals (whole) and nodes (node) that failed to compute
-        self.gpu_seconds_lost = 0.0  # GPU time of nodes that could not be costed at all
-        # Intervals computed ahead of their close (all their data in), by what became of it: used,
-        # redone (something they read changed before the close), failed (computed at the close)
-        self.intervals_ahead: Counter[str] = Counter()
-        # Wall seconds spent per step of an interval's way out: ahead (computed before its close,
-        # used or not), close (facts, join, attribution, cost series), commit (staging, checkpoint)
-        # and send:<exporter> (every attempt, not the backoff)
-        self.work_seconds: Counter[str] = Counter()
-        self.tls_reload_errors: Counter[str] = Counter()  # changed certificate files that could not be used, by server
+    """Every counter and gauge the sidecar keeps about itself, on `self.registry`."""
 
-    def add(self, name: str, amount: float = 1) -> None:
-        if self._held(("add", name, amount)):
-            return
-        with self._lock:
-            setattr(self, name, getattr(self, name) + amount)
+    def __init__(self, instance: Optional[str] = None) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
 
-    def count(self, name: str, key: object, amount: float = 1) -> None:
-        if self._held(("count", name, key, amount)):
-            return
-        with self._lock:
-            getattr(self, name)[key] += amount
+        def counter(name: str, doc: str, *labels: str) -> HeldCounter:
+            return HeldCounter(name, doc, labels, namespace="otelgpu", registry=r)
 
-    def set(self, name: str, key: str, value: int) -> None:
-        if self._held(("set", name, key, value)):
-            return
-        with self._lock:
-            getattr(self, name)[key] = value
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, labels, namespace="otelgpu", registry=r)
+
+        ProcessCollector(namespace="otelgpu", registry=r)  # CPU seconds, resident memory, start time
+        Info("target", "The service exposing these series", registry=r).info({
+            "service_name": "otelgpu", "service_version": otelgpu.__version__,
+            "service_instance_id": instance or socket.gethostname()})
+
+        # The receivers, in the Collector's terms
+        self.receiver_accepted_points = counter(
+            "receiver_accepted_metric_points", "Data points the receiver took into the pipeline (consumed, "
+            "ignored or later found late), by receiver and transport", "receiver", "transport")
+        self.receiver_refused_points = counter(
+            "receiver_refused_metric_points", "Data points the receiver refused in a partial success (the reasons "
+            "are in otelgpu_points_rejected_total), by receiver and transport; requests refused whole are "
+            "counted by otelgpu_requests_total", "receiver", "transport")
+        self.requests = counter("requests", "Export requests received, by transport and outcome",
+                                "transport", "outcome")
+        self.receiver_connections_refused = counter(
+            "receiver_connections_refused", "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, "
+            "by transport and reason (connection_limit, idle_evicted, idle_timeout, read_timeout, write_timeout, "
+            "concurrent_requests)", "transport", "reason")
+        self.tls_reload_errors = counter(
+            "tls_reload_errors", "Changed certificate files a server could not use (the certificate loaded "
+            "before is kept), by server", "server")
+
+        # What became of the points
+        self.points_received = counter("points_received", "Data points of consumed metrics accepted")
+        self.points_ignored = counter("points_ignored", "Data points of metrics otelgpu does not consume")
+        self.points_late = counter("points_late", "Accepted points whose interval had already closed")
+        self.points_rejected = counter("points_rejected", "Data points rejected, by reason", "reason")
+        self.requests_decoded_by_reference = counter(
+            "requests_decoded_by_reference",
+            "Requests decoded by protobuf instead of the columnar decoder: malformed, or written unusually")
+
+        # Intervals and their costs
+        self.intervals_computed = counter("intervals_computed", "Attribution intervals computed")
+        self.intervals_skipped = counter(
+            "intervals_skipped", "Intervals not computed because no data came for longer than the facts are kept")
+        self.intervals_ahead = counter(
+            "intervals_ahead", "Intervals computed ahead of their close, once every scrape target had sent data "
+            "past their end, by outcome: used at the close; redone (late data, facts, prices or Kubernetes API "
+            "facts changed before the close); failed (computed at the close instead)", "outcome")
+        self.interval_errors = counter(
+            "interval_errors", "Intervals (whole) and nodes (node) whose computation failed and fell back "
+            "(see the log)", "scope")
+        self.work_seconds = counter(
+            "work_seconds", "Wall seconds spent taking intervals out, by step: ahead (computed before the close, "
+            "used or not), close (facts, join, attribution, cost series), commit (staging and checkpoint), "
+            "send:<exporter> (delivery attempts)", "step")
+        self.unpriced_gpu_seconds = counter("unpriced_gpu_seconds", "GPU-seconds for which no price was found")
+        self.gpu_seconds_without_device_data = counter(
+            "gpu_seconds_without_device_data",
+            "GPU-seconds of nodes known only from kube-state-metrics (no DCGM series in the interval)")
+        self.gpu_seconds_lost = counter(
+            "gpu_seconds_lost", "GPU-seconds of nodes whose costs could not be computed at all (see the log)")
+        self.scad_request_fallbacks = counter(
+            "scad_request_fallbacks",
+            "Pod-intervals scad charged on requests because no usage was scraped, by resource", "resource")
+        self.tag_values_capped = counter(
+            "tag_values_capped", "Tag values cut to max_length (reason=length) or replaced by the overflow value "
+            "(reason=distinct), by tag", "tag", "reason")
+        self.price_reloads = counter("price_reloads", "Price file changes applied")
+        self.price_reload_failures = counter(
+            "price_reload_failures", "Price file changes refused (the previous prices stay in force)")
+        self.series_ended = counter("series_ended", "Cost series ended with a NO_RECORDED_VALUE point (holder gone)")
+        self.series_active = gauge("series_active", "Live cost series in the store")
+        self.interner_compactions = counter(
+            "interner_compactions", "String table compactions: label strings of pods, values and nodes gone released")
+
+        # The exporters, in the Collector's terms, then in their own
+        self.exporter_sent_points = counter(
+            "exporter_sent_metric_points", "Cost points delivered, by exporter", "exporter")
+        self.exporter_send_failed_points = counter(
+            "exporter_send_failed_metric_points", "Cost points of failed delivery attempts (retried unless "
+            "otelgpu_export_snapshots_dropped_total says otherwise), by exporter", "exporter")
+        self.exporter_queue_size = gauge(
+            "exporter_queue_size", "Snapshots waiting to be delivered, by exporter", "exporter")
+        self.exporter_queue_capacity = gauge(
+            "exporter_queue_capacity", "Snapshots an exporter's queue holds before it merges the oldest",
+            "exporter")
+        self.exports = counter("exports", "Cost snapshots delivered, by exporter", "exporter")
+        self.export_failures = counter(
+            "export_failures", "Failed delivery attempts, by exporter and reason", "exporter", "reason")
+        self.export_snapshots_dropped = counter(
+            "export_snapshots_dropped", "Snapshots given up (refused for good, or left at the shutdown deadline)",
+            "exporter", "reason")
+        self.export_points_undeliverable = counter(
+            "export_points_undeliverable", "Points of the snapshots given up", "exporter", "reason")
+        self.export_points_rejected = counter(
+            "export_points_rejected", "Points the receiver refused in a partial success", "exporter")
+        self.export_series_rejected = counter(
+            "export_series_rejected", "Series an exporter left out (e.g. over 70 labels)", "exporter", "reason")
+        self.export_snapshots_merged = counter(
+            "export_snapshots_merged", "Snapshots merged because the export queue was full (resolution lost, "
+            "no cost)", "exporter")
+        self.export_snapshots_recovered = counter(
+            "export_snapshots_recovered", "Undelivered snapshots found in the export queue's directory at start "
+            "and queued again", "exporter")
+        self.export_snapshots_persisted = counter(
+            "export_snapshots_persisted", "Snapshots not delivered by the shutdown deadline, left on disk for the "
+            "next start", "exporter")
+        self.export_outbox_errors = counter(
+            "export_outbox_errors", "Persisted export queue problems, by exporter and reason (corrupt, "
+            "incompatible: a snapshot file set aside at start; corrupt_progress; attribute_log_cut; write; "
+            "delete; read)", "exporter", "reason")
+
+        # Durability
+        self.checkpoints_written = counter("checkpoints_written", "Checkpoints written")
+        self.checkpoint_errors = counter(
+            "checkpoint_errors", "Checkpoints that could not be written or read, by reason", "reason")
+        self.wal_fsyncs = counter("wal_fsyncs", "Write-ahead log group commits (one fsync each)")
+        self.wal_records_replayed = counter("wal_records_replayed", "Write-ahead log records replayed at start")
+        self.wal_segments_removed = counter(
+            "wal_segments_removed", "Write-ahead log segments removed once a checkpoint covered them")
+        self.wal_errors = counter(
+            "wal_errors", "Write-ahead log writes that failed (requests answered 'retry later'), by error", "error")
+        self.wal_corruptions = counter(
+            "wal_corruptions", "Torn or corrupt write-ahead log records found at replay, by where (tail: the "
+            "crash's last write)", "where")
+
+        # The Kubernetes API
+        self.kube_events = counter(
+            "kube_watch_events", "Kubernetes API watch events applied, by resource and type", "resource", "type")
+        self.kube_lists = counter(
+            "kube_lists", "Kubernetes API full lists, by resource and why (initial; gone: the watch was too far "
+            "behind, 410)", "resource", "reason")
+        self.kube_errors = counter(
+            "kube_errors", "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, "
+            "not_found, connection, timeout, server_error, invalid)", "resource", "verb", "reason")
+        self.kube_objects = gauge("kube_objects", "Kubernetes objects held from the API, by resource", "resource")
+        self.kube_synced = gauge(
+            "kube_synced", "1 once the resource is listed and watched, 0 while it is not", "resource")
 
     @contextmanager
-    def held(self) -> Iterator[list[tuple]]:
+    def held(self) -> Iterator[list[tuple[HeldCounter, float]]]:
         """What this thread counts in the block is kept in the list yielded instead of counted:
         `apply` it once the work it describes is kept, or drop it. Other threads count as usual."""
-        pending: list[tuple] = []
-        self._local.pending = pending
+        pending: list[tuple[HeldCounter, float]] = []
+        _holding.pending = pending
         try:
             yield pending
         finally:
-            self._local.pending = None
+            _holding.pending = None
 
-    def apply(self, pending: list[tuple]) -> None:
-        for op, *args in pending:
-            getattr(self, op)(*args)
+    @staticmethod
+    def apply(pending: list[tuple[HeldCounter, float]]) -> None:
+        for counter, amount in pending:
+            counter.inc(amount)
 
-    def _held(self, op: tuple) -> bool:
-        pending = getattr(self._local, "pending", None)
-        if pending is None:
-            return False
-        pending.append(op)
-        return True
 
-    def snapshot(self) -> dict[str, object]:
-        with self._lock:
-            return {
-                "points_received": self.points_received,
-                "points_ignored": self.points_ignored,
-                "points_late": self.points_late,
-                "points_rejected": dict(self.points_rejected),
-                "requests": dict(self.requests),
-                "receiver_connections_refused": dict(self.receiver_connections_refused),
-                "intervals_computed": self.intervals_computed,
-                "export_failures": dict(self.export_failures),
-                "exports": dict(self.exports),
-                "export_snapshots_dropped": dict(self.export_snapshots_dropped),
-                "export_points_undeliverable": dict(self.export_points_undeliverable),
-                "export_points_rejected": dict(self.export_points_rejected),
-                "export_series_rejected": dict(self.export_series_rejected),
-                "export_snapshots_merged": dict(self.export_snapshots_merged),
-                "export_queue": dict(self.export_queue),
-                "export_snapshots_recovered": dict(self.export_snapshots_recovered),
-                "export_snapshots_persisted": dict(self.export_snapshots_persisted),
-                "export_outbox_errors": dict(self.export_outbox_errors),
-                "series_ended": self.series_ended,
-                "series_active": dict(self.series_active),
-                "checkpoints_written": self.checkpoints_written,
-                "checkpoint_errors": dict(self.checkpoint_errors),
-                "unpriced_gpu_seconds": self.unpriced_gpu_seconds,
-                "gpu_seconds_without_device_data": self.gpu_seconds_without_device_data,
-                "price_reloads": self.price_reloads,
-                "price_reload_failures": self.price_reload_failures,
-                "scad_request_fallbacks": dict(self.scad_request_fallbacks),
-                "tag_values_capped": dict(self.tag_values_capped),
-                "kube_events": dict(self.kube_events),
-                "kube_lists": dict(self.kube_lists),
-                "kube_errors": dict(self.kube_errors),
-                "kube_objects": dict(self.kube_objects),
-                "kube_synced": dict(self.kube_synced),
-                "wal_fsyncs": self.wal_fsyncs,
-                "wal_records_replayed": self.wal_records_replayed,
-                "wal_segments_removed": self.wal_segments_removed,
-                "wal_errors": dict(self.wal_errors),
-                "wal_corruptions": dict(self.wal_corruptions),
-                "intervals_skipped": self.intervals_skipped,
-                "interner_compactions": self.interner_compactions,
-                "requests_decoded_by_reference": self.requests_decoded_by_reference,
-                "interval_errors": dict(self.interval_errors),
-                "intervals_ahead": dict(self.intervals_ahead),
-                "gpu_seconds_lost": self.gpu_seconds_lost,
-                "work_seconds": dict(self.work_seconds),
-                "tls_reload_errors": dict(self.tls_reload_errors),
-            }
+def by_label(metric: Union[Counter, Gauge]) -> Tally[Key]:
+    """A labelled metric's values now: the label value (one label) or the tuple of them -> value.
+    A counter's zeros are left out (a series is made at its first use, even a held one)."""
+    out: Tally[Key] = Tally()
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name == family.name + "_total" and sample.value == 0:
+                continue
+            if sample.name in (family.name, family.name + "_total"):
+                values = tuple(sample.labels.values())
+                out[values[0] if len(values) == 1 else values] = sample.value
+    return out
+
+
+def total(metric: Union[Counter, Gauge]) -> float:
+    """An unlabelled metric's value now, or a labelled one's sum over its labels."""
+    return sum(by_label(metric).values())

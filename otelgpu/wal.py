@@ -97,7 +97,7 @@ class Wal:
                     self._syncing = False
                     self._cond.notify_all()
                 self._synced = max(self._synced, target)
-                self.metrics.add("wal_fsyncs")
+                self.metrics.wal_fsyncs.inc()
 
     def rotate(self) -> Position:
         """Start a new segment (after a checkpoint, so the older ones can go). Returns its start."""
@@ -136,7 +136,7 @@ class Wal:
             while at < len(data):
                 problem = self._bad_record(data, at)
                 if problem:
-                    self.metrics.count("wal_corruptions", "tail" if segment == self._segment - 1 else "segment")
+                    self.metrics.wal_corruptions.labels("tail" if segment == self._segment - 1 else "segment").inc()
                     log.error("write-ahead log segment %08d: %s at byte %d; the %d bytes after it are not replayed",
                               segment, problem, at, len(data) - at)
                     break

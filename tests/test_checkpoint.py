@@ -15,7 +15,7 @@ from otelgpu.enrich.window import NS
 from otelgpu.exporter.store import CostStore
 from otelgpu.errors import ConfigError
 from otelgpu.pipeline import Pipeline
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label, total
 
 A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 300
@@ -54,7 +54,7 @@ def test_kill_and_restart_continues_every_series(tmp_path: Path) -> None:
 
     first = pipeline(tmp_path)
     feed(first, *c.scrapes(60, 1740))  # up to 29 minutes; [25, 30) is still open
-    assert (tmp_path / FILE).exists() and first.metrics.checkpoints_written > 0
+    assert (tmp_path / FILE).exists() and total(first.metrics.checkpoints_written) > 0
     before = starts(first)
     first.checkpoint.close()  # killed: no shutdown, no flush; its lock goes with the process
 
@@ -64,7 +64,7 @@ def test_kill_and_restart_continues_every_series(tmp_path: Path) -> None:
     # kill (late now, not counted twice), [25, 30) was lost with the process and is counted now.
     feed(second, *c.scrapes(60, 3600, from_s=1200))
     second.close_due()
-    assert second.metrics.points_late > 0
+    assert total(second.metrics.points_late) > 0
     assert allocated(second) == allocated(whole)
     assert allocated(second) == {("vision",): pytest.approx(11 * PER_INTERVAL),
                                  ("nlp",): pytest.approx(5 * PER_INTERVAL)}
@@ -79,10 +79,10 @@ def test_restart_without_resend_loses_nothing_that_was_acknowledged(tmp_path: Pa
     feed(first, *c.scrapes(60, 1740))
     first.checkpoint.close()  # killed
     second = pipeline(tmp_path)
-    assert second.metrics.wal_records_replayed > 0  # the open interval [25, 30) came back from the log
+    assert total(second.metrics.wal_records_replayed) > 0  # the open interval [25, 30) came back from the log
     feed(second, *c.scrapes(60, 3600, from_s=1800))
     second.close_due()
-    assert second.metrics.points_late == 0
+    assert total(second.metrics.points_late) == 0
     assert allocated(second) == {("vision",): pytest.approx(11 * PER_INTERVAL),
                                  ("nlp",): pytest.approx(5 * PER_INTERVAL)}
 
@@ -92,7 +92,7 @@ def test_ended_series_are_not_in_the_checkpoint(tmp_path: Path) -> None:
     first = pipeline(tmp_path)
     feed(first, *c.scrapes(60, 3600))
     first.close_due()
-    assert first.metrics.series_ended > 0  # nlp's pod ended at 25 minutes
+    assert total(first.metrics.series_ended) > 0  # nlp's pod ended at 25 minutes
     saved = CostStore()
     saved.restore(decode((tmp_path / FILE).read_bytes(), Identity("prod", "USD"))["store"])
     pods = {dict(p.attrs).get("pod") for p in saved.points()}
@@ -116,7 +116,7 @@ def test_bad_checkpoint_is_set_aside_and_reported(tmp_path: Path, caplog, damage
     path = tmp_path / FILE
     path.write_bytes(damage(path.read_bytes()))
     p = pipeline(tmp_path)
-    assert p.metrics.checkpoint_errors[reason] == 1
+    assert by_label(p.metrics.checkpoint_errors)[reason] == 1
     assert p.store.points() == [] and p.store.last_time_ns == 0  # starts afresh
     assert not path.exists() and len(list(tmp_path.glob(f"{FILE}.rejected-*"))) == 1
     assert words in caplog.text and "start afresh" in caplog.text
@@ -125,7 +125,7 @@ def test_bad_checkpoint_is_set_aside_and_reported(tmp_path: Path, caplog, damage
 def test_checkpoint_of_another_cluster_is_not_reused(tmp_path: Path, caplog) -> None:
     _written(tmp_path)
     p = pipeline(tmp_path, cluster_name="staging")
-    assert p.metrics.checkpoint_errors["incompatible"] == 1 and p.store.points() == []
+    assert by_label(p.metrics.checkpoint_errors)["incompatible"] == 1 and p.store.points() == []
     assert "written for cluster 'prod', this run is cluster 'staging'" in caplog.text
 
 
@@ -134,7 +134,7 @@ def test_valid_file_with_content_that_does_not_restore(tmp_path: Path, caplog) -
     (tmp_path / FILE).write_bytes(encode(identity, {"store": {"last_time_ns": 5, "attrs": [], "sums": [
         ["no_such_metric", 0, 0, 5, 1.0, 0]]}}, 0))
     p = pipeline(tmp_path)
-    assert p.metrics.checkpoint_errors["corrupt"] == 1 and p.store.points() == []
+    assert by_label(p.metrics.checkpoint_errors)["corrupt"] == 1 and p.store.points() == []
     assert "does not restore" in caplog.text
 
 
@@ -237,7 +237,7 @@ def test_content_that_fails_late_in_the_restore_leaves_nothing_half_restored(tmp
         "store": {"last_time_ns": 5, "attrs": [[["team", "a"]]], "sums": [["allocated", 0, 0, 5, 1.0, 0]]},
         "tag_values": {"generation": 3, "uses": {"team": ["not", "a", "mapping"]}}}, 0))
     p = pipeline(tmp_path)
-    assert p.metrics.checkpoint_errors["corrupt"] == 1
+    assert by_label(p.metrics.checkpoint_errors)["corrupt"] == 1
     assert p.store.points() == [] and p.store.last_time_ns == 0
     assert p.tag_values.generation == 0 and p.tag_values.state()["uses"]["team"] == {}
     assert "does not restore" in caplog.text
@@ -263,6 +263,6 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, caplog) -> N
     cp = Checkpoint(tmp_path, Identity("prod", "USD"), SelfMetrics())
     (tmp_path / f".{FILE}.tmp").mkdir()  # the temporary file cannot be created
     assert cp.save({"store": {"last_time_ns": 1, "attrs": [], "sums": []}}) is False
-    assert cp.metrics.checkpoint_errors["write"] == 1 and "previous one stays" in caplog.text
+    assert by_label(cp.metrics.checkpoint_errors)["write"] == 1 and "previous one stays" in caplog.text
     assert (tmp_path / FILE).read_bytes() == before
     cp.close()

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import CollectorSink, eventually, fixtures_dir, make_config, otlp_fixture
 
 from otelgpu.pipeline import Pipeline
+from otelgpu.telemetry import by_label, total
 
 H100 = "NVIDIA H100 80GB HBM3"
 PER_GPU_INTERVAL = 12.0 * 60 / 3600
@@ -72,7 +73,7 @@ def test_fixtures_in_costs_out(sidecar, sink):
     assert metric.sum.is_monotonic and metric.sum.aggregation_temporality == 2  # CUMULATIVE
     point = metric.sum.data_points[0]
     assert {kv.key: kv.value.string_value for kv in point.attributes}["cost_model"] == "request"
-    assert sidecar.metrics.points_rejected == {}
+    assert by_label(sidecar.metrics.points_rejected) == {}
 
 
 @pytest.mark.parametrize("sidecar", [0], indirect=True)  # no lateness: scrape 2 closes interval 1
@@ -109,7 +110,7 @@ def test_metrics_page_and_self_counters(sidecar):
         assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in resp.partial_success.error_message
     sidecar.drain()
     sidecar.close_due(flush=True)
-    eventually(lambda: sidecar.metrics.exports["otlp"], 30)
+    eventually(lambda: by_label(sidecar.metrics.exports)["otlp"], 30)
     text = requests.get(sidecar.telemetry.url, timeout=5).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["otelgpu_points_rejected"].samples[0].value == 1
@@ -126,7 +127,7 @@ def test_json_body_over_http_matches_grpc(sidecar):
                       headers={"Content-Type": "application/json"}, timeout=5)
     assert r.status_code == 200
     sidecar.drain()
-    assert sidecar.metrics.points_received == 88
+    assert total(sidecar.metrics.points_received) == 88
 
 
 def test_several_cost_models_side_by_side_over_otlp(sink):

@@ -29,7 +29,7 @@ from otelgpu.config import Config, parse_config
 from otelgpu.enrich.window import NS
 from otelgpu.exporter.store import CostStore, Point
 from otelgpu.pipeline import Pipeline
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 from support import CollectorSink, eventually
 
 SEED = 20240611
@@ -73,8 +73,9 @@ class Outcome:
 
     def check_counted(self, metrics: SelfMetrics) -> None:
         """Every rejection the senders were told of is in the self-metrics, under a reason."""
-        if sum(metrics.points_rejected.values()) != self.rejected or "" in metrics.points_rejected:
-            self.note("miscounted", f"points_rejected counts {dict(metrics.points_rejected)}, "
+        rejected = by_label(metrics.points_rejected)
+        if sum(rejected.values()) != self.rejected or "" in rejected:
+            self.note("miscounted", f"points_rejected counts {dict(rejected)}, "
                                     f"the senders were told {self.rejected}")
 
     def check_points(self, points: Iterable[Point], t0: int) -> None:
@@ -123,7 +124,7 @@ def run_offline(sends: list[Send], t0: int) -> Outcome:
     out = Outcome(p.store)
     for i, s in enumerate(sends):
         try:
-            rejected, message = p.ingest.consume(s.payload)
+            _, rejected, message = p.ingest.consume(s.payload)
         except Exception as exc:  # noqa: BLE001 - what a hostile request makes it raise is the finding
             out.note("raised", f"request {i}: consume raised {exc!r}")
             continue
@@ -178,7 +179,7 @@ def run_served(sends: list[Send], t0: int, sink: CollectorSink | None = None) ->
         except Exception as exc:  # noqa: BLE001
             out.note("raised", f"shutdown raised {exc!r}")
     out.check_points(p.store.points(), t0)
-    if p.metrics.points_rejected.get("internal error while processing"):
+    if by_label(p.metrics.points_rejected).get("internal error while processing"):
         out.note("raised", "the pipeline raised while processing a batch (see the log)")
     else:
         out.check_counted(p.metrics)

@@ -18,6 +18,7 @@ from otelgpu.demo import objects, scenario
 from otelgpu.demo.run import demo_config, replay
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
+from otelgpu.telemetry import by_label, total
 
 A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 300
@@ -78,7 +79,7 @@ def before_t0(obj: dict) -> dict:
 def run_halves(pipeline: Pipeline, cluster: Cluster, between: Any, ksm: bool = False) -> int:
     """Feed the first half hour, call `between`, feed the rest; returns intervals closed before."""
     feed(pipeline, *cluster.scrapes(60, 1800, ksm=ksm))
-    before = pipeline.metrics.intervals_computed
+    before = total(pipeline.metrics.intervals_computed)
     between()
     feed(pipeline, *cluster.scrapes(60, 3600 + 60, ksm=ksm, from_s=1800))
     pipeline.close_due(flush=True)
@@ -101,7 +102,7 @@ def test_pod_relabelled_mid_run(api, sidecar):
 
     before = run_halves(p, cluster, relabel)
     totals = by(p, "pod", "team")
-    intervals = p.metrics.intervals_computed
+    intervals = total(p.metrics.intervals_computed)
     assert 0 < before < intervals
     assert totals[("train", "vision")] == pytest.approx(before * PER_INTERVAL)
     assert totals[("train", "speech")] == pytest.approx((intervals - before) * PER_INTERVAL)
@@ -120,7 +121,7 @@ def test_namespace_label_change_moves_the_cost_center(api, sidecar):
 
     before = run_halves(p, cluster, change)
     totals = by(p, "cost_center")
-    n = p.metrics.intervals_computed
+    n = total(p.metrics.intervals_computed)
     assert totals[("cc-1",)] == pytest.approx(2 * before * PER_INTERVAL)
     assert totals[("cc-2",)] == pytest.approx(2 * (n - before) * PER_INTERVAL)
 
@@ -143,7 +144,7 @@ def test_pod_deleted_and_recreated_under_its_name(api, sidecar):
 
     before = run_halves(p, cluster, recreate)
     totals = by(p, "pod", "team")
-    n = p.metrics.intervals_computed
+    n = total(p.metrics.intervals_computed)
     assert before < 6  # the interval the old pod ended in closed after the new pod appeared ...
     assert totals[("train", "vision")] == pytest.approx(6 * PER_INTERVAL)  # ... and is still the old pod's
     assert totals[("train", "speech")] == pytest.approx((n - 6) * PER_INTERVAL)
@@ -161,13 +162,13 @@ def test_refused_pods_fall_back_to_kube_state_metrics_then_the_api_takes_over(ap
     api.forbid("list", "pods")
     p = sidecar(api, initial_sync_timeout_seconds=0.5)  # pods are refused: the start waits in vain
     def allow() -> None:
-        assert p.metrics.kube_errors[("pods", "list", "forbidden")] >= 1
+        assert by_label(p.metrics.kube_errors)[("pods", "list", "forbidden")] >= 1
         api.allow("list", "pods")
         eventually(p.kube.synced)
 
     before = run_halves(p, cluster, allow, ksm=True)
     totals = by(p, "pod", "cost_center")
-    n = p.metrics.intervals_computed
+    n = total(p.metrics.intervals_computed)
     # kube-state-metrics facts (namespace cc-1) while pods were refused; the API's pod label after
     assert totals[("train", "cc-1")] == pytest.approx(before * PER_INTERVAL)
     assert totals[("train", "cc-9")] == pytest.approx((n - before) * PER_INTERVAL)
@@ -185,11 +186,11 @@ def test_api_down_for_a_while_attribution_goes_on(api, sidecar):
 
     run_halves(p, cluster, outage)
     totals = by(p, "pod", "team")
-    n = p.metrics.intervals_computed
+    n = total(p.metrics.intervals_computed)
     assert n == 13  # 12 full intervals and the one the last scrape opened
     assert totals[("train", "vision")] == pytest.approx(n * PER_INTERVAL)
     assert ("train", "unallocated") not in totals
-    assert p.metrics.kube_errors[("pods", "watch", "connection")] >= 1
+    assert by_label(p.metrics.kube_errors)[("pods", "watch", "connection")] >= 1
 
 
 def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
@@ -236,7 +237,7 @@ def test_coverage_per_namespace_and_unattributed_reasons(api, sidecar):
     p = sidecar(api)
     feed(p, *cluster.scrapes(60, 3600, ksm=False))
     p.close_due(flush=True)
-    n = p.metrics.intervals_computed
+    n = total(p.metrics.intervals_computed)
     unattributed = p.store.totals("unattributed", ("namespace", "reason"))
     assert unattributed == {("ml", "pod_unknown"): pytest.approx(n * PER_INTERVAL),
                             ("ml", "tag_missing"): pytest.approx(n * PER_INTERVAL)}  # serve: team only

@@ -24,6 +24,7 @@ from otelgpu.pipeline import Pipeline
 from otelgpu.report.promql import PromClient
 from otelgpu.report import focus
 from otelgpu.report.showback import showback
+from otelgpu.telemetry import by_label
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
@@ -88,7 +89,7 @@ def test_remote_write_totals_read_back_with_promql(prometheus: PrometheusServer)
     assert got[("request", "vision")] == pytest.approx(12 * 2 * PER_INTERVAL)
     assert got[("request", "nlp")] == pytest.approx(5 * PER_INTERVAL)
     assert got[("request", "research")] == pytest.approx(5 * PER_INTERVAL)  # from 35 minutes on
-    assert not p.metrics.export_failures and p.metrics.exports["remote_write"] > 0
+    assert not by_label(p.metrics.export_failures) and by_label(p.metrics.exports)["remote_write"] > 0
     # nlp's pod ended at 25 minutes: its series were ended with a stale marker, so an instant query
     # no longer sees them while the totals above still do.
     live = {m["team"] for m, _ in prometheus.query('gpu_cost_allocated_total{cluster="one"}', end)}
@@ -115,12 +116,12 @@ def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) ->
     assert all(d.wait_idle(10) for d in p.deliveries)
     prometheus.stop()  # down for 25 minutes of data: 5 intervals, more than the queue holds
     feed(p, *c.scrapes(60, 2700, from_s=1200))
-    eventually(lambda: p.metrics.export_failures[("remote_write", "connection")] > 0, timeout=30)
-    assert p.metrics.export_snapshots_merged["remote_write"] > 0
+    eventually(lambda: by_label(p.metrics.export_failures)[("remote_write", "connection")] > 0, timeout=30)
+    assert by_label(p.metrics.export_snapshots_merged)["remote_write"] > 0
     prometheus.start(port=prometheus.port)  # back, same address and data
     feed(p, *c.scrapes(60, 3600, from_s=2700))
     p.shutdown()
-    assert not p.metrics.export_snapshots_dropped
+    assert not by_label(p.metrics.export_snapshots_dropped)
     expected = p.store.totals("allocated", ("cost_model", "team"))
     assert totals(prometheus, "outage", c.t0 / NS + 3600) == pytest.approx(expected, rel=1e-12)
     # The report reads the same money from the merged snapshots, for the hour and for a window

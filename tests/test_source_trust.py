@@ -16,6 +16,7 @@ from otelgpu.demo.otlp import request, scrape
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.receiver.sources import untrusted_reason, BIT
+from otelgpu.telemetry import by_label
 
 A100 = "NVIDIA A100-SXM4-40GB"
 KSM_REFUSED = untrusted_reason(BIT["kube_state_metrics"])
@@ -74,12 +75,12 @@ def test_spoofed_facts_from_other_scrape_targets_move_no_money() -> None:
     for metric in ("capacity", "idle"):
         assert attacked.store.totals(metric, ("node",)) == pytest.approx(clean.store.totals(metric, ("node",)))
     assert ("invented",) not in attacked.store.totals("capacity", ("node",))
-    rejected = attacked.metrics.points_rejected
+    rejected = by_label(attacked.metrics.points_rejected)
     scrapes = 60
     assert rejected[KSM_REFUSED] == scrapes * (2001 + 1 + 1 + 1 + 1 + 1)
     assert rejected[DCGM_REFUSED] == scrapes * 2
-    assert not attacked.metrics.tag_values_capped  # the minted values never reached the tag budget
-    assert not any("not in sources" in reason for reason in clean.metrics.points_rejected)
+    assert not by_label(attacked.metrics.tag_values_capped)  # the minted values never reached the tag budget
+    assert not any("not in sources" in reason for reason in by_label(clean.metrics.points_rejected))
 
 
 def test_a_trusted_job_name_can_be_changed_and_is_then_the_only_one_trusted() -> None:
@@ -95,7 +96,7 @@ def test_a_trusted_job_name_can_be_changed_and_is_then_the_only_one_trusted() ->
                     kv.value.string_value = "ksm"
         feed(p, req, *rogue(c.t0 + t_s * NS, job="kube-state-metrics", teams=10))
     p.close_due(flush=True)
-    assert p.metrics.points_rejected[KSM_REFUSED] == 20 * (11 + 5)
+    assert by_label(p.metrics.points_rejected)[KSM_REFUSED] == 20 * (11 + 5)
     assert {k[0] for k in charged(p)} == {"vision", "nlp"}
 
 
@@ -122,8 +123,8 @@ def test_a_rogue_client_of_the_receiver_is_refused_without_the_token(tmp_path) -
         p.drain()
     finally:
         p.shutdown()
-    assert p.metrics.requests[("grpc", "unauthenticated")] == 20
-    assert p.metrics.requests[("grpc", "ok")] + p.metrics.requests[("grpc", "partial")] == 20
+    assert by_label(p.metrics.requests)[("grpc", "unauthenticated")] == 20
+    assert by_label(p.metrics.requests)[("grpc", "ok")] + by_label(p.metrics.requests)[("grpc", "partial")] == 20
     assert {k[0] for k in charged(p)} == {"vision", "nlp"}
 
 
@@ -140,6 +141,6 @@ def test_tag_values_of_pods_that_carry_no_cost_take_no_place_in_the_budget() -> 
     for t_s in range(0, 600, 30):
         feed(p, c.scrape(t_s))
     p.close_due(flush=True)
-    assert not p.metrics.tag_values_capped
+    assert not by_label(p.metrics.tag_values_capped)
     teams = {k[0] for k, v in p.store.totals("allocated", ("team",), {"cost_model": "scad"}).items() if v}
     assert teams == {"vision", "nlp"}

@@ -162,7 +162,7 @@ def oncall() -> Board:
           [(f"sum by (cluster, exporter) (rate(otelgpu_exports_total{{{SELF}}}[$__rate_interval]))", "{{cluster}} {{exporter}} ok"),
            (f"sum by (cluster, exporter, reason) (rate(otelgpu_export_failures_total{{{SELF}}}[$__rate_interval]))",
             "{{cluster}} {{exporter}} {{reason}}"),
-           (f"otelgpu_export_queue_snapshots{{{SELF}}}", "{{cluster}} {{exporter}} queued")], unit="none", w=12, h=8)
+           (f"otelgpu_exporter_queue_size{{{SELF}}}", "{{cluster}} {{exporter}} queued")], unit="none", w=12, h=8)
     b.add(stat.Panel, "Sidecars up", "otelgpu's /metrics scraped by the Collector.",
           [(f"sum by (cluster) (up{{{SELF}}})", "{{cluster}}")], unit="none", w=12, h=4, instant=True)
     b.add(stat.Panel, "Cost series arriving", "Cost series written in the last 15 minutes, per cluster.",

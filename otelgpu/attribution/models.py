@@ -224,7 +224,7 @@ class CostModels:
             for x, (resource, reserved) in enumerate((("cpu", p.cpu_request), ("memory", p.memory_request_gib))):
                 fallbacks = int(np.count_nonzero(by_requests[:, x] & (reserved > 0)))
                 if fallbacks:
-                    self.metrics.count("scad_request_fallbacks", resource, fallbacks)
+                    self.metrics.scad_request_fallbacks.labels(resource).inc(fallbacks)
         cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
         split = scad(p.node, qty, cap, rate, dt)

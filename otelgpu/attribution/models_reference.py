@@ -118,7 +118,7 @@ class CostModelsReference(CostModels):
             if self.metrics is not None:
                 for resource, b, reserved in zip(("cpu", "memory"), basis[-1], (p.cpu_request, p.memory_request_gib)):
                     if b == "requests" and reserved > 0:
-                        self.metrics.count("scad_request_fallbacks", resource)
+                        self.metrics.scad_request_fallbacks.labels(resource).inc()
         cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
         out = scad(pod_node, qty, cap, rate, dt)

@@ -18,6 +18,7 @@ from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request, send
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
+from otelgpu.telemetry import by_label, total
 
 SCRAPE_S = 60
 
@@ -120,10 +121,12 @@ def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: T
     pipeline.close_due(flush=True)
     report(pipeline, out)
     m = pipeline.metrics
-    out.write(f"intervals computed: {m.intervals_computed}, points received: {m.points_received}, "
-              f"rejected: {sum(m.points_rejected.values())}, in {time.monotonic() - started:.1f} s\n")
-    for reason, n in sorted(m.points_rejected.items()):
-        out.write(f"  rejected {n}: {reason}\n")
+    rejected = by_label(m.points_rejected)
+    out.write(f"intervals computed: {total(m.intervals_computed):.0f}, "
+              f"points received: {total(m.points_received):.0f}, rejected: {sum(rejected.values()):.0f}, "
+              f"in {time.monotonic() - started:.1f} s\n")
+    for reason, n in sorted(rejected.items()):
+        out.write(f"  rejected {n:.0f}: {reason}\n")
     if pipeline.telemetry:
         out.write(f"metrics: {pipeline.telemetry.url}\n")
     if keep_running:

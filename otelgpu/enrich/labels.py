@@ -125,7 +125,7 @@ class TagValues:
 
     def _count(self, tag: str, reason: str) -> None:
         if self.metrics is not None:
-            self.metrics.count("tag_values_capped", (tag, reason))
+            self.metrics.tag_values_capped.labels(tag, reason).inc()
 
     def tick(self) -> None:
         """One interval closed: release what no namespace used in the last `release_after`."""

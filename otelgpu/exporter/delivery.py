@@ -67,6 +67,8 @@ class Delivery:
         self._deadline: Optional[float] = None  # monotonic time by which close() gives up
         self._thread = threading.Thread(target=self._run, name=f"otelgpu-export-{sender.name}", daemon=True)
         self._started = False
+        metrics.exporter_queue_capacity.labels(sender.name).set(config.queue_size)
+        metrics.exporter_queue_size.labels(sender.name).set(0)
 
     @property
     def name(self) -> str:
@@ -87,7 +89,7 @@ class Delivery:
             for r in found:
                 self._queue.append(_Entry(r.end_ns, r.points, self._progress(r.end_ns, r.done), True))
                 self._newest_released = r.end_ns
-            self.metrics.count("export_snapshots_recovered", self.name, len(found))
+            self.metrics.export_snapshots_recovered.labels(self.name).inc(len(found))
             self._changed()
         if found or uncommitted:
             log.info("%s: %d undelivered snapshot(s) recovered from %s, %d uncommitted one(s) deleted",
@@ -110,7 +112,7 @@ class Delivery:
             try:
                 self._outbox.write(end_ns, points)
             except OSError as exc:
-                self.metrics.count("export_outbox_errors", (self.name, "write"))
+                self.metrics.export_outbox_errors.labels(self.name, "write").inc()
                 log.error("%s: snapshot ending %d not persisted: %s", self.name, end_ns, exc)
                 raise
             for e in replaced:
@@ -149,7 +151,7 @@ class Delivery:
             try:
                 outbox.save_progress(end_ns, n)
             except OSError as exc:
-                self.metrics.count("export_outbox_errors", (self.name, "write"))
+                self.metrics.export_outbox_errors.labels(self.name, "write").inc()
                 log.error("%s: progress of snapshot %d not persisted (a restart resends its part): %s",
                           self.name, end_ns, exc)
         return Progress(done, persist)
@@ -160,7 +162,7 @@ class Delivery:
         if self._sendable() and not self._started:
             self._started = True
             self._thread.start()
-        self.metrics.set("export_queue", self.name, len(self._queue))
+        self.metrics.exporter_queue_size.labels(self.name).set(len(self._queue))
         self._cond.notify_all()
 
     def _bound(self) -> None:
@@ -178,13 +180,13 @@ class Delivery:
                 try:
                     self._outbox.write(q[i + 1].end_ns, merged, absorbed=(q[i].end_ns,))
                 except OSError as exc:
-                    self.metrics.count("export_outbox_errors", (self.name, "write"))
+                    self.metrics.export_outbox_errors.labels(self.name, "write").inc()
                     log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
                     return
                 self._outbox.delete(q[i].end_ns)
             q[i + 1].snapshot = merged
             del q[i]
-            self.metrics.count("export_snapshots_merged", self.name)
+            self.metrics.export_snapshots_merged.labels(self.name).inc()
 
     def _sendable(self) -> bool:
         return bool(self._queue) and self._queue[0].released
@@ -225,7 +227,7 @@ class Delivery:
             points = head.snapshot
             began = time.monotonic()
             result = self.sender.send(points, head.progress)
-            self.metrics.count("work_seconds", f"send:{self.name}", time.monotonic() - began)
+            self.metrics.work_seconds.labels(f"send:{self.name}").inc(time.monotonic() - began)
             if (result.ok or not result.retryable) and self._outbox is not None:
                 self._outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
             with self._cond:
@@ -235,7 +237,8 @@ class Delivery:
                         self._queue.popleft()
                     attempt = 0
                 if result.ok:
-                    self.metrics.count("exports", self.name)
+                    self.metrics.exports.labels(self.name).inc()
+                    self.metrics.exporter_sent_points.labels(self.name).inc(len(points))
                 elif not result.retryable:
                     self._give_up(points, result.reason)
                     log.error("%s export refused (%s), not retried; the next interval resends the series: %s",
@@ -247,7 +250,8 @@ class Delivery:
                         log.warning("%s export failed (%s: %s), attempt %d, retrying in %.1f s", self.name,
                                     result.reason, result.detail, attempt, delay)
                 if not result.ok:
-                    self.metrics.count("export_failures", (self.name, result.reason or "unknown"))
+                    self.metrics.export_failures.labels(self.name, result.reason or "unknown").inc()
+                    self.metrics.exporter_send_failed_points.labels(self.name).inc(len(points))
                 self._changed()
                 if result.retryable and not result.ok:
                     end = time.monotonic() + delay
@@ -261,8 +265,8 @@ class Delivery:
         return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _give_up(self, points: Sequence[Point], reason: str) -> None:
-        self.metrics.count("export_snapshots_dropped", (self.name, reason))
-        self.metrics.count("export_points_undeliverable", (self.name, reason), len(points))
+        self.metrics.export_snapshots_dropped.labels(self.name, reason).inc()
+        self.metrics.export_points_undeliverable.labels(self.name, reason).inc(len(points))
 
     def finish_by(self, deadline: float) -> None:
         """Stop once the queue is delivered or at `deadline` (time.monotonic()), whichever comes
@@ -284,11 +288,11 @@ class Delivery:
             left = list(self._queue)
             self._queue.clear()
             if self._outbox is not None:
-                self.metrics.count("export_snapshots_persisted", self.name, len(left))
+                self.metrics.export_snapshots_persisted.labels(self.name).inc(len(left))
             else:
                 for e in left:
                     self._give_up(e.snapshot, "shutdown")
-            self.metrics.set("export_queue", self.name, 0)
+            self.metrics.exporter_queue_size.labels(self.name).set(0)
         if left and self._outbox is not None:
             log.warning("%s: %d snapshot(s) not delivered before the shutdown deadline stay in %s for the next start",
                         self.name, len(left), self._outbox.directory)

@@ -285,7 +285,7 @@ class OtlpSender:
     def _answered(self, response: ExportMetricsServiceResponse) -> None:
         rejected = response.partial_success.rejected_data_points
         if rejected:  # accepted in part: never resent (the receiver would refuse them again)
-            self._metrics.count("export_points_rejected", self.name, rejected)
+            self._metrics.export_points_rejected.labels(self.name).inc(rejected)
             log.error("the OTLP receiver refused %d cost points: %s", rejected, response.partial_success.error_message)
 
     def close(self) -> None:

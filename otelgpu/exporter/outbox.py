@@ -187,7 +187,7 @@ class Outbox:
         self._error(reason, f"snapshot {path} not sent ({reason}): {message}; {where}")
 
     def _error(self, reason: str, message: str) -> None:
-        self.metrics.count("export_outbox_errors", (self.exporter, reason))
+        self.metrics.export_outbox_errors.labels(self.exporter, reason).inc()
         log.error("%s export queue: %s", self.exporter, message)
 
     def _write(self, path: Path, data: bytes) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Union, cast
+from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -39,77 +39,14 @@ def label_name(key: str) -> str:
     return "key_" + name if name[0].isdigit() else name
 
 
-def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+def _counter(name: str, doc: str) -> CounterMetricFamily:
     # CounterMetricFamily appends `_total` to the samples itself; strip ours so it is not doubled.
-    return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
-
-
-# Self-metrics counted by label: (name, SelfMetrics field, labels, help).
-_LABELLED_COUNTERS = (
-    ("otelgpu_points_rejected_total", "points_rejected", ("reason",),
-     "Data points rejected, by reason"),
-    ("otelgpu_scad_request_fallbacks_total", "scad_request_fallbacks", ("resource",),
-     "Pod-intervals scad charged on requests because no usage was scraped, by resource"),
-    ("otelgpu_tag_values_capped_total", "tag_values_capped", ("tag", "reason"),
-     "Tag values cut to max_length (reason=length) or replaced by the overflow value "
-     "(reason=distinct), by tag"),
-    ("otelgpu_kube_watch_events_total", "kube_events", ("resource", "type"),
-     "Kubernetes API watch events applied, by resource and type"),
-    ("otelgpu_kube_lists_total", "kube_lists", ("resource", "reason"),
-     "Kubernetes API full lists, by resource and why (initial; gone: the watch was too far behind, 410)"),
-    ("otelgpu_kube_errors_total", "kube_errors", ("resource", "verb", "reason"),
-     "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, not_found, "
-     "connection, timeout, server_error, invalid)"),
-    ("otelgpu_requests_total", "requests", ("transport", "outcome"),
-     "Export requests received, by transport and outcome"),
-    ("otelgpu_receiver_connections_refused_total", "receiver_connections_refused", ("transport", "reason"),
-     "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, by transport and reason "
-     "(connection_limit, idle_evicted, idle_timeout, read_timeout, write_timeout, concurrent_requests)"),
-    ("otelgpu_exports_total", "exports", ("exporter",),
-     "Cost snapshots delivered, by exporter"),
-    ("otelgpu_export_failures_total", "export_failures", ("exporter", "reason"),
-     "Failed delivery attempts, by exporter and reason"),
-    ("otelgpu_export_snapshots_dropped_total", "export_snapshots_dropped", ("exporter", "reason"),
-     "Snapshots given up (refused for good, or left at the shutdown deadline)"),
-    ("otelgpu_export_points_undeliverable_total", "export_points_undeliverable", ("exporter", "reason"),
-     "Points of the snapshots given up"),
-    ("otelgpu_export_points_rejected_total", "export_points_rejected", ("exporter",),
-     "Points the receiver refused in a partial success"),
-    ("otelgpu_export_series_rejected_total", "export_series_rejected", ("exporter", "reason"),
-     "Series an exporter left out (e.g. over 70 labels)"),
-    ("otelgpu_export_snapshots_merged_total", "export_snapshots_merged", ("exporter",),
-     "Snapshots merged because the export queue was full (resolution lost, no cost)"),
-    ("otelgpu_export_snapshots_recovered_total", "export_snapshots_recovered", ("exporter",),
-     "Undelivered snapshots found in the export queue's directory at start and queued again"),
-    ("otelgpu_export_snapshots_persisted_total", "export_snapshots_persisted", ("exporter",),
-     "Snapshots not delivered by the shutdown deadline, left on disk for the next start"),
-    ("otelgpu_export_outbox_errors_total", "export_outbox_errors", ("exporter", "reason"),
-     "Persisted export queue problems, by exporter and reason (corrupt, incompatible: a snapshot file "
-     "set aside at start; corrupt_progress; attribute_log_cut; write; delete; read)"),
-    ("otelgpu_checkpoint_errors_total", "checkpoint_errors", ("reason",),
-     "Checkpoints that could not be written or read, by reason"),
-    ("otelgpu_wal_errors_total", "wal_errors", ("error",),
-     "Write-ahead log writes that failed (requests answered 'retry later'), by error"),
-    ("otelgpu_wal_corruptions_total", "wal_corruptions", ("where",),
-     "Torn or corrupt write-ahead log records found at replay, by where (tail: the crash's last write)"),
-    ("otelgpu_interval_errors_total", "interval_errors", ("scope",),
-     "Intervals (whole) and nodes (node) whose computation failed and fell back (see the log)"),
-    ("otelgpu_intervals_ahead_total", "intervals_ahead", ("outcome",),
-     "Intervals computed ahead of their close, once every scrape target had sent data past their end, "
-     "by outcome: used at the close; redone (late data, facts, prices or Kubernetes API facts changed "
-     "before the close); failed (computed at the close instead)"),
-    ("otelgpu_work_seconds_total", "work_seconds", ("step",),
-     "Wall seconds spent taking intervals out, by step: ahead (computed before the close, used or not), "
-     "close (facts, join, attribution, cost series), "
-     "commit (staging and checkpoint), send:<exporter> (delivery attempts)"),
-    ("otelgpu_tls_reload_errors_total", "tls_reload_errors", ("server",),
-     "Changed certificate files a server could not use (the certificate loaded before is kept), by server"),
-)
+    return CounterMetricFamily(name.removesuffix("_total"), doc)
 
 
 class CostCollector(Collector):
-    """Cost families from the store plus `otelgpu_*` self-metrics. Register it on a registry of its
-    own (`cost_registry`): the global one would mix in process metrics and refuse a second instance."""
+    """Cost families from the store plus the sidecar's own (`SelfMetrics.registry`). Register it on a
+    registry of its own (`cost_registry`): the global one would refuse a second instance."""
 
     def __init__(self, store: CostStore, metrics: SelfMetrics, cluster: str, cost_series: bool = True) -> None:
         self._store = store
@@ -120,11 +57,11 @@ class CostCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if self._cost_series:
             yield from self._cost_families()
-        yield from self._self_families()
+        yield from self._metrics.registry.collect()
 
     def exposition(self) -> bytes:
         """`generate_latest` of a registry holding this collector, byte for byte."""
-        self_text = generate_latest(_Families(self._self_families))
+        self_text = generate_latest(self._metrics.registry)
         return (self._cost_text() + self_text) if self._cost_series else self_text
 
     def _cost_text(self) -> bytes:
@@ -166,74 +103,9 @@ class CostCollector(Collector):
                 family.add_sample(sample, labels, value)
             yield family
 
-    def _self_families(self) -> Iterator[Metric]:
-        s = self._metrics.snapshot()  # one consistent view; the values are typed by field below
-        for name, field, doc in (
-            ("otelgpu_points_received_total", "points_received", "Data points of consumed metrics accepted"),
-            ("otelgpu_points_ignored_total", "points_ignored", "Data points of metrics otelgpu does not consume"),
-            ("otelgpu_points_late_total", "points_late", "Accepted points whose interval had already closed"),
-            ("otelgpu_intervals_computed_total", "intervals_computed", "Attribution intervals computed"),
-            ("otelgpu_unpriced_gpu_seconds_total", "unpriced_gpu_seconds", "GPU-seconds for which no price was found"),
-            ("otelgpu_gpu_seconds_without_device_data_total", "gpu_seconds_without_device_data",
-             "GPU-seconds of nodes known only from kube-state-metrics (no DCGM series in the interval)"),
-            ("otelgpu_price_reloads_total", "price_reloads", "Price file changes applied"),
-            ("otelgpu_price_reload_failures_total", "price_reload_failures",
-             "Price file changes refused (the previous prices stay in force)"),
-            ("otelgpu_series_ended_total", "series_ended",
-             "Cost series ended with a NO_RECORDED_VALUE point (holder gone)"),
-            ("otelgpu_checkpoints_written_total", "checkpoints_written", "Checkpoints written"),
-            ("otelgpu_wal_fsyncs_total", "wal_fsyncs", "Write-ahead log group commits (one fsync each)"),
-            ("otelgpu_wal_records_replayed_total", "wal_records_replayed", "Write-ahead log records replayed at start"),
-            ("otelgpu_wal_segments_removed_total", "wal_segments_removed",
-             "Write-ahead log segments removed once a checkpoint covered them"),
-            ("otelgpu_intervals_skipped_total", "intervals_skipped",
-             "Intervals not computed because no data came for longer than the facts are kept"),
-            ("otelgpu_interner_compactions_total", "interner_compactions",
-             "String table compactions: label strings of pods, values and nodes gone released"),
-            ("otelgpu_requests_decoded_by_reference_total", "requests_decoded_by_reference",
-             "Requests decoded by protobuf instead of the columnar decoder: malformed, or written unusually"),
-            ("otelgpu_gpu_seconds_lost_total", "gpu_seconds_lost",
-             "GPU-seconds of nodes whose costs could not be computed at all (see the log)"),
-        ):
-            family = _counter(name, doc)
-            family.add_metric([], float(cast(float, s[field])))
-            yield family
-        for name, field, labels, doc in _LABELLED_COUNTERS:
-            yield self._by_label(name, doc, labels, s[field])
-        for name, field, label, doc in (
-            ("otelgpu_kube_objects", "kube_objects", "resource", "Kubernetes objects held from the API, by resource"),
-            ("otelgpu_kube_synced", "kube_synced", "resource",
-             "1 once the resource is listed and watched, 0 while it is not"),
-            ("otelgpu_export_queue_snapshots", "export_queue", "exporter",
-             "Snapshots waiting to be delivered, by exporter"),
-        ):
-            gauge = GaugeMetricFamily(name, doc, labels=[label])
-            for key, value in sorted(cast(Mapping[str, int], s[field]).items()):
-                gauge.add_metric([key], float(value))
-            yield gauge
-        active = GaugeMetricFamily("otelgpu_series_active", "Live cost series in the store")
-        active.add_metric([], float(cast(Mapping[str, int], s["series_active"]).get("cost", 0)))
-        yield active
-
-    @staticmethod
-    def _by_label(name: str, doc: str, labels: Iterable[str], counts: object) -> CounterMetricFamily:
-        family = _counter(name, doc, labels)
-        for key, value in sorted(cast(Mapping[object, float], counts).items(), key=str):
-            values = list(key) if isinstance(key, tuple) else [key]
-            family.add_metric([str(v) for v in values], float(value))
-        return family
-
-
 def _escape(value: str) -> str:
     """A label value as the text format quotes it (prometheus_client's escaping)."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-
-
-class _Families:
-    """A collector of the families one function yields (for `generate_latest`)."""
-
-    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
-        self.collect = families
 
 
 def cost_registry(store: CostStore, metrics: SelfMetrics, cluster: str, cost_series: bool = True) -> CollectorRegistry:

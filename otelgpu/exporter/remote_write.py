@@ -438,7 +438,7 @@ class RemoteWriteSender:
         for reason, n in rejected.items():
             self.rejected_series[reason] += n
             if self._metrics is not None:
-                self._metrics.count("export_series_rejected", (self.name, reason), n)
+                self._metrics.export_series_rejected.labels(self.name, reason).inc(n)
             if reason not in self._logged:
                 self._logged.add(reason)
                 log.error("remote write: left out %d series (%s): AMP takes at most %d labels per series, "

@@ -181,7 +181,7 @@ class GrpcReceiver:
         limit = self.config.max_concurrent_requests + self.config.max_queued_requests
 
         def refuse(requests: Any, context: grpc.ServicerContext) -> None:
-            self.metrics.count("receiver_connections_refused", ("grpc", "concurrent_requests"))
+            self.metrics.receiver_connections_refused.labels("grpc", "concurrent_requests").inc()
             err = RetryableError(f"more than {limit} concurrent Exports; retry later", BUSY_RETRY_AFTER_S)
             context.abort_with_status(retry_status(err))
 
@@ -192,7 +192,7 @@ class GrpcReceiver:
 
     def _unauthenticated_handler(self) -> grpc.RpcMethodHandler:
         def refuse(requests: Any, context: grpc.ServicerContext) -> None:
-            self.metrics.count("requests", ("grpc", "unauthenticated"))
+            self.metrics.requests.labels("grpc", "unauthenticated").inc()
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token this receiver accepts is required "
                           "(authorization: Bearer <token>)")
 
@@ -213,7 +213,7 @@ class GrpcReceiver:
 
     def _export(self, raw: bytes, context: grpc.ServicerContext) -> ExportMetricsServiceResponse:
         outcome, response, failure = self._handle(raw)
-        self.metrics.count("requests", ("grpc", outcome))
+        self.metrics.requests.labels("grpc", outcome).inc()
         if failure is None:
             return response
         if isinstance(failure, RetryableError):
@@ -224,4 +224,4 @@ class GrpcReceiver:
     def _handle(self, raw: bytes) -> tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]:
         """(outcome, response, error to answer with instead of the response). The consumer decodes
         the bytes (an undecodable request is its PermanentError)."""
-        return answer(self.consumer, raw, "gRPC")
+        return answer(self.consumer, raw, "grpc", self.metrics)

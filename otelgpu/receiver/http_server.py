@@ -140,9 +140,9 @@ class HttpReceiver:
 
     def _refused(self, reason: str) -> None:
         if reason == "unauthenticated":
-            self.metrics.count("requests", ("http", "unauthenticated"))
+            self.metrics.requests.labels("http", "unauthenticated").inc()
         else:
-            self.metrics.count("receiver_connections_refused", ("http", reason))
+            self.metrics.receiver_connections_refused.labels("http", reason).inc()
 
     def _screen(self, request: httpserver.Request) -> Optional[httpserver.Response]:
         """From the headers, before the body is read: wrong path or method, no Content-Length or too large."""
@@ -176,7 +176,7 @@ class HttpReceiver:
 
     def _answer(self, outcome: str, code: int, media: str, msg: Message,
                 headers: Optional[dict[str, str]] = None) -> httpserver.Response:
-        self.metrics.count("requests", ("http", outcome))
+        self.metrics.requests.labels("http", outcome).inc()
         return _response(code, media, msg, headers)
 
     def _error(self, status: int, message: str, request: Optional[httpserver.Request]) -> httpserver.Response:
@@ -193,7 +193,7 @@ class HttpReceiver:
             request = _parse(self._unpack(body, encoding, media), media)
         except PermanentError as err:
             return "invalid", empty, err
-        return answer(self.consumer, request, "HTTP")
+        return answer(self.consumer, request, "http", self.metrics)
 
     def _unpack(self, body: bytes, encoding: Optional[str], media: str) -> bytes:
         if media not in (PROTOBUF, JSON):

@@ -7,7 +7,7 @@ import logging
 import queue
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional, Protocol, Union
+from typing import Iterator, NamedTuple, Optional, Protocol, Union
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -29,10 +29,15 @@ from otelgpu.wal import Wal
 Request = Union[bytes, ExportMetricsServiceRequest]
 
 
+class Taken(NamedTuple):
+    accepted: int  # points taken into the pipeline
+    rejected: int  # points refused (the request's partial success)
+    message: str  # why they were refused; empty when none were
+
+
 class Consumer(Protocol):
-    def consume(self, request: Request) -> tuple[int, str]:
-        """Take one request, as its protobuf bytes or as a message. Returns (rejected points,
-        reason text; empty when none).
+    def consume(self, request: Request) -> Taken:
+        """Take one request, as its protobuf bytes or as a message.
 
         Raises RetryableError when the sidecar cannot take it now, PermanentError when the bytes
         are not a request.
@@ -44,12 +49,12 @@ log = logging.getLogger(__name__)
 Answer = tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]
 
 
-def answer(consumer: Consumer, request: Request, transport: str) -> Answer:
+def answer(consumer: Consumer, request: Request, transport: str, metrics: SelfMetrics) -> Answer:
     """Hand `request` to `consumer`: (outcome, response, error to answer with instead), shared by
-    both transports so they keep one contract."""
+    both transports so they keep one contract. `transport`: grpc or http."""
     empty = ExportMetricsServiceResponse()
     try:
-        rejected, message = consumer.consume(request)
+        accepted, rejected, message = consumer.consume(request)
     except RetryableError as err:
         return "unavailable", empty, err
     except PermanentError as err:
@@ -57,6 +62,8 @@ def answer(consumer: Consumer, request: Request, transport: str) -> Answer:
     except Exception as exc:  # never let one bad request take the server down
         log.exception("OTLP/%s export failed", transport)
         return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")
+    metrics.receiver_accepted_points.labels("otlp", transport).inc(accepted)
+    metrics.receiver_refused_points.labels("otlp", transport).inc(rejected)
     if rejected > 0:
         partial = ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=message)
         return "partial", ExportMetricsServiceResponse(partial_success=partial), None
@@ -79,7 +86,7 @@ class Ingest:
         self._queue: queue.Queue[PointBatch] = queue.Queue(maxsize=queue_size)
         self._order = threading.Lock()
 
-    def consume(self, request: Request) -> tuple[int, str]:
+    def consume(self, request: Request) -> Taken:
         if self._queue.full():  # decide before decoding: an overloaded sidecar should not work more
             raise RetryableError("otelgpu queue is full", self.retry_after_s)
         raw = request if isinstance(request, bytes) else request.SerializeToString()
@@ -87,17 +94,17 @@ class Ingest:
         while len(batch) and not self._enqueue(batch):  # the interner was compacted meanwhile
             batch = self._decode(raw)
         if len(batch):
-            self.metrics.add("points_received", len(batch))
+            self.metrics.points_received.inc(len(batch))
         for reason, n in batch.rejected.items():
-            self.metrics.count("points_rejected", reason, n)
-        self.metrics.add("points_ignored", batch.ignored)
-        return batch.rejected_count, describe_rejections(batch.rejected)
+            self.metrics.points_rejected.labels(reason).inc(n)
+        self.metrics.points_ignored.inc(batch.ignored)
+        return Taken(len(batch) + batch.ignored, batch.rejected_count, describe_rejections(batch.rejected))
 
     def _decode(self, raw: bytes) -> PointBatch:
         """The columnar decoder's batch; the reference decoder's where protobuf must read the bytes."""
         batch = self.columnar.decode(raw)
         if batch is None:
-            self.metrics.add("requests_decoded_by_reference")
+            self.metrics.requests_decoded_by_reference.inc()
             try:
                 request = ExportMetricsServiceRequest.FromString(raw)
             except DecodeError as exc:
@@ -137,7 +144,7 @@ class Ingest:
             yield waiting
 
     def _disk_failed(self, exc: OSError) -> None:
-        self.metrics.count("wal_errors", type(exc).__name__)
+        self.metrics.wal_errors.labels(type(exc).__name__).inc()
         log.error("write-ahead log not written (%s): answering 'retry later'", exc)
         raise RetryableError(f"write-ahead log unavailable: {exc.strerror or exc}", self.retry_after_s) from exc
 

@@ -8,6 +8,7 @@ import pytest
 
 from cluster import Cluster, Node, Pod, Unit
 from otelgpu.attribution.prices import load_catalog
+from otelgpu.telemetry import by_label, total
 from support import feed, make_config, offline_pipeline
 
 HOUR = 3600
@@ -91,7 +92,7 @@ def test_scad_falls_back_to_requests_without_usage_and_says_so() -> None:
     assert pods["P1"] == pytest.approx(9 * unit + mem(4), rel=1e-12)
     assert pods["P3"] == pytest.approx(9 * unit + mem(2), rel=1e-12)
     assert set(by(p.store, "allocated", "scad", "activity_basis")) == {"requests"}
-    assert p.metrics.scad_request_fallbacks == {"cpu": 4, "memory": 4}
+    assert by_label(p.metrics.scad_request_fallbacks) == {"cpu": 4, "memory": 4}
 
 
 # --- scad on a GPU node with unused GPUs; a CPU-only pod absorbs no GPU cost -------------------
@@ -333,7 +334,7 @@ def test_price_file_change_applies_from_the_next_interval_and_keeps_accrued_cost
     p = offline_pipeline(make_config(attribution__interval_seconds=900, attribution__lateness_seconds=0,
                                      attribution__prices__file=str(prices)))
     feed(p, *(c.scrape(t) for t in range(0, 1801, 60)))  # closes [0, 900) and [900, 1800)
-    assert p.metrics.intervals_computed == 2 and p.metrics.price_reloads == 1
+    assert total(p.metrics.intervals_computed) == 2 and total(p.metrics.price_reloads) == 1
     before = by(p.store, "allocated", "request", "pod")["serve"]
     assert before == pytest.approx(2 * 4.0 / 4)
 
@@ -346,7 +347,7 @@ def test_price_file_change_applies_from_the_next_interval_and_keeps_accrued_cost
     os.utime(prices, ns=(2 * 10**18, 2 * 10**18))
     feed(p, *(c.scrape(t) for t in range(2760, 3600, 60)))
     p.close_due(flush=True)
-    assert p.metrics.price_reload_failures == 1 and p.metrics.price_reloads == 2
+    assert total(p.metrics.price_reload_failures) == 1 and total(p.metrics.price_reloads) == 2
     # The bad file changed nothing: the last interval kept the $8.00 price.
     assert by(p.store, "allocated", "request", "pod")["serve"] == pytest.approx(before + 2 * 8.0 / 4)
     assert_conserved(p.store, "request")

@@ -10,6 +10,7 @@ from support import feed, offline_pipeline, otlp_fixture, prom_fixture_request, 
 
 from otelgpu.attribution.prices import Pricer
 from otelgpu.config import PricesConfig
+from otelgpu.telemetry import total
 
 H100 = "NVIDIA H100 80GB HBM3"
 P5_NODE = "ip-10-20-3-41.us-west-2.compute.internal"
@@ -74,7 +75,7 @@ def test_gpu_node_without_dcgm_data_still_costs_its_capacity(fixture_run):
     assert rows[("chat-api-6f7d9c8b7-4xq2m", "ksm_request", "replica")] == pytest.approx(2 * price / 4)
     assert rows[("embedder-85b4d6f9c-wz8pl", "ksm_request", "replica")] == pytest.approx(2 * price / 4)
     assert fixture_run.store.totals("idle", ("node",))[(G5_NODE,)] == pytest.approx(price)
-    assert fixture_run.metrics.gpu_seconds_without_device_data == pytest.approx(2 * 60)
+    assert total(fixture_run.metrics.gpu_seconds_without_device_data) == pytest.approx(2 * 60)
 
 
 def test_fixture_tags_from_pod_then_namespace_labels(fixture_run):
@@ -125,10 +126,10 @@ def test_data_later_than_the_allowance_is_counted_late_not_used():
                                      attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
     # The watermark moves once two targets are past interval 1 (one target alone cannot move it).
     feed(p, ksm(), s1, otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"), shifted(ksm(), 30))
-    assert p.metrics.intervals_computed == 1  # scrape 2 moved the watermark past interval 1
+    assert total(p.metrics.intervals_computed) == 1  # scrape 2 moved the watermark past interval 1
     before = dict(by_pod(p))
     feed(p, s1)  # a resend of scrape 1 after its interval closed
-    assert p.metrics.points_late == 36
+    assert total(p.metrics.points_late) == 36
     assert by_pod(p) == before
 
 
@@ -212,10 +213,10 @@ def test_a_point_from_the_future_is_rejected_and_does_not_move_the_watermark():
     rogue = req.resource_metrics[0].scope_metrics[0].metrics[3].gauge.data_points[0]
     rogue.time_unix_nano = time.time_ns() + 3600 * 10**9
     p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
-    rejected, message = p.ingest.consume(req)
+    _, rejected, message = p.ingest.consume(req)
     assert rejected == 1 and "ahead of the receive clock" in message
     feed(p, ksm(), otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
-    assert p.metrics.points_late == 0 and p.windows.watermark_ns < time.time_ns()
+    assert total(p.metrics.points_late) == 0 and p.windows.watermark_ns < time.time_ns()
 
 
 def test_a_gpu_missing_from_dcgm_is_still_capacity():
@@ -228,4 +229,4 @@ def test_a_gpu_missing_from_dcgm_is_still_capacity():
         pts.extend(keep)
     p = run(ksm(), req)
     assert p.store.totals("capacity", ("node",))[(P5_NODE,)] == pytest.approx(8 * PER_GPU_INTERVAL)
-    assert p.metrics.gpu_seconds_without_device_data == pytest.approx(2 * 60)  # GPU 7, and the g5 node
+    assert total(p.metrics.gpu_seconds_without_device_data) == pytest.approx(2 * 60)  # GPU 7, and the g5 node

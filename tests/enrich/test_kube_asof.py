@@ -15,7 +15,7 @@ from test_kube_source import NODE_A, config, namespace, node, pod, tags
 from otelgpu.enrich.facts import KsmFacts, MergedFacts
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.receiver.interner import Interner
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 T = 2_000_000_000.0  # the clock's start, seconds; every object's creation is given relative to it
 NS = 1_000_000_000
@@ -123,7 +123,7 @@ def test_a_relist_finds_pods_from_their_creation_and_deletions_when_it_ran(api, 
     assert ("ml", "b") not in source.view(at(T + 50)).pods
     assert not source.view(at(T + 500)).pods[("ml", "a")].deleted  # when it went is not known: when it was found
     assert source.view(at(T + 500) + 1).pods[("ml", "a")].deleted
-    assert source.metrics.snapshot()["kube_lists"][("pods", "gone")] >= 1
+    assert by_label(source.metrics.kube_lists)[("pods", "gone")] >= 1
 
 
 def test_a_deleted_pod_is_deleted_only_after_its_deletion(api, started, clock):
@@ -214,7 +214,7 @@ def test_an_event_that_changes_nothing_kept_adds_no_version(api, started, clock)
     api.apply(created(node(NODE_A, instance_type="p5.48xlarge"), T - 86400))
     eventually(lambda: team(source) == "speech", WAIT_S)
     eventually(lambda: "p5" in source.view().nodes[NODE_A].labels["label_node_kubernetes_io_instance_type"], WAIT_S)
-    events = source.metrics.snapshot()["kube_events"]
+    events = by_label(source.metrics.kube_events)
     assert events[("pods", "MODIFIED")] == 2 and events[("nodes", "MODIFIED")] == 2
     after = source.facts.versions()  # one for each new object, one for each real change
     assert (after["pods"], after["nodes"]) == (before["pods"] + 2, before["nodes"] + 2)

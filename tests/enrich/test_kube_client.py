@@ -12,7 +12,7 @@ from otelgpu.config import KubernetesConfig, _default_tags
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.errors import ConfigError
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 
 def _pod(name: str) -> dict:
@@ -58,7 +58,7 @@ def test_token_file_is_reread_when_it_rotates(tmp_path):
             api.drop_watches()  # the next requests carry the file's new content
             api.apply(_pod("after-rotation"))
             eventually(lambda: ("ml", "after-rotation") in source.view().pods)
-            assert source.metrics.snapshot()["kube_errors"].get(("pods", "watch", "unauthorized"), 0) == 0
+            assert by_label(source.metrics.kube_errors).get(("pods", "watch", "unauthorized"), 0) == 0
         finally:
             source.shutdown()
 

@@ -15,7 +15,7 @@ from otelgpu.config import KubernetesConfig, TagRule, TagValuesConfig, _default_
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.workload import workload
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 from support import eventually as support_eventually
 
 NODE_A, NODE_B = "ip-10-0-1-1.ec2.internal", "ip-10-0-1-2.ec2.internal"
@@ -90,7 +90,7 @@ def test_lists_then_watches_and_keeps_only_the_fields_it_uses(api, started):
         api.apply(pod(f"train-{i}", labels={"team": "vision", "app": "x" * 300},
                       annotations={"kubectl.kubernetes.io/last-applied-configuration": "{" + "y" * 5000 + "}"}))
     source = started(api)
-    assert source.metrics.snapshot()["kube_objects"]["pods"] == 5  # published on every change, not per interval
+    assert by_label(source.metrics.kube_objects)["pods"] == 5  # published on every change, not per interval
     view = source.view()
     assert len(view.pods) == 5
     p = view.pods[("ml", "train-0")]
@@ -108,7 +108,7 @@ def test_lists_then_watches_and_keeps_only_the_fields_it_uses(api, started):
     eventually(lambda: source.view().pods[("ml", "train-0")].labels == {"label_team": "speech"})
     watches = [q for m, path, q in api.requests if path == "/api/v1/pods" and q.get("watch") == "true"]
     assert watches[0]["allowWatchBookmarks"] == "true" and int(watches[0]["resourceVersion"]) > 0
-    events = source.metrics.snapshot()["kube_events"]
+    events = by_label(source.metrics.kube_events)
     assert events[("pods", "MODIFIED")] == 1
 
 
@@ -122,9 +122,8 @@ def test_relists_when_the_watch_is_too_old(api, started):
     api.come_up()
     view = eventually(lambda: (v := source.view()) and ("ml", "b") in v.pods and v)
     assert view.pods[("ml", "a")].deleted  # missing from the relist: kept for the grace period, holding nothing
-    s = source.metrics.snapshot()
-    assert s["kube_lists"][("pods", "gone")] >= 1
-    assert s["kube_errors"][("pods", "watch", "gone")] >= 1
+    assert by_label(source.metrics.kube_lists)[("pods", "gone")] >= 1
+    assert by_label(source.metrics.kube_errors)[("pods", "watch", "gone")] >= 1
 
 
 def test_bookmarks_move_the_resume_point(started):
@@ -134,7 +133,7 @@ def test_bookmarks_move_the_resume_point(started):
         source = started(api)
         listed = api.resource_version
         api.apply(namespace("other"))  # moves the global resourceVersion; no pod event follows
-        eventually(lambda: source.metrics.snapshot()["kube_events"].get(("pods", "BOOKMARK"), 0) >= 1)
+        eventually(lambda: by_label(source.metrics.kube_events).get(("pods", "BOOKMARK"), 0) >= 1)
         api.drop_watches()
         resumed = eventually(lambda: [int(q["resourceVersion"]) for _, path, q in api.requests
                                       if path == "/api/v1/pods" and q.get("watch") == "true"][1:])
@@ -146,7 +145,7 @@ def test_dropped_connection_reconnects_and_misses_nothing(api, started):
     api.drop_watches()
     api.apply(pod("after-drop"))
     eventually(lambda: ("ml", "after-drop") in source.view().pods)
-    assert source.metrics.snapshot()["kube_lists"] == {("pods", "initial"): 1, ("namespaces", "initial"): 1,
+    assert by_label(source.metrics.kube_lists) == {("pods", "initial"): 1, ("namespaces", "initial"): 1,
                                                        ("nodes", "initial"): 1}  # resumed, not relisted
 
 
@@ -155,19 +154,19 @@ def test_silent_stream_is_abandoned_and_resumed(api, started):
     api.silence_watches(True)
     api.apply(pod("during-silence"))
     # The silent stream is given up after watch_timeout_seconds without delivering the change.
-    eventually(lambda: source.metrics.snapshot()["kube_errors"].get(("pods", "watch", "timeout"), 0) >= 1,
+    eventually(lambda: by_label(source.metrics.kube_errors).get(("pods", "watch", "timeout"), 0) >= 1,
                timeout=8.0)
     assert ("ml", "during-silence") not in source.view().pods
     api.silence_watches(False)
     eventually(lambda: ("ml", "during-silence") in source.view().pods, timeout=8.0)
-    assert source.metrics.snapshot()["kube_errors"][("pods", "watch", "timeout")] >= 1  # not the server's end
+    assert by_label(source.metrics.kube_errors)[("pods", "watch", "timeout")] >= 1  # not the server's end
 
 
 def test_api_down_for_a_while_keeps_facts_and_catches_up(api, started):
     api.apply(pod("a", labels={"team": "vision"}))
     source = started(api)
     api.go_down()
-    eventually(lambda: source.metrics.snapshot()["kube_errors"].get(("pods", "watch", "connection"), 0) >= 2,
+    eventually(lambda: by_label(source.metrics.kube_errors).get(("pods", "watch", "connection"), 0) >= 2,
                timeout=30)  # several failed reconnects with backoff
     assert source.view().pods[("ml", "a")].labels == {"label_team": "vision"}  # last known facts kept
     api.apply(pod("a", labels={"team": "speech"}))
@@ -183,7 +182,7 @@ def test_missing_rbac_names_verb_and_resource_and_the_rest_goes_on(api, started,
     source.start()
     try:
         eventually(lambda: ("ml", "a") in source.view().pods)
-        eventually(lambda: source.metrics.snapshot()["kube_errors"].get(("namespaces", "list", "forbidden"), 0) >= 1)
+        eventually(lambda: by_label(source.metrics.kube_errors).get(("namespaces", "list", "forbidden"), 0) >= 1)
         assert not source.synced()
         eventually(lambda: "refuses to list namespaces" in caplog.text)  # logged after it is counted
         assert 'cannot list resource "namespaces"' in caplog.text
@@ -260,7 +259,7 @@ def test_owner_lookup_refused_falls_back_to_the_name_pattern(api, started, caplo
     api.apply(pod("serve-7d9f8b6c4-xk2pq", owner=("ReplicaSet", "serve-7d9f8b6c4"),
                   labels={"pod-template-hash": "7d9f8b6c4"}))
     source = started(api)
-    eventually(lambda: source.metrics.snapshot()["kube_errors"].get(("replicasets", "get", "forbidden")))
+    eventually(lambda: by_label(source.metrics.kube_errors).get(("replicasets", "get", "forbidden")))
     v = source.view()
     assert workload("ml", "serve-7d9f8b6c4-xk2pq", v.pods[("ml", "serve-7d9f8b6c4-xk2pq")], v.owners) == \
         ("Deployment", "serve")
@@ -282,5 +281,5 @@ def test_annotations_and_value_caps_in_tags(api, started):
     assert resolver.resolve({"label_model": "b"}, {}).values[3] == "b"
     assert resolver.resolve({"label_model": "c"}, {}).values[3] == "other"  # a third distinct value
     assert resolver.resolve({"label_model": "b"}, {}).values[3] == "b"
-    assert metrics.tag_values_capped == {("model", "length"): 1, ("model", "distinct"): 1}
-    assert metrics.tag_values_capped == {("model", "length"): 1, ("model", "distinct"): 1}
+    assert by_label(metrics.tag_values_capped) == {("model", "length"): 1, ("model", "distinct"): 1}
+    assert by_label(metrics.tag_values_capped) == {("model", "length"): 1, ("model", "distinct"): 1}

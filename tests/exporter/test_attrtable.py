@@ -15,7 +15,7 @@ from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.snapshot import decode, encode
 from otelgpu.exporter.store import Point
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 T0 = 1_700_000_000 * 10**9
 MIN = 60 * 10**9
@@ -53,7 +53,7 @@ def test_an_append_cut_short_is_removed_and_the_next_goes_after_the_last_whole_r
     again = Outbox(tmp_path, "otlp", metrics)
     (found,), uncommitted = again.recover(T0 + MIN)
     assert found.points == first and uncommitted == 0
-    assert metrics.export_outbox_errors == {("otlp", "attribute_log_cut"): 1}
+    assert by_label(metrics.export_outbox_errors) == {("otlp", "attribute_log_cut"): 1}
     assert (tmp_path / "attrs.log").read_bytes() == whole
     second = _points(T0 + 2 * MIN, range(2, 5))
     again.write(T0 + 2 * MIN, second)
@@ -86,7 +86,7 @@ def test_a_snapshot_whose_sets_the_log_lost_is_set_aside_and_the_others_delivere
     sender = OtlpSender(OtlpExporterConfig(endpoint=otlp_sink.endpoint, timeout_seconds=5.0), store.specs, metrics, "c1")
     delivery = Delivery(sender, config, metrics, directory=tmp_path)
     assert delivery.recover(T0 + 2 * MIN) == 1
-    assert metrics.export_outbox_errors == {("otlp", "corrupt"): 1}
+    assert by_label(metrics.export_outbox_errors) == {("otlp", "corrupt"): 1}
     assert (tmp_path / f"{T0 + MIN:020d}.snap.rejected").exists()
     assert delivery.wait_idle(10) and delivery.close() == 0
     assert received_rows(otlp_sink, store.specs) == [as_sent(older, store.specs)]

@@ -16,7 +16,7 @@ from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import MAX_POINTS_PER_REQUEST, NO_RECORDED_VALUE, OtlpSender, build_requests
 from otelgpu.exporter.store import CostStore
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 
 def _metrics(sink, i: int) -> dict[str, Metric]:
@@ -128,7 +128,7 @@ def test_partial_success_is_delivered_and_counted(otlp_sink, store: CostStore, i
     otlp_sink.script = [Answer(rejected=2, message="2 points out of range")]
     assert sender.send(store.points()).ok
     sender.close()
-    assert metrics.export_points_rejected["otlp"] == 2
+    assert by_label(metrics.export_points_rejected)["otlp"] == 2
 
 
 def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> Delivery:
@@ -141,15 +141,22 @@ def test_queue_retries_with_retry_info_and_keeps_order(otlp_sink, store: CostSto
     delivery = _delivery(otlp_sink.endpoint, store, metrics)
     otlp_sink.script = [Answer(grpc.StatusCode.UNAVAILABLE, retry_after=0.3), Answer(grpc.StatusCode.UNAVAILABLE)]
     began = time.monotonic()
+    sizes = []
     for i in range(3):
         intervals.record(i)
         delivery.put(store.points())
+        sizes.append(len(store.points()))
     assert delivery.wait_idle(10)
     assert time.monotonic() - began >= 0.3  # the server's delay was honoured
     delivery.close()
     values = [_metrics(otlp_sink, i)["gpu.cost.allocated"].sum.data_points[0].as_double for i in range(3)]
     assert values == [1.5, 3.0, 4.5] and otlp_sink.calls == 5
-    assert metrics.exports["otlp"] == 3 and metrics.export_failures[("otlp", "unavailable")] == 2
+    assert by_label(metrics.exports)["otlp"] == 3 and by_label(metrics.export_failures)[("otlp", "unavailable")] == 2
+    # The Collector's exporter series: points sent, points of the failed attempts (the first
+    # snapshot, twice), the queue against its capacity.
+    assert by_label(metrics.exporter_sent_points) == {"otlp": sum(sizes)}
+    assert by_label(metrics.exporter_send_failed_points) == {"otlp": 2 * sizes[0]}
+    assert by_label(metrics.exporter_queue_capacity) == {"otlp": 60} and by_label(metrics.exporter_queue_size) == {"otlp": 0}
 
 
 def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals) -> None:
@@ -167,8 +174,8 @@ def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals
     delivery.put(store.points())
     for i in range(8):
         delivery.put(intervals.record(i))  # short-job ends after the second of these
-    eventually(lambda: metrics.export_failures[("otlp", "unavailable")] >= 1, timeout=30)  # the outage was seen
-    assert delivery.depth <= 3 and metrics.export_snapshots_merged["otlp"] >= 5
+    eventually(lambda: by_label(metrics.export_failures)[("otlp", "unavailable")] >= 1, timeout=30)  # the outage was seen
+    assert delivery.depth <= 3 and by_label(metrics.export_snapshots_merged)["otlp"] >= 5
     with serve_sink(sink, port):
         assert delivery.wait_idle(10)
         delivery.close()
@@ -182,7 +189,7 @@ def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals
                     else:
                         latest[_attrs(dp)["pod"]] = dp.as_double
     assert latest == {"train-0": 12.0, "short-job": 2.0} and ended == {"short-job"}
-    assert not metrics.export_snapshots_dropped
+    assert not by_label(metrics.export_snapshots_dropped)
 
 
 def test_refused_snapshot_is_dropped_and_counted(otlp_sink, store: CostStore, intervals) -> None:
@@ -196,8 +203,8 @@ def test_refused_snapshot_is_dropped_and_counted(otlp_sink, store: CostStore, in
     assert delivery.wait_idle(10)
     delivery.close()
     n = len(store.points())
-    assert metrics.export_snapshots_dropped[("otlp", "invalid_argument")] == 1
-    assert metrics.export_points_undeliverable[("otlp", "invalid_argument")] == n
+    assert by_label(metrics.export_snapshots_dropped)[("otlp", "invalid_argument")] == 1
+    assert by_label(metrics.export_points_undeliverable)[("otlp", "invalid_argument")] == n
     # The next snapshot carries the same series, grown: nothing is lost for good.
     assert _metrics(otlp_sink, 0)["gpu.cost.allocated"].sum.data_points[0].as_double == 3.0
 
@@ -210,9 +217,9 @@ def test_shutdown_gives_up_at_its_deadline_and_counts(store: CostStore, interval
     began = time.monotonic()
     assert delivery.close() == 1
     assert time.monotonic() - began < 3.0
-    assert metrics.export_snapshots_dropped[("otlp", "shutdown")] == 1
-    assert metrics.export_points_undeliverable[("otlp", "shutdown")] == len(store.points())
-    assert metrics.export_failures[("otlp", "unavailable")] >= 1 and not metrics.exports
+    assert by_label(metrics.export_snapshots_dropped)[("otlp", "shutdown")] == 1
+    assert by_label(metrics.export_points_undeliverable)[("otlp", "shutdown")] == len(store.points())
+    assert by_label(metrics.export_failures)[("otlp", "unavailable")] >= 1 and not by_label(metrics.exports)
     assert not math.isnan(sum(p.value for p in store.points()))
 
 
@@ -237,7 +244,7 @@ def test_a_snapshot_of_several_requests_arrives_whole_and_one_refused_request_fa
     sender = _sender(otlp_sink.endpoint, store, metrics)
     otlp_sink.script = [Answer(rejected=2, message="two"), Answer(rejected=1, message="one")]
     assert sender.send(snapshot).ok
-    assert len(otlp_sink.received) == 4 and metrics.export_points_rejected["otlp"] == 3
+    assert len(otlp_sink.received) == 4 and by_label(metrics.export_points_rejected)["otlp"] == 3
     pods = [_attrs(dp)["pod"] for r in otlp_sink.received for m in _metrics_of(r) for dp in m.sum.data_points]
     assert sorted(pods) == sorted(dict(attrs)["pod"] for attrs in series)  # each point once
 

@@ -22,7 +22,7 @@ from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import CostStore, Point
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 GONE = (("namespace", "ml"), ("pod", "short-job"))
 
@@ -125,20 +125,20 @@ def test_released_snapshots_survive_a_crash_and_unreleased_ones_are_deleted(otlp
     for points, end in zip(snaps, ends):
         old.stage(points, end)
     old.release(ends[1])  # the third was staged, but its interval never committed
-    eventually(lambda: metrics.export_failures[("otlp", "unavailable")] >= 2, timeout=30)  # tried, not delivered
+    eventually(lambda: by_label(metrics.export_failures)[("otlp", "unavailable")] >= 2, timeout=30)  # tried, not delivered
     _crash(old)
 
     metrics = SelfMetrics()
     new = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
     assert new.recover(ends[1]) == 2
-    assert metrics.export_snapshots_recovered["otlp"] == 2
+    assert by_label(metrics.export_snapshots_recovered)["otlp"] == 2
     assert f"{ends[2]:020d}.snap" not in _snaps(tmp_path)
     assert new.wait_idle(10)
     # Same timestamps, start times and values, and short-job's last value with its end marker.
     assert received_rows(otlp_sink, store.specs) == [as_sent(s, store.specs) for s in snaps[:2]]
     assert ("allocated", GONE, T0 - MIN, ends[1], None) in received_rows(otlp_sink, store.specs)[1]
     assert not _left(tmp_path)
-    assert new.close() == 0 and not metrics.export_snapshots_dropped
+    assert new.close() == 0 and not by_label(metrics.export_snapshots_dropped)
 
 
 def test_merging_on_overflow_bounds_the_files_and_keeps_every_total(store, intervals, tmp_path) -> None:
@@ -153,7 +153,7 @@ def test_merging_on_overflow_bounds_the_files_and_keeps_every_total(store, inter
     for i in range(8):
         old.put(intervals.record(i))  # short-job ends after the second of these
         assert len(_snaps(tmp_path)) == old.depth <= 3
-    assert metrics.export_snapshots_merged["otlp"] == 9 - old.depth >= 6
+    assert by_label(metrics.export_snapshots_merged)["otlp"] == 9 - old.depth >= 6
     _crash(old)
 
     sink = MetricsSink()
@@ -173,7 +173,7 @@ def test_merging_on_overflow_bounds_the_files_and_keeps_every_total(store, inter
                 else:
                     latest[pod] = value
     assert latest == {"train-0": 12.0, "short-job": 2.0} and ended == {"short-job"}
-    assert not metrics.export_snapshots_dropped and not _left(tmp_path)
+    assert not by_label(metrics.export_snapshots_dropped) and not _left(tmp_path)
 
 
 def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, store, intervals,
@@ -188,7 +188,7 @@ def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, 
     for points, end in zip(snaps, ends):
         old.stage(points, end)
     old.release(ends[2])  # three sendable, two allowed: the first two are merged, nothing in flight yet
-    assert metrics.export_snapshots_merged["otlp"] == 1
+    assert by_label(metrics.export_snapshots_merged)["otlp"] == 1
     assert _snaps(tmp_path) == [f"{e:020d}.snap" for e in ends[1:]]
     _crash(old)
     merged = decode((tmp_path / f"{ends[1]:020d}.snap").read_bytes(), AttrTable(tmp_path / "attrs.log").load()[0])
@@ -223,7 +223,7 @@ def test_a_corrupt_file_is_set_aside_and_counted_the_others_delivered(otlp_sink,
     metrics = SelfMetrics()
     new = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
     assert new.recover(intervals.T0 + 3 * intervals.MIN) == 2
-    assert metrics.export_outbox_errors == {("otlp", "corrupt"): 2, ("otlp", "corrupt_progress"): 1}
+    assert by_label(metrics.export_outbox_errors) == {("otlp", "corrupt"): 2, ("otlp", "corrupt_progress"): 1}
     assert [name for name in _left(tmp_path) if not name.endswith(".rejected")] == \
         [_snaps(tmp_path)[0], last.with_suffix(".progress").name, last.name]
     assert sorted(p.name for p in tmp_path.glob("*.rejected")) == [f"{1:020d}.snap.rejected",
@@ -240,7 +240,7 @@ def test_shutdown_leaves_undelivered_snapshots_for_the_next_start(otlp_sink, sto
     for points in snaps:
         old.put(points)
     assert old.close() == 2
-    assert metrics.export_snapshots_persisted["otlp"] == 2 and not metrics.export_snapshots_dropped
+    assert by_label(metrics.export_snapshots_persisted)["otlp"] == 2 and not by_label(metrics.export_snapshots_dropped)
     assert len(_snaps(tmp_path)) == 2
 
     new = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
@@ -259,7 +259,7 @@ def test_a_failed_write_raises_and_queues_nothing(otlp_sink, store, intervals, t
     end = intervals.T0 + intervals.MIN
     with pytest.raises(OSError):
         delivery.stage(first, end)
-    assert delivery.depth == 0 and metrics.export_outbox_errors[("otlp", "write")] == 1
+    assert delivery.depth == 0 and by_label(metrics.export_outbox_errors)[("otlp", "write")] == 1
 
     directory.unlink()
     directory.mkdir()

@@ -25,7 +25,7 @@ from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.remote_write import RemoteWriteSender
 from otelgpu.exporter.store import CostStore, Point, cost_metrics
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
@@ -182,7 +182,7 @@ def test_remote_write_resumes_after_the_accepted_requests_of_a_killed_process(tm
     delivery = Delivery(RemoteWriteSender(config, cost_metrics(), "c1", metrics), _config(), metrics, directory=queue)
     assert delivery.recover((end - MIN_MS) * MS) == 2
     assert delivery.wait_idle(20) and delivery.close() == 0
-    assert metrics.exports["remote_write"] == 2 and not metrics.export_failures  # no out-of-order 400
+    assert by_label(metrics.exports)["remote_write"] == 2 and not by_label(metrics.export_failures)  # no out-of-order 400
     assert [p.name for p in queue.iterdir()] == ["attrs.log"]
 
     ((_, samples),) = prometheus.query_range('gpu_cost_allocated_total{k8s_pod_name="a"}',

@@ -33,7 +33,7 @@ from otelgpu.exporter.remote_write import MAX_LABELS, RemoteWriteSender, WriteRe
 from otelgpu.exporter.sigv4 import sign
 from otelgpu.exporter.sending import Progress
 from otelgpu.exporter.store import Point, cost_metrics
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, by_label
 
 SPECS = cost_metrics()
 MS = 1_000_000
@@ -449,7 +449,7 @@ def test_series_over_70_labels_are_left_out_and_counted(receiver, caplog) -> Non
         assert sender.send(points).ok
 
     assert sender.rejected_series == {"too_many_labels": 2, "invalid_label_name": 2}  # per send
-    assert metrics.export_series_rejected == {("remote_write", "too_many_labels"): 2,
+    assert by_label(metrics.export_series_rejected) == {("remote_write", "too_many_labels"): 2,
                                               ("remote_write", "invalid_label_name"): 2}
     assert len([r for r in caplog.records if "too_many_labels" in r.getMessage()]) == 1  # logged once
     for request in receiver.write_requests():
@@ -469,11 +469,11 @@ def test_the_queue_never_merges_a_partly_accepted_snapshot(receiver) -> None:
     eventually(lambda: len(receiver.received) == 2, timeout=10)  # [p0, p1] accepted, [p2] not: waits 3 s
     for k in (2, 3, 4):  # the queue overflows while the first snapshot waits
         delivery.put([Point("allocated", pod, T, T + k * MIN, float(k)) for pod in pods])
-    assert delivery.depth == 2 and metrics.export_snapshots_merged["remote_write"] == 2
+    assert delivery.depth == 2 and by_label(metrics.export_snapshots_merged)["remote_write"] == 2
     assert delivery.wait_idle(20) and delivery.close() == 0
 
     sent = [[(dict(_labels(ts))["k8s_pod_name"], s.value) for ts in r.timeseries for s in ts.samples]
             for r in receiver.write_requests()]
     assert sent == [[("p0", 1.0), ("p1", 1.0)], [("p2", 1.0)], [("p2", 1.0)],  # the rest of the first
                     [("p0", 4.0), ("p1", 4.0)], [("p2", 4.0)]]  # the merged newer ones: the newest values
-    assert metrics.exports["remote_write"] == 2
+    assert by_label(metrics.exports)["remote_write"] == 2

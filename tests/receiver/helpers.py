@@ -6,7 +6,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.receiver.ingest import Ingest
+from otelgpu.receiver.ingest import Ingest, Taken
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DCGM1 = "otlp_dcgm_scrape1_collector_v0.142.json"
@@ -27,7 +27,7 @@ class Exploding:
     def __init__(self) -> None:
         self.calls = 0
 
-    def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
+    def consume(self, request: ExportMetricsServiceRequest) -> Taken:
         self.calls += 1
         raise KeyError("bug")
 

@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from support import eventually
 
 from otelgpu.receiver.grpc_server import RETRY_INFO_TRAILER
+from otelgpu.receiver.ingest import Taken
+from otelgpu.telemetry import by_label
 
 from .helpers import VLLM
 
@@ -30,11 +32,11 @@ class Blocking:
         self._lock = threading.Lock()
         self.entered = 0
 
-    def consume(self, request: ExportMetricsServiceRequest) -> tuple[int, str]:
+    def consume(self, request: ExportMetricsServiceRequest) -> Taken:
         with self._lock:
             self.entered += 1
         assert self.release.wait(30), "never released"
-        return 0, ""
+        return Taken(0, 0, "")
 
 
 class StateLog:
@@ -93,9 +95,9 @@ def test_exports_beyond_the_limit_get_unavailable_with_retry_info_at_once(grpc_r
         assert status is not None and status.details[0].Unpack(info)
         assert info.retry_delay.ToTimedelta().total_seconds() == 1.0
         assert error_details_pb2.RetryInfo.FromString(dict(err.trailing_metadata())[RETRY_INFO_TRAILER]) == info
-        assert metrics.receiver_connections_refused[("grpc", "concurrent_requests")] == 1
+        assert by_label(metrics.receiver_connections_refused)[("grpc", "concurrent_requests")] == 1
         assert all(f.result() == ExportMetricsServiceResponse() for f in admitted)
-        assert metrics.requests[("grpc", "ok")] == 12 and consumer.entered == 12
+        assert by_label(metrics.requests)[("grpc", "ok")] == 12 and consumer.entered == 12
         eventually(lambda: receiver.requests_in_flight == 0)
         assert export(request, timeout=10) == ExportMetricsServiceResponse()
 

@@ -23,6 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otelgpu.config import GrpcReceiverConfig
 from otelgpu.errors import ConfigError
 from otelgpu.receiver.grpc_server import RETRY_INFO_TRAILER, SERVICE, GrpcReceiver
+from otelgpu.telemetry import by_label, total
 
 from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, padded, spoil_dcgm
 
@@ -50,8 +51,10 @@ def test_fixture_requests_are_accepted_gzip(grpc_receiver, make_ingest, otel_req
     response = stub(receiver.port).Export(otel_request(name), compression=grpc.Compression.Gzip, timeout=5)
     assert response == ExportMetricsServiceResponse()
     assert drain_points(ingest) == consumed
-    assert (metrics.points_received, metrics.points_ignored) == (consumed, ignored)
-    assert metrics.requests[("grpc", "ok")] == 1
+    assert (total(metrics.points_received), total(metrics.points_ignored)) == (consumed, ignored)
+    assert by_label(metrics.requests)[("grpc", "ok")] == 1
+    assert by_label(metrics.receiver_accepted_points) == {("otlp", "grpc"): consumed + ignored}
+    assert not by_label(metrics.receiver_refused_points)
 
 
 def test_rejected_points_give_partial_success_and_the_rest_is_queued(grpc_receiver, make_ingest, otel_request, metrics):
@@ -63,7 +66,9 @@ def test_rejected_points_give_partial_success_and_the_rest_is_queued(grpc_receiv
     assert "missing label UUID" in response.partial_success.error_message
     assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE value outside [0, 1]" in response.partial_success.error_message
     assert drain_points(ingest) == 34
-    assert metrics.requests[("grpc", "partial")] == 1
+    assert by_label(metrics.requests)[("grpc", "partial")] == 1
+    assert by_label(metrics.receiver_refused_points) == {("otlp", "grpc"): 2}
+    assert by_label(metrics.receiver_accepted_points)[("otlp", "grpc")] == 34 + total(metrics.points_ignored)
 
 
 def test_full_queue_is_unavailable_with_retry_info(grpc_receiver, make_ingest, otel_request, metrics):
@@ -82,7 +87,7 @@ def test_full_queue_is_unavailable_with_retry_info(grpc_receiver, make_ingest, o
     # the trailer opentelemetry-python's exporter reads
     trailer = dict(err.trailing_metadata())[RETRY_INFO_TRAILER]
     assert error_details_pb2.RetryInfo.FromString(trailer) == info
-    assert metrics.requests[("grpc", "unavailable")] == 1
+    assert by_label(metrics.requests)[("grpc", "unavailable")] == 1
     assert ingest.depth == 1
 
 
@@ -94,7 +99,7 @@ def test_undecodable_request_is_invalid_argument(grpc_receiver, make_ingest, met
     with pytest.raises(grpc.RpcError) as caught:
         export(garbage, timeout=5)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert metrics.requests[("grpc", "invalid")] == 1
+    assert by_label(metrics.requests)[("grpc", "invalid")] == 1
 
 
 def test_message_over_the_limit_is_refused_and_under_it_accepted(grpc_receiver, make_ingest, otel_request):
@@ -119,7 +124,7 @@ def test_consumer_bug_is_internal_and_the_server_keeps_serving(grpc_receiver, ot
             client.Export(otel_request(VLLM), timeout=5)
         assert caught.value.code() == grpc.StatusCode.INTERNAL
     assert consumer.calls == 2
-    assert metrics.requests[("grpc", "error")] == 2
+    assert by_label(metrics.requests)[("grpc", "error")] == 2
 
 
 def test_twelve_concurrent_clients_all_succeed(grpc_receiver, make_ingest, otel_request, metrics):
@@ -133,7 +138,7 @@ def test_twelve_concurrent_clients_all_succeed(grpc_receiver, make_ingest, otel_
     with ThreadPoolExecutor(max_workers=12) as pool:
         responses = list(pool.map(send, range(12)))
     assert all(r == ExportMetricsServiceResponse() for r in responses)
-    assert metrics.requests[("grpc", "ok")] == 12
+    assert by_label(metrics.requests)[("grpc", "ok")] == 12
     assert drain_points(ingest) == 12 * 36
 
 
@@ -167,7 +172,7 @@ def test_sdk_exporter_honours_retry_info_then_fails_on_a_full_queue(grpc_receive
         exporter.shutdown()
     # 6 attempts 0.1 s apart: the exporter used our RetryInfo (its own backoff, 1 s then 2 s,
     # would give up after 2 attempts within the 2 s timeout).
-    assert metrics.requests[("grpc", "unavailable")] == 6
+    assert by_label(metrics.requests)[("grpc", "unavailable")] == 6
     assert time.monotonic() - started < 2
 
 

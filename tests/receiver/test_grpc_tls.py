@@ -17,6 +17,7 @@ from support import poll
 
 from otelgpu.config import ServerAuthConfig, ServerTLSConfig
 from otelgpu.errors import ConfigError
+from otelgpu.telemetry import by_label
 
 from .helpers import DCGM1, drain_points
 from .test_grpc_server import sdk_data
@@ -58,7 +59,7 @@ def test_tls_serves_clients_that_trust_its_ca_only(grpc_receiver, make_ingest, o
     stranger = Authority(ca.directory / "other", "someone else's CA")
     assert code_of(lambda: export(receiver.port, request, creds(stranger.cert))) is grpc.StatusCode.UNAVAILABLE
     assert code_of(lambda: export(receiver.port, request)) is grpc.StatusCode.UNAVAILABLE  # plaintext
-    assert drain_points(ingest) == 0 and metrics.requests[("grpc", "ok")] == 1
+    assert drain_points(ingest) == 0 and by_label(metrics.requests)[("grpc", "ok")] == 1
 
 
 def test_mutual_tls_wants_a_client_certificate_of_its_ca(grpc_receiver, make_ingest, otel_request, metrics, pki) -> None:
@@ -72,7 +73,7 @@ def test_mutual_tls_wants_a_client_certificate_of_its_ca(grpc_receiver, make_ing
     expired = ca.issue("old collector", server=False, expired=True)
     for refused in (creds(ca.cert), creds(ca.cert, stranger.issue("intruder", server=False)), creds(ca.cert, expired)):
         assert code_of(lambda: export(receiver.port, request, refused)) is grpc.StatusCode.UNAVAILABLE
-    assert drain_points(ingest) == 36 and metrics.requests[("grpc", "ok")] == 1
+    assert drain_points(ingest) == 36 and by_label(metrics.requests)[("grpc", "ok")] == 1
 
 
 def test_an_expired_server_certificate_is_refused_by_clients(grpc_receiver, make_ingest, otel_request, pki) -> None:
@@ -101,7 +102,7 @@ def test_the_sdk_exporter_over_mutual_tls_with_a_bearer_token(grpc_receiver, mak
 
     assert sdk("s3cret-token") == MetricExportResult.SUCCESS
     assert sdk(None) == MetricExportResult.FAILURE and sdk("guess") == MetricExportResult.FAILURE
-    assert metrics.requests[("grpc", "ok")] == 1 and metrics.requests[("grpc", "unauthenticated")] == 2
+    assert by_label(metrics.requests)[("grpc", "ok")] == 1 and by_label(metrics.requests)[("grpc", "unauthenticated")] == 2
     assert drain_points(ingest) == 1
 
 
@@ -125,7 +126,7 @@ def test_bearer_tokens_are_read_again_when_the_file_changes(grpc_receiver, make_
     assert with_token("second") is grpc.StatusCode.OK and with_token("first") is grpc.StatusCode.OK
     tokens.write_text("second\n")
     assert with_token("first") is grpc.StatusCode.UNAUTHENTICATED and with_token("second") is grpc.StatusCode.OK
-    assert metrics.requests[("grpc", "unauthenticated")] == 2
+    assert by_label(metrics.requests)[("grpc", "unauthenticated")] == 2
 
 
 
@@ -138,7 +139,7 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
     assert first == ca.serial_of(server.cert.read_bytes())
     # A half-done rotation (a new certificate with the old key) is kept out and counted; then the new one serves.
     rotate_through_a_half_done_rotation(ca, server, lambda: served_serial(receiver.port, ca.cert, alpn=("h2",)),
-                                        lambda: metrics.tls_reload_errors["receiver.grpc"], poll)
+                                        lambda: by_label(metrics.tls_reload_errors)["receiver.grpc"], poll)
     assert export(receiver.port, otel_request(DCGM1), creds(ca.cert)) == ExportMetricsServiceResponse()
 
 

@@ -16,6 +16,7 @@ import requests
 from support import eventually
 
 from otelgpu.receiver.http_server import WORKERS, HttpReceiver
+from otelgpu.telemetry import by_label
 
 from .helpers import VLLM
 
@@ -77,7 +78,7 @@ def post(receiver: HttpReceiver, body: bytes) -> int:
 
 
 def refused(metrics, reason: str) -> int:
-    return metrics.receiver_connections_refused[("http", reason)]
+    return by_label(metrics.receiver_connections_refused)[("http", reason)]
 
 
 class Gate:
@@ -170,7 +171,7 @@ def test_slow_loris_is_cut_at_the_header_and_body_deadlines_while_others_are_ser
     assert results == {"headers": True, "body": True}
     eventually(lambda: receiver.connections() == {})  # counted as the server lets go of them
     assert refused(metrics, "idle_timeout") == 1 and refused(metrics, "read_timeout") == 1
-    assert dict(metrics.requests) == {("http", "ok"): 1}  # the cut requests were never answered
+    assert dict(by_label(metrics.requests)) == {("http", "ok"): 1}  # the cut requests were never answered
 
 
 def test_idle_keep_alive_connection_is_closed(http_receiver, make_ingest, metrics, otel_request):
@@ -186,7 +187,7 @@ def test_idle_keep_alive_connection_is_closed(http_receiver, make_ingest, metric
     assert client.sock is not None and closed_by_server(client.sock)
     assert closed_by_server(silent)
     eventually(lambda: receiver.connections() == {})  # counted as the server lets go of them
-    assert refused(metrics, "idle_timeout") == 2 and metrics.requests[("http", "ok")] == 2
+    assert refused(metrics, "idle_timeout") == 2 and by_label(metrics.requests)[("http", "ok")] == 2
     client.close()
 
 

@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.config import HttpReceiverConfig
 from otelgpu.receiver.http_server import HttpReceiver
+from otelgpu.telemetry import by_label, total
 
 from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, spoil_dcgm
 
@@ -44,7 +45,7 @@ def test_protobuf_fixture_is_accepted(http_receiver, make_ingest, otel_request, 
     assert response.headers["Content-Type"] == PB
     assert ExportMetricsServiceResponse.FromString(response.content) == ExportMetricsServiceResponse()
     assert drain_points(ingest) == consumed
-    assert metrics.requests[("http", "ok")] == 1
+    assert by_label(metrics.requests)[("http", "ok")] == 1
 
 
 @pytest.mark.parametrize("gzipped", [False, True])
@@ -67,7 +68,9 @@ def test_rejected_points_give_partial_success_in_json(http_receiver, make_ingest
     assert int(partial["rejectedDataPoints"]) == 2
     assert "missing label UUID" in partial["errorMessage"] and "value outside [0, 1]" in partial["errorMessage"]
     assert drain_points(ingest) == 34
-    assert metrics.requests[("http", "partial")] == 1
+    assert by_label(metrics.requests)[("http", "partial")] == 1
+    assert by_label(metrics.receiver_refused_points) == {("otlp", "http"): 2}
+    assert by_label(metrics.receiver_accepted_points)[("otlp", "http")] == 34 + total(metrics.points_ignored)
 
 
 def test_full_queue_is_503_with_retry_after(http_receiver, make_ingest, otel_request, metrics):
@@ -78,7 +81,7 @@ def test_full_queue_is_503_with_retry_after(http_receiver, make_ingest, otel_req
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "3"  # whole seconds, rounded up
     assert status_of(response).code == 14  # UNAVAILABLE
-    assert metrics.requests[("http", "unavailable")] == 1
+    assert by_label(metrics.requests)[("http", "unavailable")] == 1
 
 
 @pytest.mark.parametrize(("body", "content_type", "gzipped"), [
@@ -92,7 +95,7 @@ def test_undecodable_body_is_400(http_receiver, make_ingest, metrics, body, cont
     response = post(http_receiver(make_ingest()), body, content_type, gzipped)
     assert response.status_code == 400
     assert status_of(response).code == 3  # INVALID_ARGUMENT
-    assert metrics.requests[("http", "invalid")] == 1
+    assert by_label(metrics.requests)[("http", "invalid")] == 1
 
 
 def test_bad_gzip_is_400(http_receiver, make_ingest, otel_request):
@@ -120,7 +123,7 @@ def test_oversize_body_is_413_plain_and_inflated(http_receiver, make_ingest, ote
     headers = {"Content-Type": PB, "Content-Encoding": "gzip"}
     cut = requests.post(f"http://127.0.0.1:{roomy.port}/v1/metrics", data=liar, headers=headers, timeout=30)
     assert cut.status_code == 413 and "declared size" not in cut.text  # inflated only up to the limit
-    assert metrics.requests[("http", "invalid")] == 4
+    assert by_label(metrics.requests)[("http", "invalid")] == 4
     exact = http_receiver(make_ingest(), max_body_bytes=len(body))
     assert post(exact, body, gzipped=True).status_code == 200
 
@@ -138,7 +141,7 @@ def test_consumer_bug_is_500_and_the_server_keeps_serving(http_receiver, otel_re
     receiver = http_receiver(Exploding())
     body = otel_request(VLLM).SerializeToString()
     assert [post(receiver, body).status_code for _ in range(2)] == [500, 500]
-    assert metrics.requests[("http", "error")] == 2
+    assert by_label(metrics.requests)[("http", "error")] == 2
 
 
 def test_twelve_concurrent_clients_all_succeed(http_receiver, make_ingest, otel_json, metrics):
@@ -149,7 +152,7 @@ def test_twelve_concurrent_clients_all_succeed(http_receiver, make_ingest, otel_
         codes = list(pool.map(lambda _: post(receiver, body, JSON, gzipped=True).status_code, range(12)))
     assert codes == [200] * 12
     assert drain_points(ingest) == 12 * 88
-    assert metrics.requests[("http", "ok")] == 12
+    assert by_label(metrics.requests)[("http", "ok")] == 12
 
 
 def test_lifecycle_and_shutdown_twice(make_ingest, metrics, otel_request):

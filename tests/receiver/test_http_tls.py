@@ -18,6 +18,7 @@ from support import eventually, poll
 from otelgpu.config import HttpReceiverConfig, ServerAuthConfig, ServerTLSConfig
 from otelgpu.errors import ConfigError
 from otelgpu.receiver.http_server import HttpReceiver
+from otelgpu.telemetry import by_label
 
 from .helpers import DCGM1, VLLM, drain_points
 
@@ -67,7 +68,7 @@ def test_tls_serves_clients_that_trust_its_ca_only(http_receiver, make_ingest, o
             r = session.post(f"https://localhost:{receiver.port}/v1/metrics", data=body,
                              headers={"Content-Type": PB}, verify=str(ca.cert), timeout=10)
             assert r.status_code == 200
-    assert drain_points(ingest) == 3 * 36 and metrics.requests[("http", "ok")] == 4
+    assert drain_points(ingest) == 3 * 36 and by_label(metrics.requests)[("http", "ok")] == 4
 
 
 def test_mutual_tls_wants_a_client_certificate_of_its_ca(http_receiver, make_ingest, otel_request, metrics, pki):
@@ -83,7 +84,7 @@ def test_mutual_tls_wants_a_client_certificate_of_its_ca(http_receiver, make_ing
             post(receiver.port, body, ca.cert, refused)
     with pytest.raises(requests.exceptions.SSLError):  # a good client certificate, but the wrong CA to trust
         post(receiver.port, body, stranger.cert, client)
-    assert drain_points(ingest) == 36 and metrics.requests[("http", "ok")] == 1
+    assert drain_points(ingest) == 36 and by_label(metrics.requests)[("http", "ok")] == 1
 
 
 def test_an_expired_server_certificate_is_refused_by_clients(http_receiver, make_ingest, otel_request, pki):
@@ -107,7 +108,7 @@ def test_bearer_tokens_over_mutual_tls(http_receiver, make_ingest, otel_request,
         assert response.status_code == 401 and response.headers["WWW-Authenticate"].startswith("Bearer")
         assert response.headers["Content-Type"] == PB
         assert status_pb2.Status.FromString(response.content).code == 16  # UNAUTHENTICATED
-    assert metrics.requests[("http", "ok")] == 1 and metrics.requests[("http", "unauthenticated")] == 3
+    assert by_label(metrics.requests)[("http", "ok")] == 1 and by_label(metrics.requests)[("http", "unauthenticated")] == 3
     assert drain_points(ingest) == 36  # refused before the body was read: nothing consumed
 
 
@@ -128,7 +129,7 @@ def test_bearer_tokens_are_read_again_when_the_file_changes(http_receiver, make_
     assert with_token("second") == 200 and with_token("first") == 200
     tokens.write_text("second\n")
     assert with_token("first") == 401 and with_token("second") == 200
-    assert metrics.requests[("http", "unauthenticated")] == 2
+    assert by_label(metrics.requests)[("http", "unauthenticated")] == 2
 
 
 def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
@@ -142,7 +143,7 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
                      headers={"Content-Type": PB}, verify=str(ca.cert), timeout=10).status_code == 200
     # A half-done rotation (a new certificate with the old key) is kept out and counted; then the new one serves.
     rotate_through_a_half_done_rotation(ca, server, lambda: served_serial(receiver.port, ca.cert),
-                                        lambda: metrics.tls_reload_errors["receiver.http"], poll)
+                                        lambda: by_label(metrics.tls_reload_errors)["receiver.http"], poll)
     assert post(receiver.port, otel_request(DCGM1).SerializeToString(), ca.cert).status_code == 200
     assert kept.post(f"https://localhost:{receiver.port}/v1/metrics", data=otel_request(VLLM).SerializeToString(),
                      headers={"Content-Type": PB}, verify=str(ca.cert), timeout=10).status_code == 200
@@ -170,7 +171,7 @@ def test_a_client_that_never_says_hello_is_closed_at_the_deadline_while_others_a
     silent = socket.create_connection(("127.0.0.1", receiver.port), timeout=10)  # TCP only, no ClientHello
     assert post(receiver.port, otel_request(VLLM).SerializeToString(), ca.cert).status_code == 200
     assert silent.recv(1) == b""  # closed by the server, at the header deadline
-    eventually(lambda: metrics.receiver_connections_refused[("http", "idle_timeout")] >= 1)
+    eventually(lambda: by_label(metrics.receiver_connections_refused)[("http", "idle_timeout")] >= 1)
     silent.close()
 
 

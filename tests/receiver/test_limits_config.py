@@ -47,8 +47,8 @@ def test_bad_limits_are_named(doc, expected):
 
 def test_refusals_are_exposed_on_metrics():
     metrics = SelfMetrics()
-    metrics.count("receiver_connections_refused", ("http", "read_timeout"), 2)
-    metrics.count("receiver_connections_refused", ("grpc", "concurrent_requests"))
+    metrics.receiver_connections_refused.labels("http", "read_timeout").inc(2)
+    metrics.receiver_connections_refused.labels("grpc", "concurrent_requests").inc()
     text = generate_latest(cost_registry(CostStore(), metrics, "c")).decode()
     assert 'otelgpu_receiver_connections_refused_total{reason="read_timeout",transport="http"} 2.0' in text
     assert 'otelgpu_receiver_connections_refused_total{reason="concurrent_requests",transport="grpc"} 1.0' in text

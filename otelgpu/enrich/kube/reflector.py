@@ -118,7 +118,7 @@ class Reflector:
                     break
                 reason = "gone" if isinstance(exc, Gone) else reason_of(exc)
                 if reason == "gone":  # history compacted past our version (or a list's continue expired)
-                    self.metrics.count("kube_errors", (self.spec.resource, verb, "gone"))
+                    self.metrics.kube_errors.labels(self.spec.resource, verb, "gone").inc()
                     self.version, relist_reason = None, "gone"
                     continue
                 self._failed(verb, reason, exc)
@@ -129,7 +129,7 @@ class Reflector:
         self._listed = ("", 0)
         self.store.replace(self.spec.resource, self._pages())
         version, count = self._listed
-        self.metrics.count("kube_lists", (self.spec.resource, reason))
+        self.metrics.kube_lists.labels(self.spec.resource, reason).inc()
         self._set_synced(True)
         log.info("listed %d %s at resourceVersion %s", count, self.spec.resource, version)
         return version
@@ -158,7 +158,7 @@ class Reflector:
 
     def _set_synced(self, synced: bool) -> None:
         self.synced = synced
-        self.metrics.set("kube_synced", self.spec.resource, int(synced))
+        self.metrics.kube_synced.labels(self.spec.resource).set(int(synced))
 
     def _watch(self) -> None:
         """Stream events from `self.version` until the server ends the watch; every event (and
@@ -186,7 +186,7 @@ class Reflector:
             if obj.get("code") == 410:
                 raise Gone(obj.get("message", ""))
             raise ApiException(status=obj.get("code") or 500, reason=obj.get("reason"), body=json.dumps(obj))
-        self.metrics.count("kube_events", (self.spec.resource, kind))
+        self.metrics.kube_events.labels(self.spec.resource, kind).inc()
         if kind in ("ADDED", "MODIFIED"):
             self.store.upsert(self.spec.resource, obj)
         elif kind == "DELETED":
@@ -197,7 +197,7 @@ class Reflector:
 
     def _failed(self, verb: str, reason: str, exc: BaseException) -> None:
         resource = self.spec.resource
-        self.metrics.count("kube_errors", (resource, verb, reason))
+        self.metrics.kube_errors.labels(resource, verb, reason).inc()
         if self._failing == reason:
             log.debug("%s %s still failing (%s)", verb, resource, reason)
             return

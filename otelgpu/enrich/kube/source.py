@@ -83,7 +83,7 @@ class OwnerResolver:
                 resp.release_conn()
         except Exception as exc:  # the workload falls back to the owner itself (or its name pattern)
             reason = reason_of(exc)
-            self.metrics.count("kube_errors", (resource, "get", reason))
+            self.metrics.kube_errors.labels(resource, "get", reason).inc()
             if reason == "forbidden":
                 self._refused[kind] = self.clock()
                 log.error("Kubernetes API refuses to get %s: %s. Grant get on %s to resolve workloads "

@@ -150,7 +150,7 @@ class ApiFacts:
         """Object counts into the otelgpu_kube_objects gauge."""
         if self.metrics is not None:
             for resource, n in self.counts().items():
-                self.metrics.set("kube_objects", resource, n)
+                self.metrics.kube_objects.labels(resource).set(n)
 
     def _resolve(self, pods: dict[PodKey, PodFacts]) -> None:
         if self.on_pod is not None:
