@@ -169,6 +169,10 @@ class Cluster:
                        t, 999.0 * t_s)  # the pod-level cgroup series: never counted
             if p.memory_used_gib is not None:
                 _point(mem.gauge.data_points.add(), labels, t, p.memory_used_gib * 2**30)
+        # As the prometheus receiver: a metric no series of the scrape has is not sent at all.
+        kept = [m for m in rm.scope_metrics[0].metrics if m.WhichOneof("data")]
+        rm.scope_metrics[0].ClearField("metrics")
+        rm.scope_metrics[0].metrics.extend(kept)
         return rm
 
 

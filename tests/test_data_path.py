@@ -102,6 +102,36 @@ def test_a_failed_dcgm_scrape_keeps_billing_the_pods_that_hold_the_gpus(how):
     assert kinds[("train", "ksm_request")] == pytest.approx(unmeasured[("train",)], rel=1e-9)
 
 
+def only_up(req, t: int):
+    """`req` with every target's scrape failed at `t`: each sends `up` = 0 and nothing else."""
+    out = copy.deepcopy(req)
+    for rm in out.resource_metrics:
+        del rm.scope_metrics[1:]
+        rm.scope_metrics[0].ClearField("metrics")
+        up = rm.scope_metrics[0].metrics.add()
+        up.name = "up"
+        dp = up.gauge.data_points.add()
+        dp.time_unix_nano, dp.as_double = t, 0.0
+    return out
+
+
+def test_intervals_close_while_every_target_is_down():
+    """Ten minutes in, every scrape fails: the Collector sends requests of `up` = 0 alone. They
+    carry no point, yet they are the targets' clocks: the intervals of the outage close on time,
+    costed from the facts last known, instead of waiting for the targets to come back."""
+    c = cluster()
+    p = pipeline()
+    for k, req in enumerate(c.scrapes(30, 1200)):
+        t = c.t0 + k * 30 * NS
+        feed(p, req if k * 30 < 600 else only_up(req, t))
+    # The last request is stamped 1170 s: every interval ending by 1140 s (1170 less the 30 s
+    # lateness) has closed.
+    assert p.windows.closed_through == (c.t0 // NS + 1140) // INTERVAL - 1
+    assert total(p.metrics.intervals_computed) == 19 and not by_label(p.metrics.points_rejected)
+    capacity = p.store.totals("capacity", ("node",), {"cost_model": "request"})
+    assert sum(capacity.values()) == pytest.approx(19 * 6 * PER_GPU, rel=1e-12)  # 4 + 2 GPUs, all 19 minutes
+
+
 def test_facts_apply_from_when_they_changed_not_to_an_interval_waiting_out_its_lateness():
     before, after = cluster("vision"), cluster("robotics")
     change_s = 65  # 5 s after interval [0, 60) ended, 25 s before it closes (lateness 30 s)

@@ -16,7 +16,7 @@ from otelgpu.demo.otlp import request, scrape
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.receiver.sources import untrusted_reason, BIT
-from otelgpu.telemetry import by_label
+from otelgpu.telemetry import by_label, total
 
 A100 = "NVIDIA A100-SXM4-40GB"
 KSM_REFUSED = untrusted_reason(BIT["kube_state_metrics"])
@@ -81,6 +81,33 @@ def test_spoofed_facts_from_other_scrape_targets_move_no_money() -> None:
     assert rejected[DCGM_REFUSED] == scrapes * 2
     assert not by_label(attacked.metrics.tag_values_capped)  # the minted values never reached the tag budget
     assert not any("not in sources" in reason for reason in by_label(clean.metrics.points_rejected))
+
+
+def clock_pushers(t: int, targets: int = 20) -> list:
+    """Scrape targets outside every source, outnumbering the real ones, whose `up` says an hour later."""
+    return [request(*(scrape("kubernetes-pods", f"10.9.{i}.1:8080", "gpu-1", t + 3600 * NS, {})
+                      for i in range(targets)))]
+
+
+def test_targets_outside_every_source_do_not_move_the_interval_clock() -> None:
+    """The watermark that closes intervals is the median of the targets' clocks: `up` of targets
+    trusted with nothing would let them close every interval before its data came."""
+    def pushed(**config) -> Pipeline:
+        c = cluster()
+        p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={A100: 12.0}, **config))
+        for t_s in range(0, 1800, 30):
+            feed(p, c.scrape(t_s), *clock_pushers(c.t0 + t_s * NS))
+        p.close_due(flush=True)
+        return p
+
+    clean, trusted = run(False), pushed()
+    assert charged(trusted) == pytest.approx(charged(clean), rel=1e-12)
+    assert total(trusted.metrics.points_late) == 0 == total(clean.metrics.points_late)
+    # Without source trust the same `up` points run the clock an hour ahead: the real scrapes arrive late.
+    everyone = [{}]
+    untrusting = pushed(sources={"dcgm": everyone, "kube_state_metrics": everyone, "cadvisor": everyone})
+    assert total(untrusting.metrics.points_late) > 0
+    assert sum(charged(untrusting).values()) < 0.9 * sum(charged(clean).values())
 
 
 def test_a_trusted_job_name_can_be_changed_and_is_then_the_only_one_trusted() -> None:

@@ -402,7 +402,8 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]
                        stale[rows], res_node[res] if len(rows) else np.zeros(0, np.int32),
                        res_pod[res] if len(rows) else np.zeros(0, np.int32), off, keys, vals,
                        rejected, int(c["ignored"]))
-    newest = c["r_live"].copy()
+    # Only the sources' clocks move the watermark: `up` of a target trusted with nothing is left out.
+    newest = np.where(np.array([r[3] for r in resources], np.int64) != 0, c["r_live"], 0)
     np.maximum.at(newest, res, times)
     for r in np.flatnonzero(newest).tolist():
         src = resources[r][2]

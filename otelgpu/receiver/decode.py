@@ -180,7 +180,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                 points = getattr(m, which).data_points if which in ("gauge", "sum") else ()
                 if mcode is None:
                     ignored += len(points) if which in ("gauge", "sum") else 1
-                    if m.name == LIVENESS_METRIC:
+                    if m.name == LIVENESS_METRIC and allowed:  # only the sources' clocks move the watermark
                         newest = max([newest] + [p.time_unix_nano for p in points if floor <= p.time_unix_nano <= horizon])
                     continue
                 if which not in ("gauge", "sum"):

@@ -91,7 +91,9 @@ class Ingest:
             raise RetryableError("otelgpu queue is full", self.retry_after_s)
         raw = request if isinstance(request, bytes) else request.SerializeToString()
         batch = self._decode(raw)
-        while len(batch) and not self._enqueue(batch):  # the interner was compacted meanwhile
+        # A request of `up` alone (every target it scraped down) has no points but moves its
+        # targets' clocks, so that intervals close while they are down: it is queued too.
+        while (len(batch) or batch.sources) and not self._enqueue(batch):  # the interner was compacted meanwhile
             batch = self._decode(raw)
         if len(batch):
             self.metrics.points_received.inc(len(batch))
