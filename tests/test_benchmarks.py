@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_footprint_benchmark_runs_the_node_pod_and_reports_against_its_limits():
     res = subprocess.run([sys.executable, "benchmarks/bench_footprint.py", "--mode", "node", "--hours", "0.1",
                           "--churn-minutes", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -23,6 +26,7 @@ def test_footprint_benchmark_runs_the_node_pod_and_reports_against_its_limits():
     assert re.search(r"peak / limit \(512Mi\) = \d\.\d\d", out) and re.search(r"/ request \(50m\) = \d", out)
 
 
+@pytest.mark.slow
 def test_fuzz_benchmark_keeps_the_sidecar_alive_and_answering():
     res = subprocess.run([sys.executable, "benchmarks/bench_fuzz.py", "--requests", "300"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)

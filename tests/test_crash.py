@@ -60,6 +60,7 @@ def totals(prom: PrometheusServer, cluster: str, at: float) -> dict[tuple[str, s
     return {(m["cost_model"], m["team"]): v for m, v in prom.query(TOTALS.format(cluster=cluster), at)}
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: PrometheusServer,
                                                                     tmp_path: Path) -> None:
     c = scenario()
@@ -94,6 +95,7 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
         assert got == pytest.approx(ref, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_kill_9_behind_mutual_tls_and_a_token_with_hostile_traffic_mixed_in(prometheus: PrometheusServer,
                                                                              tmp_path: Path) -> None:
     """The worst day for the secured receiver: the real sidecar behind mutual TLS and a bearer
@@ -144,6 +146,7 @@ def test_kill_9_behind_mutual_tls_and_a_token_with_hostile_traffic_mixed_in(prom
     assert unauthenticated == len(requests)
 
 
+@pytest.mark.slow
 def test_restart_during_an_outage_delivers_the_series_that_ended_meanwhile(prometheus: PrometheusServer,
                                                                             tmp_path: Path) -> None:
     c = scenario()  # nlp's pod ends at 25 minutes: its series end while Prometheus is away
@@ -183,6 +186,7 @@ def test_restart_during_an_outage_delivers_the_series_that_ended_meanwhile(prome
     assert all(v == 0 for _, v in resets)
 
 
+@pytest.mark.slow
 def test_kill_9_while_an_interval_computed_ahead_waits_for_its_close(prometheus: PrometheusServer,
                                                                      tmp_path: Path) -> None:
     """Four times, the process is killed once the interval that just ended has been computed

@@ -120,6 +120,7 @@ def focus_validate(*files: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_the_report_command_writes_focus_csv_and_parquet_that_pass_focus_validator(
         prometheus: PrometheusServer, tmp_path) -> None:
     c = scenario(align_s=3600)

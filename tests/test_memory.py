@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_rss_returns_near_its_baseline_after_50k_pods_have_come_and_gone():
     res = subprocess.run([sys.executable, "benchmarks/bench_churn.py", "--pods", "50000", "--warm-up", "10000"],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)

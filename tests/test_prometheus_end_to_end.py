@@ -150,6 +150,7 @@ def hour_capacity(p: Pipeline, model: str) -> float:
     return sum(p.store.totals("capacity", ("cost_model",), {"cost_model": model}).values())
 
 
+@pytest.mark.slow
 def test_kill_9_and_restart_from_the_checkpoint(prometheus: PrometheusServer, tmp_path: Path) -> None:
     c = scenario()
     end = c.t0 / NS + 3600

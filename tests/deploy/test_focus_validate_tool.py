@@ -121,6 +121,7 @@ def focus_validate(*files: Path | str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_valid_focus_1_3_file_passes_as_csv_and_as_parquet(tmp_path: Path) -> None:
     rows = valid_rows()
     run = focus_validate(write_csv(tmp_path / "valid.csv", rows), write_parquet(tmp_path / "valid.parquet", rows))
@@ -133,6 +134,7 @@ def test_a_valid_focus_1_3_file_passes_as_csv_and_as_parquet(tmp_path: Path) -> 
     assert "FAIL" not in run.stdout
 
 
+@pytest.mark.slow
 def test_a_file_without_hostprovidername_fails(tmp_path: Path) -> None:
     columns = [c for c in COLUMNS if c != "HostProviderName"]
     run = focus_validate(write_csv(tmp_path / "no_host.csv", valid_rows(), columns))
@@ -141,6 +143,7 @@ def test_a_file_without_hostprovidername_fails(tmp_path: Path) -> None:
     assert "CostAndUsage-D-075-M (MUST): Column 'HostProviderName' MUST be present" in run.stdout
 
 
+@pytest.mark.slow
 def test_allocated_method_details_without_allocated_ratio_fails(tmp_path: Path) -> None:
     rows = valid_rows()
     rows[1]["AllocatedMethodDetails"] = json.dumps({"Elements": [{"UsageUnit": "vCPU-Hours", "UsageQuantity": 24.0}]})
@@ -150,6 +153,7 @@ def test_allocated_method_details_without_allocated_ratio_fails(tmp_path: Path) 
     assert "'AllocatedRatio' MUST exist" in run.stdout
 
 
+@pytest.mark.slow
 def test_one_bad_charge_category_among_good_rows_fails(tmp_path: Path) -> None:
     rows = valid_rows()
     rows[2]["ChargeCategory"] = "Bogus"

@@ -88,6 +88,7 @@ def _warm_up(cache: Path, **extra: str) -> dict[str, str]:
     return {name: rest.split()[0] for name, rest in (line.split(": ", 1) for line in run.stdout.splitlines())}
 
 
+@pytest.mark.slow
 def test_a_cache_built_for_a_generic_cpu_loads_from_a_copy(tmp_path):
     """What the image build and the pods' init container do, in that order."""
     built, copied = tmp_path / "image", tmp_path / "pod"

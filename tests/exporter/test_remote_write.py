@@ -457,6 +457,7 @@ def test_series_over_70_labels_are_left_out_and_counted(receiver, caplog) -> Non
         assert sorted(ts.samples[0].value for ts in request.timeseries) == [2.0, 4.0]
 
 
+@pytest.mark.slow
 def test_the_queue_never_merges_a_partly_accepted_snapshot(receiver) -> None:
     """The progress counts samples of one snapshot: merging newer snapshots into it while it waits
     for its retry would make the count point into other samples."""

@@ -41,7 +41,7 @@ class OwnerResolver:
         self.facts, self.metrics, self.stop, self.clock = facts, metrics, stop, clock
         apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
         self._read = {"ReplicaSet": apps.read_namespaced_replica_set, "Job": batch.read_namespaced_job}
-        self._queue: queue.Queue[OwnerKey] = queue.Queue(maxsize=100_000)
+        self._queue: queue.Queue[Optional[OwnerKey]] = queue.Queue(maxsize=100_000)  # None: closing
         self._asked: dict[OwnerKey, float] = {}  # key -> when it was last asked for (bounded below)
         self._refused: dict[str, float] = {}  # kind -> when get was refused (forbidden)
         self._lock = threading.Lock()
@@ -64,11 +64,22 @@ class OwnerResolver:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            try:
-                key = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
+            key = self._queue.get()
+            if key is None:  # close(): stop is set
+                break
             self._resolve(key)
+
+    def close(self) -> None:
+        """Wake `run` to see `stop` (set first); the queue may be full, then a take makes room."""
+        while True:
+            try:
+                self._queue.put_nowait(None)
+                return
+            except queue.Full:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
 
     def _resolve(self, key: OwnerKey) -> None:
         namespace, kind, name = key
@@ -146,6 +157,8 @@ class KubeSource:
         self.stop.set()
         for r in self.reflectors:
             r.close()
+        if self.owners is not None:
+            self.owners.close()
         for t in self._threads:
             t.join(timeout=2.0)
         self.api.close()
