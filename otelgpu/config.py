@@ -617,6 +617,9 @@ class SourcesConfig:
     dcgm: tuple[Matcher, ...] = ({"service.name": ("dcgm-exporter", "nvidia-dcgm-exporter")},)
     kube_state_metrics: tuple[Matcher, ...] = ({"service.name": "kube-state-metrics"},)
     cadvisor: tuple[Matcher, ...] = ({"service.name": ("kubelet", "kubelet-cadvisor", "cadvisor")},)
+    # vLLM's token counters split only the cost of the pod that exposes them (the scrape target's
+    # own pod, from service discovery), so any target may send them by default.
+    vllm: tuple[Matcher, ...] = ({},)
 
 
 @dataclass(config=_STRICT)

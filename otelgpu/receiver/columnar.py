@@ -36,12 +36,15 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from otelgpu.receiver import wire
 from otelgpu.receiver.decode import (
     _RESOURCE_KEYS,
+    OWN_POD_KEYS,
     NO_RECORDED_VALUE,
     TOO_MANY_LABELS,
     LabelShape,
     PointBatch,
     _any_value_str,
     label_shape,
+    own_pod,
+    own_pod_problem,
     point_problem,
     source_of,
     time_problem,
@@ -49,9 +52,10 @@ from otelgpu.receiver.decode import (
 )
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
-from otelgpu.receiver.sources import EVERY, KIND_OF_METRIC, SourceTrust, untrusted_reason
+from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, SourceTrust, untrusted_reason
 from otelgpu.receiver.schema import (
     KNOWN_METRICS,
+    OWN_POD_METRICS,
     REQUIRED_LABELS,
     VALUE_RANGE,
     Metric,
@@ -62,6 +66,8 @@ _CODES = max(int(m) for m in Metric) + 1
 NAMES = {int(code): name for name, code in KNOWN_METRICS.items()}
 _QUANTITY = np.zeros(_CODES, bool)
 _QUANTITY[[Metric.POD_REQUESTS, Metric.NODE_CAPACITY]] = True
+_OWN_POD = np.zeros(_CODES, bool)
+_OWN_POD[list(OWN_POD_METRICS)] = True
 _LO = np.full(_CODES, -np.inf)
 _HI = np.full(_CODES, np.inf)
 for _m, (_lo, _hi) in VALUE_RANGE.items():
@@ -139,7 +145,7 @@ class ColumnarDecoder:
         self._shape_index: dict[LabelShape, int] = {}
         self.shape_ok = np.zeros((0, _CODES), bool)  # no problem, required keys present, MIG pair whole
         self.shape_q = np.zeros((0, 3))  # quantity bounds of its `resource`: lo, hi, whole
-        self._resources: dict[bytes, tuple[int, int, str, int]] = {}
+        self._resources: dict[bytes, tuple[int, int, str, int, int]] = {}
 
     def __len__(self) -> int:
         return self.sets
@@ -171,8 +177,9 @@ class ColumnarDecoder:
             shapes, shape_ok, shape_q = self.shapes, self.shape_ok, self.shape_q
             set_shape = self.set_shape[:self.sets]  # a view: sets are only appended, sweeps make new arrays
             numbering = self.renumbered
+            own_keys = (self.strings.code(OWN_POD_KEYS[0]), self.strings.code(OWN_POD_KEYS[1]))
         batch, rows = _columns(cols, resources, floor, horizon, set_shape, shapes, shape_ok, shape_q,
-                               label_off, label_key, label_val, lim.trust)
+                               label_off, label_key, label_val, own_keys, lim.trust)
         if len(rows):
             with self.lock:
                 if self.renumbered == numbering:  # not emptied or swept meanwhile
@@ -306,8 +313,9 @@ class ColumnarDecoder:
             self.shape_q = np.vstack([self.shape_q, [[lo, hi, float(whole)]]])
         return index
 
-    def _resource(self, raw: bytes, a: int, b: int) -> tuple[int, int, str, int]:
-        """(node code, own pod code, source, kinds it may send) of a scrape target's Resource at raw[a:b]."""
+    def _resource(self, raw: bytes, a: int, b: int) -> tuple[int, int, str, int, int]:
+        """(node code, own pod code, source, kinds it may send, own namespace code) of a scrape
+        target's Resource at raw[a:b]; the namespace is -1 unless it names both (`own_pod`)."""
         key = raw[a:b] if a >= 0 else b""
         known = self._resources.get(key)
         if known is not None:
@@ -321,13 +329,15 @@ class ColumnarDecoder:
         res = {kv.key: _any_value_str(kv.value) for kv in attrs if kv.key in keys}
         node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
         pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
-        out = (node, pod, source_of(res), trust.bits(res) if trust is not None else EVERY)
+        mine = own_pod(res, lim)
+        ns = code(mine[0]) if mine is not None else -1
+        out = (node, pod, source_of(res), trust.bits(res) if trust is not None else EVERY, ns)
         if len(self._resources) < MAX_RESOURCES:
             self._resources[key] = out
         return out
 
 
-def _untrusted(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]]) -> None:
+def _untrusted(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str, int, int]]) -> None:
     """Mark the points of a kind their scrape target may not send (`cols["untrusted"]`): they keep
     no label set (their labels are never read or interned, as the reference decoder never reads
     them) and are refused in `_columns`."""
@@ -347,11 +357,12 @@ def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.n
     return values[entries], new_off
 
 
-def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]], floor: int, horizon: int,
+def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int, int]], floor: int, horizon: int,
              set_shape: np.ndarray, shapes: list[LabelShape], shape_ok: np.ndarray, shape_q: np.ndarray,
-             label_off: np.ndarray, label_key: np.ndarray, label_val: np.ndarray,
+             label_off: np.ndarray, label_key: np.ndarray, label_val: np.ndarray, own_keys: tuple[int, int],
              trust: Optional[SourceTrust] = None) -> tuple[PointBatch, np.ndarray]:
-    """The batch, and the scanned points it kept (indices into c's columns)."""
+    """The batch, and the scanned points it kept (indices into c's columns). `own_keys`: the codes
+    of `namespace` and `pod`, which points of OWN_POD_METRICS take from their resource."""
     metric, t, value, sets = c["p_metric"].astype(np.int64), c["p_time"], c["p_value"], c["p_set"]
     stale = (c["p_flags"] & NO_RECORDED_VALUE) != 0
     rejected: Counter[str] = Counter()
@@ -364,6 +375,12 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]
             for r in np.unique(c["p_res"][untrusted]).tolist():
                 trust.refused(resources[r][3], int(np.bitwise_or.reduce(kind[untrusted & (c["p_res"] == r)])),
                               resources[r][2])
+    # Points that belong to their scrape target's pod, from a target that names none.
+    res_ns = np.array([r[4] for r in resources], np.int32)
+    own = _OWN_POD[metric] & ~untrusted
+    homeless = own & (res_ns[c["p_res"]] < 0) if len(resources) else own
+    for m, n in zip(*np.unique(metric[homeless], return_counts=True)):
+        rejected[own_pod_problem(NAMES[int(m)])] += int(n)
     known = sets >= 0
     shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
     # The checks every usable point passes, over whole columns; a point failing one is judged below.
@@ -375,8 +392,8 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]
             in_range = np.isfinite(value) & (_LO[metric] <= value) & (value <= _HI[metric])
             quantity = (q[:, 0] <= value) & (value <= q[:, 1]) & ((q[:, 2] == 0) | (value == np.floor(value)))
         ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
-    ok &= ~untrusted
-    for i in np.flatnonzero(~ok & ~untrusted).tolist():
+    ok &= ~untrusted & ~homeless
+    for i in np.flatnonzero(~ok & ~untrusted & ~homeless).tolist():
         name, m = NAMES[int(metric[i])], int(metric[i])
         s = int(sets[i])
         label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
@@ -402,9 +419,14 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int]
                        stale[rows], res_node[res] if len(rows) else np.zeros(0, np.int32),
                        res_pod[res] if len(rows) else np.zeros(0, np.int32), off, keys, vals,
                        rejected, int(c["ignored"]))
-    # Only the sources' clocks move the watermark: `up` of a target trusted with nothing is left out.
-    newest = np.where(np.array([r[3] for r in resources], np.int64) != 0, c["r_live"], 0)
-    np.maximum.at(newest, res, times)
+    mine = np.flatnonzero(own[rows])
+    if len(mine):  # their own pod, whatever the points say
+        batch = batch.with_labels(mine, own_keys, np.stack([res_ns[res[mine]], res_pod[res[mine]]], axis=1))
+    # Only the cost sources' clocks move the watermark: `up` of a target trusted with none of their
+    # kinds, and points of other kinds, are left out.
+    newest = np.where(np.array([r[3] for r in resources], np.int64) & CLOCK != 0, c["r_live"], 0)
+    clocked = (KIND_OF_METRIC[batch.metric] & CLOCK) != 0
+    np.maximum.at(newest, res[clocked], times[clocked])
     for r in np.flatnonzero(newest).tolist():
         src = resources[r][2]
         batch.sources[src] = max(batch.sources.get(src, 0), int(newest[r]))

@@ -21,8 +21,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
-from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, REQUIRED_KEYS, REQUIRED_LABELS
-from otelgpu.receiver.sources import EVERY, KIND_OF_METRIC, untrusted_reason
+from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, OWN_POD_METRICS, REQUIRED_KEYS, REQUIRED_LABELS
+from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, untrusted_reason
 
 NO_RECORDED_VALUE = 1
 # A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
@@ -89,6 +89,26 @@ class PointBatch(Coded):
             self.resource_node[idx], self.resource_pod[idx], off, self.attr_key[entries], self.attr_val[entries],
         )
 
+    def with_labels(self, rows: np.ndarray, keys: tuple[int, ...], values: np.ndarray) -> "PointBatch":
+        """The batch with rows `rows` (indices) given labels `keys` = `values` (one row of codes per
+        row), last, in place of any labels of those keys they carry."""
+        n, k = len(self), len(keys)
+        entry_row = self.rows_of_attrs()
+        stamped = np.zeros(n, bool)
+        stamped[rows] = True
+        keep = ~(stamped[entry_row] & np.isin(self.attr_key, keys))
+        kept = np.bincount(entry_row[keep], minlength=n)
+        off = np.zeros(n + 1, np.int64)
+        np.cumsum(kept + stamped * k, out=off[1:])
+        key, val = np.empty(int(off[-1]), np.int32), np.empty(int(off[-1]), np.int32)
+        kept_off = np.concatenate([np.zeros(1, np.int64), np.cumsum(kept)])
+        at = off[entry_row[keep]] + np.arange(int(keep.sum())) - kept_off[entry_row[keep]]
+        key[at], val[at] = self.attr_key[keep], self.attr_val[keep]
+        tail = (off[rows] + kept[rows])[:, None] + np.arange(k)
+        key[tail], val[tail] = np.asarray(keys, np.int32)[None, :], values
+        return PointBatch(self.metric, self.time_ns, self.value, self.stale, self.resource_node, self.resource_pod,
+                          off, key, val, self.rejected, self.ignored, self.sources, self.wal, self.epoch)
+
     @staticmethod
     def concat(parts: list["PointBatch"]) -> "PointBatch":
         """The rows of `parts`, one after the other (labels re-based)."""
@@ -132,7 +152,20 @@ def source_of(resource_attrs: dict[str, str]) -> str:
     return f"{resource_attrs.get('service.name', '')}/{instance}"
 
 
-_RESOURCE_KEYS = frozenset(("k8s.node.name", "k8s.pod.name", "service.name", "service.instance.id"))
+_RESOURCE_KEYS = frozenset(("k8s.node.name", "k8s.namespace.name", "k8s.pod.name", "service.name",
+                            "service.instance.id"))
+OWN_POD_KEYS = ("namespace", "pod")
+
+
+def own_pod_problem(name: str) -> str:
+    return f"{name} from a scrape target without k8s.namespace.name and k8s.pod.name"
+
+
+def own_pod(res: dict[str, str], lim: Limits) -> Optional[tuple[str, str]]:
+    """The (namespace, pod) a scrape target's resource names, if it names both within the limits."""
+    ns, pod = res.get("k8s.namespace.name", ""), res.get("k8s.pod.name", "")
+    ok = 0 < len(ns) <= lim.max_label_bytes and 0 < len(pod) <= lim.max_label_bytes
+    return (ns, pod) if ok else None
 
 
 class _Columns:
@@ -170,8 +203,9 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
     for rm in request.resource_metrics:
         res = {kv.key: _any_value_str(kv.value) for kv in rm.resource.attributes if kv.key in keys}
         node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
-        own_pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
+        res_pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
         allowed = trust.bits(res) if trust is not None else EVERY
+        mine = own_pod(res, lim)
         newest = 0
         for sm in rm.scope_metrics:
             for m in sm.metrics:
@@ -180,7 +214,7 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                 points = getattr(m, which).data_points if which in ("gauge", "sum") else ()
                 if mcode is None:
                     ignored += len(points) if which in ("gauge", "sum") else 1
-                    if m.name == LIVENESS_METRIC and allowed:  # only the sources' clocks move the watermark
+                    if m.name == LIVENESS_METRIC and allowed & CLOCK:  # only the cost sources' clocks count
                         newest = max([newest] + [p.time_unix_nano for p in points if floor <= p.time_unix_nano <= horizon])
                     continue
                 if which not in ("gauge", "sum"):
@@ -193,11 +227,17 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                         rejected[untrusted_reason(kind)] += len(points)
                         trust.refused(allowed, kind, source_of(res))  # type: ignore[union-attr]
                     continue
+                if mcode in OWN_POD_METRICS and mine is None:
+                    if points:
+                        rejected[own_pod_problem(m.name)] += len(points)
+                    continue
                 for p in points:
                     reason, labels = _check(m.name, mcode, p, lim, floor, horizon)
                     if reason:
                         rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
                         continue
+                    if mcode in OWN_POD_METRICS:  # its own pod, whatever the point says
+                        labels = [kv for kv in labels if kv[0] not in OWN_POD_KEYS] + list(zip(OWN_POD_KEYS, mine))
                     for k, v in labels:
                         cols.attr_key.append(code(k))
                         cols.attr_val.append(code(v))
@@ -207,9 +247,10 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                     cols.time_ns.append(p.time_unix_nano)
                     cols.value.append(math.nan if stale else _value(p))
                     cols.res_node.append(node)
-                    cols.res_pod.append(own_pod)
+                    cols.res_pod.append(res_pod)
                     cols.attr_off.append(len(cols.attr_key))
-                    newest = max(newest, p.time_unix_nano)
+                    if kind & CLOCK:
+                        newest = max(newest, p.time_unix_nano)
         if newest:
             src = source_of(res)
             sources[src] = max(sources.get(src, 0), newest)

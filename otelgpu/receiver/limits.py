@@ -19,8 +19,9 @@ DCGM_KEYS = ("UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName", "Hostname", "host
 KSM_KEYS = ("namespace", "pod", "uid", "node", "phase", "resource", "container", "created_by_kind",
             "created_by_name", "replicaset", "job_name", "owner_kind", "owner_name", "owner_is_controller")
 CADVISOR_KEYS = ("namespace", "pod", "container", "id")
+VLLM_KEYS = ("model_name",)  # and the tenant labels configured (`tenants.labels`)
 # Names of things: a point may lack them, but one that carries them empty names nothing.
-IDENTITY_KEYS = frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS)
+IDENTITY_KEYS = frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS + VLLM_KEYS)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Limits:
 def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:
     """The fixed keys plus the kube-state-metrics `label_*` / `annotation_*` keys that tags, node
     pricing and workloads read (`fact_labels`)."""
-    return frozenset(DCGM_KEYS) | frozenset(KSM_KEYS) | frozenset(CADVISOR_KEYS) | frozenset(fact_labels)
+    return frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS + VLLM_KEYS) | frozenset(fact_labels)
 
 
 def value_problem(metric: int, value: float, resource: str = "") -> str:

@@ -27,6 +27,8 @@ class Metric(IntEnum):
     JOB_OWNER = 19
     CPU_USAGE = 20
     MEMORY_WORKING_SET = 21
+    PROMPT_TOKENS = 30
+    GENERATION_TOKENS = 31
 
 
 DCGM_METRICS = {
@@ -58,7 +60,18 @@ CADVISOR_METRICS = {
     "container_memory_working_set_bytes": Metric.MEMORY_WORKING_SET,
 }
 
-KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS, **CADVISOR_METRICS}
+# vLLM's token counters (V1 PrometheusStatLogger, labels model_name and engine), by which the cost
+# of a serving pod is split among its tenants. The pod is the scrape target's own (the resource's
+# k8s.namespace.name and k8s.pod.name, from service discovery), never a label of the point.
+VLLM_METRICS = {
+    "vllm:prompt_tokens_total": Metric.PROMPT_TOKENS,
+    "vllm:generation_tokens_total": Metric.GENERATION_TOKENS,
+}
+# Metrics whose points belong to the pod that exposes them: the decoders give each point the
+# `namespace` and `pod` labels of its resource, in place of any it carries.
+OWN_POD_METRICS = frozenset(VLLM_METRICS.values())
+
+KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS, **CADVISOR_METRICS, **VLLM_METRICS}
 
 
 def is_ksm(metric):  # noqa: ANN001, ANN201 - numpy array or int
@@ -81,6 +94,8 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     # system slices): not rejected, just not container use (enrich/usage.py skips them).
     Metric.CPU_USAGE: (),
     Metric.MEMORY_WORKING_SET: (),
+    Metric.PROMPT_TOKENS: ("model_name",),
+    Metric.GENERATION_TOKENS: ("model_name",),
 }
 REQUIRED_KEYS = tuple(sorted({k for keys in REQUIRED_LABELS.values() for k in keys}))
 
@@ -105,6 +120,8 @@ VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.JOB_OWNER: (0.0, 1.0),
     Metric.CPU_USAGE: (0.0, HUGE),  # core-seconds: a year of 10,000 cores is 3e11
     Metric.MEMORY_WORKING_SET: (0.0, HUGE),  # bytes: 1 PB
+    Metric.PROMPT_TOKENS: (0.0, HUGE),  # a million tokens a second for thirty years is 1e15
+    Metric.GENERATION_TOKENS: (0.0, HUGE),
 }
 
 # Requests and capacities by kube-state-metrics resource: GPU units are whole numbers (a node has at

@@ -16,13 +16,16 @@ from typing import Mapping, Optional
 import numpy as np
 
 from otelgpu.config import Matcher, SourcesConfig
-from otelgpu.receiver.schema import CADVISOR_METRICS, DCGM_METRICS, KSM_METRICS
+from otelgpu.receiver.schema import CADVISOR_METRICS, DCGM_METRICS, KSM_METRICS, VLLM_METRICS
 
 log = logging.getLogger(__name__)
 
-KINDS = {"dcgm": DCGM_METRICS, "kube_state_metrics": KSM_METRICS, "cadvisor": CADVISOR_METRICS}
+KINDS = {"dcgm": DCGM_METRICS, "kube_state_metrics": KSM_METRICS, "cadvisor": CADVISOR_METRICS, "vllm": VLLM_METRICS}
 BIT = {kind: 1 << i for i, kind in enumerate(KINDS)}
 EVERY = sum(BIT.values())
+# The kinds whose targets' clocks close intervals: the cost facts'. vLLM's token counters only
+# split a pod's cost, and any target may send them: they neither move nor hold the watermark.
+CLOCK = BIT["dcgm"] | BIT["kube_state_metrics"] | BIT["cadvisor"]
 # The kind bit of each metric code (codes are small integers).
 KIND_OF_METRIC = np.zeros(max(int(c) for m in KINDS.values() for c in m.values()) + 1, np.int64)
 for _kind, _metrics in KINDS.items():

@@ -438,3 +438,32 @@ def test_series_from_untrusted_scrape_targets_are_refused_the_same_by_both():
     assert fresh.same(req.SerializeToString(), now=t0 + 300 * NS)[0] == []
     # No label set, and no string but the targets' own node and pod names, as the reference reads
     assert len(fresh.columnar) == 0 and len(fresh.strings) - strings <= 2 * len(req.resource_metrics)
+
+
+def test_token_counters_belong_to_the_pod_that_exposes_them_in_both():
+    """vLLM's token series name no pod: each takes its scrape target's (the resource's namespace
+    and pod, from service discovery), in place of any `namespace` or `pod` a point claims; a target
+    that names no pod has its token series refused, with the reason, by both decoders."""
+    req = otlp_fixture("otlp_vllm_scrape_text004_collector_v0.142.json")
+    (rm,) = req.resource_metrics
+    for m in rm.scope_metrics[0].metrics:
+        if m.name == "vllm:generation_tokens_total":  # a point that says it is another team's
+            m.sum.data_points[0].attributes.extend([KeyValue(key="pod", value=AnyValue(string_value="billing-0")),
+                                                    KeyValue(key="namespace", value=AnyValue(string_value="team-b"))])
+    now = max(p.time_unix_nano for m in rm.scope_metrics[0].metrics for p in (m.gauge.data_points or m.sum.data_points))
+    both = Both(Limits())
+    rows, rejected, _, _ = both.same(req.SerializeToString(), now)
+    tokens = {name: dict(labels) for metric, _, _, _, _, _, labels in rows
+              for name, code in KNOWN_METRICS.items() if code == metric}
+    assert set(tokens) == {"vllm:prompt_tokens_total", "vllm:generation_tokens_total"} and not rejected
+    for labels in tokens.values():
+        assert labels["namespace"] == "team-a" and labels["pod"] == "vllm-llama3-8b-5c9d7b8f6d-k2x7q"
+        assert labels["model_name"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+    attrs = [kv for kv in rm.resource.attributes if kv.key != "k8s.namespace.name"]
+    del rm.resource.attributes[:]
+    rm.resource.attributes.extend(attrs)
+    rows, rejected, _, _ = Both(Limits()).same(req.SerializeToString(), now)
+    assert rows == [] and rejected == {
+        f"{name} from a scrape target without k8s.namespace.name and k8s.pod.name": 1
+        for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")}

@@ -36,7 +36,7 @@ def status_of(response: requests.Response) -> status_pb2.Status:
     return status_pb2.Status.FromString(response.content)
 
 
-@pytest.mark.parametrize(("name", "consumed"), [(DCGM1, 36), (KSM, 88), (VLLM, 0)])
+@pytest.mark.parametrize(("name", "consumed"), [(DCGM1, 36), (KSM, 88), (VLLM, 2)])
 @pytest.mark.parametrize("gzipped", [False, True])
 def test_protobuf_fixture_is_accepted(http_receiver, make_ingest, otel_request, metrics, name, consumed, gzipped):
     ingest = make_ingest()
