@@ -17,10 +17,12 @@ from typing import Mapping, Optional
 import numpy as np
 
 from otelgpu.attribution.models import CostModels, Packed, Series
+from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
+from otelgpu.config import TenantsConfig
 from otelgpu.enrich.facts import FactsView
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.usage import PodUse
+from otelgpu.enrich.usage import PodUse, Tokens
 from otelgpu.enrich.window import Interval
 from otelgpu.exporter.store import Attrs, Plan, with_attrs
 from otelgpu.receiver.interner import Interner
@@ -46,34 +48,47 @@ class Costs:
 
 
 class IntervalCosts:
-    def __init__(self, joiner: Joiner, models: CostModels, strings: Interner, metrics: SelfMetrics) -> None:
+    def __init__(self, joiner: Joiner, models: CostModels, strings: Interner, metrics: SelfMetrics,
+                 tenants: Optional[TenantsConfig] = None) -> None:
         self.joiner, self.models, self.s, self.metrics = joiner, models, strings, metrics
+        self.tenants = tenants  # splitting serving pods' cost among their tenants, when enabled
 
-    def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]]) -> Costs:
+    def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]],
+                tokens: Optional[Tokens] = None) -> Costs:
+        """`tokens`: what each serving pod served in the interval, by model and tenant."""
         facts = self.joiner.source.view(interval.end_ns)
         samples = self.joiner.devices.fill(interval.samples, interval.start_ns, interval.end_ns, set(facts.nodes))
         interval = replace(interval, samples=samples)
+        tenants = self.tenants
+        split = (lambda allocated: split_by_tenant(allocated, tokens, tenants)) if tokens and tenants else None
         try:
-            return self._one(interval, interval.samples, use, facts, None)
+            costs = self._one(interval, interval.samples, use, facts, None, split)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
             log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
             self.metrics.interval_errors.labels("whole").inc()
-            return self._per_node(interval, use, facts)
+            costs = self._per_node(interval, use, facts, split)
+        if tokens and tenants:
+            counted = token_sums(tokens, tenants)
+            costs.sums["tenant_tokens"] = counted
+            per_mtok = cost_per_million_tokens(costs.sums.get("tenant_cost", {}), counted)
+            if per_mtok:
+                costs.gauges["tenant_cost_per_mtok"] = per_mtok
+        return costs
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
-             only_node: Optional[str]) -> Costs:
+             only_node: Optional[str], split=None) -> Costs:  # noqa: ANN001
         joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
-        sums, gauges = self.models.attribute(joined, interval.seconds)
+        sums, gauges = self.models.attribute(joined, interval.seconds, split)
         return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data)
 
-    def _per_node(self, interval: Interval, use, facts: FactsView) -> Costs:  # noqa: ANN001
+    def _per_node(self, interval: Interval, use, facts: FactsView, split=None) -> Costs:  # noqa: ANN001
         s = interval.samples
         names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})
         for name in sorted(names):
             mine = s.take(np.flatnonzero(s.node == self.s.find(name)))
             try:
-                part = self._one(interval, mine, use, facts, name)
+                part = self._one(interval, mine, use, facts, name, split)
             except Exception:  # noqa: BLE001
                 log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
                 self.metrics.interval_errors.labels("node").inc()

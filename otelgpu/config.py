@@ -343,6 +343,27 @@ class TagValuesConfig:
     overflow_value: str = Field("other", min_length=1)
 
 
+@dataclass(config=_STRICT)
+class TenantsConfig:
+    """Splitting a shared inference pod's cost among its tenants by the tokens vLLM served them
+    (docs/cost-model.md section 8). A token series' tenant is the first of `labels` it carries
+    (a gateway's or a LoRA adapter's label); a series with none is its pod's namespace's. Each
+    pod-interval keeps its `max_tenants_per_pod` largest tenants; the rest are one, `other`."""
+
+    enabled: bool = True
+    labels: tuple[str, ...] = ("tenant",)
+    prompt_weight: float = Field(1.0, ge=0, le=1e6)
+    generation_weight: float = Field(1.0, ge=0, le=1e6)
+    without_tokens: str = Field("(no requests)", min_length=1)  # the tenant of a pod's cost when it served nothing
+    max_tenants_per_pod: int = Field(100, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "TenantsConfig":
+        if self.prompt_weight == 0 and self.generation_weight == 0:
+            raise ValueError("prompt_weight and generation_weight cannot both be 0: no token would weigh anything")
+        return self
+
+
 def _default_tags() -> dict[str, TagRule]:
     keys = {
         "team": ("team",),
@@ -634,6 +655,7 @@ class Config:
     attribution: AttributionConfig = AttributionConfig()
     tags: dict[str, TagRule] = Field(default_factory=_default_tags)
     tag_values: TagValuesConfig = TagValuesConfig()
+    tenants: TenantsConfig = TenantsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     exporter: ExporterConfig = ExporterConfig()
     series: SeriesConfig = SeriesConfig()

@@ -116,7 +116,8 @@ class Pipeline:
                                  dropped=config.series.dropped)
         self.pricer = Pricer(a.prices)
         self.pricer_version = 0  # price files applied since start
-        self.usage = UsageTracker(self.strings)
+        self.tenants = config.tenants if config.tenants.enabled else None
+        self.usage = UsageTracker(self.strings, self.tenants.labels if self.tenants else ())
         self.tag_values = TagValues(config.tag_values, self.metrics, release_after=FACT_TTL_INTERVALS)
         tags = TagResolver(config.tags, self.tag_values)
         self.kube: Optional[KubeSource] = None
@@ -129,7 +130,7 @@ class Pipeline:
                              self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
                              cpu_only_nodes=a.scad.cpu_only_nodes,
                              device_memory_ns=remembered_ns)
-        self.costs = IntervalCosts(self.joiner, self.models, self.strings, self.metrics)
+        self.costs = IntervalCosts(self.joiner, self.models, self.strings, self.metrics, self.tenants)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
         directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
@@ -139,7 +140,8 @@ class Pipeline:
         self.wal = Wal(directory / "wal", self.metrics) if directory else None
         self.deliveries = self._deliveries(directory)
         self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
-        wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS)
+        wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS
+                             | set(self.tenants.labels if self.tenants else ()))
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
                              self.metrics, Limits.of(config.receiver, wanted, config.sources), self.wal)
         self._processed: Optional[Position] = None  # log position through which batches are processed
@@ -296,7 +298,7 @@ class Pipeline:
         """Apply one decoded batch and close every interval it makes due. `replayed`: a log
         record whose effects the checkpoint already holds, for the intervals it closed."""
         samples = dcgm_samples(batch, self.strings)
-        pods = self.usage.pod_samples(batch) if self.models.needs_pods() else None
+        pods = self.usage.pod_samples(batch, tokens=self.tenants is not None) if self._pods() else None
         facts = batch.select(is_ksm(batch.metric))
         late, late_facts = self.windows.add(samples, batch, pods, facts)
         if len(late_facts):
@@ -350,8 +352,14 @@ class Pipeline:
 
     def _compute(self, interval: Interval) -> Costs:
         self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval
-        use = self.usage.use(interval.pods, interval.start_ns, interval.end_ns) if self.models.needs_pods() else None
-        return self.costs.compute(interval, use)
+        if not self._pods():
+            return self.costs.compute(interval, None)
+        use, tokens = self.usage.use_and_tokens(interval.pods, interval.start_ns, interval.end_ns)
+        return self.costs.compute(interval, use if self.models.needs_pods() else None, tokens)
+
+    def _pods(self) -> bool:
+        """Whether pods' samples are kept: scad's use, or the tokens tenants are split by."""
+        return self.models.needs_pods() or self.tenants is not None
 
     def compute_ahead(self) -> bool:
         """Compute the interval that closes next now if it is complete (`Windows.next_complete`),

@@ -148,8 +148,11 @@ class CostModels:
     def needs_pods(self) -> bool:
         return "scad" in self.config.cost_models
 
-    def attribute(self, j: Joined, dt: float) -> tuple[Series, Series]:
-        """Sums and gauges of one interval."""
+    def attribute(self, j: Joined, dt: float,
+                  split: Optional[Callable[[Mapping[Attrs, float]], dict[Attrs, float]]] = None) -> tuple[Series, Series]:
+        """Sums and gauges of one interval. `split`, given the allocated series with every
+        attribute (a pod's included, whatever `series.detail` drops), gives the `tenant_cost`
+        series (attribution/tenants.py); they are then reduced as the others."""
         self._with.tick()
         out = _Sums(j.sets, self._with)
         base = attribute_request(j.rows, dt)
@@ -160,7 +163,13 @@ class CostModels:
         for model in self.config.cost_models:
             self._model(model, j, dt, base, node_set, out)
         self._unattributed(j, base, out)
-        return out.series(self._merged), self._gauges(j, base)
+        sums = out.series(self._merged)
+        if split is not None and "allocated" in sums:
+            full = out.series(Packed.columns)["allocated"] if self.dropped else sums["allocated"]
+            tenants = split(full)
+            if tenants:
+                sums["tenant_cost"] = self._merged(list(tenants), np.fromiter(tenants.values(), np.float64, len(tenants)))
+        return sums, self._gauges(j, base)
 
     def _project(self, attrs: Attrs) -> Attrs:
         return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs

@@ -22,20 +22,22 @@ from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
 
-RUNNING, CPU, MEMORY = 0, 1, 2
+RUNNING, CPU, MEMORY, PROMPT, GENERATION = 0, 1, 2, 3, 4
+COUNTERS = (CPU, PROMPT, GENERATION)
+TOKEN_KINDS = {PROMPT: "prompt", GENERATION: "generation"}
 MAX_RATE_GAP_NS = 600 * 1_000_000_000  # two points further apart than this make no rate
 
 
 @dataclass
 class PodSamples(Columns):
     CODES: ClassVar[tuple[str, ...]] = ("namespace", "pod", "container", "series")
-    kind: np.ndarray  # int8: RUNNING (value 0/1), CPU (cores over span_s), MEMORY (bytes)
+    kind: np.ndarray  # int8: RUNNING (value 0/1), CPU (cores over span_s), MEMORY (bytes), PROMPT / GENERATION (tokens)
     time_ns: np.ndarray  # int64
     namespace: np.ndarray  # int32 codes
     pod: np.ndarray
-    container: np.ndarray
-    series: np.ndarray  # int32: cAdvisor's `id` (the cgroup) of CPU series, -1 otherwise
-    value: np.ndarray  # float64: 0/1 Running; CPU counter (a rate in cores once differenced); bytes
+    container: np.ndarray  # the container; of token series, the model served (vLLM's model_name)
+    series: np.ndarray  # int32: cAdvisor's `id` (the cgroup) of CPU series, the tenant of token series, else -1
+    value: np.ndarray  # float64: 0/1 Running; counters (CPU: a rate in cores, tokens: the increase, once differenced); bytes
     span_s: np.ndarray  # float64: seconds a CPU rate covers; 0 before differencing and otherwise
 
     @staticmethod
@@ -50,50 +52,87 @@ class UsageTracker:
     (sorted by time, against the series' last point of the previous interval), so neither the
     order nor the batching of input changes a rate."""
 
-    def __init__(self, strings: Interner) -> None:
+    def __init__(self, strings: Interner, tenant_labels: tuple[str, ...] = ()) -> None:
         self.s = strings
-        # series (namespace, pod, container, cgroup id) -> (time_ns, counter), by strings: codes are
-        # not kept across intervals (the interner is compacted) nor across restarts (checkpoint)
-        self._last: dict[tuple[str, str, str, str], tuple[int, float]] = {}
+        self.tenant_labels = tenant_labels  # the labels naming a token series' tenant, first present wins
+        # series (kind, namespace, pod, container, cgroup id or tenant) -> (time_ns, counter), by
+        # strings: codes are not kept across intervals (the interner is compacted) nor across
+        # restarts (checkpoint)
+        self._last: dict[tuple[int, str, str, str, str], tuple[int, float]] = {}
         self._skip = ("", "POD")  # container "" is the pod's own cgroup, POD the pause container
 
-    def pod_samples(self, batch: PointBatch) -> PodSamples:
+    def pod_samples(self, batch: PointBatch, tokens: bool = False) -> PodSamples:
+        """Phases and cAdvisor use; with `tokens`, vLLM's token counters too."""
         s = self.s
         running = (batch.metric == Metric.POD_PHASE) & ~batch.stale
         if running.any():
             running &= batch.column(s.find("phase")) == s.code("Running")
         usage = ((batch.metric == Metric.CPU_USAGE) | (batch.metric == Metric.MEMORY_WORKING_SET)) & ~batch.stale
-        b = batch.select(running | usage)
+        counted = ((batch.metric == Metric.PROMPT_TOKENS) | (batch.metric == Metric.GENERATION_TOKENS)) & ~batch.stale
+        b = batch.select(running | usage | (counted if tokens else False))
         if not len(b):
             return PodSamples.empty()
         ns, pod, container = b.column(s.find("namespace")), b.column(s.find("pod")), b.column(s.find("container"))
-        kind = np.where(b.metric == Metric.POD_PHASE, RUNNING, np.where(b.metric == Metric.CPU_USAGE, CPU, MEMORY))
+        kind = np.select([b.metric == Metric.POD_PHASE, b.metric == Metric.CPU_USAGE,
+                          b.metric == Metric.MEMORY_WORKING_SET, b.metric == Metric.PROMPT_TOKENS],
+                         [RUNNING, CPU, MEMORY, PROMPT], GENERATION)
+        token = (kind == PROMPT) | (kind == GENERATION)
+        model = b.column(s.find("model_name"))
+        tenant = np.full(len(b), -1, np.int32)
+        for label in reversed(self.tenant_labels):  # the first label present wins
+            value = b.column(s.find(label))
+            tenant = np.where(value >= 0, value, tenant)
         skip = [-1] + [c for c in map(s.find, self._skip) if c >= 0]
-        keep = (kind == RUNNING) | (~np.isin(container, skip) & (ns >= 0) & (pod >= 0))
+        keep = (kind == RUNNING) | ((token | ~np.isin(container, skip)) & (ns >= 0) & (pod >= 0))
         series = b.column(s.find("id"))  # cAdvisor: a restarted container is a new cgroup, a new series
         idx = np.flatnonzero(keep)
-        return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx], container[idx],
-                          np.where(kind[idx] == CPU, series[idx], -1).astype(np.int32), b.value[idx],
-                          np.zeros(len(idx)))
+        return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx],
+                          np.where(token[idx], model[idx], container[idx]).astype(np.int32),
+                          np.select([kind[idx] == CPU, token[idx]], [series[idx], tenant[idx]], -1).astype(np.int32),
+                          b.value[idx], np.zeros(len(idx)))
 
     def use(self, p: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], "PodUse"]:
         """Per (namespace code, pod code) of one closing interval: share Running and mean use."""
+        return self.use_and_tokens(p, start_ns, end_ns)[0]
+
+    def use_and_tokens(self, p: PodSamples, start_ns: int, end_ns: int) -> tuple[dict[tuple[int, int], "PodUse"],
+                                                                                 "Tokens"]:
+        """`use`, and the tokens each pod served in the interval, by model and tenant."""
         if len(p):  # a resent batch repeats points: count each once
             _, first = group_ids(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series)
             p = p if len(first) == len(p) else p.take(np.sort(first))
-        return pod_use(self._rates(p), start_ns, end_ns)
+        p = self._rates(p)
+        token = (p.kind == PROMPT) | (p.kind == GENERATION)
+        return pod_use(p.take(np.flatnonzero(~token)), start_ns, end_ns), self._tokens(p.take(np.flatnonzero(token)))
+
+    def _tokens(self, p: PodSamples) -> "Tokens":
+        """(namespace, pod) -> (model, tenant) -> [prompt, generation] tokens; a series naming no
+        tenant is its pod's namespace's."""
+        out: Tokens = {}
+        if not len(p):
+            return out
+        sid, first = group_ids(p.kind, p.namespace, p.pod, p.container, p.series)
+        total = np.bincount(sid, weights=p.value)
+        st = self.s.string
+        for g, i in enumerate(first.tolist()):
+            ns, pod = st(int(p.namespace[i])), st(int(p.pod[i]))
+            tenant = st(int(p.series[i])) if p.series[i] >= 0 else ns
+            per = out.setdefault((ns, pod), {}).setdefault((st(int(p.container[i])), tenant), [0.0, 0.0])
+            per[0 if p.kind[i] == PROMPT else 1] += float(total[g])
+        return out
 
     def _rates(self, p: PodSamples) -> PodSamples:
-        """CPU counter points -> rates (cores) over the span since the series' previous point,
-        with counter resets handled as Prometheus' rate() does. The first point of a series
-        makes no rate; a point no newer than what an earlier interval counted is dropped."""
-        cpu = np.flatnonzero(p.kind == CPU)
+        """Counter points -> CPU rates (cores) over the span since the series' previous point, and
+        token increases since it, with counter resets handled as Prometheus' rate() does. The
+        first point of a series makes none; a point no newer than what an earlier interval
+        counted is dropped."""
+        cpu = np.flatnonzero(np.isin(p.kind, COUNTERS))
         if not len(cpu):
             return p
-        sid, first = group_ids(p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu])
+        sid, first = group_ids(p.kind[cpu], p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu])
         st = self.s.string
-        keys = [(st(int(p.namespace[i])), st(int(p.pod[i])), st(int(p.container[i])), st(int(p.series[i])))
-                for i in cpu[first]]
+        keys = [(int(p.kind[i]), st(int(p.namespace[i])), st(int(p.pod[i])), st(int(p.container[i])),
+                 st(int(p.series[i]))) for i in cpu[first]]
         last = [self._last.get(k, (-1, 0.0)) for k in keys]  # one lookup per series, not per point
         last_t = np.array([t for t, _ in last], dtype=np.int64)
         newer = p.time_ns[cpu] > last_t[sid]  # older points were counted by an earlier interval
@@ -109,13 +148,14 @@ class UsageTracker:
         ends = np.append(starts[1:], True) if len(rows) else starts  # no point newer than what was counted
         for g, i in zip(sid[ends], np.flatnonzero(ends)):
             self._last[keys[g]] = (int(t[i]), float(v[i]))
-        ok = (prev_t >= 0) & (t - prev_t <= MAX_RATE_GAP_NS)
+        rate = p.kind[rows] == CPU  # tokens count whatever the gap: what was served was served
+        ok = (prev_t >= 0) & ((t - prev_t <= MAX_RATE_GAP_NS) | ~rate)
         span = (t - prev_t) / 1e9
         delta = np.where(v >= prev_v, v - prev_v, v)  # a reset restarts the counter from zero
         value, spans = p.value.copy(), np.zeros(len(p))
-        value[rows[ok]] = delta[ok] / span[ok]
-        spans[rows[ok]] = span[ok]
-        keep = p.kind != CPU
+        value[rows[ok]] = np.where(rate[ok], delta[ok] / np.where(rate[ok], span[ok], 1.0), delta[ok])
+        spans[rows[ok]] = np.where(rate[ok], span[ok], 0.0)
+        keep = ~np.isin(p.kind, COUNTERS)
         keep[rows[ok]] = True
         out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans)
         return out.take(np.flatnonzero(keep))
@@ -139,7 +179,16 @@ class UsageTracker:
         return [[*key, t, v] for key, (t, v) in self._last.items()]
 
     def restore(self, state: list[list]) -> None:
-        self._last = {(str(a), str(b), str(c), str(d)): (int(t), float(v)) for a, b, c, d, t, v in state}
+        """From `state()`; a checkpoint written before token counters holds CPU series only,
+        without their kind."""
+        self._last = {}
+        for row in state:
+            kind, *key, t, v = row if len(row) == 7 else [CPU, *row]
+            self._last[(int(kind), *map(str, key))] = (int(t), float(v))  # type: ignore[index]
+
+
+# (namespace, pod) -> (model, tenant) -> [prompt tokens, generation tokens] of one interval
+Tokens = dict[tuple[str, str], dict[tuple[str, str], list[float]]]
 
 
 @dataclass(frozen=True)

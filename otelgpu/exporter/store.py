@@ -77,10 +77,21 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
                                   "gpu_provisioned_seconds_total"),
         "capacity": MetricSpec("gpu.cost.capacity", u, "sum",
                                "Cost of the capacity the model splits: allocated + unused + idle", "gpu_cost_capacity_total"),
+        "tenant_cost": MetricSpec("gpu.cost.tenant", u, "sum",
+                                  "A serving pod's allocated cost split among the tenants it served, by their "
+                                  "weighted tokens (tenant, served_model); the tenants add up to the pod",
+                                  "gpu_cost_tenant_total"),
+        "tenant_tokens": MetricSpec("llm.tokens", "{token}", "sum",
+                                    "Tokens a serving pod served, by tenant, served_model and token_kind "
+                                    "(prompt, generation)", "llm_tokens_total"),
         "activity": MetricSpec("gpu.activity", "1", "gauge",
                                "Time-weighted activity of the units a pod held in the last interval", "gpu_activity_ratio"),
         "tag_coverage": MetricSpec("gpu.cost.tag_coverage", "1", "gauge",
                                    "Share of allocated cost carrying the tag (tag=all: all five), per cluster and per namespace", "gpu_cost_tag_coverage_ratio"),
+        "tenant_cost_per_mtok": MetricSpec("gpu.cost.per_million_tokens", u, "gauge",
+                                           "Tenant cost per million tokens (prompt and generation) in the last "
+                                           "interval, per cost model, served model and tenant, over the cluster",
+                                           "gpu_cost_per_million_tokens"),
     }
 
 

@@ -85,9 +85,9 @@ def test_columns_give_the_reference_series_in_the_same_order(seed: int, override
     joins = []
     attribute = p.models.attribute
 
-    def spy(j, dt):  # noqa: ANN001
+    def spy(j, dt, split=None):  # noqa: ANN001
         joins.append((j, dt))
-        return attribute(j, dt)
+        return attribute(j, dt, split)
 
     p.models.attribute = spy
     feed(p, *random_cluster(random.Random(seed)).scrapes(300, 3600))

@@ -36,7 +36,7 @@ def collector_name(name: str, unit: str, kind: str) -> str:
 @pytest.mark.parametrize("currency", ["USD", "EUR"])
 def test_every_metric_gets_the_documented_collector_name(currency: str) -> None:
     specs = cost_metrics(currency)
-    assert len(specs) == 12
+    assert len(specs) == 15
     for spec in specs.values():
         assert collector_name(spec.name, spec.unit, spec.kind) == spec.prometheus, spec.name
 

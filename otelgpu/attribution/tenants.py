@@ -1,0 +1,106 @@
+"""A shared inference pod's cost, split among the tenants it served by the tokens it served them.
+
+One vLLM deployment serves one model to many tenants: the pod holds the GPU, the tenants should
+pay. Per interval, each (model, tenant) of a pod weighs `prompt_weight * prompt tokens +
+generation_weight * generation tokens` (vLLM's counters, differenced at the close); the pod's
+allocated cost under each cost model is split in those proportions. The pod's total is unchanged:
+its tenants add up to it. An interval in which the pod served nothing books its cost to the
+`without_tokens` tenant, so nothing is lost. docs/cost-model.md section 8 has worked examples.
+
+The reference: this module is plain Python over the interval's allocated series; the pods that
+serve tokens are few (one per model replica), so no kernel is needed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping
+
+from otelgpu.config import TenantsConfig
+from otelgpu.enrich.usage import Tokens
+from otelgpu.exporter.store import Attrs
+
+# Attributes of a pod's allocated series that describe how a unit was held: the tenant series are
+# the pod's, whatever units it held.
+UNIT_ATTRIBUTES = frozenset(("activity_basis", "attribution", "unit_kind"))
+TOKEN_KINDS = ("prompt", "generation")
+
+
+def split_by_tenant(allocated: Mapping[Attrs, float], tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
+    """`tenant_cost` of one interval: each serving pod's allocated cost, per cost model and
+    resource, split among the (served model, tenant) pairs it served by their weighted tokens."""
+    pods: dict[tuple[str, str], dict[Attrs, float]] = defaultdict(lambda: defaultdict(float))
+    for attrs, value in allocated.items():
+        d = dict(attrs)
+        key = (d.get("namespace", ""), d.get("pod", ""))
+        if key in tokens:
+            pods[key][tuple(kv for kv in attrs if kv[0] not in UNIT_ATTRIBUTES)] += value
+    cost: dict[Attrs, float] = defaultdict(float)
+    for key, bases in pods.items():
+        served = _capped(tokens[key], cfg)
+        weights = {mt: cfg.prompt_weight * p + cfg.generation_weight * g for mt, (p, g) in served.items()}
+        total = sum(weights.values())
+        for base, value in bases.items():
+            if total <= 0:  # served nothing: the cost stays the pod's, under its own tenant value
+                cost[_with(base, tenant=cfg.without_tokens)] += value
+                continue
+            for (model, tenant), w in weights.items():
+                cost[_with(base, served_model=model, tenant=tenant)] += value * w / total
+    return dict(cost)
+
+
+def token_sums(tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
+    """`tenant_tokens` of one interval: the tokens each pod served, by served model, tenant (as
+    `split_by_tenant` names them) and kind."""
+    out: dict[Attrs, float] = defaultdict(float)
+    for (namespace, pod), served in tokens.items():
+        for (model, tenant), counts in _capped(served, cfg).items():
+            for kind, n in zip(TOKEN_KINDS, counts):
+                out[_attrs(namespace=namespace, pod=pod, served_model=model, tenant=tenant, token_kind=kind)] += n
+    return dict(out)
+
+
+def cost_per_million_tokens(cost: Mapping[Attrs, float], counted: Mapping[Attrs, float]) -> dict[Attrs, float]:
+    """`tenant_cost_per_mtok` of one interval, over the cluster: per cost model, served model and
+    tenant, its cost over its tokens (prompt and generation), times a million."""
+    spent: dict[Attrs, float] = defaultdict(float)
+    for attrs, value in cost.items():
+        d = dict(attrs)
+        if "served_model" in d:
+            spent[_attrs(cost_model=d.get("cost_model", ""), served_model=d["served_model"], tenant=d["tenant"])] += value
+    served: dict[tuple[str, str], float] = defaultdict(float)
+    for attrs, n in counted.items():
+        d = dict(attrs)
+        served[(d["served_model"], d["tenant"])] += n
+    out = {}
+    for attrs, value in spent.items():
+        d = dict(attrs)
+        n = served.get((d["served_model"], d["tenant"]), 0.0)
+        if n > 0:
+            out[attrs] = value / n * 1e6
+    return out
+
+
+def _capped(served: dict[tuple[str, str], list[float]], cfg: TenantsConfig) -> dict[tuple[str, str], list[float]]:
+    """The pod's `max_tenants_per_pod` heaviest tenants, the rest added up as `other` per model: a
+    gateway that mints tenant values cannot mint series."""
+    if len({tenant for _, tenant in served}) <= cfg.max_tenants_per_pod:
+        return served
+    weight = defaultdict(float)
+    for (_, tenant), (p, g) in served.items():
+        weight[tenant] += cfg.prompt_weight * p + cfg.generation_weight * g
+    kept = set(sorted(weight, key=lambda t: (-weight[t], t))[:cfg.max_tenants_per_pod - 1])
+    out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for (model, tenant), (p, g) in served.items():
+        mine = out[(model, tenant if tenant in kept else "other")]
+        mine[0] += p
+        mine[1] += g
+    return dict(out)
+
+
+def _attrs(**items: str) -> Attrs:
+    return tuple(sorted(items.items()))
+
+
+def _with(base: Attrs, **items: str) -> Attrs:
+    return tuple(sorted((*(kv for kv in base if kv[0] not in items), *items.items())))
