@@ -354,7 +354,9 @@ class TenantsConfig:
     labels: tuple[str, ...] = ("tenant",)
     prompt_weight: float = Field(1.0, ge=0, le=1e6)
     generation_weight: float = Field(1.0, ge=0, le=1e6)
-    without_tokens: str = Field("(no requests)", min_length=1)  # the tenant of a pod's cost when it served nothing
+    # The tenant of a serving pod's cost in an interval whose counters show no token served (idle,
+    # or the counters' first scrape)
+    without_tokens: str = Field("(no tokens)", min_length=1)
     max_tenants_per_pod: int = Field(100, ge=1, le=10_000)
 
     @model_validator(mode="after")

@@ -61,6 +61,10 @@ class Pod:
     end_s: float = float("inf")
     owner: Optional[tuple[str, str]] = None  # controller (kind, name): kube_pod_info's created_by_*
     ksm: bool = True  # False: kube-state-metrics does not report it (only DCGM and cAdvisor show it)
+    # A vLLM server: tenant -> (prompt, generation) tokens a second while running, counted from the
+    # pod's start, as vllm:*_tokens_total with a `tenant` label and model_name `serves_model`
+    serves: dict[str, tuple[float, float]] = field(default_factory=dict)
+    serves_model: str = "meta-llama/Llama-3.1-8B-Instruct"
 
     def running(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.end_s
@@ -76,7 +80,24 @@ class Cluster:
     def scrape(self, t_s: float, ksm: bool = True) -> ExportMetricsServiceRequest:
         t = self.t0 + int(t_s * NS)
         return request(*([self._ksm(t_s, t)] if ksm else []), *(self._dcgm(n, t_s, t) for n in self.nodes if n.units),
-                       *(self._cadvisor(n, t_s, t) for n in self.nodes))
+                       *(self._cadvisor(n, t_s, t) for n in self.nodes),
+                       *(self._vllm(p, t_s, t) for p in self.pods if p.serves and p.running(t_s)))
+
+    def _vllm(self, p: Pod, t_s: float, t: int) -> ResourceMetrics:
+        """The pod's own scrape: its namespace and pod are the resource's, from service discovery."""
+        rm = scrape("vllm", f"10.1.0.1:{8000 + self.pods.index(p)}", p.node, t, {
+            name: [({"engine": "0", "model_name": p.serves_model, "tenant": tenant}, rates[k] * (t_s - p.start_s))
+                   for tenant, rates in sorted(p.serves.items())]
+            for k, name in enumerate(("vllm:prompt_tokens_total", "vllm:generation_tokens_total"))})
+        rm.resource.attributes.add(key="k8s.namespace.name").value.string_value = p.namespace
+        rm.resource.attributes.add(key="k8s.pod.name").value.string_value = p.name
+        for m in rm.scope_metrics[0].metrics:  # counters: cumulative monotonic sums, as the receiver sends them
+            if m.name.startswith("vllm:"):
+                points = list(m.gauge.data_points)
+                m.ClearField("gauge")
+                m.sum.is_monotonic, m.sum.aggregation_temporality = True, 2
+                m.sum.data_points.extend(points)
+        return rm
 
     def scrapes(self, every_s: float, until_s: float, ksm: bool = True, from_s: float = 0.0
                 ) -> list[ExportMetricsServiceRequest]:

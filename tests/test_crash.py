@@ -56,6 +56,15 @@ def send_until_acknowledged(side: Sidecar, request, kill_after_s: float | None =
             side.start()  # killed after the answer: the next request goes to a fresh process
 
 
+TENANTS = 'sum by (cost_model, tenant) (max_over_time(gpu_cost_tenant_total{{cluster="{cluster}"}}[2h]))'
+TOKENS = 'sum by (tenant, token_kind) (max_over_time(llm_tokens_total{{cluster="{cluster}"}}[2h]))'
+
+
+def keyed(prom: PrometheusServer, query: str, cluster: str, at: float) -> dict[tuple[str, ...], float]:
+    return {tuple(m.get(k, "") for k in ("cost_model", "tenant", "token_kind")): v
+            for m, v in prom.query(query.format(cluster=cluster), at)}
+
+
 def totals(prom: PrometheusServer, cluster: str, at: float) -> dict[tuple[str, str], float]:
     return {(m["cost_model"], m["team"]): v for m, v in prom.query(TOTALS.format(cluster=cluster), at)}
 
@@ -86,6 +95,13 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
 
     reference, killed = totals(prometheus, "uninterrupted", end), totals(prometheus, "killed", end)
     assert killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
+    # The serving pod's tenants too: their split and the tokens it is split by (the token counters'
+    # last values came back from the checkpoint at every restart: no token counted twice or lost).
+    for query in (TENANTS, TOKENS):
+        ref, got = keyed(prometheus, query, "uninterrupted", end), keyed(prometheus, query, "killed", end)
+        assert ref and got == pytest.approx(ref, rel=1e-12, abs=1e-12)
+    tokens = keyed(prometheus, TOKENS, "killed", end)
+    assert tokens[("", "acme", "prompt")] == 30.0 * 1440  # 30 a second from the first scrape to the last, at 1440 s
     resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="killed"}[2h])', end)
     assert resets and all(v == 0 for _, v in resets)
     window = 'sum by (team) (increase(gpu_cost_allocated_total{{cluster="{}", cost_model="request"}}[30m]))'

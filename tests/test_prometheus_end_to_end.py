@@ -44,7 +44,7 @@ def scenario() -> Cluster:
     pods = [Pod("ml", "train", "gpu-1", labels={"team": "vision"}, cpu=8, memory_gib=64, gpu=("nvidia_com_gpu", 2),
                 holds=("GPU-0", "GPU-1"), activity=0.7, cpu_used=10, memory_used_gib=50),
             Pod("ml", "serve", "gpu-1", labels={"team": "nlp"}, cpu=4, memory_gib=32, gpu=("nvidia_com_gpu", 1),
-                holds=("GPU-2",), activity=0.3, end_s=1500),
+                holds=("GPU-2",), activity=0.3, end_s=1500, serves={"acme": (30.0, 10.0), "globex": (7.0, 2.5)}),
             Pod("research", "eval", "gpu-1", labels={"team": "research"}, cpu=2, memory_gib=16,
                 gpu=("nvidia_com_gpu", 1), holds=("GPU-3",), activity=0.9, start_s=2100)]
     return Cluster([node], pods, t0=t0_s * NS)

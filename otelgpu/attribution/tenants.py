@@ -4,7 +4,8 @@ One vLLM deployment serves one model to many tenants: the pod holds the GPU, the
 pay. Per interval, each (model, tenant) of a pod weighs `prompt_weight * prompt tokens +
 generation_weight * generation tokens` (vLLM's counters, differenced at the close); the pod's
 allocated cost under each cost model is split in those proportions. The pod's total is unchanged:
-its tenants add up to it. An interval in which the pod served nothing books its cost to the
+its tenants add up to it, in every interval its counters were scraped in. An interval whose
+counters show nothing served (an idle server, or their first scrape) books its cost to the
 `without_tokens` tenant, so nothing is lost. docs/cost-model.md section 8 has worked examples.
 
 The reference: this module is plain Python over the interval's allocated series; the pods that

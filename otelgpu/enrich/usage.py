@@ -124,8 +124,8 @@ class UsageTracker:
     def _rates(self, p: PodSamples) -> PodSamples:
         """Counter points -> CPU rates (cores) over the span since the series' previous point, and
         token increases since it, with counter resets handled as Prometheus' rate() does. The
-        first point of a series makes none; a point no newer than what an earlier interval
-        counted is dropped."""
+        first point of a series makes none (a CPU point is dropped, a token point counts 0); a
+        point no newer than what an earlier interval counted is dropped."""
         cpu = np.flatnonzero(np.isin(p.kind, COUNTERS))
         if not len(cpu):
             return p
@@ -157,6 +157,11 @@ class UsageTracker:
         spans[rows[ok]] = np.where(rate[ok], span[ok], 0.0)
         keep = ~np.isin(p.kind, COUNTERS)
         keep[rows[ok]] = True
+        # A token series' first point counts nothing, but says its pod serves: the interval's cost
+        # then goes to the pod's `without_tokens` tenant rather than to no tenant at all.
+        first_tokens = rows[~ok & ~rate]
+        value[first_tokens] = 0.0
+        keep[first_tokens] = True
         out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans)
         return out.take(np.flatnonzero(keep))
 

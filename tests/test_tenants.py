@@ -1,0 +1,150 @@
+"""A shared vLLM pod's cost, split among its tenants by tokens, through the pipeline, on the shared
+fixtures: the vLLM pod of the H100 node (team-a) holds one whole GPU at $12/GPU-h, $0.20 a
+60 s interval, and serves two tenants. Worked example (docs/cost-model.md section 8):
+
+- interval 1 (scrape at 430 s): the counters' first points count nothing: $0.20 to "(no tokens)";
+- interval 2 (scrape at 460 s): acme served 3,000 prompt + 1,000 generation tokens, globex 1,000 +
+  0. With weights 1 and 1, acme weighs 4,000 of 5,000: $0.16, globex $0.04; acme's cost per million
+  tokens is 0.16 / 4,000 * 1e6 = $40. With generation_weight 4, acme weighs 7,000 of 8,000.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import feed, make_config, offline_pipeline, otlp_fixture
+
+from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
+from otelgpu.config import TenantsConfig
+
+H100 = "NVIDIA H100 80GB HBM3"
+T1 = 1779350430 * 10**9
+VLLM_POD = ("team-a", "vllm-llama3-8b-5c9d7b8f6d-k2x7q")
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+PER_GPU_INTERVAL = 12.0 * 60 / 3600
+
+
+def vllm_scrape(t_ns: int, counters: dict[str, tuple[float, float]]):
+    """The vLLM fixture's scrape at `t_ns`, its token counters one series per tenant (a gateway's
+    `tenant` label): tenant -> (prompt, generation)."""
+    req = otlp_fixture("otlp_vllm_scrape_text004_collector_v0.142.json")
+    for m in req.resource_metrics[0].scope_metrics[0].metrics:
+        which = m.WhichOneof("data")
+        for p in getattr(m, which).data_points:
+            p.time_unix_nano = t_ns
+        if m.name not in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+            continue
+        template = m.sum.data_points[0]
+        points = []
+        for tenant, (prompt, generation) in counters.items():
+            p = type(template)()
+            p.CopyFrom(template)
+            p.attributes.add(key="tenant").value.string_value = tenant
+            p.as_double = prompt if m.name == "vllm:prompt_tokens_total" else generation
+            points.append(p)
+        del m.sum.data_points[:]
+        m.sum.data_points.extend(points)
+    return req
+
+
+def run(**config):
+    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0},
+                                     attribution__cost_models=["request", "scad"], **config))
+    feed(p, otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"),
+         otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"),
+         vllm_scrape(T1, {"acme": (1000, 100), "globex": (500, 50)}),
+         otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"),
+         vllm_scrape(T1 + 30 * 10**9, {"acme": (4000, 1100), "globex": (1500, 50)}))
+    p.close_due(flush=True)
+    return p
+
+
+def tenants(p, model: str = "request") -> dict:
+    return {k[0]: v for k, v in p.store.totals("tenant_cost", ("tenant",), {"cost_model": model}).items()}
+
+
+def test_the_worked_example_through_the_pipeline():
+    p = run()
+    assert tenants(p) == pytest.approx({"(no tokens)": PER_GPU_INTERVAL, "acme": 0.8 * PER_GPU_INTERVAL,
+                                        "globex": 0.2 * PER_GPU_INTERVAL}, rel=1e-12)
+    tokens = p.store.totals("tenant_tokens", ("tenant", "token_kind", "served_model", "namespace", "pod"))
+    assert tokens == {("acme", "prompt", LLAMA, *VLLM_POD): 3000.0, ("acme", "generation", LLAMA, *VLLM_POD): 1000.0,
+                      ("globex", "prompt", LLAMA, *VLLM_POD): 1000.0, ("globex", "generation", LLAMA, *VLLM_POD): 0.0}
+    per_mtok = {dict(pt.attrs)["tenant"]: pt.value for pt in p.store.points()
+                if pt.metric == "tenant_cost_per_mtok" and dict(pt.attrs)["cost_model"] == "request"}
+    assert per_mtok == pytest.approx({"acme": 40.0, "globex": 40.0})
+
+
+def test_tenants_add_up_to_the_pod_under_every_model_and_resource():
+    p = run()
+    for model in ("request", "scad"):
+        pod = p.store.totals("allocated", ("namespace", "pod", "resource"), {"cost_model": model})
+        split = p.store.totals("tenant_cost", ("namespace", "pod", "resource"), {"cost_model": model})
+        assert split and split == pytest.approx({k: v for k, v in pod.items() if k[:2] == VLLM_POD}, rel=1e-12)
+    assert {k[2] for k in split} == {"gpu", "cpu", "memory"}  # scad charges the pod's CPU and memory too
+
+
+def test_generation_tokens_can_weigh_more():
+    p = run(tenants__generation_weight=4.0)
+    assert tenants(p)["acme"] == pytest.approx(7 / 8 * PER_GPU_INTERVAL, rel=1e-12)
+    assert tenants(p)["globex"] == pytest.approx(1 / 8 * PER_GPU_INTERVAL, rel=1e-12)
+
+
+def test_without_a_tenant_label_the_namespace_pays_and_turned_off_nothing_is_split():
+    p = run(tenants__labels=["customer"])  # the series carry `tenant`, not `customer`
+    assert tenants(p) == pytest.approx({"(no tokens)": PER_GPU_INTERVAL, "team-a": PER_GPU_INTERVAL}, rel=1e-12)
+    off = run(tenants__enabled=False)
+    assert not off.store.totals("tenant_cost", ("tenant",)) and not off.store.totals("tenant_tokens", ("tenant",))
+    assert off.store.totals("allocated", ("pod",)) == p.store.totals("allocated", ("pod",))
+
+
+def test_a_counter_reset_counts_from_zero_and_a_resend_counts_once():
+    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
+    first, again = vllm_scrape(T1, {"acme": (1000, 0)}), vllm_scrape(T1 + 30 * 10**9, {"acme": (300, 0)})
+    feed(p, otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"), otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"),
+         first, first, otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"), again, again)
+    p.close_due(flush=True)
+    # vLLM restarted between the scrapes: 300 tokens since, not -700, and the resends add nothing.
+    assert p.store.totals("tenant_tokens", ("tenant", "token_kind"))[("acme", "prompt")] == 300.0
+
+
+# --- the split itself, on any input --------------------------------------------------------------------------
+
+names = st.sampled_from(["a", "b", "c", "d", "e"])
+counts = st.floats(min_value=0, max_value=1e9, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(served=st.dictionaries(st.tuples(names, names), st.lists(counts, min_size=2, max_size=2), max_size=8),
+       costs=st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=3),
+       weights=st.tuples(st.sampled_from([0.0, 0.5, 1.0, 4.0]), st.sampled_from([1.0, 3.0])),
+       cap=st.integers(min_value=1, max_value=6))
+def test_the_split_conserves_the_pod_and_never_goes_negative(served, costs, weights, cap):
+    cfg = TenantsConfig(prompt_weight=weights[0], generation_weight=weights[1], max_tenants_per_pod=cap)
+    allocated = {(("cost_model", "request"), ("namespace", "ns"), ("pod", "p"), ("resource", f"r{i}"),
+                  ("unit_kind", "gpu")): c for i, c in enumerate(costs)}
+    allocated[(("cost_model", "request"), ("namespace", "ns"), ("pod", "other"), ("resource", "r0"))] = 5.0
+    tokens = {("ns", "p"): served}
+    split = split_by_tenant(allocated, tokens, cfg)
+    for i, c in enumerate(costs):  # per resource, the tenants add up to the pod's cost
+        mine = [v for a, v in split.items() if dict(a)["resource"] == f"r{i}"]
+        assert sum(mine) == pytest.approx(c, rel=1e-9, abs=1e-9) and min(mine) >= 0
+    assert all(dict(a)["pod"] == "p" for a in split)  # a pod that served nothing is not split
+    assert len({dict(a)["tenant"] for a in split}) <= cap + 1  # the cap, and `(no tokens)`
+    counted = token_sums(tokens, cfg)
+    assert sum(counted.values()) == pytest.approx(sum(sum(v) for v in served.values()), rel=1e-9)
+    for attrs, per in cost_per_million_tokens(split, counted).items():
+        assert per >= 0 and dict(attrs)["tenant"] != cfg.without_tokens
+
+
+def test_many_minted_tenants_fold_into_other():
+    cfg = TenantsConfig(max_tenants_per_pod=3)
+    rng = random.Random(7)
+    served = {("m", f"t{i}"): [float(rng.randint(1, 100)), 0.0] for i in range(50)}
+    served[("m", "big")] = [1e6, 0.0]
+    split = split_by_tenant({(("namespace", "ns"), ("pod", "p")): 1.0}, {("ns", "p"): served}, cfg)
+    assert {dict(a)["tenant"] for a in split} == {"big", sorted(served, key=lambda k: -served[k][0])[1][1], "other"}
+    assert sum(split.values()) == pytest.approx(1.0)
