@@ -171,7 +171,7 @@ def test_the_node_mode_scrapes_and_watches_only_its_node(mode, tmp_path, monkeyp
     node = p.env("otel-collector").get("NODE_NAME")
     if mode == "node":
         assert otelgpu.kubernetes.scope == "node" and otelgpu.kubernetes.node_name == node
-        assert set(jobs) == {"dcgm-exporter", "kubelet-cadvisor"}  # kube-state-metrics describes the whole cluster
+        assert set(jobs) == {"dcgm-exporter", "kubelet-cadvisor", "vllm"}  # kube-state-metrics describes the whole cluster
         for job in jobs.values():
             (sd,) = job["kubernetes_sd_configs"]
             (selector,) = sd["selectors"]
@@ -179,7 +179,7 @@ def test_the_node_mode_scrapes_and_watches_only_its_node(mode, tmp_path, monkeyp
             assert selector == {"role": sd["role"], "field": field}
     else:
         assert otelgpu.kubernetes.scope == "cluster"
-        assert set(jobs) == {"dcgm-exporter", "kube-state-metrics", "kubelet-cadvisor"}
+        assert set(jobs) == {"dcgm-exporter", "kube-state-metrics", "kubelet-cadvisor", "vllm"}
         assert all("selectors" not in sd for job in jobs.values() for sd in job["kubernetes_sd_configs"])
     assert otelgpu.kubernetes.enabled and otelgpu.kubernetes.auth == "in_cluster"
     own = collector_config(p)["receivers"]["prometheus/self"]["config"]["scrape_configs"]
