@@ -298,7 +298,8 @@ class Pipeline:
         """Apply one decoded batch and close every interval it makes due. `replayed`: a log
         record whose effects the checkpoint already holds, for the intervals it closed."""
         samples = dcgm_samples(batch, self.strings)
-        pods = self.usage.pod_samples(batch, tokens=self.tenants is not None) if self._pods() else None
+        pods = (self.usage.pod_samples(batch, use=self.models.needs_pods(), tokens=self.tenants is not None)
+                if self._pods() else None)
         facts = batch.select(is_ksm(batch.metric))
         late, late_facts = self.windows.add(samples, batch, pods, facts)
         if len(late_facts):

@@ -51,8 +51,8 @@ def vllm_scrape(t_ns: int, counters: dict[str, tuple[float, float]]):
 
 
 def run(**config):
-    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0},
-                                     attribution__cost_models=["request", "scad"], **config))
+    config.setdefault("attribution__cost_models", ["request", "scad"])
+    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}, **config))
     feed(p, otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"),
          otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"),
          vllm_scrape(T1, {"acme": (1000, 100), "globex": (500, 50)}),
@@ -85,6 +85,12 @@ def test_tenants_add_up_to_the_pod_under_every_model_and_resource():
         split = p.store.totals("tenant_cost", ("namespace", "pod", "resource"), {"cost_model": model})
         assert split and split == pytest.approx({k: v for k, v in pod.items() if k[:2] == VLLM_POD}, rel=1e-12)
     assert {k[2] for k in split} == {"gpu", "cpu", "memory"}  # scad charges the pod's CPU and memory too
+
+
+def test_the_split_needs_no_pod_use_samples():
+    p = run(attribution__cost_models=["request"])  # no scad: only the token counters are kept per pod
+    assert tenants(p) == pytest.approx({"(no tokens)": PER_GPU_INTERVAL, "acme": 0.8 * PER_GPU_INTERVAL,
+                                        "globex": 0.2 * PER_GPU_INTERVAL}, rel=1e-12)
 
 
 def test_generation_tokens_can_weigh_more():

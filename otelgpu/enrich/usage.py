@@ -61,15 +61,15 @@ class UsageTracker:
         self._last: dict[tuple[int, str, str, str, str], tuple[int, float]] = {}
         self._skip = ("", "POD")  # container "" is the pod's own cgroup, POD the pause container
 
-    def pod_samples(self, batch: PointBatch, tokens: bool = False) -> PodSamples:
-        """Phases and cAdvisor use; with `tokens`, vLLM's token counters too."""
+    def pod_samples(self, batch: PointBatch, use: bool = True, tokens: bool = False) -> PodSamples:
+        """With `use`, phases and cAdvisor use (scad); with `tokens`, vLLM's token counters."""
         s = self.s
         running = (batch.metric == Metric.POD_PHASE) & ~batch.stale
-        if running.any():
+        if use and running.any():
             running &= batch.column(s.find("phase")) == s.code("Running")
         usage = ((batch.metric == Metric.CPU_USAGE) | (batch.metric == Metric.MEMORY_WORKING_SET)) & ~batch.stale
         counted = ((batch.metric == Metric.PROMPT_TOKENS) | (batch.metric == Metric.GENERATION_TOKENS)) & ~batch.stale
-        b = batch.select(running | usage | (counted if tokens else False))
+        b = batch.select(((running | usage) if use else False) | (counted if tokens else False))
         if not len(b):
             return PodSamples.empty()
         ns, pod, container = b.column(s.find("namespace")), b.column(s.find("pod")), b.column(s.find("container"))
