@@ -20,14 +20,16 @@ INTERVAL_S = 300
 def scenario(align_s: int = INTERVAL_S) -> Cluster:
     """$12 an hour per A100. vision: `train` holds two GPUs all hour and `batch` one GPU from 30 to
     40 and again from 50 to 60 minutes (its series ends in between, and starts again); nlp holds
-    one until 25 minutes, research one from 35 minutes. The hour starts on a multiple of `align_s`
+    one until 25 minutes, serving tenants acme (30 prompt and 10 generation tokens a second) and
+globex (7 and 2.5), research one from 35 minutes. The hour starts on a multiple of `align_s`
     (3600: an hour's edge) and ends before now."""
     t0_s = int(time.time()) // align_s * align_s - 3600
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
                 capacity={"nvidia_com_gpu": 4})
     gpu = ("nvidia_com_gpu", 1)
     pods = [Pod("ml", "train", "gpu-1", {"team": "vision"}, gpu=("nvidia_com_gpu", 2), holds=("GPU-0", "GPU-1")),
-            Pod("web", "serve", "gpu-1", {"team": "nlp"}, gpu=gpu, holds=("GPU-2",), end_s=1500),
+            Pod("web", "serve", "gpu-1", {"team": "nlp"}, gpu=gpu, holds=("GPU-2",), end_s=1500,
+                serves={"acme": (30.0, 10.0), "globex": (7.0, 2.5)}),
             Pod("ml", "batch", "gpu-1", {"team": "vision"}, gpu=gpu, holds=("GPU-2",), start_s=1800, end_s=2400),
             Pod("ml", "batch", "gpu-1", {"team": "vision"}, gpu=gpu, holds=("GPU-2",), start_s=3000, end_s=3600),
             Pod("lab", "eval", "gpu-1", {"team": "research"}, gpu=gpu, holds=("GPU-3",), start_s=2100)]

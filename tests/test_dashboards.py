@@ -99,5 +99,10 @@ def test_every_query_runs_on_a_real_run_and_the_cost_panels_read_its_totals(prom
     assert one("Cost per GPU-hour") == pytest.approx(12.0, rel=0.01)
     teams = {json.loads(k).get("team"): v for k, v in got[("executive", "Charged by team")].items()}
     assert teams == pytest.approx({"vision": 28.0, "nlp": 5.0, "research": 5.0}, rel=0.1)
+    # nlp's $5 split between its tenants by tokens: acme 40 of every 49.5 a second.
+    tenants = {json.loads(k)["tenant"]: v for k, v in got[("executive", "Charged by tenant")].items()}
+    assert tenants == pytest.approx({"acme": 5.0 * 40 / 49.5, "globex": 5.0 * 9.5 / 49.5}, rel=0.1)
+    per_mtok = {json.loads(k)["tenant"]: v for k, v in got[("executive", "Cost per million tokens")].items()}
+    assert per_mtok == pytest.approx({"acme": 1e6 * 5.0 / 49.5 / 1500, "globex": 1e6 * 5.0 / 49.5 / 1500}, rel=0.1)
     units = {json.loads(k)["unit_kind"]: v for k, v in got[("debug", "GPU-hours by unit")].items()}
     assert sum(units.values()) == pytest.approx(38 / 12, rel=0.05) and set(units) == {"gpu"}

@@ -119,6 +119,16 @@ def executive() -> Board:
     for tag in ("team", "project", "model", "cost_center"):
         b.add(bargauge.Panel, f"Charged by {tag.replace('_', ' ')}", f"Allocated + unused per {tag}.",
               [(f"sort_desc({total(CHARGED, tag)})", f"{{{{{tag}}}}}")], w=6, h=8, instant=True)
+    tenant_cost = f"gpu_cost_tenant_total{{{SEL}}}"
+    b.add(bargauge.Panel, "Charged by tenant", "Shared inference pods' cost split among the tenants they served, "
+          "by weighted tokens (served model and tenant; '(no tokens)': intervals a pod served nothing).",
+          [(f"sort_desc({total(tenant_cost, 'tenant, served_model')})", "{{tenant}} {{served_model}}")],
+          w=12, h=8, instant=True)
+    b.add(table.Panel, "Cost per million tokens", "Each tenant's cost over the tokens it was served "
+          "(prompt and generation), per served model.",
+          [(f"{total(tenant_cost, 'tenant, served_model')} / "
+            f"{total(f'llm_tokens_total{{{CLUSTER}}}', 'tenant, served_model')} * 1e6", "")],
+          w=12, h=8, instant=True)
     b.add(timeseries.Panel, "Allocated, effective, waste and idle per hour",
           "Allocated = effective + waste + unmeasured; idle: capacity nobody held.",
           [(hourly(f"gpu_cost_allocated_total{{{SEL}}}"), "allocated"),
