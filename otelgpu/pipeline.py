@@ -221,7 +221,7 @@ class Pipeline:
         self.tag_values.restore(state.get("tag_values", {}))
         if "facts" in state:
             self.facts.restore(state["facts"])
-        self.usage.restore(state.get("usage", []))
+        self.usage.restore(state.get("usage", []), state.get("tokens", []))
         self.joiner.devices.restore(state.get("devices", []))
         self.windows.resume_after(self.store.last_time_ns, int((state.get("windows") or {}).get("watermark_ns", 0)))
 
@@ -244,7 +244,7 @@ class Pipeline:
 
     def _checkpoint_state(self) -> dict:
         return {"store": self.store.state(), "tag_values": self.tag_values.state(), "facts": self.facts.state(),
-                "usage": self.usage.state(), "devices": self.joiner.devices.state(),
+                "usage": self.usage.state(), "tokens": self.usage.token_state(), "devices": self.joiner.devices.state(),
                 "windows": {"watermark_ns": self.windows.watermark_ns},
                 "wal": {"replay_from": list(self._replay_from()), "processed": list(self._processed or (0, 0))}}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,8 @@ from support import feed, make_config, offline_pipeline, otlp_fixture
 
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
 from otelgpu.config import TenantsConfig
+from otelgpu.enrich.usage import PROMPT, PodSamples, UsageTracker
+from otelgpu.receiver.interner import Interner
 
 H100 = "NVIDIA H100 80GB HBM3"
 T1 = 1779350430 * 10**9
@@ -27,9 +30,9 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 PER_GPU_INTERVAL = 12.0 * 60 / 3600
 
 
-def vllm_scrape(t_ns: int, counters: dict[str, tuple[float, float]]):
-    """The vLLM fixture's scrape at `t_ns`, its token counters one series per tenant (a gateway's
-    `tenant` label): tenant -> (prompt, generation)."""
+def vllm_scrape(t_ns: int, counters: dict):
+    """The vLLM fixture's scrape at `t_ns`, its token counters one series per tenant (a `tenant`
+    label) and engine: tenant or (tenant, engine) -> (prompt, generation); engine "0" by default."""
     req = otlp_fixture("otlp_vllm_scrape_text004_collector_v0.142.json")
     for m in req.resource_metrics[0].scope_metrics[0].metrics:
         which = m.WhichOneof("data")
@@ -39,9 +42,13 @@ def vllm_scrape(t_ns: int, counters: dict[str, tuple[float, float]]):
             continue
         template = m.sum.data_points[0]
         points = []
-        for tenant, (prompt, generation) in counters.items():
+        for key, (prompt, generation) in counters.items():
+            tenant, engine = key if isinstance(key, tuple) else (key, "0")
             p = type(template)()
             p.CopyFrom(template)
+            for kv in p.attributes:
+                if kv.key == "engine":
+                    kv.value.string_value = engine
             p.attributes.add(key="tenant").value.string_value = tenant
             p.as_double = prompt if m.name == "vllm:prompt_tokens_total" else generation
             points.append(p)
@@ -115,6 +122,48 @@ def test_a_counter_reset_counts_from_zero_and_a_resend_counts_once():
     p.close_due(flush=True)
     # vLLM restarted between the scrapes: 300 tokens since, not -700, and the resends add nothing.
     assert p.store.totals("tenant_tokens", ("tenant", "token_kind"))[("acme", "prompt")] == 300.0
+
+
+def fed(*vllm, gap_s: int = 30, **config):
+    """The fixture cluster's two intervals with these vLLM scrapes, `gap_s` apart after the first."""
+    p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}, **config))
+    feed(p, otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"), otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"))
+    for k, counters in enumerate(vllm):
+        feed(p, vllm_scrape(T1 + k * gap_s * 10**9, counters))
+    feed(p, otlp_fixture("otlp_dcgm_scrape2_stale_collector_v0.142.json"))
+    p.close_due(flush=True)
+    return p
+
+
+@pytest.mark.parametrize("order", [("0", "1"), ("1", "0")])
+def test_the_engines_of_one_pod_are_series_of_their_own(order):
+    """vLLM data-parallel: one series per engine; whatever their order, each is differenced alone."""
+    first = {("acme", e): (1000.0 if e == "0" else 5.0, 0.0) for e in order}
+    second = {("acme", e): (2000.0 if e == "0" else 55.0, 0.0) for e in reversed(order)}
+    p = fed(first, second)
+    assert p.store.totals("tenant_tokens", ("tenant", "token_kind"))[("acme", "prompt")] == 1000.0 + 50.0
+
+
+def test_tokens_served_while_the_scrapes_were_away_for_hours_count_and_restarts_keep_them():
+    """A counter series is forgotten after a day without points, not after the ten minutes a CPU
+    rate may span: tokens served while the scrapes (or otelgpu) were away are counted; the
+    checkpoint's token state comes back, and an older checkpoint's CPU rows still load."""
+    strings = Interner()
+    ns, pod, model, tenant, engine = (strings.code(x) for x in ("team-a", "vllm-0", LLAMA, "acme", "0"))
+
+    def point(t_s: float, value: float) -> PodSamples:
+        one = lambda x, dtype=np.int32: np.array([x], dtype)  # noqa: E731
+        return PodSamples(one(PROMPT, np.int8), one(int(t_s * 1e9), np.int64), one(ns), one(pod), one(model),
+                          one(tenant), one(value, float), one(0.0, float), one(engine))
+
+    tracker = UsageTracker(strings)
+    tracker.use_and_tokens(point(0, 1000.0), 0, 60 * 10**9)
+    tracker.expire(4 * 3600 * 10**9)  # four hours on
+    again = UsageTracker(strings)
+    again.restore([["ml", "train", "main", "/kubepods/x", 5, 1.0]], tracker.token_state())  # through a checkpoint
+    _, tokens = again.use_and_tokens(point(4 * 3600, 500000.0), 4 * 3600 * 10**9 - 60 * 10**9, 4 * 3600 * 10**9)
+    assert tokens == {("team-a", "vllm-0"): {(LLAMA, "acme"): [499000.0, 0.0]}}
+    assert again.state() == [["ml", "train", "main", "/kubepods/x", 5, 1.0]]
 
 
 # --- the split itself, on any input --------------------------------------------------------------------------

@@ -26,11 +26,14 @@ RUNNING, CPU, MEMORY, PROMPT, GENERATION = 0, 1, 2, 3, 4
 COUNTERS = (CPU, PROMPT, GENERATION)
 TOKEN_KINDS = {PROMPT: "prompt", GENERATION: "generation"}
 MAX_RATE_GAP_NS = 600 * 1_000_000_000  # two points further apart than this make no rate
+# A token series is kept this long without a point: what a server served while its scrapes (or
+# otelgpu) were away for less than a day is counted when they come back.
+TOKEN_KEEP_NS = 86400 * 1_000_000_000
 
 
 @dataclass
 class PodSamples(Columns):
-    CODES: ClassVar[tuple[str, ...]] = ("namespace", "pod", "container", "series")
+    CODES: ClassVar[tuple[str, ...]] = ("namespace", "pod", "container", "series", "engine")
     kind: np.ndarray  # int8: RUNNING (value 0/1), CPU (cores over span_s), MEMORY (bytes), PROMPT / GENERATION (tokens)
     time_ns: np.ndarray  # int64
     namespace: np.ndarray  # int32 codes
@@ -39,11 +42,12 @@ class PodSamples(Columns):
     series: np.ndarray  # int32: cAdvisor's `id` (the cgroup) of CPU series, the tenant of token series, else -1
     value: np.ndarray  # float64: 0/1 Running; counters (CPU: a rate in cores, tokens: the increase, once differenced); bytes
     span_s: np.ndarray  # float64: seconds a CPU rate covers; 0 before differencing and otherwise
+    engine: np.ndarray  # int32: vLLM's `engine` of token series (one series per engine of a pod), else -1
 
     @staticmethod
     def empty() -> "PodSamples":
         i = np.zeros(0, np.int32)
-        return PodSamples(np.zeros(0, np.int8), np.zeros(0, np.int64), i, i, i, i, np.zeros(0), np.zeros(0))
+        return PodSamples(np.zeros(0, np.int8), np.zeros(0, np.int64), i, i, i, i, np.zeros(0), np.zeros(0), i)
 
 
 class UsageTracker:
@@ -86,10 +90,11 @@ class UsageTracker:
         keep = (kind == RUNNING) | ((token | ~np.isin(container, skip)) & (ns >= 0) & (pod >= 0))
         series = b.column(s.find("id"))  # cAdvisor: a restarted container is a new cgroup, a new series
         idx = np.flatnonzero(keep)
+        engine = np.where(token, b.column(s.find("engine")), -1)
         return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx],
                           np.where(token[idx], model[idx], container[idx]).astype(np.int32),
                           np.select([kind[idx] == CPU, token[idx]], [series[idx], tenant[idx]], -1).astype(np.int32),
-                          b.value[idx], np.zeros(len(idx)))
+                          b.value[idx], np.zeros(len(idx)), engine[idx].astype(np.int32))
 
     def use(self, p: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], "PodUse"]:
         """Per (namespace code, pod code) of one closing interval: share Running and mean use."""
@@ -99,7 +104,7 @@ class UsageTracker:
                                                                                  "Tokens"]:
         """`use`, and the tokens each pod served in the interval, by model and tenant."""
         if len(p):  # a resent batch repeats points: count each once
-            _, first = group_ids(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series)
+            _, first = group_ids(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, p.engine)
             p = p if len(first) == len(p) else p.take(np.sort(first))
         p = self._rates(p)
         token = (p.kind == PROMPT) | (p.kind == GENERATION)
@@ -111,7 +116,7 @@ class UsageTracker:
         out: Tokens = {}
         if not len(p):
             return out
-        sid, first = group_ids(p.kind, p.namespace, p.pod, p.container, p.series)
+        sid, first = group_ids(p.kind, p.namespace, p.pod, p.container, p.series)  # engines added up
         total = np.bincount(sid, weights=p.value)
         st = self.s.string
         for g, i in enumerate(first.tolist()):
@@ -129,10 +134,9 @@ class UsageTracker:
         cpu = np.flatnonzero(np.isin(p.kind, COUNTERS))
         if not len(cpu):
             return p
-        sid, first = group_ids(p.kind[cpu], p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu])
-        st = self.s.string
-        keys = [(int(p.kind[i]), st(int(p.namespace[i])), st(int(p.pod[i])), st(int(p.container[i])),
-                 st(int(p.series[i]))) for i in cpu[first]]
+        sid, first = group_ids(p.kind[cpu], p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu],
+                               p.engine[cpu])
+        keys = [self._key(p, i) for i in cpu[first].tolist()]
         last = [self._last.get(k, (-1, 0.0)) for k in keys]  # one lookup per series, not per point
         last_t = np.array([t for t, _ in last], dtype=np.int64)
         newer = p.time_ns[cpu] > last_t[sid]  # older points were counted by an earlier interval
@@ -162,8 +166,21 @@ class UsageTracker:
         first_tokens = rows[~ok & ~rate]
         value[first_tokens] = 0.0
         keep[first_tokens] = True
-        out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans)
+        out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans, p.engine)
         return out.take(np.flatnonzero(keep))
+
+    def _key(self, p: PodSamples, i: int) -> tuple:
+        """A counter series' identity, by strings: (namespace, pod, container, cgroup id) for CPU,
+        (kind, namespace, pod, model, tenant, engine) for tokens (-1: "")."""
+        st = self.s.string
+
+        def text(code: int) -> str:
+            return st(code) if code >= 0 else ""
+
+        if p.kind[i] == CPU:
+            return (st(int(p.namespace[i])), st(int(p.pod[i])), st(int(p.container[i])), st(int(p.series[i])))
+        return (int(p.kind[i]), st(int(p.namespace[i])), st(int(p.pod[i])), text(int(p.container[i])),
+                text(int(p.series[i])), text(int(p.engine[i])))
 
     def mark(self) -> Callable[[], None]:
         """What puts the counters' last points back as they are now (`use` moves them on)."""
@@ -175,21 +192,24 @@ class UsageTracker:
         return undo
 
     def expire(self, now_ns: int) -> None:
-        """Forget counter series not seen for a while (their pods are gone)."""
-        cutoff = now_ns - MAX_RATE_GAP_NS
-        for key in [k for k, (t, _) in self._last.items() if t < cutoff]:
+        """Forget counter series not seen for a while (their pods are gone): CPU series after
+        MAX_RATE_GAP_NS (no rate spans more), token series after TOKEN_KEEP_NS."""
+        cpu, tokens = now_ns - MAX_RATE_GAP_NS, now_ns - TOKEN_KEEP_NS
+        for key in [k for k, (t, _) in self._last.items() if t < (cpu if len(k) == 4 else tokens)]:
             del self._last[key]
 
     def state(self) -> list[list]:
-        return [[*key, t, v] for key, (t, v) in self._last.items()]
+        """CPU series' last points (the checkpoint's `usage`, as before token counters)."""
+        return [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 4]
 
-    def restore(self, state: list[list]) -> None:
-        """From `state()`; a checkpoint written before token counters holds CPU series only,
-        without their kind."""
-        self._last = {}
-        for row in state:
-            kind, *key, t, v = row if len(row) == 7 else [CPU, *row]
-            self._last[(int(kind), *map(str, key))] = (int(t), float(v))  # type: ignore[index]
+    def token_state(self) -> list[list]:
+        """Token series' last points (the checkpoint's `tokens`)."""
+        return [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 6]
+
+    def restore(self, state: list[list], tokens: list[list] = ()) -> None:  # type: ignore[assignment]
+        self._last = {(str(a), str(b), str(c), str(d)): (int(t), float(v)) for a, b, c, d, t, v in state}
+        for kind, ns, pod, model, tenant, engine, t, v in tokens:
+            self._last[(int(kind), str(ns), str(pod), str(model), str(tenant), str(engine))] = (int(t), float(v))
 
 
 # (namespace, pod) -> (model, tenant) -> [prompt tokens, generation tokens] of one interval

@@ -19,7 +19,7 @@ DCGM_KEYS = ("UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName", "Hostname", "host
 KSM_KEYS = ("namespace", "pod", "uid", "node", "phase", "resource", "container", "created_by_kind",
             "created_by_name", "replicaset", "job_name", "owner_kind", "owner_name", "owner_is_controller")
 CADVISOR_KEYS = ("namespace", "pod", "container", "id")
-VLLM_KEYS = ("model_name",)  # and the tenant labels configured (`tenants.labels`)
+VLLM_KEYS = ("model_name", "engine")  # and the tenant labels configured (`tenants.labels`)
 # Names of things: a point may lack them, but one that carries them empty names nothing.
 IDENTITY_KEYS = frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS + VLLM_KEYS)
 

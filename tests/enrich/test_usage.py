@@ -15,7 +15,8 @@ def samples(*rows) -> PodSamples:
     """rows: (kind, t_s, pod, container, series, value)."""
     k, t, pod, c, series, v = (np.array(x) for x in zip(*rows))
     return PodSamples(k.astype(np.int8), (t * S).astype(np.int64), np.zeros(len(k), np.int32), pod.astype(np.int32),
-                      c.astype(np.int32), series.astype(np.int32), v.astype(float), np.zeros(len(k)))
+                      c.astype(np.int32), series.astype(np.int32), v.astype(float), np.zeros(len(k)),
+                      np.full(len(k), -1, np.int32))
 
 
 def interner(n: int = 10) -> Interner:
