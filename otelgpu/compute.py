@@ -68,11 +68,16 @@ class IntervalCosts:
             self.metrics.interval_errors.labels("whole").inc()
             costs = self._per_node(interval, use, facts, split)
         if tokens and tenants:
-            counted = token_sums(tokens, tenants)
-            costs.sums["tenant_tokens"] = counted
-            per_mtok = cost_per_million_tokens(costs.sums.get("tenant_cost", {}), counted)
-            if per_mtok:
-                costs.gauges["tenant_cost_per_mtok"] = per_mtok
+            try:
+                counted = self.models.reduce(token_sums(tokens, tenants))
+                per_mtok = cost_per_million_tokens(costs.sums.get("tenant_cost", {}), counted, tenants)
+            except Exception:  # noqa: BLE001 - the tokens' series must never cost the interval its costs
+                log.exception("token series of the interval ending %d failed; its costs are kept", interval.end_ns)
+                self.metrics.interval_errors.labels("tenants").inc()
+            else:
+                costs.sums["tenant_tokens"] = counted
+                if per_mtok:
+                    costs.gauges["tenant_cost_per_mtok"] = per_mtok
         return costs
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001

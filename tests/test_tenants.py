@@ -22,6 +22,7 @@ from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant
 from otelgpu.config import TenantsConfig
 from otelgpu.enrich.usage import PROMPT, PodSamples, UsageTracker
 from otelgpu.receiver.interner import Interner
+from otelgpu.telemetry import total
 
 H100 = "NVIDIA H100 80GB HBM3"
 T1 = 1779350430 * 10**9
@@ -85,12 +86,20 @@ def test_the_worked_example_through_the_pipeline():
     assert per_mtok == pytest.approx({"acme": 40.0, "globex": 40.0})
 
 
-def test_tenants_add_up_to_the_pod_under_every_model_and_resource():
-    p = run()
+@pytest.mark.parametrize("policy", ["keep", "share"])
+def test_tenants_add_up_to_what_the_pod_is_charged_under_every_model_and_resource(policy):
+    """What the pod is charged is allocated + unused (scad's unused cost, the `share` idle policy)."""
+    p = run(attribution__idle__policy=policy)
     for model in ("request", "scad"):
-        pod = p.store.totals("allocated", ("namespace", "pod", "resource"), {"cost_model": model})
+        charged: dict = {}
+        for metric in ("allocated", "unused"):
+            for k, v in p.store.totals(metric, ("namespace", "pod", "resource"), {"cost_model": model}).items():
+                charged[k] = charged.get(k, 0.0) + v
         split = p.store.totals("tenant_cost", ("namespace", "pod", "resource"), {"cost_model": model})
-        assert split and split == pytest.approx({k: v for k, v in pod.items() if k[:2] == VLLM_POD}, rel=1e-12)
+        assert split and split == pytest.approx({k: v for k, v in charged.items() if k[:2] == VLLM_POD}, rel=1e-12)
+        if model == "scad" or policy == "share":  # the pod's unused share is in it
+            pod_allocated = p.store.totals("allocated", ("namespace", "pod"), {"cost_model": model})[VLLM_POD]
+            assert sum(split.values()) > pod_allocated * 1.01
     assert {k[2] for k in split} == {"gpu", "cpu", "memory"}  # scad charges the pod's CPU and memory too
 
 
@@ -98,6 +107,21 @@ def test_the_split_needs_no_pod_use_samples():
     p = run(attribution__cost_models=["request"])  # no scad: only the token counters are kept per pod
     assert tenants(p) == pytest.approx({"(no tokens)": PER_GPU_INTERVAL, "acme": 0.8 * PER_GPU_INTERVAL,
                                         "globex": 0.2 * PER_GPU_INTERVAL}, rel=1e-12)
+
+
+@pytest.mark.parametrize("dropped", [["tenant"], ["served_model"], ["tenant", "served_model"]])
+def test_series_that_drop_tenant_attributes_keep_every_cost(dropped):
+    plain, p = run(), run(series__drop_attributes=dropped)
+    assert p.store.totals("allocated", ("pod",)) == pytest.approx(plain.store.totals("allocated", ("pod",)), rel=1e-12)
+    assert sum(p.store.totals("tenant_cost", ("cost_model",)).values()) == pytest.approx(
+        sum(plain.store.totals("tenant_cost", ("cost_model",)).values()), rel=1e-12)
+    assert not total(p.metrics.interval_errors)
+
+
+def test_series_detail_reaches_the_token_series_too():
+    p = run(series__detail="workload")
+    assert p.store.totals("tenant_tokens", ("tenant",))[("acme",)] == 4000.0
+    assert all("pod" not in dict(pt.attrs) for pt in p.store.points() if pt.metric in ("tenant_tokens", "tenant_cost"))
 
 
 def test_generation_tokens_can_weigh_more():
@@ -188,18 +212,20 @@ def test_the_split_conserves_the_pod_and_never_goes_negative(served, costs, weig
         mine = [v for a, v in split.items() if dict(a)["resource"] == f"r{i}"]
         assert sum(mine) == pytest.approx(c, rel=1e-9, abs=1e-9) and min(mine) >= 0
     assert all(dict(a)["pod"] == "p" for a in split)  # a pod that served nothing is not split
-    assert len({dict(a)["tenant"] for a in split}) <= cap + 1  # the cap, and `(no tokens)`
+    assert len({(dict(a).get("served_model"), dict(a)["tenant"]) for a in split}) <= cap + 1  # the cap, `(no tokens)`
     counted = token_sums(tokens, cfg)
     assert sum(counted.values()) == pytest.approx(sum(sum(v) for v in served.values()), rel=1e-9)
-    for attrs, per in cost_per_million_tokens(split, counted).items():
+    for attrs, per in cost_per_million_tokens(split, counted, cfg).items():
         assert per >= 0 and dict(attrs)["tenant"] != cfg.without_tokens
 
 
-def test_many_minted_tenants_fold_into_other():
+def test_many_minted_tenants_and_models_fold_into_other():
     cfg = TenantsConfig(max_tenants_per_pod=3)
     rng = random.Random(7)
-    served = {("m", f"t{i}"): [float(rng.randint(1, 100)), 0.0] for i in range(50)}
-    served[("m", "big")] = [1e6, 0.0]
+    served = {(f"m{i % 7}", f"t{i}"): [float(rng.randint(1, 100)), 0.0] for i in range(50)}
+    served[("m0", "big")] = [1e6, 0.0]
     split = split_by_tenant({(("namespace", "ns"), ("pod", "p")): 1.0}, {("ns", "p"): served}, cfg)
-    assert {dict(a)["tenant"] for a in split} == {"big", sorted(served, key=lambda k: -served[k][0])[1][1], "other"}
+    second = sorted(served, key=lambda k: -served[k][0])[1]
+    assert {(dict(a)["served_model"], dict(a)["tenant"]) for a in split} == {("m0", "big"), second, ("other", "other")}
     assert sum(split.values()) == pytest.approx(1.0)
+    assert len(token_sums({("ns", "p"): served}, cfg)) == 3 * 2  # three pairs, prompt and generation

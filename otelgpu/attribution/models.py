@@ -20,6 +20,8 @@ computation series by series, in dicts: tests hold the two to the same results.
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -32,6 +34,7 @@ from otelgpu.enrich.timeline import group_ids
 from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.telemetry import SelfMetrics
 
+log = logging.getLogger(__name__)
 Series = dict[str, Mapping[Attrs, float]]
 SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "provisioned",
         "unattributed")
@@ -165,11 +168,26 @@ class CostModels:
         self._unattributed(j, base, out)
         sums = out.series(self._merged)
         if split is not None and "allocated" in sums:
-            full = out.series(Packed.columns)["allocated"] if self.dropped else sums["allocated"]
-            tenants = split(full)
+            full = out.series(Packed.columns) if self.dropped else sums
+            charged: dict[Attrs, float] = defaultdict(float)  # what the pods are charged: allocated + unused
+            for metric in ("allocated", "unused"):
+                for attrs, value in full.get(metric, {}).items():
+                    charged[attrs] += value
+            try:
+                tenants = split(charged)
+            except Exception:  # noqa: BLE001 - the tenants' split must never cost the interval its costs
+                log.exception("tenant split failed; the interval's other series are kept")
+                if self.metrics is not None:
+                    self.metrics.interval_errors.labels("tenants").inc()
+                tenants = {}
             if tenants:
-                sums["tenant_cost"] = self._merged(list(tenants), np.fromiter(tenants.values(), np.float64, len(tenants)))
+                sums["tenant_cost"] = self.reduce(tenants)
         return sums, self._gauges(j, base)
+
+    def reduce(self, series: Mapping[Attrs, float]) -> Mapping[Attrs, float]:
+        """Series without the attributes `series.detail` and `series.drop_attributes` drop, those
+        that merge added up: what every sum the models make goes through."""
+        return self._merged(list(series), np.fromiter(series.values(), np.float64, len(series)))
 
     def _project(self, attrs: Attrs) -> Attrs:
         return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs

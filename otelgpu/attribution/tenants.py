@@ -25,6 +25,7 @@ from otelgpu.exporter.store import Attrs
 # the pod's, whatever units it held.
 UNIT_ATTRIBUTES = frozenset(("activity_basis", "attribution", "unit_kind"))
 TOKEN_KINDS = ("prompt", "generation")
+OTHER = "other"  # the served model and tenant of the pairs beyond a pod's cap
 
 
 def split_by_tenant(allocated: Mapping[Attrs, float], tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
@@ -61,39 +62,43 @@ def token_sums(tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
     return dict(out)
 
 
-def cost_per_million_tokens(cost: Mapping[Attrs, float], counted: Mapping[Attrs, float]) -> dict[Attrs, float]:
+def cost_per_million_tokens(cost: Mapping[Attrs, float], counted: Mapping[Attrs, float],
+                            cfg: TenantsConfig) -> dict[Attrs, float]:
     """`tenant_cost_per_mtok` of one interval, over the cluster: per cost model, served model and
-    tenant, its cost over its tokens (prompt and generation), times a million."""
-    spent: dict[Attrs, float] = defaultdict(float)
+    tenant, its cost over its tokens (prompt and generation), times a million. The series may have
+    lost `served_model` or `tenant` (`series.drop_attributes`): the figure is then over what is left."""
+    spent: dict[tuple[str, str, str], float] = defaultdict(float)
     for attrs, value in cost.items():
         d = dict(attrs)
-        if "served_model" in d:
-            spent[_attrs(cost_model=d.get("cost_model", ""), served_model=d["served_model"], tenant=d["tenant"])] += value
+        if d.get("tenant") != cfg.without_tokens:  # a pod's cost while it served nothing has no tokens
+            spent[(d.get("cost_model", ""), d.get("served_model", ""), d.get("tenant", ""))] += value
     served: dict[tuple[str, str], float] = defaultdict(float)
     for attrs, n in counted.items():
         d = dict(attrs)
-        served[(d["served_model"], d["tenant"])] += n
+        served[(d.get("served_model", ""), d.get("tenant", ""))] += n
     out = {}
-    for attrs, value in spent.items():
-        d = dict(attrs)
-        n = served.get((d["served_model"], d["tenant"]), 0.0)
+    for (cost_model, model, tenant), value in spent.items():
+        n = served.get((model, tenant), 0.0)
         if n > 0:
-            out[attrs] = value / n * 1e6
+            named = (("cost_model", cost_model), ("served_model", model), ("tenant", tenant))
+            out[tuple((k, v) for k, v in named if v)] = value / n * 1e6
     return out
 
 
 def _capped(served: dict[tuple[str, str], list[float]], cfg: TenantsConfig) -> dict[tuple[str, str], list[float]]:
-    """The pod's `max_tenants_per_pod` heaviest tenants, the rest added up as `other` per model: a
-    gateway that mints tenant values cannot mint series."""
-    if len({tenant for _, tenant in served}) <= cfg.max_tenants_per_pod:
+    """The pod's `max_tenants_per_pod` heaviest (served model, tenant) pairs, the rest added up as
+    (`other`, `other`): a gateway that mints tenant or model values cannot mint series."""
+    if len(served) <= cfg.max_tenants_per_pod:
         return served
-    weight = defaultdict(float)
-    for (_, tenant), (p, g) in served.items():
-        weight[tenant] += cfg.prompt_weight * p + cfg.generation_weight * g
-    kept = set(sorted(weight, key=lambda t: (-weight[t], t))[:cfg.max_tenants_per_pod - 1])
+
+    def weight(pair: tuple[str, str]) -> float:
+        p, g = served[pair]
+        return cfg.prompt_weight * p + cfg.generation_weight * g
+
+    kept = set(sorted(served, key=lambda pair: (-weight(pair), pair))[:cfg.max_tenants_per_pod - 1])
     out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for (model, tenant), (p, g) in served.items():
-        mine = out[(model, tenant if tenant in kept else "other")]
+    for pair, (p, g) in served.items():
+        mine = out[pair if pair in kept else (OTHER, OTHER)]
         mine[0] += p
         mine[1] += g
     return dict(out)
