@@ -359,6 +359,11 @@ class TenantsConfig:
     without_tokens: str = Field("(no tokens)", min_length=1)
     max_tenants_per_pod: int = Field(100, ge=1, le=10_000)
 
+    @property
+    def reserved(self) -> frozenset[str]:
+        """Tenant values no series may claim: otelgpu's own buckets."""
+        return frozenset((self.without_tokens, "other"))
+
     @model_validator(mode="after")
     def _some_weight(self) -> "TenantsConfig":
         if self.prompt_weight == 0 and self.generation_weight == 0:
@@ -641,8 +646,8 @@ class SourcesConfig:
     kube_state_metrics: tuple[Matcher, ...] = ({"service.name": "kube-state-metrics"},)
     cadvisor: tuple[Matcher, ...] = ({"service.name": ("kubelet", "kubelet-cadvisor", "cadvisor")},)
     # vLLM's token counters split only the cost of the pod that exposes them (the scrape target's
-    # own pod, from service discovery), so any target may send them by default.
-    vllm: tuple[Matcher, ...] = ({},)
+    # own pod, from service discovery), from the shipped Collector configs' job.
+    vllm: tuple[Matcher, ...] = ({"service.name": "vllm"},)
 
 
 @dataclass(config=_STRICT)

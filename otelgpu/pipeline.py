@@ -117,7 +117,8 @@ class Pipeline:
         self.pricer = Pricer(a.prices)
         self.pricer_version = 0  # price files applied since start
         self.tenants = config.tenants if config.tenants.enabled else None
-        self.usage = UsageTracker(self.strings, self.tenants.labels if self.tenants else ())
+        self.usage = UsageTracker(self.strings, self.tenants.labels if self.tenants else (),
+                                  self.tenants.reserved if self.tenants else frozenset())
         self.tag_values = TagValues(config.tag_values, self.metrics, release_after=FACT_TTL_INTERVALS)
         tags = TagResolver(config.tags, self.tag_values)
         self.kube: Optional[KubeSource] = None

@@ -159,6 +159,12 @@ def fed(*vllm, gap_s: int = 30, **config):
     return p
 
 
+def test_a_series_cannot_claim_the_buckets_of_otelgpu():
+    p = fed({"(no tokens)": (0.0, 0.0), "other": (0.0, 0.0)}, {"(no tokens)": (100.0, 0.0), "other": (50.0, 0.0)})
+    assert p.store.totals("tenant_tokens", ("tenant", "token_kind"))[("team-a", "prompt")] == 150.0
+    assert {k[0] for k in p.store.totals("tenant_tokens", ("tenant",))} == {"team-a"}
+
+
 @pytest.mark.parametrize("order", [("0", "1"), ("1", "0")])
 def test_the_engines_of_one_pod_are_series_of_their_own(order):
     """vLLM data-parallel: one series per engine; whatever their order, each is differenced alone."""

@@ -153,9 +153,10 @@ class CostModels:
 
     def attribute(self, j: Joined, dt: float,
                   split: Optional[Callable[[Mapping[Attrs, float]], dict[Attrs, float]]] = None) -> tuple[Series, Series]:
-        """Sums and gauges of one interval. `split`, given the allocated series with every
-        attribute (a pod's included, whatever `series.detail` drops), gives the `tenant_cost`
-        series (attribution/tenants.py); they are then reduced as the others."""
+        """Sums and gauges of one interval. `split`, given what the holders are charged (the
+        allocated and unused series, with every attribute: a pod's included, whatever
+        `series.detail` drops), gives the `tenant_cost` series (attribution/tenants.py); they are
+        then reduced as the others."""
         self._with.tick()
         out = _Sums(j.sets, self._with)
         base = attribute_request(j.rows, dt)

@@ -2,14 +2,14 @@
 
 One vLLM deployment serves one model to many tenants: the pod holds the GPU, the tenants should
 pay. Per interval, each (model, tenant) of a pod weighs `prompt_weight * prompt tokens +
-generation_weight * generation tokens` (vLLM's counters, differenced at the close); the pod's
-allocated cost under each cost model is split in those proportions. The pod's total is unchanged:
-its tenants add up to it, in every interval its counters were scraped in. An interval whose
+generation_weight * generation tokens` (vLLM's counters, differenced at the close); what the pod
+is charged under each cost model (allocated + unused) is split in those proportions. The pod's
+total is unchanged: its tenants add up to it, in every interval its counters were scraped in. An interval whose
 counters show nothing served (an idle server, or their first scrape) books its cost to the
-`without_tokens` tenant, so nothing is lost. docs/cost-model.md section 8 has worked examples.
+`without_tokens` tenant, so nothing is lost. docs/cost-model.md section 10 has a worked example.
 
-The reference: this module is plain Python over the interval's allocated series; the pods that
-serve tokens are few (one per model replica), so no kernel is needed.
+This module is plain Python over the interval's charged series: the pods that serve tokens are
+few (one per model replica), so no kernel is needed.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ TOKEN_KINDS = ("prompt", "generation")
 OTHER = "other"  # the served model and tenant of the pairs beyond a pod's cap
 
 
-def split_by_tenant(allocated: Mapping[Attrs, float], tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
-    """`tenant_cost` of one interval: each serving pod's allocated cost, per cost model and
-    resource, split among the (served model, tenant) pairs it served by their weighted tokens."""
+def split_by_tenant(charged: Mapping[Attrs, float], tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
+    """`tenant_cost` of one interval: what each serving pod is charged (`charged`: its allocated
+    and unused series), per cost model and resource, split among the (served model, tenant) pairs
+    it served by their weighted tokens."""
     pods: dict[tuple[str, str], dict[Attrs, float]] = defaultdict(lambda: defaultdict(float))
-    for attrs, value in allocated.items():
+    for attrs, value in charged.items():
         d = dict(attrs)
         key = (d.get("namespace", ""), d.get("pod", ""))
         if key in tokens:

@@ -56,9 +56,11 @@ class UsageTracker:
     (sorted by time, against the series' last point of the previous interval), so neither the
     order nor the batching of input changes a rate."""
 
-    def __init__(self, strings: Interner, tenant_labels: tuple[str, ...] = ()) -> None:
+    def __init__(self, strings: Interner, tenant_labels: tuple[str, ...] = (), reserved: frozenset[str] = frozenset()
+                 ) -> None:
         self.s = strings
         self.tenant_labels = tenant_labels  # the labels naming a token series' tenant, first present wins
+        self.reserved = reserved  # tenant values a label may not claim (they name otelgpu's own buckets)
         # series (kind, namespace, pod, container, cgroup id or tenant) -> (time_ns, counter), by
         # strings: codes are not kept across intervals (the interner is compacted) nor across
         # restarts (checkpoint)
@@ -112,7 +114,7 @@ class UsageTracker:
 
     def _tokens(self, p: PodSamples) -> "Tokens":
         """(namespace, pod) -> (model, tenant) -> [prompt, generation] tokens; a series naming no
-        tenant is its pod's namespace's."""
+        tenant, or one of the reserved values, is its pod's namespace's."""
         out: Tokens = {}
         if not len(p):
             return out
@@ -122,6 +124,7 @@ class UsageTracker:
         for g, i in enumerate(first.tolist()):
             ns, pod = st(int(p.namespace[i])), st(int(p.pod[i]))
             tenant = st(int(p.series[i])) if p.series[i] >= 0 else ns
+            tenant = ns if tenant in self.reserved else tenant
             per = out.setdefault((ns, pod), {}).setdefault((st(int(p.container[i])), tenant), [0.0, 0.0])
             per[0 if p.kind[i] == PROMPT else 1] += float(total[g])
         return out

@@ -78,8 +78,8 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
         "capacity": MetricSpec("gpu.cost.capacity", u, "sum",
                                "Cost of the capacity the model splits: allocated + unused + idle", "gpu_cost_capacity_total"),
         "tenant_cost": MetricSpec("gpu.cost.tenant", u, "sum",
-                                  "A serving pod's allocated cost split among the tenants it served, by their "
-                                  "weighted tokens (tenant, served_model); the tenants add up to the pod",
+                                  "What a serving pod is charged (allocated + unused) split among the tenants it "
+                                  "served, by their weighted tokens (tenant, served_model); they add up to the pod",
                                   "gpu_cost_tenant_total"),
         "tenant_tokens": MetricSpec("llm.tokens", "{token}", "sum",
                                     "Tokens a serving pod served, by tenant, served_model and token_kind "
