@@ -55,6 +55,7 @@ from otelgpu.receiver.limits import Limits
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, SourceTrust, untrusted_reason
 from otelgpu.receiver.schema import (
     KNOWN_METRICS,
+    METRIC_NAME,
     OWN_POD_METRICS,
     REQUIRED_LABELS,
     VALUE_RANGE,
@@ -63,7 +64,7 @@ from otelgpu.receiver.schema import (
 )
 
 _CODES = max(int(m) for m in Metric) + 1
-NAMES = {int(code): name for name, code in KNOWN_METRICS.items()}
+NAMES = METRIC_NAME
 _QUANTITY = np.zeros(_CODES, bool)
 _QUANTITY[[Metric.POD_REQUESTS, Metric.NODE_CAPACITY]] = True
 _OWN_POD = np.zeros(_CODES, bool)

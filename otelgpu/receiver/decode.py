@@ -21,7 +21,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
-from otelgpu.receiver.schema import KNOWN_METRICS, LABEL_CHECKS, OWN_POD_METRICS, REQUIRED_KEYS, REQUIRED_LABELS
+from otelgpu.receiver.schema import (KNOWN_METRICS, LABEL_CHECKS, METRIC_NAME, OWN_POD_METRICS, REQUIRED_KEYS,
+                                    REQUIRED_LABELS)
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, untrusted_reason
 
 NO_RECORDED_VALUE = 1
@@ -217,9 +218,10 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                     if m.name == LIVENESS_METRIC and allowed & CLOCK:  # only the cost sources' clocks count
                         newest = max([newest] + [p.time_unix_nano for p in points if floor <= p.time_unix_nano <= horizon])
                     continue
+                name = METRIC_NAME[mcode]  # in reasons: one name per metric, whichever it arrived under
                 if which not in ("gauge", "sum"):
                     n = len(getattr(m, which).data_points) if which else 0
-                    rejected[f"{m.name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
+                    rejected[f"{name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
                     continue
                 kind = int(KIND_OF_METRIC[mcode])
                 if not allowed & kind:
@@ -229,10 +231,10 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                     continue
                 if mcode in OWN_POD_METRICS and mine is None:
                     if points:
-                        rejected[own_pod_problem(m.name)] += len(points)
+                        rejected[own_pod_problem(name)] += len(points)
                     continue
                 for p in points:
-                    reason, labels = _check(m.name, mcode, p, lim, floor, horizon)
+                    reason, labels = _check(name, mcode, p, lim, floor, horizon)
                     if reason:
                         rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
                         continue

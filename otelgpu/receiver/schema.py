@@ -66,12 +66,20 @@ CADVISOR_METRICS = {
 VLLM_METRICS = {
     "vllm:prompt_tokens_total": Metric.PROMPT_TOKENS,
     "vllm:generation_tokens_total": Metric.GENERATION_TOKENS,
+    # The same, scraped as OpenMetrics with underscore escaping (prometheus_client writes the colon
+    # of a sample's name as `_` there)
+    "vllm_prompt_tokens_total": Metric.PROMPT_TOKENS,
+    "vllm_generation_tokens_total": Metric.GENERATION_TOKENS,
 }
 # Metrics whose points belong to the pod that exposes them: the decoders give each point the
 # `namespace` and `pod` labels of its resource, in place of any it carries.
 OWN_POD_METRICS = frozenset(VLLM_METRICS.values())
 
 KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS, **CADVISOR_METRICS, **VLLM_METRICS}
+# Each code's name in rejection reasons: its first name (vLLM's, not the escaped one)
+METRIC_NAME: dict[int, str] = {}
+for _name, _code in KNOWN_METRICS.items():
+    METRIC_NAME.setdefault(int(_code), _name)
 
 
 def is_ksm(metric):  # noqa: ANN001, ANN201 - numpy array or int

@@ -29,7 +29,7 @@ from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
-from otelgpu.receiver.schema import KNOWN_METRICS, MAX_BYTES, MAX_CORES, MAX_GPU_UNITS
+from otelgpu.receiver.schema import KNOWN_METRICS, MAX_BYTES, MAX_CORES, MAX_GPU_UNITS, METRIC_NAME
 from support import fixtures_dir, otlp_fixture, prom_fixture_request
 
 T = 1_700_000_000 * NS
@@ -453,12 +453,17 @@ def test_token_counters_belong_to_the_pod_that_exposes_them_in_both():
     now = max(p.time_unix_nano for m in rm.scope_metrics[0].metrics for p in (m.gauge.data_points or m.sum.data_points))
     both = Both(Limits())
     rows, rejected, _, _ = both.same(req.SerializeToString(), now)
-    tokens = {name: dict(labels) for metric, _, _, _, _, _, labels in rows
-              for name, code in KNOWN_METRICS.items() if code == metric}
+    tokens = {METRIC_NAME[metric]: dict(labels) for metric, _, _, _, _, _, labels in rows}
     assert set(tokens) == {"vllm:prompt_tokens_total", "vllm:generation_tokens_total"} and not rejected
     for labels in tokens.values():
         assert labels["namespace"] == "team-a" and labels["pod"] == "vllm-llama3-8b-5c9d7b8f6d-k2x7q"
         assert labels["model_name"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+    # Scraped as OpenMetrics with underscore escaping, the names lose their colon: the same series.
+    for m in rm.scope_metrics[0].metrics:
+        m.name = m.name.replace("vllm:", "vllm_") if m.name.endswith("tokens_total") else m.name
+    escaped, rejected, _, _ = Both(Limits()).same(req.SerializeToString(), now)
+    assert escaped == rows and not rejected
 
     attrs = [kv for kv in rm.resource.attributes if kv.key != "k8s.namespace.name"]
     del rm.resource.attributes[:]
