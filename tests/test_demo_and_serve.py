@@ -49,6 +49,16 @@ def test_demo_reproduces_the_recipe_and_adds_up():
     cluster_all = next(pt.value for pt in p.store.points() if pt.metric == "tag_coverage"
                        and dict(pt.attrs) == {"tag": "all"})
     assert 0 < cluster_all < 1 and f"all five tags {cluster_all:.0%}" in text
+    # The 70B server's charge, split among its tenants by tokens (2,100, 1,050 and 200 a second,
+    # weights 1 and 1), under every model, and printed.
+    for model in p.config.attribution.cost_models:
+        where = {"cost_model": model, "pod": "vllm-llama3-70b-0"}
+        charged = sum(sum(p.store.totals(m, (), where).values()) for m in ("allocated", "unused"))
+        split = {k[0]: v for k, v in p.store.totals("tenant_cost", ("tenant",), where).items()}
+        assert split == pytest.approx({t: charged * w / 3350 for t, w in
+                                       (("docs-search", 2100), ("chat-assist", 1050), ("internal-eval", 200))},
+                                      rel=1e-9), model
+    assert "serving pods' charge by tenant" in text and "docs-search" in text
 
 
 def test_each_interval_logs_one_line_and_the_progress_line_keeps_models_apart(caplog):

@@ -48,8 +48,10 @@ def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: 
             t = start_ns + (30 + SCRAPE_S * k) * NS
             hour = ((t - start_ns) / NS % 3600) / 3600
             ksm = [scrapes.ksm(nodes, ns_labels, t)] if kube_state_metrics else []
+            elapsed = (t - start_ns) / NS
             send(stub, request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
-                                *(scrapes.cadvisor(n, t, (t - start_ns) / NS) for n in nodes)))
+                                *(scrapes.cadvisor(n, t, elapsed) for n in nodes),
+                                *(rm for n in nodes for rm in scrapes.vllm(n, t, elapsed))))
 
 
 def report(pipeline: Pipeline, out: TextIO) -> None:
@@ -72,6 +74,29 @@ def report(pipeline: Pipeline, out: TextIO) -> None:
         out.write(f"tag coverage (last interval): all five tags {coverage.get('all', 0):.0%}; " +
                   ", ".join(f"{k} {v:.0%}" for k, v in coverage.items() if k != "all") + "\n")
     compare_models(pipeline, out)
+    tenants(pipeline, out)
+
+
+def tenants(pipeline: Pipeline, out: TextIO) -> None:
+    """The serving pods' charge split among their tenants by tokens (request model)."""
+    store, cur = pipeline.store, pipeline.config.attribution.currency
+    request = {"cost_model": "request"}
+    cost = store.totals("tenant_cost", ("namespace", "pod", "tenant", "served_model"), request)
+    if not cost:
+        return
+    tokens = store.totals("tenant_tokens", ("namespace", "pod", "tenant", "served_model"))
+    out.write(f"\nserving pods' charge by tenant, request model ({cur}; weights prompt "
+              f"{pipeline.config.tenants.prompt_weight:g}, generation {pipeline.config.tenants.generation_weight:g})\n")
+    out.write(f"{'pod / tenant':<32}{'model':<36}{'cost':>10}{'Mtokens':>10}{'per Mtok':>10}\n")
+    for pod in sorted({k[:2] for k in cost}):
+        mine = {k[2:]: v for k, v in cost.items() if k[:2] == pod}
+        charged = sum(v for m in ("allocated", "unused") for k, v in
+                      store.totals(m, ("namespace", "pod"), request).items() if k == pod)
+        out.write(f"{'/'.join(pod):<32}{'':<36}{sum(mine.values()):>10.6f}   = its charge {charged:.6f}\n")
+        for (tenant, model), v in sorted(mine.items(), key=lambda kv: -kv[1]):
+            n = tokens.get((*pod, tenant, model), 0.0) / 1e6
+            per = f"{v / n:>10.4f}" if n else f"{'':>10}"
+            out.write(f"  {tenant:<30}{model:<36}{v:>10.6f}{n:>10.3f}{per}\n")
 
 
 def compare_models(pipeline: Pipeline, out: TextIO) -> None:

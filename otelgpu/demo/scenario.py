@@ -32,6 +32,10 @@ class Pod:
     memory_gib: float = 32.0  # requested
     cpu_used: float = 3.0  # mean cores in use (cAdvisor)
     memory_used_gib: float = 24.0
+    # A vLLM server: tenant -> (prompt, generation) tokens a second, the counters a proxy in the
+    # pod labels by tenant; served_model is vLLM's model_name
+    serves: dict[str, tuple[float, float]] = field(default_factory=dict)
+    served_model: str = ""
 
     def __post_init__(self) -> None:
         self.uid = self.uid or str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{self.namespace}/{self.name}"))
@@ -122,6 +126,8 @@ def build() -> tuple[list[Node], dict[str, dict[str, str]]]:
     train.cpu, train.memory_gib, train.cpu_used, train.memory_used_gib = 48.0, 512.0, 60.0, 700.0  # bursts over
     serve = pod("search", "vllm-llama3-70b-0", "nvidia_com_gpu", 1, _wave(0.6, 0.35, 0.2),
                 project="web-search", model="llama3-70b")
+    serve.serves = {"docs-search": (1800.0, 300.0), "chat-assist": (600.0, 450.0), "internal-eval": (150.0, 50.0)}
+    serve.served_model = "meta-llama/Llama-3.1-70B-Instruct"
     layout = [(0, "3g.40gb", "2", llama8), (0, "2g.20gb", "3", nb), (0, "1g.10gb", "9", ollama), (0, "1g.10gb", "10", None),
               (1, "4g.40gb", "1", embed), (1, "3g.40gb", "2", None)]
     p5.devices = [Device(g, _uuid(p5.name, g), h100, prof, gi, holder) for g, prof, gi, holder in layout]

@@ -94,3 +94,23 @@ def cadvisor(node: Node, time_ns: int, elapsed_s: float) -> ResourceMetrics:
 def _cgroup(p: Pod) -> dict[str, str]:
     return {"namespace": p.namespace, "pod": p.name, "container": p.container,
             "id": f"/kubepods/burstable/pod{p.uid}/{p.container}", "image": f"registry.example/{p.container}:1"}
+
+
+def vllm(node: Node, time_ns: int, elapsed_s: float) -> list[ResourceMetrics]:
+    """Each serving pod's own scrape (its namespace and pod are the resource's, from service
+    discovery): vLLM's token counters, one series per tenant, counted from the replay's start."""
+    out = []
+    for p in node_pods(node):
+        if not p.serves:
+            continue
+        rm = scrape("vllm", f"{node.ip}:8000", node.name, time_ns, {})
+        rm.resource.attributes.extend(kvs({"k8s.namespace.name": p.namespace, "k8s.pod.name": p.name}))
+        for k, name in enumerate(("vllm:prompt_tokens_total", "vllm:generation_tokens_total")):
+            counter = rm.scope_metrics[0].metrics.add(name=name)
+            counter.sum.is_monotonic = True
+            counter.sum.aggregation_temporality = 2  # cumulative
+            for tenant, rates in sorted(p.serves.items()):
+                point = counter.sum.data_points.add(time_unix_nano=time_ns, as_double=rates[k] * elapsed_s)
+                point.attributes.extend(kvs({"engine": "0", "model_name": p.served_model, "tenant": tenant}))
+        out.append(rm)
+    return out
