@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from otelgpu.attribution.models import CostModels, Packed, Series
+from otelgpu.attribution.models import CostModels, Packed, Series, Split
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
 from otelgpu.config import TenantsConfig
 from otelgpu.enrich.facts import FactsView
@@ -60,7 +60,7 @@ class IntervalCosts:
         samples = self.joiner.devices.fill(interval.samples, interval.start_ns, interval.end_ns, set(facts.nodes))
         interval = replace(interval, samples=samples)
         tenants = self.tenants
-        split = (lambda allocated: split_by_tenant(allocated, tokens, tenants)) if tokens and tenants else None
+        split: Optional[Split] = (lambda charged: split_by_tenant(charged, tokens, tenants)) if tokens and tenants else None
         try:
             costs = self._one(interval, interval.samples, use, facts, None, split)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
@@ -81,12 +81,13 @@ class IntervalCosts:
         return costs
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
-             only_node: Optional[str], split=None) -> Costs:  # noqa: ANN001
+             only_node: Optional[str], split: Optional[Split] = None) -> Costs:
         joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
         sums, gauges = self.models.attribute(joined, interval.seconds, split)
         return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data)
 
-    def _per_node(self, interval: Interval, use, facts: FactsView, split=None) -> Costs:  # noqa: ANN001
+    def _per_node(self, interval: Interval, use, facts: FactsView,  # noqa: ANN001
+                  split: Optional[Split] = None) -> Costs:
         s = interval.samples
         names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})

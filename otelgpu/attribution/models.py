@@ -36,9 +36,11 @@ from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
 Series = dict[str, Mapping[Attrs, float]]
+Split = Callable[[Mapping[Attrs, float]], dict[Attrs, float]]  # charged series -> tenant_cost (tenants.py)
 SUMS = ("allocated", "effective", "waste", "unmeasured", "unused", "idle", "capacity", "held", "provisioned",
         "unattributed")
 RESOURCES = ("gpu", "cpu", "memory")
+CHARGED = ("allocated", "unused")  # what a holder is charged
 REASONS = ("no_pod", "pod_unknown", "tag_missing")  # why allocated cost is unattributed
 
 
@@ -117,9 +119,12 @@ class _Sums:
         if len(sets):
             self._parts[metric].append((sets, extras, values))
 
-    def series(self, merge: Callable[[list[Attrs], np.ndarray], Mapping[Attrs, float]]) -> Series:
+    def series(self, merge: Callable[[list[Attrs], np.ndarray], Mapping[Attrs, float]],
+               metrics: Optional[tuple[str, ...]] = None) -> Series:
+        """Every metric's series (or only `metrics`'), each merged by `merge`."""
         width = len(self.extras)
-        named = {m: [np.concatenate(c) for c in zip(*parts)] for m, parts in self._parts.items() if parts}
+        named = {m: [np.concatenate(c) for c in zip(*parts)] for m, parts in self._parts.items()
+                 if parts and (metrics is None or m in metrics)}
         keys = {m: sets * width + extras for m, (sets, extras, _) in named.items()}
         # Each distinct series' attribute set is built once, whatever the metrics that name it.
         every = np.unique(np.concatenate(list(keys.values()))) if keys else np.zeros(0, np.int64)
@@ -151,8 +156,7 @@ class CostModels:
     def needs_pods(self) -> bool:
         return "scad" in self.config.cost_models
 
-    def attribute(self, j: Joined, dt: float,
-                  split: Optional[Callable[[Mapping[Attrs, float]], dict[Attrs, float]]] = None) -> tuple[Series, Series]:
+    def attribute(self, j: Joined, dt: float, split: Optional[Split] = None) -> tuple[Series, Series]:
         """Sums and gauges of one interval. `split`, given what the holders are charged (the
         allocated and unused series, with every attribute: a pod's included, whatever
         `series.detail` drops), gives the `tenant_cost` series (attribution/tenants.py); they are
@@ -169,9 +173,9 @@ class CostModels:
         self._unattributed(j, base, out)
         sums = out.series(self._merged)
         if split is not None and "allocated" in sums:
-            full = out.series(Packed.columns) if self.dropped else sums
+            full = out.series(Packed.columns, CHARGED) if self.dropped else sums
             charged: dict[Attrs, float] = defaultdict(float)  # what the pods are charged: allocated + unused
-            for metric in ("allocated", "unused"):
+            for metric in CHARGED:
                 for attrs, value in full.get(metric, {}).items():
                     charged[attrs] += value
             try:

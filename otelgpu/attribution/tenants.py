@@ -19,7 +19,7 @@ from typing import Mapping
 
 from otelgpu.config import TenantsConfig
 from otelgpu.enrich.usage import Tokens
-from otelgpu.exporter.store import Attrs
+from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 
 # Attributes of a pod's allocated series that describe how a unit was held: the tenant series are
 # the pod's, whatever units it held.
@@ -45,10 +45,10 @@ def split_by_tenant(charged: Mapping[Attrs, float], tokens: Tokens, cfg: Tenants
         total = sum(weights.values())
         for base, value in bases.items():
             if total <= 0:  # served nothing: the cost stays the pod's, under its own tenant value
-                cost[_with(base, tenant=cfg.without_tokens)] += value
+                cost[with_attrs(base, {"tenant": cfg.without_tokens})] += value
                 continue
             for (model, tenant), w in weights.items():
-                cost[_with(base, served_model=model, tenant=tenant)] += value * w / total
+                cost[with_attrs(base, {"served_model": model, "tenant": tenant})] += value * w / total
     return dict(cost)
 
 
@@ -59,7 +59,8 @@ def token_sums(tokens: Tokens, cfg: TenantsConfig) -> dict[Attrs, float]:
     for (namespace, pod), served in tokens.items():
         for (model, tenant), counts in _capped(served, cfg).items():
             for kind, n in zip(TOKEN_KINDS, counts):
-                out[_attrs(namespace=namespace, pod=pod, served_model=model, tenant=tenant, token_kind=kind)] += n
+                out[attrs_of({"namespace": namespace, "pod": pod, "served_model": model, "tenant": tenant,
+                                "token_kind": kind})] += n
     return dict(out)
 
 
@@ -81,8 +82,7 @@ def cost_per_million_tokens(cost: Mapping[Attrs, float], counted: Mapping[Attrs,
     for (cost_model, model, tenant), value in spent.items():
         n = served.get((model, tenant), 0.0)
         if n > 0:
-            named = (("cost_model", cost_model), ("served_model", model), ("tenant", tenant))
-            out[tuple((k, v) for k, v in named if v)] = value / n * 1e6
+            out[attrs_of({"cost_model": cost_model, "served_model": model, "tenant": tenant})] = value / n * 1e6
     return out
 
 
@@ -104,10 +104,3 @@ def _capped(served: dict[tuple[str, str], list[float]], cfg: TenantsConfig) -> d
         mine[1] += g
     return dict(out)
 
-
-def _attrs(**items: str) -> Attrs:
-    return tuple(sorted(items.items()))
-
-
-def _with(base: Attrs, **items: str) -> Attrs:
-    return tuple(sorted((*(kv for kv in base if kv[0] not in items), *items.items())))

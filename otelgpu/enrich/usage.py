@@ -12,7 +12,7 @@ would count the same use twice or belong to nobody.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from otelgpu.receiver.schema import Metric
 
 RUNNING, CPU, MEMORY, PROMPT, GENERATION = 0, 1, 2, 3, 4
 COUNTERS = (CPU, PROMPT, GENERATION)
-TOKEN_KINDS = {PROMPT: "prompt", GENERATION: "generation"}
 MAX_RATE_GAP_NS = 600 * 1_000_000_000  # two points further apart than this make no rate
 # A token series is kept this long without a point: what a server served while its scrapes (or
 # otelgpu) were away for less than a day is counted when they come back.
@@ -61,10 +60,9 @@ class UsageTracker:
         self.s = strings
         self.tenant_labels = tenant_labels  # the labels naming a token series' tenant, first present wins
         self.reserved = reserved  # tenant values a label may not claim (they name otelgpu's own buckets)
-        # series (kind, namespace, pod, container, cgroup id or tenant) -> (time_ns, counter), by
-        # strings: codes are not kept across intervals (the interner is compacted) nor across
-        # restarts (checkpoint)
-        self._last: dict[tuple[int, str, str, str, str], tuple[int, float]] = {}
+        # counter series (`_key`) -> (time_ns, counter), by strings: codes are not kept across
+        # intervals (the interner is compacted) nor across restarts (checkpoint)
+        self._last: dict[tuple, tuple[int, float]] = {}
         self._skip = ("", "POD")  # container "" is the pod's own cgroup, POD the pause container
 
     def pod_samples(self, batch: PointBatch, use: bool = True, tokens: bool = False) -> PodSamples:
@@ -74,8 +72,12 @@ class UsageTracker:
         if use and running.any():
             running &= batch.column(s.find("phase")) == s.code("Running")
         usage = ((batch.metric == Metric.CPU_USAGE) | (batch.metric == Metric.MEMORY_WORKING_SET)) & ~batch.stale
-        counted = ((batch.metric == Metric.PROMPT_TOKENS) | (batch.metric == Metric.GENERATION_TOKENS)) & ~batch.stale
-        b = batch.select(((running | usage) if use else False) | (counted if tokens else False))
+        wanted = ((batch.metric == Metric.PROMPT_TOKENS) | (batch.metric == Metric.GENERATION_TOKENS)) & ~batch.stale
+        if not tokens:
+            wanted[:] = False
+        if use:
+            wanted |= running | usage
+        b = batch.select(wanted)
         if not len(b):
             return PodSamples.empty()
         ns, pod, container = b.column(s.find("namespace")), b.column(s.find("pod")), b.column(s.find("container"))
@@ -83,20 +85,21 @@ class UsageTracker:
                           b.metric == Metric.MEMORY_WORKING_SET, b.metric == Metric.PROMPT_TOKENS],
                          [RUNNING, CPU, MEMORY, PROMPT], GENERATION)
         token = (kind == PROMPT) | (kind == GENERATION)
-        model = b.column(s.find("model_name"))
-        tenant = np.full(len(b), -1, np.int32)
-        for label in reversed(self.tenant_labels):  # the first label present wins
-            value = b.column(s.find(label))
-            tenant = np.where(value >= 0, value, tenant)
+        series = np.where(kind == CPU, b.column(s.find("id")), -1)  # cAdvisor: a restarted container is a new cgroup
+        engine = np.full(len(b), -1, np.int32)
+        if token.any():  # token series: the model as container, the tenant as series, and the engine
+            container = np.where(token, b.column(s.find("model_name")), container)
+            tenant = np.full(len(b), -1, np.int32)
+            for label in reversed(self.tenant_labels):  # the first label present wins
+                value = b.column(s.find(label))
+                tenant = np.where(value >= 0, value, tenant)
+            series = np.where(token, tenant, series)
+            engine = np.where(token, b.column(s.find("engine")), -1)
         skip = [-1] + [c for c in map(s.find, self._skip) if c >= 0]
         keep = (kind == RUNNING) | ((token | ~np.isin(container, skip)) & (ns >= 0) & (pod >= 0))
-        series = b.column(s.find("id"))  # cAdvisor: a restarted container is a new cgroup, a new series
         idx = np.flatnonzero(keep)
-        engine = np.where(token, b.column(s.find("engine")), -1)
-        return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx],
-                          np.where(token[idx], model[idx], container[idx]).astype(np.int32),
-                          np.select([kind[idx] == CPU, token[idx]], [series[idx], tenant[idx]], -1).astype(np.int32),
-                          b.value[idx], np.zeros(len(idx)), engine[idx].astype(np.int32))
+        return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx], container[idx].astype(np.int32),
+                          series[idx].astype(np.int32), b.value[idx], np.zeros(len(idx)), engine[idx].astype(np.int32))
 
     def use(self, p: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], "PodUse"]:
         """Per (namespace code, pod code) of one closing interval: share Running and mean use."""
@@ -160,8 +163,8 @@ class UsageTracker:
         span = (t - prev_t) / 1e9
         delta = np.where(v >= prev_v, v - prev_v, v)  # a reset restarts the counter from zero
         value, spans = p.value.copy(), np.zeros(len(p))
-        value[rows[ok]] = np.where(rate[ok], delta[ok] / np.where(rate[ok], span[ok], 1.0), delta[ok])
         spans[rows[ok]] = np.where(rate[ok], span[ok], 0.0)
+        value[rows[ok]] = delta[ok] / np.where(rate[ok], span[ok], 1.0)  # tokens: the increase itself
         keep = ~np.isin(p.kind, COUNTERS)
         keep[rows[ok]] = True
         # A token series' first point counts nothing, but says its pod serves: the interval's cost
@@ -209,7 +212,7 @@ class UsageTracker:
         """Token series' last points (the checkpoint's `tokens`)."""
         return [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 6]
 
-    def restore(self, state: list[list], tokens: list[list] = ()) -> None:  # type: ignore[assignment]
+    def restore(self, state: Sequence[list], tokens: Sequence[list] = ()) -> None:
         self._last = {(str(a), str(b), str(c), str(d)): (int(t), float(v)) for a, b, c, d, t, v in state}
         for kind, ns, pod, model, tenant, engine, t, v in tokens:
             self._last[(int(kind), str(ns), str(pod), str(model), str(tenant), str(engine))] = (int(t), float(v))

@@ -64,7 +64,6 @@ from otelgpu.receiver.schema import (
 )
 
 _CODES = max(int(m) for m in Metric) + 1
-NAMES = METRIC_NAME
 _QUANTITY = np.zeros(_CODES, bool)
 _QUANTITY[[Metric.POD_REQUESTS, Metric.NODE_CAPACITY]] = True
 _OWN_POD = np.zeros(_CODES, bool)
@@ -307,7 +306,7 @@ class ColumnarDecoder:
             self.shapes.append(shape)
             ok = np.zeros(_CODES, bool)
             if not shape.problem and not shape.mig_half:
-                for m in NAMES:
+                for m in METRIC_NAME:
                     ok[m] = all(k in shape.found for k in REQUIRED_LABELS[Metric(m)])
             self.shape_ok = np.vstack([self.shape_ok, ok[None, :]])
             lo, hi, whole = quantity_bounds(shape.resource)
@@ -379,9 +378,9 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     # Points that belong to their scrape target's pod, from a target that names none.
     res_ns = np.array([r[4] for r in resources], np.int32)
     own = _OWN_POD[metric] & ~untrusted
-    homeless = own & (res_ns[c["p_res"]] < 0) if len(resources) else own
+    homeless = own & (res_ns[c["p_res"]] < 0)
     for m, n in zip(*np.unique(metric[homeless], return_counts=True)):
-        rejected[own_pod_problem(NAMES[int(m)])] += int(n)
+        rejected[own_pod_problem(METRIC_NAME[int(m)])] += int(n)
     known = sets >= 0
     shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
     # The checks every usable point passes, over whole columns; a point failing one is judged below.
@@ -395,7 +394,7 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
         ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
     ok &= ~untrusted & ~homeless
     for i in np.flatnonzero(~ok & ~untrusted & ~homeless).tolist():
-        name, m = NAMES[int(metric[i])], int(metric[i])
+        name, m = METRIC_NAME[int(metric[i])], int(metric[i])
         s = int(sets[i])
         label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
         reason = (time_problem(name, int(t[i]), floor, horizon)
@@ -406,7 +405,7 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
             ok[i] = True
     for m, which in zip(*np.nonzero(c["wrong"])):
         kind = wire.WHICH[which] or "no data"
-        rejected[f"{NAMES[int(m)]} arrived as {kind}, expected gauge or sum"] += int(c["wrong"][m, which])
+        rejected[f"{METRIC_NAME[int(m)]} arrived as {kind}, expected gauge or sum"] += int(c["wrong"][m, which])
 
     rows = np.flatnonzero(ok)
     res = c["p_res"][rows]
