@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
 
 import numpy as np
@@ -39,12 +39,13 @@ class Costs:
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0
     plan: Optional[Plan] = None  # where the store adds the sums, looked up ahead of the close
+    fraction_problems: dict[str, int] = field(default_factory=dict)  # Joined.fraction_problems
 
     def packed(self) -> "Costs":
         """The same costs with each series as two columns (`Packed`): what waits for the close
         of an interval computed ahead takes some 16 bytes a series instead of some 120."""
         return Costs({m: _packed(s) for m, s in self.sums.items()}, {m: _packed(s) for m, s in self.gauges.items()},
-                     self.unpriced_gpus, self.gpus_without_device_data)
+                     self.unpriced_gpus, self.gpus_without_device_data, fraction_problems=self.fraction_problems)
 
 
 class IntervalCosts:
@@ -84,7 +85,8 @@ class IntervalCosts:
              only_node: Optional[str], split: Optional[Split] = None) -> Costs:
         joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
         sums, gauges = self.models.attribute(joined, interval.seconds, split)
-        return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data)
+        return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data,
+                     fraction_problems=joined.fraction_problems)
 
     def _per_node(self, interval: Interval, use, facts: FactsView,  # noqa: ANN001
                   split: Optional[Split] = None) -> Costs:
@@ -134,6 +136,8 @@ def _add(total: Costs, part: Costs) -> None:
             total.gauges.setdefault(metric, {}).update(series)
     total.unpriced_gpus += part.unpriced_gpus
     total.gpus_without_device_data += part.gpus_without_device_data
+    for reason, n in part.fraction_problems.items():
+        total.fraction_problems[reason] = total.fraction_problems.get(reason, 0) + n
 
 
 def _packed(series: Mapping[Attrs, float]) -> Packed:

@@ -19,6 +19,7 @@ from otelgpu.checkpoint import Checkpoint, Identity
 from otelgpu.commit import Committer
 from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config, DeliveryConfig
+from otelgpu.enrich import sharing
 from otelgpu.enrich.facts import FactSource, FactsView, KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
@@ -142,6 +143,7 @@ class Pipeline:
         self.deliveries = self._deliveries(directory)
         self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
         wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS
+                             | sharing.ANNOTATION_KEYS | sharing.LABEL_KEYS
                              | set(self.tenants.labels if self.tenants else ()))
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
                              self.metrics, Limits.of(config.receiver, wanted, config.sources), self.wal)
@@ -440,6 +442,8 @@ class Pipeline:
         self._log_interval(interval, costs, snapshot)
         self.metrics.unpriced_gpu_seconds.inc(costs.unpriced_gpus * interval.seconds)
         self.metrics.gpu_seconds_without_device_data.inc(costs.gpus_without_device_data * interval.seconds)
+        for reason, pods in costs.fraction_problems.items():
+            self.metrics.gpu_fractions_unheld.labels(reason).inc(pods)
         self.metrics.intervals_computed.inc()
         self.facts.expire(interval.end_ns)
         self.tag_values.tick()

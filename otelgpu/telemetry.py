@@ -107,6 +107,9 @@ class SelfMetrics:
         self.gpu_seconds_without_device_data = counter(
             "gpu_seconds_without_device_data",
             "GPU-seconds of nodes known only from kube-state-metrics (no DCGM series in the interval)")
+        self.gpu_fractions_unheld = counter(
+            "gpu_fractions_unheld", "Pod-intervals of pods that HAMi or KAI Scheduler granted part of a GPU, or that "
+            "reserve one, whose grant could not be placed on a GPU (they hold nothing for it), by reason", "reason")
         self.gpu_seconds_lost = counter(
             "gpu_seconds_lost", "GPU-seconds of nodes whose costs could not be computed at all (see the log)")
         self.scad_request_fallbacks = counter(

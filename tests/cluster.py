@@ -12,7 +12,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from otelgpu.demo.objects import k8s_resource
 from otelgpu.demo.otlp import Series, request, scrape
-from otelgpu.enrich.labels import ksm_label_name
+from otelgpu.enrich.labels import ksm_annotation_name, ksm_label_name
 from otelgpu.enrich.window import NS
 
 T0 = 1_700_000_000 * NS - (1_700_000_000 * NS) % (3600 * NS)  # an hour boundary, in the past
@@ -28,6 +28,7 @@ class Unit:
     profile: str = ""
     gi: str = ""
     busy: float = 0.0  # its activity while no pod holds it (a process outside Kubernetes)
+    memory_mib: Optional[float] = None  # DCGM_FI_DEV_FB_USED + FB_FREE, when the exporter sends them
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Pod:
     # pod's start, as vllm:*_tokens_total with a `tenant` label and model_name `serves_model`
     serves: dict[str, tuple[float, float]] = field(default_factory=dict)
     serves_model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    annotations: dict[str, str] = field(default_factory=dict)  # Kubernetes keys (kube_pod_annotations)
 
     def running(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.end_s
@@ -127,14 +129,15 @@ class Cluster:
             requests[k8s_resource(p.gpu[0])] = str(p.gpu[1])
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": p.name, "namespace": p.namespace, "uid": f"uid-{p.namespace}-{p.name}",
-                             "labels": dict(p.labels)},
+                             "labels": dict(p.labels), "annotations": dict(p.annotations)},
                 "spec": {"nodeName": p.node, "containers": [{"name": "main", "resources": {"requests": requests}}]},
                 "status": {"phase": "Running"}}
 
     def _ksm(self, t_s: float, t: int) -> ResourceMetrics:
         g: dict[str, list[Series]] = {k: [] for k in (
             "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels", "kube_pod_info",
-            "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests")}
+            "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests",
+            "kube_pod_annotations")}
         for ns, labels in self.namespace_labels.items():
             g["kube_namespace_labels"].append(({"namespace": ns, **_ksm_labels(labels)}, 1.0))
         for n in self.nodes:
@@ -149,6 +152,9 @@ class Cluster:
             owner = {"created_by_kind": p.owner[0], "created_by_name": p.owner[1]} if p.owner else {}
             g["kube_pod_info"].append(({**ident, "node": p.node, **owner}, 1.0))
             g["kube_pod_labels"].append(({**ident, **_ksm_labels(p.labels)}, 1.0))
+            if p.annotations:
+                g["kube_pod_annotations"].append(({**ident, **{ksm_annotation_name(k): v for k, v in
+                                                                p.annotations.items()}}, 1.0))
             for phase in PHASES:
                 g["kube_pod_status_phase"].append(({**ident, "phase": phase}, float(phase == "Running")))
             req = {"container": "main", "node": p.node, **ident}
@@ -162,16 +168,21 @@ class Cluster:
 
     def _dcgm(self, node: Node, t_s: float, t: int) -> ResourceMetrics:
         active: list[Series] = []
+        memory: dict[str, list[Series]] = {"DCGM_FI_DEV_FB_USED": [], "DCGM_FI_DEV_FB_FREE": []}
         for i, u in enumerate(node.units):
             base = {"Hostname": node.name, "UUID": u.uuid, "gpu": str(i), "modelName": u.model,
                     "GPU_I_ID": u.gi, "GPU_I_PROFILE": u.profile}
+            if u.memory_mib is not None:
+                memory["DCGM_FI_DEV_FB_USED"].append((base, 1000.0))
+                memory["DCGM_FI_DEV_FB_FREE"].append((base, u.memory_mib - 1000.0))
             key = f"{u.uuid}/{u.gi}" if u.gi else u.uuid
             holders = [p for p in self.pods if p.node == node.name and p.running(t_s) and key in p.holds]
             if not holders:
                 active.append((base, u.busy))
             for p in holders:  # time-sliced devices repeat the device series per pod
                 active.append(({**base, "namespace": p.namespace, "pod": p.name, "container": "main"}, p.activity))
-        return scrape("dcgm-exporter", f"{node.name}:9400", node.name, t, {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": active})
+        return scrape("dcgm-exporter", f"{node.name}:9400", node.name, t,
+                      {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": active, **{k: v for k, v in memory.items() if v}})
 
     def _cadvisor(self, node: Node, t_s: float, t: int) -> ResourceMetrics:
         rm = scrape("kubelet", f"{node.name}:10250", node.name, t, {})

@@ -23,7 +23,7 @@ from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 
 # Attributes of a pod's allocated series that describe how a unit was held: the tenant series are
 # the pod's, whatever units it held.
-UNIT_ATTRIBUTES = frozenset(("activity_basis", "attribution", "unit_kind"))
+UNIT_ATTRIBUTES = frozenset(("activity_basis", "attribution", "fraction_basis", "mig_profile", "unit_kind"))
 TOKEN_KINDS = ("prompt", "generation")
 OTHER = "other"  # the served model and tenant of the pairs beyond a pod's cap
 

@@ -4,12 +4,14 @@ the kernel's rows and the attributes of each row's cost series.
 A holder named by DCGM is the pod that holds the unit. Where DCGM names nobody, a Running pod
 that kube-state-metrics says requests that kind of unit on that node (and that DCGM shows
 nowhere) is placed on it, attributed `ksm_request` with activity unmeasured; a unit nobody holds
-but that shows activity is booked `active_without_pod`; the rest is idle.
+but that shows activity is booked `active_without_pod`; the rest is idle. On a GPU that HAMi or
+KAI Scheduler shares out (enrich/sharing.py), the pods they granted parts of it hold those parts
+(`unit_kind="fraction"`), in place of the pod that reserves it for them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Generic, Hashable, Iterator, TypeVar
 
 import numpy as np
@@ -20,7 +22,7 @@ from otelgpu.attribution.prices import NodePrice, Pricer, gpu_model_key
 from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
-from otelgpu.enrich.labels import TagResolver, Tags
+from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, TagResolver, Tags
 from otelgpu.enrich.nodes import (
     GPU_RESOURCES,
     MIG_PREFIX,
@@ -31,19 +33,21 @@ from otelgpu.enrich.nodes import (
     profile_of_resource,
 )
 from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.sharing import HAMI, Sharing, model_memory_mib, sharing_of
 from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
 from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.schema import Metric, gpu_count_label
 
 ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
 
 
-KINDS = ("gpu", "mig", "replica")  # unit_kind
-GPU, MIG, REPLICA = 0, 1, 2
-BASES = ("device", "per_pod", "equal_split", "none")  # activity_basis
-DEVICE, PER_POD, EQUAL_SPLIT, UNMEASURED = 0, 1, 2, 3
+KINDS = ("gpu", "mig", "replica", "fraction")  # unit_kind
+GPU, MIG, REPLICA, FRACTION = 0, 1, 2, 3
+BASES = ("device", "per_pod", "equal_split", "none", "by_fraction")  # activity_basis
+DEVICE, PER_POD, EQUAL_SPLIT, UNMEASURED, BY_FRACTION = 0, 1, 2, 3, 4
 ATTRIBUTIONS = ("pod", "ksm_request", "active_without_pod", "pod_unknown")
 POD, KSM_REQUEST, ACTIVE, POD_UNKNOWN = 0, 1, 2, 3
 NOBODY = 0  # the holder ("", "") of a unit held by no pod
@@ -140,6 +144,7 @@ class Joined:
     split: str  # the instance-price split convention in force (prices can be reloaded)
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0  # GPUs of nodes known only from kube-state-metrics
+    fraction_problems: dict[str, int] = field(default_factory=dict)  # pods whose grant holds nothing, by reason
 
     @property
     def row_attrs(self) -> list[Attrs]:
@@ -167,7 +172,7 @@ class _Rows:
     activity: np.ndarray  # NaN where unmeasured
     holder: np.ndarray  # int64: index into Joiner's holders
     kind: np.ndarray  # int8: KINDS
-    profile: np.ndarray  # int64: index into Joiner's profiles
+    profile: np.ndarray  # int64: index into Joiner's profiles (a fraction's: its basis)
     attribution: np.ndarray  # int8: ATTRIBUTIONS
     basis: np.ndarray  # int8: BASES
 
@@ -243,6 +248,8 @@ class Joiner:
         self._namespaces: Names[str] = Names("")
         self._sets = _Sets()
         self._holder_memo: dict[tuple[int, int, int], tuple[Attrs, tuple[bool, ...], int]] = {}
+        self._sharing = Sharing()
+        self._placed: set[tuple[str, str]] = set()  # the (node, GPU UUID)s whose claims hold fractions
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
@@ -258,6 +265,7 @@ class Joiner:
         # When it reported pods during this interval, a pod it did not report is gone: it holds
         # and pays nothing. When it reported none (down, not scraped), the last facts stand.
         self._ksm_reporting = any(p.seen_ns >= start_ns for p in self.facts.pods.values() if not p.created_ns)
+        self._sharing = sharing_of(self.facts, self._running)
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -269,7 +277,7 @@ class Joiner:
         has_vgpu = np.zeros(len(E.node), dtype=bool)
         has_vgpu[ent[S.vgpu >= 0]] = True
         ent_replicas = np.array([info.replicas for info in infos], np.int64)[node_of_ent]
-        shared = (ent_replicas > 1) | has_vgpu
+        shared = (ent_replicas > 1) | has_vgpu | _held_by_several(S, ent, len(E.node))
         H = holdings(S, ent, shared, start_ns, end_ns)
 
         gpu_of_ent, gpu_first = group_ids(E.node, E.uuid)
@@ -278,6 +286,9 @@ class Joiner:
         rows = self._holder_rows(H, gpu_of_ent, base_f, kind, profile, shared, ent_replicas, dt)
         shown = set(self._holders.values)  # the pods DCGM shows holding a unit
         unheld = self._unheld_rows(H, E, gpu_of_ent, base_f, kind, profile, shared, infos, node_of_ent, shown, dt)
+        if self._sharing:
+            rows = self._with_fractions(_Rows.concat([rows, unheld]), S, ent, H, E, gpu_of_ent, dt)
+            unheld = _Rows.of([], 1.0, 1.0, 0.0, np.nan, NOBODY, GPU, 0, POD, DEVICE)
         models: Names[str] = Names()
         gpu_node = node_of_ent[gpu_first]  # index into names, for now
         gpu_model = self._indices(models, E.model[gpu_first])
@@ -288,6 +299,7 @@ class Joiner:
         all_rows = _Rows.concat([rows, unheld, blind_rows])
         joined = self._finish(all_rows, gpu_node, gpu_model, specs, models.values)
         joined.gpus_without_device_data = blind
+        joined.fraction_problems = self._fraction_problems()
         if self.pod_resources:
             if self.cpu_only_nodes:
                 self._add_cpu_only_nodes(joined)
@@ -412,6 +424,81 @@ class Joiner:
             at.append(x)
         return _Rows.concat(parts).take(np.argsort(np.concatenate(at), kind="stable"))
 
+    def _with_fractions(self, rows: _Rows, S: Samples, ent: np.ndarray, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
+                        dt: float) -> _Rows:
+        """`rows` with each GPU that claims name held by the claimants' fractions of it, in place of
+        the rows of the reservation pod, of the claimants themselves (DCGM may show one holding
+        the device) and of nobody; the rows of any other pod on it stay, and the kernel scales all
+        down together should they exceed the GPU. A fraction's activity is the device's, shared in
+        proportion to the fractions (`by_fraction`)."""
+        st = self.s.string
+        whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
+                                                                                E.gi.tolist())) if gi < 0}
+        claimed = {key: whole[key] for key in self._sharing.claims if key in whole}
+        if not claimed:
+            return rows
+        claimed_gpus = gpu_of_ent[np.array(list(claimed.values()), np.int64)]
+        sharing_holders = np.array([h for h, key in enumerate(self._holders.values) if key in self._sharing.pods]
+                                   + [NOBODY], np.int64)
+        keep = ~(np.isin(rows.gpu, claimed_gpus) & np.isin(rows.holder, sharing_holders))
+        memory = self._device_memory_mib(S, ent, np.array(list(claimed.values()), np.int64))
+        parts = [rows.take(np.flatnonzero(keep))]
+        for (node, uuid), e in claimed.items():
+            mine = np.flatnonzero(H.entity == e)
+            held_s, act_s = float(H.held_s[mine].sum()), float(H.act_s[mine].sum())
+            activity = float(H.act_integral[mine].sum()) / act_s if act_s > 0 else np.nan
+            total = memory.get(e) or model_memory_mib(st(int(E.model[e])))
+            f, holder, basis = self._fractions(node, uuid, total)
+            if not len(f):
+                continue
+            sold = float(f.sum())
+            unit_activity = min(activity / sold, 1.0) if not np.isnan(activity) else np.nan
+            parts.append(_Rows.of(np.full(len(f), gpu_of_ent[e]), f, min(held_s / dt, 1.0),
+                                  act_s / held_s if held_s > 0 else 0.0, unit_activity, holder, FRACTION, basis, POD,
+                                  UNMEASURED if np.isnan(unit_activity) else BY_FRACTION))
+        return _Rows.concat(parts)
+
+    def _fractions(self, node: str, uuid: str, total_mib: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The claims on one GPU as (fraction, holder, basis) columns, scaled down together where
+        they exceed it (a GPU is never sold twice). A memory grant on a GPU of unknown memory
+        holds nothing (counted)."""
+        f, holder, basis = [], [], []
+        for claim in self._sharing.claims[(node, uuid)]:
+            share, why = claim.fraction(total_mib, self.rule)
+            if share <= 0:
+                self._sharing.problems["memory grant on a GPU of unknown memory"] += 1
+                continue
+            f.append(share)
+            holder.append(self._holders.index(claim.pod))
+            basis.append(self._profiles.index(why))
+        self._placed.add((node, uuid))
+        out = np.array(f, np.float64)
+        return out / max(float(out.sum()), 1.0), np.array(holder, np.int64), np.array(basis, np.int64)
+
+    def _device_memory_mib(self, S: Samples, ent: np.ndarray, entities: np.ndarray) -> dict[int, float]:
+        """Device memory of these entities: the most DCGM_FI_DEV_FB_USED + FB_FREE of one sample time."""
+        rows = np.flatnonzero(np.isin(ent, entities) & ~S.stale
+                              & ((S.metric == Metric.FB_USED) | (S.metric == Metric.FB_FREE)))
+        if not len(rows):
+            return {}
+        key, first = group_ids(ent[rows], S.time_ns[rows])
+        total = np.bincount(key, weights=S.value[rows])
+        kinds = np.bincount(key, weights=np.where(S.metric[rows] == Metric.FB_USED, 1, 2))
+        out: dict[int, float] = {}
+        for e, t, k in zip(ent[rows][first].tolist(), total.tolist(), kinds.tolist()):
+            if k == 3 and t > out.get(e, 0.0):  # both series of the same scrape
+                out[e] = t
+        return out
+
+    def _fraction_problems(self) -> dict[str, int]:
+        """The sharing problems of this join, with each claim that no GPU took counted."""
+        problems = self._sharing.problems
+        for key, claims in self._sharing.claims.items():
+            if key not in self._placed:
+                problems["GPU named by a grant not found on its node"] += len(claims)
+        self._placed = set()
+        return dict(problems)
+
     def _dark_holder(self, node: str, uuid: str, gi: str, queue: list[tuple[str, str]] | None) -> tuple[str, str] | None:
         """Who holds a unit while its exporter is dark: the pod that held it last, if it is still
         Running, else a Running pod of the node that requests that kind of unit; else nobody."""
@@ -428,10 +515,15 @@ class Joiner:
         for themselves) that kube-state-metrics no longer reports while it reports others."""
         return self._ksm_reporting and not pod.created_ns and pod.seen_ns < self._start
 
+    def _running(self, pod: PodFacts) -> bool:
+        """Running on a node, and neither deleted nor gone from kube-state-metrics."""
+        return pod.phase == "Running" and bool(pod.node) and not pod.deleted and not self._gone(pod)
+
     def _gpu_requests(self) -> Iterator[tuple[str, tuple[str, str], str, int]]:
-        """(node, pod key, resource, quantity) of every GPU request of a Running, scheduled pod."""
+        """(node, pod key, resource, quantity) of every GPU request of a Running, scheduled pod
+        that holds whole units (not one that HAMi or KAI shares a GPU with, or reserves one for)."""
         for key, pod in self.facts.pods.items():
-            if pod.phase != "Running" or not pod.node or pod.deleted or self._gone(pod):
+            if not self._running(pod) or key in self._sharing.pods:
                 continue
             for (_, resource), qty in sorted(pod.requests.items()):
                 if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
@@ -454,12 +546,16 @@ class Joiner:
         extra_model: list[int] = []
         rows: list[tuple] = []
         blind = 0
+        # HAMi advertises each GPU as several vGPUs: without GFD's count, a node's capacity overstates
+        # its GPUs, and DCGM's count stands.
+        hami_nodes = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
         for name, facts in self.facts.nodes.items():
             info = node_info(facts)
             count = gpu_count(facts, info)
             n = seen.get(name)
             if n is not None:
-                missing = max(count - int(reported[n]), 0)
+                uncounted = name in hami_nodes and gpu_count_label(facts.labels.get(GPU_COUNT_LABEL, "")) is None
+                missing = 0 if uncounted else max(count - int(reported[n]), 0)
                 extra_node += [n] * missing
                 extra_model += [int(gpu_model[first[n]])] * missing
                 blind += missing
@@ -484,6 +580,13 @@ class Joiner:
                         break  # more requested than the node has: never sell a GPU twice
                     free[g] -= f
                     rows.append((base + g, f, self._holders.index(key), unit_kind, self._profiles.index(profile)))
+            for uuid in sorted({u for node, u in self._sharing.claims if node == name}):
+                g = next((i for i in range(count) if free[i] >= 1 - 1e-9), None)  # a GPU of its own
+                if g is None:
+                    break
+                free[g] = 0.0
+                f, holder, basis = self._fractions(name, uuid, model_memory_mib(model))
+                rows += [(base + g, x, h, FRACTION, b) for x, h, b in zip(f.tolist(), holder.tolist(), basis.tolist())]
         gpu_node = np.concatenate([gpu_node, np.array(extra_node, np.int64)]).astype(np.int64)
         gpu_model = np.concatenate([gpu_model, np.array(extra_model, np.int64)]).astype(np.int64)
         gpu, f, holder, unit_kind, profile = (list(c) for c in zip(*rows)) if rows else ([], [], [], [], [])
@@ -538,7 +641,9 @@ class Joiner:
     def _holding_set(self, holder: int, attribution: int, node_set: int, node: int, kind: int, profile: int,
                      basis: int) -> int:
         attrs, found, attribution = self._holder_attrs(holder, attribution, node_set)
-        attrs = with_attrs(attrs, {"unit_kind": KINDS[kind], "mig_profile": self._profiles.values[profile],
+        named = self._profiles.values[profile]
+        attrs = with_attrs(attrs, {"unit_kind": KINDS[kind], "mig_profile": "" if kind == FRACTION else named,
+                                   "fraction_basis": named if kind == FRACTION else "",
                                    "activity_basis": BASES[basis]})
         return self._sets.add(attrs, found, holder, self._namespaces.index(self._holders.values[holder][0]),
                               attribution, node)
@@ -660,6 +765,21 @@ class Joiner:
             return self.tags.resolve({}, {})
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
                                  pod.annotations if pod else None, holder[0])
+
+
+def _held_by_several(S: Samples, ent: np.ndarray, n: int) -> np.ndarray:
+    """Per entity: whether DCGM showed it held by several pods at one sample time, as dcgm-exporter
+    shows a device that a DRA ResourceClaim shared by several pods allocates, or one shared in a
+    way the node's labels do not announce. Such a device is time-shared: it is split among them."""
+    out = np.zeros(n, dtype=bool)
+    live = np.flatnonzero((S.pod >= 0) & ~S.stale)
+    if not len(live):
+        return out
+    _, first = group_ids(ent[live], S.time_ns[live], S.namespace[live], S.pod[live])  # each pod once a step
+    step, step_first = group_ids(ent[live][first], S.time_ns[live][first])
+    several = np.flatnonzero(np.bincount(step) > 1)
+    out[ent[live][first][step_first[several]]] = True
+    return out
 
 
 def _carries_cost(pod: PodFacts, use: PodUse | None) -> bool:

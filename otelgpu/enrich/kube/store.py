@@ -21,6 +21,7 @@ from otelgpu.enrich.kube import objects as O
 from otelgpu.enrich.kube.history import Timeline
 from otelgpu.enrich.kube.reflector import Obj
 from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.sharing import ANNOTATION_KEYS as SHARING_ANNOTATIONS, LABEL_KEYS as SHARING_LABELS
 from otelgpu.telemetry import SelfMetrics
 
 NS = 1_000_000_000
@@ -62,7 +63,8 @@ class ApiFacts:
 
     def _pod(self, obj: Obj, now_ns: int) -> tuple[PodKey, PodFacts]:
         m = O.meta(obj)
-        pod = O.pod_facts(obj, self.tags.pod_label_keys, self.tags.annotation_keys, now_ns)
+        pod = O.pod_facts(obj, self.tags.pod_label_keys | SHARING_LABELS, self.tags.annotation_keys | SHARING_ANNOTATIONS,
+                          now_ns)
         return (m.get("namespace", ""), m.get("name", "")), pod
 
     def _named(self, resource: str, obj: Obj, now_ns: int) -> tuple[str, Any, int]:

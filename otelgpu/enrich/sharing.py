@@ -1,0 +1,165 @@
+"""GPU fractions that schedulers hand out beyond the device plugin's view: HAMi's per-container
+core and memory limits, and NVIDIA KAI Scheduler (Run:ai) `gpu-fraction` / `gpu-memory` pods.
+
+dcgm-exporter cannot name these pods: HAMi gives containers virtual device ids that map to no
+device, and KAI runs each shared GPU under a *reservation pod* (namespace
+`kai-resource-reservation`, formerly `runai-reservation`) that holds the device for the fraction
+pods of its GPU group. Both schedulers write what they granted on the pods, and that is read here:
+
+- HAMi: annotation `hami.io/vgpu-devices-allocated`, `UUID,NVIDIA,<memory MiB>,<cores %>:` per
+  device, containers separated by `;` (pkg/device/devices.go, EncodeContainerDevices). Cores 0 is
+  HAMi's "not limited": then the memory share is the fraction.
+- KAI: annotation `gpu-fraction` (0 < f <= 1) or `gpu-memory` (MiB) on the pod, and label
+  `runai-gpu-group`, which the reservation pod of the same node carries too, with annotation
+  `run.ai/reserve_for_gpu_index` naming the GPU's UUID.
+
+What each pod was granted becomes a `Claim` on one (node, GPU UUID); the join turns claims into
+fractions of that GPU (docs/cost-model.md section 11).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from otelgpu.enrich.facts import FactsView, PodFacts
+from otelgpu.enrich.labels import ksm_annotation_name, ksm_label_name
+
+HAMI_ALLOCATED = ksm_annotation_name("hami.io/vgpu-devices-allocated")
+KAI_FRACTION = ksm_annotation_name("gpu-fraction")
+KAI_MEMORY = ksm_annotation_name("gpu-memory")
+KAI_RESERVED_GPU = ksm_annotation_name("run.ai/reserve_for_gpu_index")
+KAI_GROUP = ksm_label_name("runai-gpu-group")
+RESERVATION_NAMESPACES = frozenset(("kai-resource-reservation", "runai-reservation"))
+# The pod keys a join keeps for sharing, whatever the tag rules read (kube-state-metrics needs
+# them in --metric-annotations-allowlist and --metric-labels-allowlist; k8s/ sets both).
+ANNOTATION_KEYS = frozenset((HAMI_ALLOCATED, KAI_FRACTION, KAI_MEMORY, KAI_RESERVED_GPU))
+LABEL_KEYS = frozenset((KAI_GROUP,))
+
+HAMI, KAI = "hami", "kai"  # Claim.scheduler
+_UUID = re.compile(r"^GPU-[0-9A-Za-z-]{1,64}$")
+_MODEL_MEMORY = re.compile(r"(\d{1,4})\s*GB", re.IGNORECASE)  # "NVIDIA H100 80GB HBM3", "A100-SXM4-40GB"
+
+PodKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one pod was granted of one GPU."""
+
+    pod: PodKey
+    node: str
+    uuid: str
+    scheduler: str  # HAMI or KAI
+    compute: Optional[float]  # share of the GPU's compute, 0 < c <= 1; None where not limited
+    memory_mib: Optional[float]  # device memory granted; None where not stated
+
+    def fraction(self, total_mib: Optional[float], rule: str) -> tuple[float, str]:
+        """(share of the GPU, basis): under `compute` the compute share, else the memory share;
+        under `max` the larger of the two that are known. (0, "") when neither can be known."""
+        mem = self.memory_mib / total_mib if self.memory_mib is not None and total_mib else None
+        mem = min(mem, 1.0) if mem is not None else None
+        if self.compute is not None and (mem is None or rule != "max" or self.compute >= mem):
+            return self.compute, f"{self.scheduler}_{'fraction' if self.scheduler == KAI else 'cores'}"
+        if mem is not None:
+            return mem, f"{self.scheduler}_memory"
+        return 0.0, ""
+
+
+@dataclass
+class Sharing:
+    """The claims of one join's facts, by (node, GPU UUID); the pods that hold through claims
+    (they hold no whole unit: their GPU requests are counted in vGPUs or reserve for others);
+    and the annotations that could not be used, by reason (pods)."""
+
+    claims: dict[tuple[str, str], list[Claim]] = field(default_factory=dict)
+    pods: set[PodKey] = field(default_factory=set)  # claimants and reservation pods
+    reservations: set[PodKey] = field(default_factory=set)
+    problems: Counter = field(default_factory=Counter)
+
+    def __bool__(self) -> bool:
+        return bool(self.pods)
+
+
+def hami_devices(text: str) -> list[tuple[str, float, float]]:
+    """(UUID, memory MiB, cores %) of each device in a `hami.io/vgpu-devices-allocated` value.
+    Newer HAMi releases put the device index first (`0,GPU-...,NVIDIA,...`). ValueError when a
+    device entry is malformed."""
+    out = []
+    for container in text.split(";"):
+        for device in container.split(":"):
+            if not device.strip():
+                continue
+            fields = [f.strip() for f in device.split(",")]
+            if len(fields) == 5 and fields[0].isdigit():
+                fields = fields[1:]
+            if len(fields) != 4 or not _UUID.match(fields[0]):
+                raise ValueError(f"device entry {device[:80]!r} is not UUID,type,memory,cores")
+            memory, cores = float(fields[2]), float(fields[3])
+            if not (0 <= memory < 1e7 and 0 <= cores <= 100):
+                raise ValueError(f"device entry {device[:80]!r} has memory or cores out of range")
+            out.append((fields[0], memory, cores))
+    return out
+
+
+def model_memory_mib(model: str) -> Optional[float]:
+    """A GPU's memory from its model name where it says it ("NVIDIA H100 80GB HBM3": 81920)."""
+    m = _MODEL_MEMORY.search(model)
+    return float(m.group(1)) * 1024 if m and int(m.group(1)) > 0 else None
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def sharing_of(facts: FactsView, running: Callable[[PodFacts], bool]) -> Sharing:
+    """The claims of the pods `running` accepts (Running, scheduled, not gone)."""
+    out = Sharing()
+    groups: dict[tuple[str, str], str] = {}  # (node, KAI GPU group) -> UUID, from reservation pods
+    kai: list[tuple[PodKey, PodFacts]] = []
+    for key, pod in facts.pods.items():
+        if not running(pod):
+            continue
+        if key[0] in RESERVATION_NAMESPACES and pod.annotations.get(KAI_RESERVED_GPU):
+            uuid, group = pod.annotations[KAI_RESERVED_GPU].strip(), pod.labels.get(KAI_GROUP, "")
+            out.pods.add(key)
+            out.reservations.add(key)
+            if _UUID.match(uuid) and group:
+                groups[(pod.node, group)] = uuid
+            else:
+                out.problems["reservation without GPU UUID or group"] += 1
+            continue
+        hami = pod.annotations.get(HAMI_ALLOCATED)
+        if hami:
+            out.pods.add(key)
+            try:
+                devices = hami_devices(hami)
+            except ValueError:
+                out.problems["malformed hami.io/vgpu-devices-allocated"] += 1
+                continue
+            for uuid, memory, cores in devices:
+                out.claims.setdefault((pod.node, uuid), []).append(
+                    Claim(key, pod.node, uuid, HAMI, cores / 100 if cores > 0 else None, memory or None))
+            continue
+        if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY):
+            out.pods.add(key)
+            kai.append((key, pod))
+    for key, pod in kai:
+        uuid = groups.get((pod.node, pod.labels.get(KAI_GROUP, "")))
+        compute = _number(pod.annotations.get(KAI_FRACTION, "")) if pod.annotations.get(KAI_FRACTION) else None
+        memory = _number(pod.annotations.get(KAI_MEMORY, "")) if pod.annotations.get(KAI_MEMORY) else None
+        if (compute is not None and not 0 < compute <= 1) or (memory is not None and not 0 < memory < 1e7) \
+                or (compute is None and memory is None):
+            out.problems["malformed gpu-fraction or gpu-memory"] += 1
+        elif uuid is None:
+            out.problems["fraction pod without a reservation pod on its node"] += 1
+        else:
+            out.claims.setdefault((pod.node, uuid), []).append(Claim(key, pod.node, uuid, KAI, compute, memory))
+    return out

@@ -1,0 +1,232 @@
+"""GPUs shared by HAMi and KAI Scheduler (Run:ai): docs/cost-model.md section 11's worked
+examples through a pipeline, the grants' parsing, and the money adding up to each GPU."""
+
+from __future__ import annotations
+
+import pytest
+from cluster import Cluster, Node, Pod, Unit
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import feed, make_config, offline_pipeline
+
+from otelgpu.enrich.sharing import Claim, hami_devices, model_memory_mib
+from otelgpu.telemetry import by_label
+
+A100 = "NVIDIA A100-SXM4-40GB"
+H100 = "NVIDIA H100 80GB HBM3"
+HOUR = 3600
+HAMI = "hami.io/vgpu-devices-allocated"
+RESERVATION = "kai-resource-reservation"
+
+
+def hami_node() -> Node:
+    """Two A100 40GB (40,960 MiB each); HAMi advertises each as 10 vGPUs and GFD is not there."""
+    return Node("hami-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-a0", A100, busy=0.4, memory_mib=40960),
+                                                           Unit("GPU-a1", A100, busy=0.0, memory_mib=40960)],
+                capacity={"nvidia_com_gpu": 20})
+
+
+def hami_pods(second: str = "GPU-a0,NVIDIA,20480,0:") -> list[Pod]:
+    vgpu = ("nvidia_com_gpu", 1)  # HAMi pods ask for vGPUs
+    return [Pod("team-a", "infer-a", "hami-1", {"team": "a"}, gpu=vgpu, annotations={HAMI: "GPU-a0,NVIDIA,10240,30:"}),
+            Pod("team-b", "infer-b", "hami-1", {"team": "b"}, gpu=vgpu, annotations={HAMI: second})]
+
+
+def kai_cluster(extra: tuple[Pod, ...] = ()) -> Cluster:
+    """One H100 80GB (81,920 MiB) that KAI's reservation pod holds (DCGM shows it, 60% active) for
+    two fraction pods of its GPU group: half the GPU, and 20 GiB of its memory."""
+    node = Node("kai-1", "p5.4xlarge", 16, 256, units=[Unit("GPU-h0", H100, memory_mib=81920)],
+                capacity={"nvidia_com_gpu": 1})
+    group = {"runai-gpu-group": "g-1"}
+    pods = [Pod(RESERVATION, "gpu-reservation-kai-1-x7", "kai-1", group, gpu=("nvidia_com_gpu", 1),
+                holds=("GPU-h0",), activity=0.6, annotations={"run.ai/reserve_for_gpu_index": "GPU-h0"}),
+            Pod("team-a", "notebook-1", "kai-1", {**group, "team": "a"}, annotations={"gpu-fraction": "0.5"}),
+            Pod("team-b", "notebook-2", "kai-1", {**group, "team": "b"}, annotations={"gpu-memory": "20480"}),
+            *extra]
+    return Cluster([node], pods)
+
+
+def run(c: Cluster, rule: str = "compute", until_s: int = HOUR):
+    p = offline_pipeline(make_config(attribution__interval_seconds=300, attribution__lateness_seconds=0,
+                                     attribution__mig_fraction_rule=rule,
+                                     attribution__prices__gpu_hour_by_gpu_model={A100: 12.0, H100: 40.0}))
+    feed(p, *c.scrapes(60, until_s))
+    p.close_due(flush=True)
+    return p
+
+
+def by_pod(p, metric: str, *more: str) -> dict:
+    return p.store.totals(metric, ("pod", *more), {"cost_model": "request"})
+
+
+def test_hami_worked_example():
+    """infer-a is limited to 30% of GPU-a0's cores: 0.30 of $12 an hour. infer-b has no core limit
+    and 20 GiB of its 40: its memory share, 0.50. The device is 40% active, 80% of it sold: each
+    fraction is half used. GPU-a1 and the rest of GPU-a0 are idle; HAMi's 20 vGPUs are not 20 GPUs."""
+    p = run(Cluster([hami_node()], hami_pods()))
+    assert by_pod(p, "allocated", "unit_kind", "fraction_basis") == pytest.approx({
+        ("infer-a", "fraction", "hami_cores"): 0.30 * 12, ("infer-b", "fraction", "hami_memory"): 0.50 * 12}, rel=1e-9)
+    assert by_pod(p, "effective") == pytest.approx({("infer-a",): 0.30 * 12 * 0.5, ("infer-b",): 0.50 * 12 * 0.5},
+                                                   rel=1e-9)
+    assert set(by_pod(p, "allocated", "activity_basis").values()) and \
+        {k[1] for k in by_pod(p, "allocated", "activity_basis")} == {"by_fraction"}
+    idle = p.store.totals("idle", (), {"cost_model": "request"})[()]
+    assert idle == pytest.approx(24.0 - 0.8 * 12, rel=1e-9)
+    assert p.store.totals("capacity", (), {"cost_model": "request"})[()] == pytest.approx(24.0, rel=1e-9)
+    assert not by_label(p.metrics.gpu_fractions_unheld)
+
+
+def test_hami_under_the_max_rule_a_memory_grant_larger_than_the_core_limit_sets_the_share():
+    p = run(Cluster([hami_node()], hami_pods("GPU-a0,NVIDIA,20480,10:")), rule="max")
+    assert by_pod(p, "allocated", "fraction_basis") == pytest.approx({
+        ("infer-a", "hami_cores"): 0.30 * 12, ("infer-b", "hami_memory"): 0.50 * 12}, rel=1e-9)
+    p = run(Cluster([hami_node()], hami_pods("GPU-a0,NVIDIA,20480,10:")), rule="compute")
+    assert by_pod(p, "allocated", "fraction_basis") == pytest.approx({
+        ("infer-a", "hami_cores"): 0.30 * 12, ("infer-b", "hami_cores"): 0.10 * 12}, rel=1e-9)
+
+
+def test_grants_beyond_the_gpu_are_scaled_down_together_and_never_sell_it_twice():
+    p = run(Cluster([hami_node()], hami_pods("GPU-a0,NVIDIA,4096,90:")))  # 30% + 90% of the cores
+    alloc = by_pod(p, "allocated")
+    assert alloc == pytest.approx({("infer-a",): 12 * 30 / 120, ("infer-b",): 12 * 90 / 120}, rel=1e-9)
+    assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(12.0, rel=1e-9)  # GPU-a1
+
+
+def test_kai_worked_example():
+    """notebook-1 holds half the H100 ($20 an hour of $40), notebook-2 20 GiB of 80: a quarter ($10).
+    The reservation pod holds nothing itself; the last quarter is idle. 60% activity over 75% sold:
+    each fraction is 80% used."""
+    p = run(kai_cluster())
+    assert by_pod(p, "allocated", "namespace", "fraction_basis") == pytest.approx({
+        ("notebook-1", "team-a", "kai_fraction"): 20.0, ("notebook-2", "team-b", "kai_memory"): 10.0}, rel=1e-9)
+    assert by_pod(p, "effective") == pytest.approx({("notebook-1",): 16.0, ("notebook-2",): 8.0}, rel=1e-9)
+    assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(10.0, rel=1e-9)
+
+
+def test_a_fraction_pod_with_no_reservation_holds_nothing_and_is_counted():
+    stray = Pod("team-c", "notebook-3", "kai-1", {"runai-gpu-group": "g-gone"}, annotations={"gpu-fraction": "0.25"})
+    broken = Pod("team-c", "notebook-4", "kai-1", {"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "1.5"})
+    p = run(kai_cluster((stray, broken)))
+    assert set(by_pod(p, "allocated")) == {("notebook-1",), ("notebook-2",)}
+    counted = by_label(p.metrics.gpu_fractions_unheld)
+    intervals = HOUR // 300
+    assert counted == {"fraction pod without a reservation pod on its node": intervals,
+                       "malformed gpu-fraction or gpu-memory": intervals}
+
+
+def test_without_dcgm_pod_mapping_the_reservation_pods_gpu_is_still_shared_out():
+    """dcgm-exporter without pod mapping: the GPU shows no holder, and the reservation pod's GPU
+    request is not placed on it as a whole GPU; its UUID annotation names the GPU."""
+    c = kai_cluster()
+    c.pods[0].holds = ()
+    c.nodes[0].units[0].busy = 0.6
+    p = run(c)
+    assert by_pod(p, "allocated") == pytest.approx({("notebook-1",): 20.0, ("notebook-2",): 10.0}, rel=1e-9)
+
+
+def test_on_a_node_without_device_data_grants_take_a_gpu_of_their_own():
+    """No DCGM series at all: the node's GPUs are costed from kube-state-metrics; HAMi's grants on
+    one GPU hold their fractions of one GPU (memory from the model name: 40 GB), unmeasured."""
+    node = hami_node()
+    node.units = []
+    node.labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+    p = run(Cluster([node], hami_pods()))
+    assert by_pod(p, "allocated", "attribution") == pytest.approx({
+        ("infer-a", "ksm_request"): 0.30 * 12, ("infer-b", "ksm_request"): 0.50 * 12}, rel=1e-9)
+    assert by_pod(p, "unmeasured") == pytest.approx({("infer-a",): 3.6, ("infer-b",): 6.0}, rel=1e-9)
+
+
+def test_hami_annotation_forms():
+    assert hami_devices("GPU-a0,NVIDIA,10240,30:;GPU-a1,NVIDIA,2048,0:GPU-a2,NVIDIA,1,100:;") == [
+        ("GPU-a0", 10240.0, 30.0), ("GPU-a1", 2048.0, 0.0), ("GPU-a2", 1.0, 100.0)]
+    assert hami_devices("0,GPU-a0,NVIDIA,10240,30:") == [("GPU-a0", 10240.0, 30.0)]  # with the device index
+    for bad in ("GPU-a0,NVIDIA,10240:", "nvidia0,NVIDIA,1,1:", "GPU-a0,NVIDIA,1,101:", "GPU-a0,NVIDIA,-1,5:",
+                "GPU-a0,NVIDIA,x,5:"):
+        with pytest.raises(ValueError):
+            hami_devices(bad)
+
+
+def test_model_memory():
+    assert model_memory_mib(H100) == 81920
+    assert model_memory_mib("NVIDIA-A100-SXM4-40GB") == 40960
+    assert model_memory_mib("Tesla T4") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.floats(0.01, 1.0)), st.one_of(st.none(), st.floats(1, 200_000))),
+                min_size=1, max_size=6),
+       st.one_of(st.none(), st.floats(1024, 200_000)), st.sampled_from(["compute", "max"]))
+def test_a_claim_is_never_more_than_the_gpu(grants, total, rule):
+    for compute, memory in grants:
+        share, basis = Claim(("ns", "p"), "n", "GPU-x", "hami", compute, memory).fraction(total, rule)
+        assert 0.0 <= share <= 1.0
+        assert (share > 0) == bool(basis)
+        if compute is not None:
+            assert share >= compute or rule == "compute"
+
+
+def test_a_device_several_pods_hold_at_once_is_split_among_them():
+    """A DRA ResourceClaim shared by two pods: dcgm-exporter (with KUBERNETES_ENABLE_DRA) repeats the
+    device's series for each pod, on a node whose labels announce no sharing. Each holds half, as
+    a replica, and the device's 60% activity is split between them."""
+    node = Node("dra-1", "p5.4xlarge", 16, 256, units=[Unit("GPU-h0", H100)])
+    pods = [Pod("team-a", "trainer", "dra-1", {"team": "a"}, holds=("GPU-h0",), activity=0.6),
+            Pod("team-a", "evaluator", "dra-1", {"team": "a"}, holds=("GPU-h0",), activity=0.6, start_s=1800)]
+    p = run(Cluster([node], pods))
+    assert by_pod(p, "allocated", "unit_kind", "activity_basis") == pytest.approx({
+        ("trainer", "gpu", "device"): 20.0, ("trainer", "replica", "equal_split"): 10.0,
+        ("evaluator", "replica", "equal_split"): 10.0}, rel=1e-9)
+    assert sum(by_pod(p, "effective").values()) == pytest.approx(0.6 * 40, rel=1e-9)
+    assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(0.0, abs=1e-9)
+
+
+@st.composite
+def shared_gpus(draw) -> tuple[Cluster, dict]:
+    """Nodes of one H100 each, shared by HAMi, by KAI, by several pods at once, or held whole; and
+    the share of the GPU each pod was granted (1 for a whole GPU or a device held by several)."""
+    nodes, pods, granted = [], [], {}
+    for i in range(draw(st.integers(1, 4))):
+        name, uuid = f"n{i}", f"GPU-{i}"
+        how = draw(st.sampled_from(["hami", "kai", "several", "whole", "none"]))
+        busy = draw(st.floats(0.0, 1.0))
+        nodes.append(Node(name, "p5.4xlarge", 16, 256, units=[Unit(uuid, H100, busy=busy, memory_mib=81920)],
+                          capacity={"nvidia_com_gpu": 1}))
+        n = draw(st.integers(1, 4))
+        if how == "hami":
+            for k in range(n):
+                cores, mem = draw(st.integers(0, 100)), draw(st.integers(1, 81920))
+                pods.append(Pod("t", f"{name}-h{k}", name, gpu=("nvidia_com_gpu", 1),
+                                annotations={HAMI: f"{uuid},NVIDIA,{mem},{cores}:"}))
+                granted[pods[-1].name] = cores / 100 if cores else mem / 81920
+        elif how == "kai":
+            group = {"runai-gpu-group": f"g{i}"}
+            pods.append(Pod(RESERVATION, f"{name}-reservation", name, group, gpu=("nvidia_com_gpu", 1),
+                            holds=(uuid,), activity=busy, annotations={"run.ai/reserve_for_gpu_index": uuid}))
+            for k in range(n):
+                f = draw(st.sampled_from([0.1, 0.25, 0.5, 0.75, 1.0]))
+                pods.append(Pod("t", f"{name}-k{k}", name, group, annotations={"gpu-fraction": str(f)}))
+                granted[pods[-1].name] = f
+        elif how in ("several", "whole"):
+            for k in range(n if how == "several" else 1):
+                pods.append(Pod("t", f"{name}-p{k}", name, holds=(uuid,), activity=busy))
+                granted[pods[-1].name] = 1.0
+    return Cluster(nodes, pods), granted
+
+
+@settings(max_examples=25, deadline=None)
+@given(shared_gpus(), st.sampled_from(["compute", "max"]))
+def test_every_way_of_sharing_adds_up_to_each_gpu_and_never_bills_a_fraction_as_a_whole_gpu(drawn, rule):
+    c, granted = drawn
+    p = run(c, rule=rule, until_s=600)
+    hours = 600 / HOUR
+    model = {"cost_model": "request"}
+    capacity = p.store.totals("capacity", ("node",), model)
+    allocated = p.store.totals("allocated", ("node",), model)
+    idle = p.store.totals("idle", ("node",), model)
+    for node in capacity:
+        assert allocated.get(node, 0.0) + idle.get(node, 0.0) == pytest.approx(capacity[node], rel=1e-9, abs=1e-12)
+        assert capacity[node] == pytest.approx(40.0 * hours, rel=1e-12)
+    for (pod, _), cost in by_pod(p, "allocated", "node").items():
+        assert cost <= 40.0 * hours * granted.get(pod, 1.0) * (1 + 1e-9)  # never more than granted; "": nobody
+        assert cost >= 0.0
+    assert not set(by_pod(p, "allocated")) & {(x.name,) for x in c.pods if x.namespace == RESERVATION}
