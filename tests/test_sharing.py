@@ -3,13 +3,16 @@ examples through a pipeline, the grants' parsing, and the money adding up to eac
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from cluster import Cluster, Node, Pod, Unit
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import feed, make_config, offline_pipeline
+from support import CollectorSink, feed, make_config, offline_pipeline
 
 from otelgpu.enrich.sharing import Claim, hami_devices, model_memory_mib
+from otelgpu.enrich.window import NS
 from otelgpu.telemetry import by_label
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -230,3 +233,52 @@ def test_every_way_of_sharing_adds_up_to_each_gpu_and_never_bills_a_fraction_as_
         assert cost <= 40.0 * hours * granted.get(pod, 1.0) * (1 + 1e-9)  # never more than granted; "": nobody
         assert cost >= 0.0
     assert not set(by_pod(p, "allocated")) & {(x.name,) for x in c.pods if x.namespace == RESERVATION}
+
+
+@pytest.mark.slow
+def test_the_worked_examples_through_the_real_sidecar_with_grants_from_the_kubernetes_api(tmp_path):
+    """`otelgpu serve` fed the HAMi and KAI nodes' dcgm-exporter scrapes over OTLP/gRPC, the pods'
+    grants read by the real kubernetes client from a local API endpoint (no kube-state-metrics):
+    the figures of the two worked examples, and each node's capacity = allocated + idle."""
+    from kubeapi import FakeKubeApi
+    from sidecar import Sidecar
+
+    hami, kai = Cluster([hami_node()], hami_pods()), kai_cluster()
+    c = Cluster(hami.nodes + kai.nodes, hami.pods + kai.pods)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.t0 // NS - 3600))
+    sink = CollectorSink()
+    with FakeKubeApi(token="t") as api:
+        for obj in c.namespace_objects() + c.node_objects() + [c.pod_object(p) for p in c.pods]:
+            api.apply({**obj, "metadata": {**obj["metadata"], "creationTimestamp": created}})
+        serve = Sidecar(tmp_path, {
+            "receiver": {"max_point_age_seconds": 0},
+            "attribution": {"interval_seconds": 300, "lateness_seconds": 0,
+                            "prices": {"gpu_hour_by_gpu_model": {A100: 12.0, H100: 40.0}}},
+            "kubernetes": {"enabled": True, "auth": "token", "api_url": api.url, "token": "t"},
+            "exporter": {"otlp": {"endpoint": sink.endpoint, "tls": {"insecure": True}}}})
+        try:
+            serve.start(timeout=90)
+            serve.export(*c.scrapes(60, HOUR, ksm=False))
+            assert serve.stop(timeout=60) == 0, serve.log.read_text()[-6000:]
+        finally:
+            serve.close()
+            sink.stop()
+
+    def total(metric: str, *keys: str) -> dict:
+        out: dict = {}
+        for attrs, point in sink.latest(metric).items():
+            a = dict(attrs)
+            if a.get("cost_model") == "request":
+                k = tuple(a.get(key, "") for key in keys)
+                out[k] = out.get(k, 0.0) + point.as_double
+        return out
+
+    assert total("gpu.cost.allocated", "pod", "fraction_basis") == pytest.approx({
+        ("infer-a", "hami_cores"): 3.6, ("infer-b", "hami_memory"): 6.0,
+        ("notebook-1", "kai_fraction"): 20.0, ("notebook-2", "kai_memory"): 10.0}, rel=1e-9)
+    assert total("gpu.cost.effective", "pod") == pytest.approx({
+        ("infer-a",): 1.8, ("infer-b",): 3.0, ("notebook-1",): 16.0, ("notebook-2",): 8.0}, rel=1e-9)
+    capacity, allocated, idle = (total(m, "node") for m in ("gpu.cost.capacity", "gpu.cost.allocated", "gpu.cost.idle"))
+    assert capacity == pytest.approx({("hami-1",): 24.0, ("kai-1",): 40.0}, rel=1e-9)
+    for node, value in capacity.items():
+        assert allocated[node] + idle[node] == pytest.approx(value, rel=1e-9)
