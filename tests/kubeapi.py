@@ -174,6 +174,13 @@ class FakeKubeApi:
         with self._cond:
             return self._rv
 
+    def define(self, kind: str, api_version: str, namespaced: bool = True) -> None:
+        """Serve a kind that is not built in (plural: lowercased kind + "s"), cluster-scoped unless
+        `namespaced`; `apply` defines one it does not know as namespaced."""
+        group, _, version = api_version.partition("/")
+        with self._cond:
+            self._resources[kind] = Resource(kind, group, version, kind.lower() + "s", namespaced, builtin=False)
+
     def apply(self, obj: dict) -> dict:
         """Create or replace by (kind, namespace, name); a replace keeps uid and creationTimestamp."""
         obj = copy.deepcopy(obj)

@@ -9,7 +9,7 @@ import pytest
 from cluster import Cluster, Node, Pod, Unit
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import CollectorSink, feed, make_config, offline_pipeline
+from support import CollectorSink, eventually, feed, make_config, offline_pipeline
 
 from otelgpu.enrich.sharing import Claim, hami_devices, model_memory_mib
 from otelgpu.enrich.window import NS
@@ -200,7 +200,7 @@ def shared_gpus(draw) -> tuple[Cluster, dict]:
                 cores, mem = draw(st.integers(0, 100)), draw(st.integers(1, 81920))
                 pods.append(Pod("t", f"{name}-h{k}", name, gpu=("nvidia_com_gpu", 1),
                                 annotations={HAMI: f"{uuid},NVIDIA,{mem},{cores}:"}))
-                granted[pods[-1].name] = cores / 100 if cores else mem / 81920
+                granted[pods[-1].name] = max(cores / 100, mem / 81920)  # the most either rule takes
         elif how == "kai":
             group = {"runai-gpu-group": f"g{i}"}
             pods.append(Pod(RESERVATION, f"{name}-reservation", name, group, gpu=("nvidia_com_gpu", 1),
@@ -264,21 +264,87 @@ def test_the_worked_examples_through_the_real_sidecar_with_grants_from_the_kuber
             serve.close()
             sink.stop()
 
-    def total(metric: str, *keys: str) -> dict:
-        out: dict = {}
-        for attrs, point in sink.latest(metric).items():
-            a = dict(attrs)
-            if a.get("cost_model") == "request":
-                k = tuple(a.get(key, "") for key in keys)
-                out[k] = out.get(k, 0.0) + point.as_double
-        return out
-
-    assert total("gpu.cost.allocated", "pod", "fraction_basis") == pytest.approx({
+    assert _sink_totals(sink, "gpu.cost.allocated", "pod", "fraction_basis") == pytest.approx({
         ("infer-a", "hami_cores"): 3.6, ("infer-b", "hami_memory"): 6.0,
         ("notebook-1", "kai_fraction"): 20.0, ("notebook-2", "kai_memory"): 10.0}, rel=1e-9)
-    assert total("gpu.cost.effective", "pod") == pytest.approx({
+    assert _sink_totals(sink, "gpu.cost.effective", "pod") == pytest.approx({
         ("infer-a",): 1.8, ("infer-b",): 3.0, ("notebook-1",): 16.0, ("notebook-2",): 8.0}, rel=1e-9)
-    capacity, allocated, idle = (total(m, "node") for m in ("gpu.cost.capacity", "gpu.cost.allocated", "gpu.cost.idle"))
+    capacity, allocated, idle = (_sink_totals(sink, m, "node") for m in ("gpu.cost.capacity", "gpu.cost.allocated", "gpu.cost.idle"))
     assert capacity == pytest.approx({("hami-1",): 24.0, ("kai-1",): 40.0}, rel=1e-9)
     for node, value in capacity.items():
         assert allocated[node] + idle[node] == pytest.approx(value, rel=1e-9)
+
+
+def dra_objects(c: Cluster) -> list[dict]:
+    """The DRA driver's ResourceSlice for node dra-1 (two GPUs and a MIG device), and two claims:
+    GPU-d0 for `trainer`, GPU-d1 shared by `svc-1` and `svc-2` (reservedFor lists both)."""
+    def device(name: str, **attributes: str) -> dict:
+        return {"name": name, "attributes": {k: {"string": v} for k, v in attributes.items()}}
+
+    def claim(namespace: str, name: str, gpu: str, pods: list[str]) -> dict:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "dra-1", "device": gpu}]}},
+                    "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{namespace}-{p}"} for p in pods]}}
+
+    slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "dra-1-gpu-x9"},
+              "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-1", "pool": {"name": "dra-1", "generation": 1,
+                                                                                  "resourceSliceCount": 1},
+                       "devices": [device("gpu-0", type="gpu", uuid="GPU-d0", productName=H100),
+                                   device("gpu-1", type="gpu", uuid="GPU-d1", productName=H100),
+                                   device("gpu-1-mig-1g10gb-0", type="mig", uuid="MIG-d1-0", parentUUID="GPU-d1",
+                                          profile="1g.10gb")]}}
+    return [slice_, claim("team-a", "trainer-gpu", "gpu-0", ["trainer"]),
+            claim("team-b", "shared-gpu", "gpu-1", ["svc-1", "svc-2"])]
+
+
+@pytest.mark.slow
+def test_gpus_dra_claims_allocate_are_held_by_the_claims_pods_through_the_real_sidecar(tmp_path):
+    """dcgm-exporter without DRA support names no pod on a node's two H100 ($40 an hour each), and
+    no pod requests a GPU: the ResourceClaims (from the Kubernetes API) say who holds them.
+    `trainer` holds GPU-d0 (50% active): $40, effective $20. svc-1 and svc-2 share GPU-d1's claim
+    (20% active): $20 each as replicas, effective $4 each. Nothing is idle."""
+    from kubeapi import FakeKubeApi
+    from sidecar import Sidecar
+
+    node = Node("dra-1", "p5.48xlarge", 192, 2048, units=[Unit("GPU-d0", H100, busy=0.5), Unit("GPU-d1", H100, busy=0.2)])
+    c = Cluster([node], [Pod("team-a", "trainer", "dra-1", {"team": "a"}), Pod("team-b", "svc-1", "dra-1"),
+                         Pod("team-b", "svc-2", "dra-1")])
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.t0 // NS - 3600))
+    sink = CollectorSink()
+    with FakeKubeApi(token="t") as api:
+        api.define("ResourceSlice", "resource.k8s.io/v1", namespaced=False)
+        for obj in c.namespace_objects() + c.node_objects() + [c.pod_object(p) for p in c.pods] + dra_objects(c):
+            api.apply({**obj, "metadata": {**obj["metadata"], "creationTimestamp": created}})
+        serve = Sidecar(tmp_path, {
+            "receiver": {"max_point_age_seconds": 0},
+            "attribution": {"interval_seconds": 300, "lateness_seconds": 0,
+                            "prices": {"gpu_hour_by_gpu_model": {H100: 40.0}}},
+            "kubernetes": {"enabled": True, "auth": "token", "api_url": api.url, "token": "t"},
+            "exporter": {"otlp": {"endpoint": sink.endpoint, "tls": {"insecure": True}}}})
+        try:
+            serve.start(timeout=90)
+            eventually(lambda: serve.metric("otelgpu_kube_objects", resource="resourceclaims") == 2, 30)
+            serve.export(*c.scrapes(60, HOUR, ksm=False))
+            assert serve.stop(timeout=60) == 0, serve.log.read_text()[-6000:]
+        finally:
+            serve.close()
+            sink.stop()
+    allocated = _sink_totals(sink, "gpu.cost.allocated", "pod", "attribution", "unit_kind")
+    assert allocated == pytest.approx({("trainer", "dra_claim", "gpu"): 40.0, ("svc-1", "dra_claim", "replica"): 20.0,
+                                       ("svc-2", "dra_claim", "replica"): 20.0}, rel=1e-9)
+    assert _sink_totals(sink, "gpu.cost.effective", "pod") == pytest.approx(
+        {("trainer",): 20.0, ("svc-1",): 4.0, ("svc-2",): 4.0}, rel=1e-9)
+    assert sum(_sink_totals(sink, "gpu.cost.idle", "node").values()) == pytest.approx(0.0, abs=1e-9)
+
+
+def _sink_totals(sink, metric: str, *keys: str) -> dict:
+    """The request model's last cumulative values of `metric` at the sink, summed by `keys`."""
+    out: dict = {}
+    for attrs, point in sink.latest(metric).items():
+        a = dict(attrs)
+        if a.get("cost_model") == "request":
+            k = tuple(a.get(key, "") for key in keys)
+            out[k] = out.get(k, 0.0) + point.as_double
+    return out

@@ -56,6 +56,36 @@ class NamespaceFacts:
 
 
 OwnerKey = tuple[str, str, str]  # (namespace, kind, name) of a ReplicaSet, Job or other owner
+DeviceKey = tuple[str, str, str]  # (driver, pool, device) of a DRA device
+
+
+@dataclass
+class ClaimFacts:
+    """A DRA ResourceClaim: the devices allocated to it and the pods (of its namespace) it is
+    reserved for, which use it."""
+
+    devices: tuple[DeviceKey, ...] = ()
+    pods: tuple[str, ...] = ()
+    seen_ns: int = 0
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """A GPU or MIG device a DRA driver publishes: its NVML UUID, and for a MIG device the UUID
+    of its GPU and its profile."""
+
+    uuid: str
+    parent_uuid: str = ""
+    profile: str = ""
+
+
+@dataclass
+class SliceFacts:
+    """A DRA ResourceSlice: the GPU devices of one node's pool."""
+
+    node: str = ""
+    devices: dict[DeviceKey, DraDevice] = field(default_factory=dict)
+    seen_ns: int = 0
 
 
 @dataclass
@@ -74,6 +104,8 @@ class FactsView:
     namespaces: Mapping[str, NamespaceFacts]
     owners: Mapping[OwnerKey, OwnerFacts]
     previous: Mapping[tuple[str, str], PodFacts] = field(default_factory=dict)  # replaced under the same name
+    claims: Mapping[tuple[str, str], ClaimFacts] = field(default_factory=dict)  # DRA, (namespace, name)
+    slices: Mapping[str, SliceFacts] = field(default_factory=dict)  # DRA, by ResourceSlice name
 
     def pod(self, key: tuple[str, str], start_ns: int = 0) -> PodFacts | None:
         """The pod of that name alive at `start_ns`: a pod deleted and recreated under the same
@@ -93,7 +125,8 @@ def merge(ksm: FactsView, api: FactsView) -> FactsView:
     kube-state-metrics carries only allowlisted keys); kube-state-metrics facts serve the objects
     the API source does not have (not listed yet, forbidden, API unreachable since start)."""
     return FactsView({**ksm.pods, **api.pods}, {**ksm.nodes, **api.nodes},
-                     {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners}, api.previous)
+                     {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners}, api.previous,
+                     api.claims, api.slices)
 
 
 _METRICS = {int(m): m for m in Metric}

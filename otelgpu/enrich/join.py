@@ -48,8 +48,8 @@ KINDS = ("gpu", "mig", "replica", "fraction")  # unit_kind
 GPU, MIG, REPLICA, FRACTION = 0, 1, 2, 3
 BASES = ("device", "per_pod", "equal_split", "none", "by_fraction")  # activity_basis
 DEVICE, PER_POD, EQUAL_SPLIT, UNMEASURED, BY_FRACTION = 0, 1, 2, 3, 4
-ATTRIBUTIONS = ("pod", "ksm_request", "active_without_pod", "pod_unknown")
-POD, KSM_REQUEST, ACTIVE, POD_UNKNOWN = 0, 1, 2, 3
+ATTRIBUTIONS = ("pod", "ksm_request", "active_without_pod", "pod_unknown", "dra_claim")
+POD, KSM_REQUEST, ACTIVE, POD_UNKNOWN, DRA_CLAIM = 0, 1, 2, 3, 4
 NOBODY = 0  # the holder ("", "") of a unit held by no pod
 
 T = TypeVar("T", bound=Hashable)
@@ -286,9 +286,13 @@ class Joiner:
         rows = self._holder_rows(H, gpu_of_ent, base_f, kind, profile, shared, ent_replicas, dt)
         shown = set(self._holders.values)  # the pods DCGM shows holding a unit
         unheld = self._unheld_rows(H, E, gpu_of_ent, base_f, kind, profile, shared, infos, node_of_ent, shown, dt)
-        if self._sharing:
-            rows = self._with_fractions(_Rows.concat([rows, unheld]), S, ent, H, E, gpu_of_ent, dt)
+        if self._sharing or self.facts.claims:
+            rows = _Rows.concat([rows, unheld])
             unheld = _Rows.of([], 1.0, 1.0, 0.0, np.nan, NOBODY, GPU, 0, POD, DEVICE)
+            if self.facts.claims:
+                rows = self._with_dra_claims(rows, H, E, gpu_of_ent, dt)
+            if self._sharing:
+                rows = self._with_fractions(rows, S, ent, H, E, gpu_of_ent, dt)
         models: Names[str] = Names()
         gpu_node = node_of_ent[gpu_first]  # index into names, for now
         gpu_model = self._indices(models, E.model[gpu_first])
@@ -423,6 +427,52 @@ class Joiner:
                                   profile[u], attribution, basis))
             at.append(x)
         return _Rows.concat(parts).take(np.argsort(np.concatenate(at), kind="stable"))
+
+    def _with_dra_claims(self, rows: _Rows, H: Holdings, E, gpu_of_ent: np.ndarray, dt: float) -> _Rows:  # noqa: ANN001
+        """Whole GPUs that DRA ResourceClaims allocate, where dcgm-exporter shows no pod on them: the
+        claim's Running pods hold them (`attribution="dra_claim"`), a claim several pods share split
+        equally as replicas, in place of the rows of nobody. Where DCGM names a pod, it stands."""
+        st = self.s.string
+        index = {key: (s.node, device) for s in self.facts.slices.values() for key, device in s.devices.items()}
+        drivers = {key[0] for key in index}
+        whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
+                                                                                E.gi.tolist())) if gi < 0}
+        shown = np.zeros(len(E.node), dtype=bool)
+        shown[H.entity[H.holder_pod >= 0]] = True
+        placed: dict[int, list[tuple[str, str]]] = {}  # entity -> the pods of the claims on it
+        for (namespace, _), claim in sorted(self.facts.claims.items()):
+            pods = [(namespace, name) for name in claim.pods
+                    if (pod := self.facts.pods.get((namespace, name))) is not None and self._running(pod)]
+            for key in claim.devices if pods else ():
+                found = index.get(key)
+                if found is None:
+                    if key[0] in drivers:
+                        self._sharing.problems["DRA device not in its driver's ResourceSlices"] += len(pods)
+                    continue
+                node, device = found
+                e = whole.get((node, device.uuid))
+                if e is None:
+                    if not device.parent_uuid:  # MIG devices: dcgm-exporter's DRA mapping names their pods
+                        self._sharing.problems["DRA GPU not reported on its node"] += len(pods)
+                    continue
+                if not shown[e]:
+                    held_by = placed.setdefault(e, [])
+                    held_by += [p for p in pods if p not in held_by]
+        if not placed:
+            return rows
+        gpus = gpu_of_ent[np.array(list(placed), np.int64)]
+        parts = [rows.take(np.flatnonzero(~(np.isin(rows.gpu, gpus) & (rows.holder == NOBODY))))]
+        for e, pods in placed.items():
+            mine = np.flatnonzero(H.entity == e)
+            held_s, act_s = float(H.held_s[mine].sum()), float(H.act_s[mine].sum())
+            activity = float(H.act_integral[mine].sum()) / act_s if act_s > 0 else np.nan
+            n = len(pods)
+            basis = UNMEASURED if np.isnan(activity) else (DEVICE if n == 1 else EQUAL_SPLIT)
+            parts.append(_Rows.of(np.full(n, gpu_of_ent[e]), 1.0 / n, min(held_s / dt, 1.0),
+                                  act_s / held_s if held_s > 0 else 0.0, activity,
+                                  [self._holders.index(p) for p in pods], GPU if n == 1 else REPLICA, 0, DRA_CLAIM,
+                                  basis))
+        return _Rows.concat(parts)
 
     def _with_fractions(self, rows: _Rows, S: Samples, ent: np.ndarray, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
                         dt: float) -> _Rows:
@@ -792,7 +842,8 @@ def _carries_cost(pod: PodFacts, use: PodUse | None) -> bool:
 def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:
     return FactsView({k: p for k, p in facts.pods.items() if p.node == node and not without_pods},
                      {n: f for n, f in facts.nodes.items() if n == node}, facts.namespaces, facts.owners,
-                     {k: p for k, p in facts.previous.items() if p.node == node})
+                     {k: p for k, p in facts.previous.items() if p.node == node},
+                     {} if without_pods else facts.claims, {k: s for k, s in facts.slices.items() if s.node == node})
 
 
 def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:

@@ -237,7 +237,8 @@ def test_history_is_bounded_by_the_retention(api, started, clock):
     assert source.facts.versions()["pods"] == 2
     clock.now = T + 30 + 900
     source.view()
-    assert source.facts.versions() == {"pods": 1, "nodes": 1, "namespaces": 0, "owners": 0}
+    assert source.facts.versions() == {"pods": 1, "nodes": 1, "namespaces": 0, "owners": 0, "resourceclaims": 0,
+                                      "resourceslices": 0}
     assert team(source, at(T + 15)) == "v3" and "ml" not in source.view(at(T + 15)).namespaces
 
     for i in range(4, 20):  # changes while no view is taken are bounded too

@@ -13,7 +13,7 @@ from typing import Any, Collection, Mapping, Optional
 
 from kubernetes.utils.quantity import parse_quantity
 
-from otelgpu.enrich.facts import NamespaceFacts, NodeFacts, OwnerFacts, PodFacts
+from otelgpu.enrich.facts import ClaimFacts, DraDevice, NamespaceFacts, NodeFacts, OwnerFacts, PodFacts, SliceFacts
 from otelgpu.enrich.labels import NODE_LABELS, ksm_annotation_name, ksm_label_name, ksm_resource_name
 
 Obj = Mapping[str, Any]
@@ -78,6 +78,38 @@ def node_facts(obj: Obj, now_ns: int) -> NodeFacts:
 
 def namespace_facts(obj: Obj, label_keys: Collection[str], now_ns: int) -> NamespaceFacts:
     return NamespaceFacts(labels=_kept(meta(obj).get("labels"), ksm_label_name, label_keys), seen_ns=now_ns)
+
+
+def claim_facts(obj: Obj, now_ns: int) -> ClaimFacts:
+    """A ResourceClaim's allocated devices (`status.allocation.devices.results`) and the pods it is
+    reserved for (`status.reservedFor`)."""
+    status = obj.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    devices = tuple((str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", ""))) for r in results)
+    pods = tuple(str(r.get("name", "")) for r in status.get("reservedFor") or []
+                 if r.get("resource") == "pods" and not r.get("apiGroup"))
+    return ClaimFacts(devices, pods, now_ns)
+
+
+def _attribute(attributes: Mapping[str, Any], driver: str, name: str) -> str:
+    """A device attribute's string value, named bare or qualified by the driver's domain."""
+    value = attributes.get(name) or attributes.get(f"{driver}/{name}") or {}
+    return str(value.get("string", "")) if isinstance(value, Mapping) else ""
+
+
+def slice_facts(obj: Obj, now_ns: int) -> SliceFacts:
+    """A ResourceSlice's GPU and MIG devices: those with an NVML `uuid` attribute (resource.k8s.io/v1
+    puts attributes on the device, v1beta1 under `basic`)."""
+    spec = obj.get("spec") or {}
+    driver, pool = str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", ""))
+    devices: dict[tuple[str, str, str], DraDevice] = {}
+    for device in spec.get("devices") or []:
+        attributes = device.get("attributes") or (device.get("basic") or {}).get("attributes") or {}
+        uuid = _attribute(attributes, driver, "uuid")
+        if uuid.startswith(("GPU-", "MIG-")):
+            devices[(driver, pool, str(device.get("name", "")))] = DraDevice(
+                uuid, _attribute(attributes, driver, "parentUUID"), _attribute(attributes, driver, "profile"))
+    return SliceFacts(str(spec.get("nodeName") or ""), devices, now_ns)
 
 
 def owner_facts(obj: Obj, now_ns: int) -> OwnerFacts:

@@ -202,7 +202,10 @@ class Reflector:
             log.debug("%s %s still failing (%s)", verb, resource, reason)
             return
         self._failing = reason
-        if reason in ("forbidden", "unauthorized"):
+        if reason == "not_found" and resource.startswith("resource"):
+            log.warning("Kubernetes API does not serve %s (DRA's resource.k8s.io/v1 needs Kubernetes 1.34 or later; "
+                        "kubernetes.dra: false stops asking); retrying with backoff", resource)
+        elif reason in ("forbidden", "unauthorized"):
             log.error("Kubernetes API refuses to %s %s: %s. otelgpu needs get, list and watch on %s; it goes on "
                       "attributing with the facts it has and retries.", verb, resource, api_message(exc), resource)
         else:

@@ -10,6 +10,7 @@ when an interval ended.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -31,6 +32,8 @@ from otelgpu.telemetry import SelfMetrics
 log = logging.getLogger(__name__)
 
 OWNER_RETRY_S = 600.0  # an owner that could not be read is asked for again after this
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+DRA_RESOURCES = ("resourceclaims", "resourceslices")
 
 
 class OwnerResolver:
@@ -121,6 +124,11 @@ class KubeSource:
             WatchSpec("namespaces", core.list_namespace),
             WatchSpec("nodes", core.list_node, f"metadata.name={node}" if node else None),
         ]
+        if cfg.dra:  # through the generic client: the typed DRA API is only in recent client releases
+            dra = functools.partial(client.CustomObjectsApi(self.api).list_cluster_custom_object, DRA_GROUP, DRA_VERSION)
+            specs += [WatchSpec("resourceclaims", functools.partial(dra, "resourceclaims")),
+                      WatchSpec("resourceslices", functools.partial(dra, "resourceslices"),
+                                f"spec.nodeName={node}" if node else None)]
         self.reflectors = [Reflector(s, self.facts, cfg, metrics, self.stop) for s in specs]
         self.owners = OwnerResolver(self.api, self.facts, metrics, self.stop, clock) if cfg.resolve_owners else None
         if self.owners is not None:
@@ -137,7 +145,9 @@ class KubeSource:
             self._threads.append(t)
 
     def synced(self) -> bool:
-        return all(r.synced for r in self.reflectors)
+        """Pods, namespaces and nodes listed. DRA objects are not waited for: a cluster before 1.34
+        serves none, and their watches retry in the background."""
+        return all(r.synced for r in self.reflectors if r.spec.resource not in DRA_RESOURCES)
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

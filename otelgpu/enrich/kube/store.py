@@ -16,7 +16,16 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
-from otelgpu.enrich.facts import FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
+from otelgpu.enrich.facts import (
+    ClaimFacts,
+    FactsView,
+    NamespaceFacts,
+    NodeFacts,
+    OwnerFacts,
+    OwnerKey,
+    PodFacts,
+    SliceFacts,
+)
 from otelgpu.enrich.kube import objects as O
 from otelgpu.enrich.kube.history import Timeline
 from otelgpu.enrich.kube.reflector import Obj
@@ -56,6 +65,8 @@ class ApiFacts:
         self.nodes: Timeline[str, NodeFacts] = Timeline(retention, same_facts)
         self.namespaces: Timeline[str, NamespaceFacts] = Timeline(retention, same_facts)
         self.owners: Timeline[OwnerKey, OwnerFacts] = Timeline(retention, same_facts)
+        self.claims: Timeline[PodKey, ClaimFacts] = Timeline(retention, same_facts)  # DRA ResourceClaims
+        self.slices: Timeline[str, SliceFacts] = Timeline(retention, same_facts)  # DRA ResourceSlices
         self.deleted_at: dict[PodKey, float] = {}
         self.previous: dict[PodKey, PodFacts] = {}  # the pod a same-name pod replaced
         self.previous_at: dict[PodKey, float] = {}
@@ -67,15 +78,22 @@ class ApiFacts:
                           now_ns)
         return (m.get("namespace", ""), m.get("name", "")), pod
 
-    def _named(self, resource: str, obj: Obj, now_ns: int) -> tuple[str, Any, int]:
-        """(name, facts, creation ns) of a node or namespace."""
+    def _named(self, resource: str, obj: Obj, now_ns: int) -> tuple[Any, Any, int]:
+        """(key, facts, creation ns) of a node, namespace, ResourceClaim or ResourceSlice."""
         m = O.meta(obj)
-        facts: Any = O.node_facts(obj, now_ns) if resource == "nodes" else \
-            O.namespace_facts(obj, self.tags.namespace_label_keys, now_ns)
-        return m.get("name", ""), facts, O.timestamp_ns(m.get("creationTimestamp"))
+        if resource == "nodes":
+            facts: Any = O.node_facts(obj, now_ns)
+        elif resource == "resourceclaims":
+            facts = O.claim_facts(obj, now_ns)
+        elif resource == "resourceslices":
+            facts = O.slice_facts(obj, now_ns)
+        else:
+            facts = O.namespace_facts(obj, self.tags.namespace_label_keys, now_ns)
+        return _key(resource, m), facts, O.timestamp_ns(m.get("creationTimestamp"))
 
-    def _table(self, resource: str) -> Timeline[str, Any]:
-        return self.nodes if resource == "nodes" else self.namespaces
+    def _table(self, resource: str) -> Timeline[Any, Any]:
+        return {"nodes": self.nodes, "resourceclaims": self.claims, "resourceslices": self.slices}.get(
+            resource, self.namespaces)
 
     def replace(self, resource: str, objects: Iterable[Obj]) -> None:
         self._replace(resource, objects)
@@ -126,7 +144,7 @@ class ApiFacts:
                 if pod is not None and (not m.get("uid") or m.get("uid") == pod.uid):
                     self._mark_deleted(key, pod, now)
             else:  # absent from now on; kept as a version until the retention passes
-                self._table(resource).put(m.get("name", ""), None, int(now * NS), int(now * NS))
+                self._table(resource).put(_key(resource, m), None, int(now * NS), int(now * NS))
         self.publish()
 
     def _put_pod(self, key: PodKey, pod: PodFacts, now: float) -> None:
@@ -140,7 +158,7 @@ class ApiFacts:
         if not pod.deleted:
             self.deleted_at.pop(key, None)
 
-    def _put_named(self, table: Timeline[str, F], name: str, facts: F, created_ns: int, now_ns: int) -> None:
+    def _put_named(self, table: Timeline[Any, F], name: Any, facts: F, created_ns: int, now_ns: int) -> None:
         table.put(name, facts, since(name in table, name not in table.latest, created_ns, now_ns), now_ns)
 
     def _mark_deleted(self, key: PodKey, pod: PodFacts, now: float) -> None:
@@ -179,7 +197,7 @@ class ApiFacts:
             previous = {k: p for k, p in self.previous.items() if as_of_ns is None or
                         (k in pods and pods[k].uid != p.uid)}  # as of then, the pod it replaced may be the one there
             return FactsView(pods, self.nodes.at(as_of_ns), self.namespaces.at(as_of_ns), self.owners.at(as_of_ns),
-                             previous)
+                             previous, self.claims.at(as_of_ns), self.slices.at(as_of_ns))
 
     def _expire(self, now: float) -> None:
         """Deleted pods past their grace, owners no kept pod version refers to, versions past the retention."""
@@ -197,16 +215,23 @@ class ApiFacts:
         for key in [k for k in self.owners.latest if k[1] in RESOLVED_KINDS and k not in used]:
             self.owners.forget(key)
         now_ns = int(now * NS)
-        for table in (self.pods, self.nodes, self.namespaces, self.owners):
+        for table in (self.pods, self.nodes, self.namespaces, self.owners, self.claims, self.slices):
             table.prune(now_ns)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"pods": len(self.pods.latest), "nodes": len(self.nodes.latest),
-                    "namespaces": len(self.namespaces.latest), "owners": len(self.owners.latest)}
+                    "namespaces": len(self.namespaces.latest), "owners": len(self.owners.latest),
+                    "resourceclaims": len(self.claims.latest), "resourceslices": len(self.slices.latest)}
 
     def versions(self) -> dict[str, int]:
         """Versions kept per resource (deletion marks included): what the history costs."""
         with self._lock:
             return {"pods": self.pods.count(), "nodes": self.nodes.count(),
-                    "namespaces": self.namespaces.count(), "owners": self.owners.count()}
+                    "namespaces": self.namespaces.count(), "owners": self.owners.count(),
+                    "resourceclaims": self.claims.count(), "resourceslices": self.slices.count()}
+
+
+def _key(resource: str, m: Obj) -> Any:
+    """A named object's key: (namespace, name) for ResourceClaims, the name for the rest."""
+    return (m.get("namespace", ""), m.get("name", "")) if resource == "resourceclaims" else m.get("name", "")
