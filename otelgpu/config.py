@@ -607,6 +607,9 @@ class KubernetesConfig:
     ca_file: Optional[str] = None
     insecure_skip_tls_verify: bool = False
     resolve_owners: bool = True  # get ReplicaSets and Jobs to reach their Deployments and CronJobs
+    # Watch DRA ResourceClaims and ResourceSlices (resource.k8s.io/v1, Kubernetes 1.34+): the GPUs
+    # claims allocate to pods, where dcgm-exporter does not map them (docs/cost-model.md section 11).
+    dra: bool = True
     deleted_pod_grace_seconds: float = Field(600.0, ge=0, le=86_400)
     # Changes of each object kept, so an interval reads facts as they were at its end: at least
     # the interval plus the lateness (the interval waits that long before it is computed).
@@ -642,7 +645,7 @@ class SourcesConfig:
     honor_labels, say) are refused and counted (`otelgpu_points_rejected_total`), so nothing
     else can move money: relabel a pod, invent a node, claim a GPU. `[{}]` takes any source."""
 
-    dcgm: tuple[Matcher, ...] = ({"service.name": ("dcgm-exporter", "nvidia-dcgm-exporter")},)
+    dcgm: tuple[Matcher, ...] = ({"service.name": ("dcgm-exporter", "nvidia-dcgm-exporter", "otelgpu-nvml")},)
     kube_state_metrics: tuple[Matcher, ...] = ({"service.name": "kube-state-metrics"},)
     cadvisor: tuple[Matcher, ...] = ({"service.name": ("kubelet", "kubelet-cadvisor", "cadvisor")},)
     # vLLM's token counters split only the cost of the pod that exposes them (the scrape target's
