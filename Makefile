@@ -15,6 +15,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	tools/ensure-prometheus
+	tools/ensure-gcc
 	tools/focus-validate --install
 	$(VENV)/bin/python -m pytest -n auto
 

@@ -1,5 +1,7 @@
 """`otelgpu serve --config FILE`, `otelgpu demo`, `otelgpu check-config FILE`, `otelgpu warm-up`,
-`otelgpu rules [--budgets FILE] [--prometheusrule]`, `otelgpu report --prometheus URL --start T --end T`."""
+`otelgpu rules [--budgets FILE] [--prometheusrule]`, `otelgpu report --prometheus URL --start T --end T`,
+`otelgpu nvml --node NODE --endpoint HOST:PORT [--mode auto|nvml]`: the per-node NVML agent that
+exports dcgm-exporter's series where no dcgm-exporter runs (docs/nvml.md)."""
 
 from __future__ import annotations
 
@@ -138,6 +140,52 @@ def _focus(args: argparse.Namespace, client, start: float, end: float) -> int:  
     return 0
 
 
+def _nvml(args: argparse.Namespace) -> int:
+    from otelgpu.nvml import agent
+    from otelgpu.nvml.export import OtlpSeries, exporter_config
+
+    node = args.node or os.environ.get("NODE_NAME", "")
+    problems = [] if node else ["nvml: --node or NODE_NAME must name this node (the downward API's spec.nodeName)"]
+    if not args.interval > 0:
+        problems.append("nvml: --interval must be a positive number of seconds")
+    if not args.dcgm_url.startswith(("http://", "https://")):
+        problems.append(f"nvml: --dcgm-url must be an http:// or https:// URL, got {args.dcgm_url!r}")
+    if problems:
+        raise ConfigError(problems)
+    endpoint = exporter_config(args.endpoint, True if args.insecure else None, args.ca_file, args.cert_file,
+                               args.key_file)
+    options = agent.Options(node, args.interval, args.mode, args.dcgm_url, args.pod_resources_socket)
+    return agent.run(options, OtlpSeries(endpoint, node, timeout_s=min(10.0, max(args.interval, 1.0))),
+                     args.nvml_library)
+
+
+def _nvml_parser(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
+    from otelgpu.nvml import DEFAULT_DCGM_URL, DEFAULT_POD_RESOURCES_SOCKET as DEFAULT_SOCKET, MODES
+
+    nvml = sub.add_parser(
+        "nvml", help="per-node agent: read the GPUs with NVML, export dcgm-exporter's series over OTLP",
+        description="Read this node's GPUs and MIG instances with NVML, map them to pods through the kubelet's "
+                    "pod-resources API, and export the series dcgm-exporter would give (GPU_UTIL, FB_USED, FB_FREE, "
+                    "POWER_USAGE, TOTAL_ENERGY_CONSUMPTION) over OTLP/gRPC, as service.name otelgpu-nvml. "
+                    "See docs/nvml.md.")
+    nvml.add_argument("--endpoint", default="127.0.0.1:4317",
+                      help="OTLP/gRPC receiver: otelgpu's or a Collector's, host:port or https://host:port "
+                           "(default 127.0.0.1:4317); TLS unless the host is a loopback address or --insecure")
+    nvml.add_argument("--insecure", action="store_true", help="plaintext to a host that is not loopback")
+    nvml.add_argument("--ca-file", help="CA of the receiver's certificate (default: the system's CAs)")
+    nvml.add_argument("--cert-file", help="client certificate, for mutual TLS (with --key-file)")
+    nvml.add_argument("--key-file", help="the client certificate's key")
+    nvml.add_argument("--interval", type=float, default=30.0, help="seconds between readings (default 30)")
+    nvml.add_argument("--node", help="this node's name, the series' Hostname (default: NODE_NAME)")
+    nvml.add_argument("--mode", choices=MODES, default="auto",
+                      help="auto (default): export only while no dcgm-exporter answers at --dcgm-url; nvml: always")
+    nvml.add_argument("--dcgm-url", default=DEFAULT_DCGM_URL,
+                      help=f"where a dcgm-exporter of this node would answer (default {DEFAULT_DCGM_URL})")
+    nvml.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET,
+                      help=f"the kubelet's pod-resources socket (default {DEFAULT_SOCKET})")
+    nvml.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 where the dynamic linker does not find it")
+
+
 def _version() -> str:
     """The installed distribution's version (the package's own when run from a source tree)."""
     import importlib.metadata
@@ -189,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--service-name", default="Amazon Elastic Compute Cloud",
                         help="FOCUS: the provider's service the nodes are (ServiceName)")
     report.add_argument("--billing-account", help="FOCUS: BillingAccountId (default: the cluster's name)")
+    _nvml_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -209,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "report":
             return _report(args)
+        if args.command == "nvml":
+            return _nvml(args)
         if args.command == "check-config":
             config = load_config(args.config)
             prices = config.attribution.prices

@@ -79,11 +79,16 @@ def overlays() -> list[Path]:
                   if yaml.safe_load(p.read_text()).get("kind", "Kustomization") == "Kustomization")
 
 
+# Components for one mode only: the gateway's checkpoint volume; the NVML agents, which send to the
+# otelgpu pod of their own node.
+ONE_MODE = {"checkpoint-pvc": "gateway", "nvml": "node"}
+
+
 def combinations() -> list[tuple[str, tuple[str, ...]]]:
     """Each mode alone, with each component, and with all of them that apply to it."""
     combos: list[tuple[str, tuple[str, ...]]] = []
     for mode in MODES:
-        usable = tuple(c for c in COMPONENTS if not (c == "checkpoint-pvc" and mode != "gateway"))
+        usable = tuple(c for c in COMPONENTS if ONE_MODE.get(c, mode) == mode)
         combos += [(mode, ()), *((mode, (c,)) for c in usable), (mode, usable)]
     return combos
 
@@ -167,8 +172,9 @@ class Pod:
         return gates
 
 
-def pod(objects: tuple[dict, ...]) -> Pod:
-    workload = next(o for o in objects if o["kind"] in ("Deployment", "DaemonSet"))
+def pod(objects: tuple[dict, ...], name: str = "otelgpu") -> Pod:
+    """The pod of workload `name` (otelgpu's own; components may add others, the NVML agent's)."""
+    workload = next(o for o in objects if o["kind"] in ("Deployment", "DaemonSet") and o["metadata"]["name"] == name)
     return Pod(workload, objects)
 
 

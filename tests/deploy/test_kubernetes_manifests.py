@@ -42,11 +42,14 @@ def test_every_mode_with_its_components_renders_and_validates(mode, components):
     assert {"gateway": "Deployment", "node": "DaemonSet"}[mode] in kinds
     _validate(objects)
     # Every namespaced object lands in the namespace of the pod that uses it (a PersistentVolumeClaim
-    # elsewhere would leave the pod pending).
+    # elsewhere would leave the pod pending); the NVML agent's own objects in the agent's namespace.
     cluster_wide = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     namespaces = {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in objects
                   if o["kind"] not in cluster_wide}
-    assert set(namespaces.values()) == {"otelgpu"}, namespaces
+    agent = {(kind, "otelgpu-nvml") for kind in ("DaemonSet", "ServiceAccount", "NetworkPolicy")} \
+        if "nvml" in components else set()
+    assert agent <= namespaces.keys()
+    assert namespaces == {k: "otelgpu-nvml" if k in agent else "otelgpu" for k in namespaces}, namespaces
 
 
 def _validate(objects):
