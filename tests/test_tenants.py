@@ -14,7 +14,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support import feed, make_config, offline_pipeline, otlp_fixture
 
@@ -207,6 +207,7 @@ counts = st.floats(min_value=0, max_value=1e9, allow_nan=False)
        costs=st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=3),
        weights=st.tuples(st.sampled_from([0.0, 0.5, 1.0, 4.0]), st.sampled_from([1.0, 3.0])),
        cap=st.integers(min_value=1, max_value=6))
+@example(served={("a", "a"): [0.0, 5e-324]}, costs=[1.5], weights=(0.0, 1.0), cap=1)  # a subnormal weight
 def test_the_split_conserves_the_pod_and_never_goes_negative(served, costs, weights, cap):
     cfg = TenantsConfig(prompt_weight=weights[0], generation_weight=weights[1], max_tenants_per_pod=cap)
     allocated = {(("cost_model", "request"), ("namespace", "ns"), ("pod", "p"), ("resource", f"r{i}"),

@@ -48,7 +48,7 @@ def split_by_tenant(charged: Mapping[Attrs, float], tokens: Tokens, cfg: Tenants
                 cost[with_attrs(base, {"tenant": cfg.without_tokens})] += value
                 continue
             for (model, tenant), w in weights.items():
-                cost[with_attrs(base, {"served_model": model, "tenant": tenant})] += value * w / total
+                cost[with_attrs(base, {"served_model": model, "tenant": tenant})] += value * (w / total)  # a share first: tiny weights stay exact
     return dict(cost)
 
 
