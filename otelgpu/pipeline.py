@@ -301,8 +301,8 @@ class Pipeline:
         """Apply one decoded batch and close every interval it makes due. `replayed`: a log
         record whose effects the checkpoint already holds, for the intervals it closed."""
         samples = dcgm_samples(batch, self.strings)
-        pods = (self.usage.pod_samples(batch, use=self.models.needs_pods(), tokens=self.tenants is not None)
-                if self._pods() else None)
+        # Pods' phases always (how long a GPU grant's or claim's pod ran); their use for scad; tokens.
+        pods = self.usage.pod_samples(batch, use=self.models.needs_pods(), tokens=self.tenants is not None, phases=True)
         facts = batch.select(is_ksm(batch.metric))
         late, late_facts = self.windows.add(samples, batch, pods, facts)
         if len(late_facts):
@@ -356,14 +356,8 @@ class Pipeline:
 
     def _compute(self, interval: Interval) -> Costs:
         self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval
-        if not self._pods():
-            return self.costs.compute(interval, None)
         use, tokens = self.usage.use_and_tokens(interval.pods, interval.start_ns, interval.end_ns)
-        return self.costs.compute(interval, use if self.models.needs_pods() else None, tokens)
-
-    def _pods(self) -> bool:
-        """Whether pods' samples are kept: scad's use, or the tokens tenants are split by."""
-        return self.models.needs_pods() or self.tenants is not None
+        return self.costs.compute(interval, use, tokens)
 
     def compute_ahead(self) -> bool:
         """Compute the interval that closes next now if it is complete (`Windows.next_complete`),

@@ -193,7 +193,7 @@ def shared_gpus(draw) -> tuple[Cluster, dict]:
         how = draw(st.sampled_from(["hami", "kai", "several", "whole", "none"]))
         busy = draw(st.floats(0.0, 1.0))
         nodes.append(Node(name, "p5.4xlarge", 16, 256, units=[Unit(uuid, H100, busy=busy, memory_mib=81920)],
-                          capacity={"nvidia_com_gpu": 1}))
+                          capacity={"nvidia_com_gpu": 10 if how == "hami" else 1}))  # HAMi: 10 vGPUs
         n = draw(st.integers(1, 4))
         if how == "hami":
             for k in range(n):
@@ -281,11 +281,11 @@ def dra_objects(c: Cluster) -> list[dict]:
     def device(name: str, **attributes: str) -> dict:
         return {"name": name, "attributes": {k: {"string": v} for k, v in attributes.items()}}
 
-    def claim(namespace: str, name: str, gpu: str, pods: list[str]) -> dict:
+    def claim(namespace: str, name: str, gpu: str, pods: list[str], admin: bool = False) -> dict:
+        result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "dra-1", "device": gpu}
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": namespace},
-                "status": {"allocation": {"devices": {"results": [
-                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "dra-1", "device": gpu}]}},
+                "status": {"allocation": {"devices": {"results": [{**result, "adminAccess": True} if admin else result]}},
                     "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{namespace}-{p}"} for p in pods]}}
 
     slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "dra-1-gpu-x9"},
@@ -295,8 +295,10 @@ def dra_objects(c: Cluster) -> list[dict]:
                                    device("gpu-1", type="gpu", uuid="GPU-d1", productName=H100),
                                    device("gpu-1-mig-1g10gb-0", type="mig", uuid="MIG-d1-0", parentUUID="GPU-d1",
                                           profile="1g.10gb")]}}
+    slice_["spec"]["devices"].append(device("gpu-2", type="gpu", uuid="GPU-d2", productName=H100))
     return [slice_, claim("team-a", "trainer-gpu", "gpu-0", ["trainer"]),
-            claim("team-b", "shared-gpu", "gpu-1", ["svc-1", "svc-2"])]
+            claim("team-b", "shared-gpu", "gpu-1", ["svc-1", "svc-2"]),
+            claim("monitoring", "monitor-gpu-0", "gpu-0", ["monitor"], admin=True)]
 
 
 @pytest.mark.slow
@@ -304,13 +306,17 @@ def test_gpus_dra_claims_allocate_are_held_by_the_claims_pods_through_the_real_s
     """dcgm-exporter without DRA support names no pod on a node's two H100 ($40 an hour each), and
     no pod requests a GPU: the ResourceClaims (from the Kubernetes API) say who holds them.
     `trainer` holds GPU-d0 (50% active): $40, effective $20. svc-1 and svc-2 share GPU-d1's claim
-    (20% active): $20 each as replicas, effective $4 each. Nothing is idle."""
+    (20% active): $20 each as replicas, effective $4 each. A monitoring pod's admin-access claim on
+    GPU-d0 holds nothing. `job` asks the device plugin for a GPU: it gets GPU-d2, the one no claim
+    allocates ($40, unmeasured). Nothing is idle."""
     from kubeapi import FakeKubeApi
     from sidecar import Sidecar
 
-    node = Node("dra-1", "p5.48xlarge", 192, 2048, units=[Unit("GPU-d0", H100, busy=0.5), Unit("GPU-d1", H100, busy=0.2)])
+    node = Node("dra-1", "p5.48xlarge", 192, 2048, labels={"nvidia.com/gpu.count": "3"},
+                units=[Unit("GPU-d0", H100, busy=0.5), Unit("GPU-d1", H100, busy=0.2), Unit("GPU-d2", H100, busy=0.3)])
     c = Cluster([node], [Pod("team-a", "trainer", "dra-1", {"team": "a"}), Pod("team-b", "svc-1", "dra-1"),
-                         Pod("team-b", "svc-2", "dra-1")])
+                         Pod("team-b", "svc-2", "dra-1"), Pod("monitoring", "monitor", "dra-1"),
+                         Pod("team-c", "job", "dra-1", gpu=("nvidia_com_gpu", 1))])
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.t0 // NS - 3600))
     sink = CollectorSink()
     with FakeKubeApi(token="t") as api:
@@ -325,7 +331,7 @@ def test_gpus_dra_claims_allocate_are_held_by_the_claims_pods_through_the_real_s
             "exporter": {"otlp": {"endpoint": sink.endpoint, "tls": {"insecure": True}}}})
         try:
             serve.start(timeout=90)
-            eventually(lambda: serve.metric("otelgpu_kube_objects", resource="resourceclaims") == 2, 30)
+            eventually(lambda: serve.metric("otelgpu_kube_objects", resource="resourceclaims") == 3, 30)
             serve.export(*c.scrapes(60, HOUR, ksm=False))
             assert serve.stop(timeout=60) == 0, serve.log.read_text()[-6000:]
         finally:
@@ -333,9 +339,10 @@ def test_gpus_dra_claims_allocate_are_held_by_the_claims_pods_through_the_real_s
             sink.stop()
     allocated = _sink_totals(sink, "gpu.cost.allocated", "pod", "attribution", "unit_kind")
     assert allocated == pytest.approx({("trainer", "dra_claim", "gpu"): 40.0, ("svc-1", "dra_claim", "replica"): 20.0,
-                                       ("svc-2", "dra_claim", "replica"): 20.0}, rel=1e-9)
+                                       ("svc-2", "dra_claim", "replica"): 20.0, ("job", "ksm_request", "gpu"): 40.0},
+                                      rel=1e-9)
     assert _sink_totals(sink, "gpu.cost.effective", "pod") == pytest.approx(
-        {("trainer",): 20.0, ("svc-1",): 4.0, ("svc-2",): 4.0}, rel=1e-9)
+        {("trainer",): 20.0, ("svc-1",): 4.0, ("svc-2",): 4.0, ("job",): 0.0}, rel=1e-9)
     assert sum(_sink_totals(sink, "gpu.cost.idle", "node").values()) == pytest.approx(0.0, abs=1e-9)
 
 
@@ -348,3 +355,120 @@ def _sink_totals(sink, metric: str, *keys: str) -> dict:
             k = tuple(a.get(key, "") for key in keys)
             out[k] = out.get(k, 0.0) + point.as_double
     return out
+
+
+
+# The worst day: grants that are wrong, forged or out of place -----------------------------------
+
+
+def one_h100(*pods: Pod, units: int = 1, advertised: int | None = None, busy: float = 0.0) -> Cluster:
+    node = Node("n1", "p5.48xlarge", 192, 2048, labels={"nvidia.com/gpu.count": str(units)},  # GFD's count
+                units=[Unit(f"GPU-h{i}", H100, busy=busy, memory_mib=81920) for i in range(units)],
+                capacity={"nvidia_com_gpu": advertised or units})
+    return Cluster([node], list(pods))
+
+
+@pytest.mark.parametrize("policy", ["keep", "share"])
+def test_a_grant_a_pod_writes_itself_cannot_cut_what_dcgm_shows_it_holds(policy):
+    """`greedy` holds GPU-h0 alone (dcgm-exporter maps it) and writes a 1% HAMi grant on its own
+    pod: it pays the whole GPU, and its neighbour pays nothing of it under idle policy share."""
+    greedy = Pod("t", "greedy", "n1", gpu=("nvidia_com_gpu", 1), holds=("GPU-h0",), annotations={HAMI: "GPU-h0,NVIDIA,1,1:"})
+    honest = Pod("u", "honest", "n1", gpu=("nvidia_com_gpu", 1), holds=("GPU-h1",))
+    for advertised in (2, 20):  # a node without HAMi, and one that advertises vGPUs
+        p = offline_pipeline(make_config(attribution__interval_seconds=300, attribution__lateness_seconds=0,
+                                         attribution__idle__policy=policy,
+                                         attribution__prices__gpu_hour_by_gpu_model={H100: 40.0}))
+        feed(p, *one_h100(greedy, honest, units=2, advertised=advertised).scrapes(60, HOUR))
+        p.close_due(flush=True)
+        assert by_pod(p, "allocated") == pytest.approx({("greedy",): 40.0, ("honest",): 40.0}, rel=1e-9)
+        assert sum(by_pod(p, "unused").values()) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_hami_grant_on_a_node_that_advertises_no_vgpus_is_not_taken_and_is_counted():
+    """dcgm-exporter maps no pods; the node advertises its one GPU, so HAMi does not share it: the
+    pod's own GPU request places it, whatever its annotation says."""
+    p = run(one_h100(Pod("t", "job", "n1", gpu=("nvidia_com_gpu", 1), annotations={HAMI: "GPU-h0,NVIDIA,1,1:"}),
+                     busy=0.9))
+    assert by_pod(p, "allocated", "attribution") == pytest.approx({("job", "ksm_request"): 40.0}, rel=1e-9)
+    assert by_label(p.metrics.gpu_fractions_unheld) == {"HAMi grant on a node that advertises no vGPUs": HOUR // 300}
+
+
+@pytest.mark.parametrize("annotations", [{"gpu-fraction": "lots"}, {"gpu-fraction": "nan"}, {"gpu-fraction": "-1"},
+                                         {HAMI: "GPU-h0,NVIDIA,x,5:"}, {HAMI: "GPU-h0[1g.10gb-0],NVIDIA,100,0:"},
+                                         {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}])
+def test_a_grant_that_cannot_be_used_leaves_the_pod_paying_its_request(annotations):
+    p = run(one_h100(Pod("t", "job", "n1", gpu=("nvidia_com_gpu", 1), annotations=annotations), advertised=10, busy=0.9))
+    assert by_pod(p, "allocated") == pytest.approx({("job",): 40.0}, rel=1e-9)
+    assert sum(by_label(p.metrics.gpu_fractions_unheld).values()) == HOUR // 300
+
+
+def test_a_reservation_pod_is_never_charged_even_when_its_fraction_pods_are_gone():
+    c = kai_cluster()
+    del c.pods[1:]
+    p = run(c)
+    assert by_pod(p, "allocated") == {}
+    assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(40.0, rel=1e-9)
+    assert by_label(p.metrics.gpu_fractions_unheld) == {"GPU a reservation pod holds with no fraction pod on it":
+                                                        HOUR // 300}
+
+
+def test_a_gpu_kai_shares_out_takes_no_whole_gpu_request():
+    """dcgm-exporter maps no pods: `trainer`'s request goes to the GPU nobody gives out, not to the
+    one KAI's reservation names."""
+    group = {"runai-gpu-group": "g-1"}
+    c = one_h100(Pod(RESERVATION, "resv", "n1", group, gpu=("nvidia_com_gpu", 1),
+                     annotations={"run.ai/reserve_for_gpu_index": "GPU-h0"}),
+                 Pod("t", "nb", "n1", group, annotations={"gpu-fraction": "0.5"}),
+                 Pod("t", "trainer", "n1", gpu=("nvidia_com_gpu", 1)), units=2, busy=0.5)
+    p = run(c)
+    assert by_pod(p, "allocated", "unit_kind") == pytest.approx({("trainer", "gpu"): 40.0, ("nb", "fraction"): 20.0},
+                                                                rel=1e-9)
+
+
+def test_a_fraction_pod_pays_for_the_part_of_the_interval_it_ran():
+    """A job with half of the GPU runs 60 s of a 300 s interval (the kube-state-metrics phases say
+    so): it pays 60 s, not the interval."""
+    c = kai_cluster((Pod("team-c", "job", "kai-1", {"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "0.25"},
+                         start_s=60, end_s=120),))
+    p = run(c, until_s=300)
+    assert by_pod(p, "allocated")[("job",)] == pytest.approx(0.25 * 40 * 60 / 3600, rel=1e-9)
+    assert by_pod(p, "allocated")[("notebook-1",)] == pytest.approx(0.5 * 40 * 300 / 3600, rel=1e-9)
+
+
+def test_hami_s_vgpus_are_never_counted_as_gpus():
+    """A p4d.24xlarge (8 A100) whose HAMi device plugin advertises 80 vGPUs, no GFD: 8 GPUs whether
+    HAMi pods run or not, and whether or not dcgm-exporter reports (the instance type's count)."""
+    node = Node("hami-8", "p4d.24xlarge", 96, 1152, labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
+                units=[Unit(f"GPU-a{i}", A100) for i in range(8)], capacity={"nvidia_com_gpu": 80})
+    for pods in ([], hami_pods()):
+        for units in (node.units, []):
+            for pod in pods:
+                pod.node = "hami-8"
+            p = run(Cluster([Node(**{**node.__dict__, "units": units})], pods))
+            assert p.store.totals("capacity", (), {"cost_model": "request"})[()] == pytest.approx(8 * 12.0, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=40), st.sampled_from([
+           "GPU-h0,NVIDIA,nan,inf:", "GPU-h0,NVIDIA,1e308,100:GPU-h1,NVIDIA,1,1:", "GPU-h0,NVIDIA,0,0:", ";;::",
+           "0,GPU-h0,NVIDIA,5,5:", "GPU-h0,NVIDIA,5,5,5,5:", "GPU-h0[1-0],NVIDIA,1,1:"])),
+                          st.one_of(st.none(), st.sampled_from(["nan", "inf", "-1", "0", "1e-320", "0.5", "１", ""]),
+                                    st.text(max_size=6)),
+                          st.sampled_from(["g-1", "", "g-2"]), st.booleans()), min_size=1, max_size=5),
+       st.one_of(st.none(), st.sampled_from(["GPU-h0", "GPU-h9", "", "MIG-x", "GPU-" + "a" * 70])))
+def test_hostile_grants_never_break_an_interval_and_every_gpu_adds_up(specs, reserve):
+    pods = []
+    if reserve is not None:
+        pods.append(Pod(RESERVATION, "resv", "n1", {"runai-gpu-group": "g-1"}, gpu=("nvidia_com_gpu", 1),
+                        holds=("GPU-h0",), annotations={"run.ai/reserve_for_gpu_index": reserve}))
+    for i, (hami, fraction, group, holds) in enumerate(specs):
+        annotations = {k: v for k, v in ((HAMI, hami), ("gpu-fraction", fraction)) if v}
+        pods.append(Pod("t", f"p{i}", "n1", {"runai-gpu-group": group} if group else {}, gpu=("nvidia_com_gpu", 1),
+                        holds=("GPU-h1",) if holds else (), annotations=annotations))
+    p = run(one_h100(*pods, units=2, advertised=20, busy=0.5), until_s=600)
+    assert not by_label(p.metrics.interval_errors)
+    m = {"cost_model": "request"}
+    capacity = p.store.totals("capacity", (), m)[()]
+    assert capacity == pytest.approx(2 * 40 * 600 / 3600, rel=1e-12)
+    assert sum(p.store.totals("allocated", (), m).values()) + p.store.totals("idle", (), m).get((), 0.0) == \
+        pytest.approx(capacity, rel=1e-9)

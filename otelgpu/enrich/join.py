@@ -33,7 +33,7 @@ from otelgpu.enrich.nodes import (
     profile_of_resource,
 )
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.sharing import HAMI, Sharing, model_memory_mib, sharing_of
+from otelgpu.enrich.sharing import HAMI, Sharing, drop_hami, model_memory_mib, sharing_of
 from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
@@ -250,6 +250,9 @@ class Joiner:
         self._holder_memo: dict[tuple[int, int, int], tuple[Attrs, tuple[bool, ...], int]] = {}
         self._sharing = Sharing()
         self._placed: set[tuple[str, str]] = set()  # the (node, GPU UUID)s whose claims hold fractions
+        self._use: dict[tuple[int, int], PodUse] = {}
+        self._dra: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (node, GPU UUID) -> its DRA claims' pods
+        self._taken: set[tuple[str, str]] = set()  # (node, GPU UUID)s that grants or DRA claims give out
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
@@ -265,7 +268,9 @@ class Joiner:
         # When it reported pods during this interval, a pod it did not report is gone: it holds
         # and pays nothing. When it reported none (down, not scraped), the last facts stand.
         self._ksm_reporting = any(p.seen_ns >= start_ns for p in self.facts.pods.values() if not p.created_ns)
-        self._sharing = sharing_of(self.facts, self._running)
+        self._use = use or {}
+        self._sharing = sharing_of(self.facts, self._held)
+        self._dra = self._dra_gpus() if self.facts.claims else {}
         S = dedupe(samples)
         dt = (end_ns - start_ns) / 1e9
         st = self.s.string
@@ -282,17 +287,23 @@ class Joiner:
 
         gpu_of_ent, gpu_first = group_ids(E.node, E.uuid)
         base_f, kind = self._base_fractions(E, gpu_of_ent)
+        reported = np.bincount(node_of_ent[gpu_first], minlength=len(names))
+        if self._sharing.claims:
+            hami = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
+            drop_hami(self._sharing, {n for n in hami if not self._advertises_vgpus(n, reported, names)})
+        self._taken = set(self._sharing.claims) | set(self._dra)
         profile = self._indices(self._profiles, E.profile)
         rows = self._holder_rows(H, gpu_of_ent, base_f, kind, profile, shared, ent_replicas, dt)
         shown = set(self._holders.values)  # the pods DCGM shows holding a unit
         unheld = self._unheld_rows(H, E, gpu_of_ent, base_f, kind, profile, shared, infos, node_of_ent, shown, dt)
-        if self._sharing or self.facts.claims:
+        if self._sharing or self._dra:
             rows = _Rows.concat([rows, unheld])
             unheld = _Rows.of([], 1.0, 1.0, 0.0, np.nan, NOBODY, GPU, 0, POD, DEVICE)
-            if self.facts.claims:
-                rows = self._with_dra_claims(rows, H, E, gpu_of_ent, dt)
+            by_entity = _rows_by(H.entity, len(E.node))
+            if self._dra:
+                rows = self._with_dra_claims(rows, H, E, gpu_of_ent, by_entity, dt)
             if self._sharing:
-                rows = self._with_fractions(rows, S, ent, H, E, gpu_of_ent, dt)
+                rows = self._with_fractions(rows, S, ent, H, E, gpu_of_ent, by_entity, dt)
         models: Names[str] = Names()
         gpu_node = node_of_ent[gpu_first]  # index into names, for now
         gpu_model = self._indices(models, E.model[gpu_first])
@@ -411,12 +422,15 @@ class Joiner:
             node, prof = st(int(E.node[u])), self._profiles.values[profile[u]]
             single = infos[node_of_ent[u]].mig_strategy == "single"
             resource = mig_resource(prof) if kind[u] == MIG and not single else "nvidia_com_gpu"
+            # A GPU that grants or DRA claims give out takes no request: it is theirs.
+            taken = kind[u] == GPU and (node, st(int(E.uuid[u]))) in self._taken
             if H.holder_pod[i[x]] == DARK:
-                holder = self._dark_holder(node, st(int(E.uuid[u])), st(int(E.gi[u])), dark_claims.get((node, resource)))
+                holder = self._dark_holder(node, st(int(E.uuid[u])), st(int(E.gi[u])),
+                                           None if taken else dark_claims.get((node, resource)))
                 if holder is not None:
                     placed.append((x, u, 0.0, np.nan, self._holders.index(holder), KSM_REQUEST, UNMEASURED))
                 continue
-            queue = claims.get((node, resource))
+            queue = None if taken else claims.get((node, resource))
             if queue:
                 placed.append((x, u, 0.0, np.nan, self._holders.index(queue.pop(0)), KSM_REQUEST, UNMEASURED))
             elif active[x]:
@@ -428,21 +442,32 @@ class Joiner:
             at.append(x)
         return _Rows.concat(parts).take(np.argsort(np.concatenate(at), kind="stable"))
 
-    def _with_dra_claims(self, rows: _Rows, H: Holdings, E, gpu_of_ent: np.ndarray, dt: float) -> _Rows:  # noqa: ANN001
-        """Whole GPUs that DRA ResourceClaims allocate, where dcgm-exporter shows no pod on them: the
-        claim's Running pods hold them (`attribution="dra_claim"`), a claim several pods share split
-        equally as replicas, in place of the rows of nobody. Where DCGM names a pod, it stands."""
-        st = self.s.string
+    def _held(self, key: tuple[str, str], pod: PodFacts) -> bool:
+        """Whether a pod ran on its node in the interval: its kube-state-metrics phases say so
+        where they were scraped, else whether it is Running at the interval's end."""
+        share = self._running_share(key)
+        return bool(pod.node) and share > 0 if share is not None else self._running(pod)
+
+    def _running_share(self, key: tuple[str, str]) -> float | None:
+        """The share of the interval the pod was Running, where its phase was scraped."""
+        u = self._use.get((self.s.find(key[0]), self.s.find(key[1])))
+        return None if u is None or np.isnan(u.running_share) else float(u.running_share)
+
+    def _held_share(self, key: tuple[str, str], gpu_share: float) -> float:
+        """A grant's or claim's share of the interval: the GPU's, no longer than its pod ran."""
+        share = self._running_share(key)
+        return gpu_share if share is None else min(gpu_share, share)
+
+    def _dra_gpus(self) -> dict[tuple[str, str], list[tuple[str, str]]]:
+        """Per (node, GPU UUID): the pods that DRA claims allocating that whole GPU are reserved
+        for and that ran in the interval. Admin-access results (monitoring) hold nothing. A claim
+        device of a GPU driver that no ResourceSlice lists is counted."""
         index = {key: (s.node, device) for s in self.facts.slices.values() for key, device in s.devices.items()}
         drivers = {key[0] for key in index}
-        whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
-                                                                                E.gi.tolist())) if gi < 0}
-        shown = np.zeros(len(E.node), dtype=bool)
-        shown[H.entity[H.holder_pod >= 0]] = True
-        placed: dict[int, list[tuple[str, str]]] = {}  # entity -> the pods of the claims on it
+        out: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for (namespace, _), claim in sorted(self.facts.claims.items()):
             pods = [(namespace, name) for name in claim.pods
-                    if (pod := self.facts.pods.get((namespace, name))) is not None and self._running(pod)]
+                    if (pod := self.facts.pods.get((namespace, name))) is not None and self._held((namespace, name), pod)]
             for key in claim.devices if pods else ():
                 found = index.get(key)
                 if found is None:
@@ -450,70 +475,108 @@ class Joiner:
                         self._sharing.problems["DRA device not in its driver's ResourceSlices"] += len(pods)
                     continue
                 node, device = found
-                e = whole.get((node, device.uuid))
-                if e is None:
-                    if not device.parent_uuid:  # MIG devices: dcgm-exporter's DRA mapping names their pods
-                        self._sharing.problems["DRA GPU not reported on its node"] += len(pods)
+                if device.parent_uuid:  # MIG devices: dcgm-exporter's DRA mapping names their pods
                     continue
-                if not shown[e]:
-                    held_by = placed.setdefault(e, [])
-                    held_by += [p for p in pods if p not in held_by]
+                held_by = out.setdefault((node, device.uuid), [])
+                held_by += [p for p in pods if p not in held_by]
+        return out
+
+    def _advertises_vgpus(self, node: str, reported: np.ndarray, names: list[str]) -> bool:
+        """Whether a node advertises more `nvidia.com/gpu` than it has GPUs, and no time-slicing:
+        HAMi's vGPUs. Its GPUs: GFD's count, else those DCGM reports, else the instance type's."""
+        facts = self.facts.nodes.get(node)
+        if facts is None:
+            return False
+        info = node_info(facts)
+        physical = gpu_count_label(facts.labels.get(GPU_COUNT_LABEL, ""))
+        if physical is None and node in names:
+            physical = int(reported[names.index(node)]) or None
+        if physical is None:
+            physical = self._catalog_gpus(info.instance_type)
+        return info.replicas == 1 and physical is not None and facts.capacity.get("nvidia_com_gpu", 0) > physical
+
+    def _catalog_gpus(self, instance_type: str) -> int | None:
+        known = self.pricer.catalog.get(instance_type)
+        return known.gpus if known is not None and known.gpus > 0 else None
+
+    def _with_dra_claims(self, rows: _Rows, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
+                         by_entity: list[np.ndarray], dt: float) -> _Rows:
+        """Whole GPUs that DRA ResourceClaims allocate, where dcgm-exporter shows no pod on them: the
+        claim's pods hold them (`attribution="dra_claim"`) for the time they ran, a claim reserved
+        for several pods split equally as replicas, in place of the rows of nobody. Where DCGM
+        names a pod, it stands."""
+        st = self.s.string
+        whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
+                                                                                E.gi.tolist())) if gi < 0}
+        shown = np.zeros(len(E.node), dtype=bool)
+        shown[H.entity[H.holder_pod >= 0]] = True
+        placed: dict[int, list[tuple[str, str]]] = {}
+        for key, pods in self._dra.items():
+            e = whole.get(key)
+            if e is None:
+                self._sharing.problems["DRA GPU not reported on its node"] += len(pods)
+            elif not shown[e]:
+                placed[e] = pods
         if not placed:
             return rows
         gpus = gpu_of_ent[np.array(list(placed), np.int64)]
         parts = [rows.take(np.flatnonzero(~(np.isin(rows.gpu, gpus) & (rows.holder == NOBODY))))]
         for e, pods in placed.items():
-            mine = np.flatnonzero(H.entity == e)
-            held_s, act_s = float(H.held_s[mine].sum()), float(H.act_s[mine].sum())
-            activity = float(H.act_integral[mine].sum()) / act_s if act_s > 0 else np.nan
+            gpu_share, measured, activity = _device_activity(H, by_entity[e], dt)
             n = len(pods)
             basis = UNMEASURED if np.isnan(activity) else (DEVICE if n == 1 else EQUAL_SPLIT)
-            parts.append(_Rows.of(np.full(n, gpu_of_ent[e]), 1.0 / n, min(held_s / dt, 1.0),
-                                  act_s / held_s if held_s > 0 else 0.0, activity,
-                                  [self._holders.index(p) for p in pods], GPU if n == 1 else REPLICA, 0, DRA_CLAIM,
-                                  basis))
+            parts.append(_Rows.of(np.full(n, gpu_of_ent[e]), 1.0 / n, [self._held_share(p, gpu_share) for p in pods],
+                                  measured, activity, [self._holders.index(p) for p in pods],
+                                  GPU if n == 1 else REPLICA, 0, DRA_CLAIM, basis))
         return _Rows.concat(parts)
 
     def _with_fractions(self, rows: _Rows, S: Samples, ent: np.ndarray, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
-                        dt: float) -> _Rows:
-        """`rows` with each GPU that claims name held by the claimants' fractions of it, in place of
-        the rows of the reservation pod, of the claimants themselves (DCGM may show one holding
-        the device) and of nobody; the rows of any other pod on it stay, and the kernel scales all
-        down together should they exceed the GPU. A fraction's activity is the device's, shared in
-        proportion to the fractions (`by_fraction`)."""
+                        by_entity: list[np.ndarray], dt: float) -> _Rows:
+        """`rows` without the reservation pods' (they hold GPUs for others, and are never charged),
+        and with each GPU that grants name held by the grants' fractions of it, each for the time
+        its pod ran, in place of the rows of nobody. A pod DCGM itself shows on a GPU keeps that
+        holding, which its grant cannot reduce; the rows of any other pod stay too, and the
+        kernel scales all down together should they exceed the GPU. A fraction's activity is the
+        device's, shared in proportion to the fractions (`by_fraction`)."""
         st = self.s.string
+        reservations = [h for h, key in enumerate(self._holders.values) if key in self._sharing.reservations]
         whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
                                                                                 E.gi.tolist())) if gi < 0}
         claimed = {key: whole[key] for key in self._sharing.claims if key in whole}
-        if not claimed:
-            return rows
-        claimed_gpus = gpu_of_ent[np.array(list(claimed.values()), np.int64)]
-        sharing_holders = np.array([h for h, key in enumerate(self._holders.values) if key in self._sharing.pods]
-                                   + [NOBODY], np.int64)
-        keep = ~(np.isin(rows.gpu, claimed_gpus) & np.isin(rows.holder, sharing_holders))
-        memory = self._device_memory_mib(S, ent, np.array(list(claimed.values()), np.int64))
-        parts = [rows.take(np.flatnonzero(keep))]
+        drop = np.isin(rows.holder, np.array(reservations, np.int64))
+        if claimed:
+            drop |= np.isin(rows.gpu, gpu_of_ent[np.array(list(claimed.values()), np.int64)]) & (rows.holder == NOBODY)
+        reserved_gpus = set(rows.gpu[np.isin(rows.holder, np.array(reservations, np.int64))].tolist())
+        memory = self._device_memory_mib(S, ent, np.array(list(claimed.values()), np.int64)) if claimed else {}
+        parts = [rows.take(np.flatnonzero(~drop))]
+        kept = parts[0]
         for (node, uuid), e in claimed.items():
-            mine = np.flatnonzero(H.entity == e)
-            held_s, act_s = float(H.held_s[mine].sum()), float(H.act_s[mine].sum())
-            activity = float(H.act_integral[mine].sum()) / act_s if act_s > 0 else np.nan
+            g = gpu_of_ent[e]
+            reserved_gpus.discard(int(g))
+            shown = {self._holders.values[h] for h in kept.holder[kept.gpu == g].tolist()}  # DCGM's own holders
+            gpu_share, measured, activity = _device_activity(H, by_entity[e], dt)
             total = memory.get(e) or model_memory_mib(st(int(E.model[e])))
-            f, holder, basis = self._fractions(node, uuid, total)
+            f, holder, basis = self._fractions(node, uuid, total, exclude=shown)
             if not len(f):
                 continue
             sold = float(f.sum())
             unit_activity = min(activity / sold, 1.0) if not np.isnan(activity) else np.nan
-            parts.append(_Rows.of(np.full(len(f), gpu_of_ent[e]), f, min(held_s / dt, 1.0),
-                                  act_s / held_s if held_s > 0 else 0.0, unit_activity, holder, FRACTION, basis, POD,
+            share = [self._held_share(self._holders.values[h], gpu_share) for h in holder.tolist()]
+            parts.append(_Rows.of(np.full(len(f), g), f, share, measured, unit_activity, holder, FRACTION, basis, POD,
                                   UNMEASURED if np.isnan(unit_activity) else BY_FRACTION))
+        if reserved_gpus:
+            self._sharing.problems["GPU a reservation pod holds with no fraction pod on it"] += len(reserved_gpus)
         return _Rows.concat(parts)
 
-    def _fractions(self, node: str, uuid: str, total_mib: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The claims on one GPU as (fraction, holder, basis) columns, scaled down together where
-        they exceed it (a GPU is never sold twice). A memory grant on a GPU of unknown memory
-        holds nothing (counted)."""
+    def _fractions(self, node: str, uuid: str, total_mib: float | None,
+                   exclude: set[tuple[str, str]] = frozenset()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The claims on one GPU (but those of the pods in `exclude`, which hold it otherwise) as
+        (fraction, holder, basis) columns, scaled down together where they exceed it (a GPU is
+        never sold twice). A memory grant on a GPU of unknown memory holds nothing (counted)."""
         f, holder, basis = [], [], []
         for claim in self._sharing.claims[(node, uuid)]:
+            if claim.pod in exclude:
+                continue
             share, why = claim.fraction(total_mib, self.rule)
             if share <= 0:
                 self._sharing.problems["memory grant on a GPU of unknown memory"] += 1
@@ -599,13 +662,22 @@ class Joiner:
         # HAMi advertises each GPU as several vGPUs: without GFD's count, a node's capacity overstates
         # its GPUs, and DCGM's count stands.
         hami_nodes = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
+        requests: dict[str, list[tuple[tuple[str, str], str, int]]] = {}
+        for node, key, resource, qty in self._gpu_requests():
+            requests.setdefault(node, []).append((key, resource, qty))
+        granted: dict[str, set[str]] = {}
+        for node, uuid in self._sharing.claims:
+            granted.setdefault(node, set()).add(uuid)
         for name, facts in self.facts.nodes.items():
             info = node_info(facts)
             count = gpu_count(facts, info)
+            label = gpu_count_label(facts.labels.get(GPU_COUNT_LABEL, ""))
+            catalog = self._catalog_gpus(info.instance_type)
+            if label is None and catalog is not None and count > catalog:
+                count = catalog  # advertised beyond the instance's GPUs: HAMi's vGPUs, not GPUs
             n = seen.get(name)
             if n is not None:
-                uncounted = name in hami_nodes and gpu_count_label(facts.labels.get(GPU_COUNT_LABEL, "")) is None
-                missing = 0 if uncounted else max(count - int(reported[n]), 0)
+                missing = 0 if name in hami_nodes and label is None else max(count - int(reported[n]), 0)
                 extra_node += [n] * missing
                 extra_model += [int(gpu_model[first[n]])] * missing
                 blind += missing
@@ -620,27 +692,26 @@ class Joiner:
             extra_node += [n] * count
             extra_model += [models.index(model)] * count
             blind += count
-            for node, key, resource, qty in self._gpu_requests():
-                if node != name:
-                    continue
+            for key, resource, qty in requests.get(name, ()):
                 f, unit_kind, profile = self._unit_of_resource(resource, model, info)
                 for _ in range(qty):
                     g = next((i for i in range(count) if free[i] >= f - 1e-9), None)
                     if g is None:
                         break  # more requested than the node has: never sell a GPU twice
                     free[g] -= f
-                    rows.append((base + g, f, self._holders.index(key), unit_kind, self._profiles.index(profile)))
-            for uuid in sorted({u for node, u in self._sharing.claims if node == name}):
+                    rows.append((base + g, f, self._holders.index(key), unit_kind, self._profiles.index(profile), 1.0))
+            for uuid in sorted(granted.get(name, ())):
                 g = next((i for i in range(count) if free[i] >= 1 - 1e-9), None)  # a GPU of its own
                 if g is None:
                     break
                 free[g] = 0.0
                 f, holder, basis = self._fractions(name, uuid, model_memory_mib(model))
-                rows += [(base + g, x, h, FRACTION, b) for x, h, b in zip(f.tolist(), holder.tolist(), basis.tolist())]
+                rows += [(base + g, x, h, FRACTION, b, self._held_share(self._holders.values[h], 1.0))
+                         for x, h, b in zip(f.tolist(), holder.tolist(), basis.tolist())]
         gpu_node = np.concatenate([gpu_node, np.array(extra_node, np.int64)]).astype(np.int64)
         gpu_model = np.concatenate([gpu_model, np.array(extra_model, np.int64)]).astype(np.int64)
-        gpu, f, holder, unit_kind, profile = (list(c) for c in zip(*rows)) if rows else ([], [], [], [], [])
-        return gpu_node, gpu_model, _Rows.of(gpu, f, 1.0, 0.0, np.nan, holder, unit_kind, profile, KSM_REQUEST,
+        gpu, f, holder, unit_kind, profile, share = (list(c) for c in zip(*rows)) if rows else ([],) * 6
+        return gpu_node, gpu_model, _Rows.of(gpu, f, share, 0.0, np.nan, holder, unit_kind, profile, KSM_REQUEST,
                                              UNMEASURED), blind
 
     def _unit_of_resource(self, resource: str, model: str, info: NodeInfo) -> tuple[float, int, str]:
@@ -815,6 +886,20 @@ class Joiner:
             return self.tags.resolve({}, {})
         return self.tags.resolve(pod.labels if pod else {}, self.facts.namespace_labels(holder[0]),
                                  pod.annotations if pod else None, holder[0])
+
+
+def _rows_by(entity: np.ndarray, n: int) -> list[np.ndarray]:
+    """The indices of the holdings of each of `n` entities (one sort, not a scan per entity)."""
+    order = np.argsort(entity, kind="stable")
+    return np.split(order, np.searchsorted(entity[order], np.arange(1, n)))
+
+
+def _device_activity(H: Holdings, mine: np.ndarray, dt: float) -> tuple[float, float, float]:
+    """Of one entity's holdings: the share of the interval it was reported, the share of that
+    with an activity figure, and its mean activity (NaN where none)."""
+    held_s, act_s = float(H.held_s[mine].sum()), float(H.act_s[mine].sum())
+    activity = float(H.act_integral[mine].sum()) / act_s if act_s > 0 else np.nan
+    return min(held_s / dt, 1.0), act_s / held_s if held_s > 0 else 0.0, activity
 
 
 def _held_by_several(S: Samples, ent: np.ndarray, n: int) -> np.ndarray:

@@ -31,12 +31,13 @@ from otelgpu.enrich.labels import ksm_annotation_name, ksm_label_name
 HAMI_ALLOCATED = ksm_annotation_name("hami.io/vgpu-devices-allocated")
 KAI_FRACTION = ksm_annotation_name("gpu-fraction")
 KAI_MEMORY = ksm_annotation_name("gpu-memory")
+KAI_DEVICES = ksm_annotation_name("gpu-fraction-num-devices")
 KAI_RESERVED_GPU = ksm_annotation_name("run.ai/reserve_for_gpu_index")
 KAI_GROUP = ksm_label_name("runai-gpu-group")
 RESERVATION_NAMESPACES = frozenset(("kai-resource-reservation", "runai-reservation"))
 # The pod keys a join keeps for sharing, whatever the tag rules read (kube-state-metrics needs
 # them in --metric-annotations-allowlist and --metric-labels-allowlist; k8s/ sets both).
-ANNOTATION_KEYS = frozenset((HAMI_ALLOCATED, KAI_FRACTION, KAI_MEMORY, KAI_RESERVED_GPU))
+ANNOTATION_KEYS = frozenset((HAMI_ALLOCATED, KAI_FRACTION, KAI_MEMORY, KAI_DEVICES, KAI_RESERVED_GPU))
 LABEL_KEYS = frozenset((KAI_GROUP,))
 
 HAMI, KAI = "hami", "kai"  # Claim.scheduler
@@ -119,17 +120,19 @@ def _number(text: str) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def sharing_of(facts: FactsView, running: Callable[[PodFacts], bool]) -> Sharing:
-    """The claims of the pods `running` accepts (Running, scheduled, not gone)."""
+def sharing_of(facts: FactsView, holds: Callable[[PodKey, PodFacts], bool]) -> Sharing:
+    """The grants of the pods that held anything in the interval (`holds`: Running in it, on a
+    node). A pod whose grant cannot be used is counted and stays an ordinary pod: its GPU requests
+    place it as they would without the grant, so a malformed annotation never makes a pod free."""
     out = Sharing()
     groups: dict[tuple[str, str], str] = {}  # (node, KAI GPU group) -> UUID, from reservation pods
     kai: list[tuple[PodKey, PodFacts]] = []
     for key, pod in facts.pods.items():
-        if not running(pod):
+        if not holds(key, pod):
             continue
         if key[0] in RESERVATION_NAMESPACES and pod.annotations.get(KAI_RESERVED_GPU):
             uuid, group = pod.annotations[KAI_RESERVED_GPU].strip(), pod.labels.get(KAI_GROUP, "")
-            out.pods.add(key)
+            out.pods.add(key)  # it holds its GPU for others: never charged itself
             out.reservations.add(key)
             if _UUID.match(uuid) and group:
                 groups[(pod.node, group)] = uuid
@@ -138,28 +141,49 @@ def sharing_of(facts: FactsView, running: Callable[[PodFacts], bool]) -> Sharing
             continue
         hami = pod.annotations.get(HAMI_ALLOCATED)
         if hami:
-            out.pods.add(key)
+            if "[" in hami:  # MIG mode: `GPU-<uuid>[<template>-<index>]`, a MIG instance HAMi made
+                out.problems["HAMi MIG-mode grant (priced by its GPU request)"] += 1
+                continue
             try:
                 devices = hami_devices(hami)
             except ValueError:
                 out.problems["malformed hami.io/vgpu-devices-allocated"] += 1
                 continue
+            out.pods.add(key)
             for uuid, memory, cores in devices:
                 out.claims.setdefault((pod.node, uuid), []).append(
                     Claim(key, pod.node, uuid, HAMI, cores / 100 if cores > 0 else None, memory or None))
             continue
         if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY):
-            out.pods.add(key)
             kai.append((key, pod))
     for key, pod in kai:
         uuid = groups.get((pod.node, pod.labels.get(KAI_GROUP, "")))
         compute = _number(pod.annotations.get(KAI_FRACTION, "")) if pod.annotations.get(KAI_FRACTION) else None
         memory = _number(pod.annotations.get(KAI_MEMORY, "")) if pod.annotations.get(KAI_MEMORY) else None
+        devices = _number(pod.annotations.get(KAI_DEVICES, "1") or "1")
         if (compute is not None and not 0 < compute <= 1) or (memory is not None and not 0 < memory < 1e7) \
                 or (compute is None and memory is None):
             out.problems["malformed gpu-fraction or gpu-memory"] += 1
+        elif devices != 1:
+            out.problems["KAI fraction of several GPUs (gpu-fraction-num-devices)"] += 1
         elif uuid is None:
             out.problems["fraction pod without a reservation pod on its node"] += 1
         else:
+            out.pods.add(key)
             out.claims.setdefault((pod.node, uuid), []).append(Claim(key, pod.node, uuid, KAI, compute, memory))
     return out
+
+
+def drop_hami(sharing: Sharing, nodes: set[str]) -> None:
+    """Take back the HAMi grants on `nodes` (nodes that advertise no vGPUs: HAMi does not share
+    their GPUs, whatever a pod's annotation says); their pods are ordinary pods again, counted."""
+    for key in [k for k in sharing.claims if k[0] in nodes]:
+        kept = [c for c in sharing.claims[key] if c.scheduler != HAMI]
+        for c in sharing.claims[key]:
+            if c.scheduler == HAMI and c.pod in sharing.pods:
+                sharing.pods.discard(c.pod)
+                sharing.problems["HAMi grant on a node that advertises no vGPUs"] += 1
+        if kept:
+            sharing.claims[key] = kept
+        else:
+            del sharing.claims[key]

@@ -65,11 +65,13 @@ class UsageTracker:
         self._last: dict[tuple, tuple[int, float]] = {}
         self._skip = ("", "POD")  # container "" is the pod's own cgroup, POD the pause container
 
-    def pod_samples(self, batch: PointBatch, use: bool = True, tokens: bool = False) -> PodSamples:
-        """With `use`, phases and cAdvisor use (scad); with `tokens`, vLLM's token counters."""
+    def pod_samples(self, batch: PointBatch, use: bool = True, tokens: bool = False,
+                    phases: bool = False) -> PodSamples:
+        """With `use`, phases and cAdvisor use (scad); with `phases`, the phases alone (how long a
+        GPU grant's pod ran); with `tokens`, vLLM's token counters."""
         s = self.s
         running = (batch.metric == Metric.POD_PHASE) & ~batch.stale
-        if use and running.any():
+        if (use or phases) and running.any():
             running &= batch.column(s.find("phase")) == s.code("Running")
         usage = ((batch.metric == Metric.CPU_USAGE) | (batch.metric == Metric.MEMORY_WORKING_SET)) & ~batch.stale
         wanted = ((batch.metric == Metric.PROMPT_TOKENS) | (batch.metric == Metric.GENERATION_TOKENS)) & ~batch.stale
@@ -77,6 +79,8 @@ class UsageTracker:
             wanted[:] = False
         if use:
             wanted |= running | usage
+        elif phases:
+            wanted |= running
         b = batch.select(wanted)
         if not len(b):
             return PodSamples.empty()

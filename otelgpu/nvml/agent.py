@@ -90,6 +90,7 @@ class Agent:
         self.options, self.reader, self.series, self.mapper = options, reader, series, mapper
         self.probe = probe if probe is not None else DcgmProbe(options.dcgm_url)
         self._exporting: Optional[bool] = None
+        self._failed = False  # the last reading failed: NVML is started afresh before the next one
 
     def should_export(self) -> bool:
         if self.options.mode == "nvml":
@@ -106,10 +107,19 @@ class Agent:
         if not self.should_export():
             return 0
         try:
+            if self._failed:  # a driver reloaded or upgraded under us: its old handles are gone
+                self.reader.close()
+                self.reader.open()
             snapshot = self.reader.read()
-        except pynvml.NVMLError as exc:
-            log.warning("NVML: reading the GPUs failed (%s): nothing exported this cycle", exc)
+        except (pynvml.NVMLError, NvmlUnavailable) as exc:
+            if not self._failed:
+                log.warning("NVML: reading the GPUs failed (%s): nothing exported until NVML starts again; "
+                            "it is started afresh each cycle", exc)
+            self._failed = True
             return 0
+        if self._failed:
+            log.info("NVML: reading the GPUs again")
+            self._failed = False
         found = points(snapshot, self.options.node, self.mapper.holders(snapshot.readings))
         self.series.publish(found)
         return len(found)

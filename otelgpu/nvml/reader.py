@@ -88,7 +88,10 @@ class NvmlReader:
     def close(self) -> None:
         if self._open:
             self._open = False
-            pynvml.nvmlShutdown()
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:  # a driver that went away: nothing left to release
+                log.debug("NVML shutdown: %s", exc)
 
     def read(self) -> Snapshot:
         """Every GPU's entities now. A GPU whose identity cannot be read is left out this time."""

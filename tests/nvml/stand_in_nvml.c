@@ -6,7 +6,7 @@
  * nvmlInitWithFlags and every nvmlDeviceGetCount_v2, so a test can change what the "GPUs" report
  * while the agent runs. One record per line, fields separated by '|', `key=value` after the kind:
  *
- *   system|driver=575.51.03|init_error=9
+ *   system|driver=575.51.03|init_error=9|generation=1
  *   gpu|uuid=GPU-...|name=NVIDIA A100-SXM4-40GB|minor=0|pci=00000000:10:00.0|mig=0|util=50
  *      |mem_total=<bytes>|mem_used=<bytes>|power=<mW>|energy=<mJ>|procs=<pid>:<bytes>,...
  *   mig|gpu=<index of its gpu line>|slot=<n>|uuid=MIG-...|name=... MIG 1g.10gb|gi=11|ci=0
@@ -62,6 +62,9 @@ static Device migs[MAX_GPUS][MAX_MIG];
 static int gpu_count;
 static char driver[TEXT] = "0.0";
 static int init_error;
+/* The driver's load: a new generation (a driver reloaded) invalidates an NVML started before it,
+   whose calls answer NVML_ERROR_UNINITIALIZED until nvmlInit runs again. */
+static int generation, started_generation;
 
 static long long number(const char *v) { return (v && *v && strcmp(v, "-") != 0) ? atoll(v) : -1; }
 
@@ -121,6 +124,7 @@ static void record(char *line) {
         copy(driver, field(keys, values, n, "driver"), TEXT);
         init_error = (int)number(field(keys, values, n, "init_error"));
         if (init_error < 0) init_error = 0;
+        generation = (int)number(field(keys, values, n, "generation"));
     } else if (strcmp(kind, "gpu") == 0 && gpu_count < MAX_GPUS) {
         fill(&gpus[gpu_count++], keys, values, n, 0);
     } else if (strcmp(kind, "mig") == 0) {
@@ -140,6 +144,7 @@ static void load(void) {
     memset(migs, 0, sizeof migs);
     gpu_count = 0;
     init_error = 0;
+    generation = 0;
     if (!f) return;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = 0;
@@ -157,7 +162,12 @@ static nvmlReturn_t text(const char *value, char *out, unsigned int length) {
 #define DEVICE(d) do { if (!(d)) return NVML_ERROR_INVALID_ARGUMENT; if (!(d)->present) return NVML_ERROR_GPU_IS_LOST; } while (0)
 #define SUPPORTED(v) do { if ((v) < 0) return NVML_ERROR_NOT_SUPPORTED; } while (0)
 
-nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; load(); return init_error; }
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    load();
+    started_generation = generation;
+    return init_error;
+}
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 
@@ -168,6 +178,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
     case 9: return "Driver Not Loaded";
     default: return "Unknown Error";
     }
@@ -177,6 +188,7 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) { re
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     load();
+    if (generation != started_generation) return NVML_ERROR_UNINITIALIZED;
     *count = (unsigned int)gpu_count;
     return NVML_SUCCESS;
 }

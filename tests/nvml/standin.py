@@ -65,8 +65,9 @@ def _procs(pids: tuple[int, ...]) -> str:
     return ",".join(f"{pid}:{256 * MIB}" for pid in pids)
 
 
-def render(gpus: list[Gpu], driver: str = "575.51.03", init_error: int = 0) -> str:
-    lines = [f"system|driver={driver}|init_error={init_error}"]
+def render(gpus: list[Gpu], driver: str = "575.51.03", init_error: int = 0, generation: int = 0) -> str:
+    """`generation`: the driver's load; a new one (a driver reloaded) stops an NVML started before it."""
+    lines = [f"system|driver={driver}|init_error={init_error}|generation={generation}"]
     for i, g in enumerate(gpus):
         mem_used = None if g.mem_used_mib is None else g.mem_used_mib * MIB
         mem_total = None if g.mem_total_mib is None else g.mem_total_mib * MIB
@@ -90,8 +91,8 @@ class Devices:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def write(self, gpus: list[Gpu], driver: str = "575.51.03", init_error: int = 0) -> None:
+    def write(self, gpus: list[Gpu], driver: str = "575.51.03", init_error: int = 0, generation: int = 0) -> None:
         """Replace what the GPUs report, atomically: a reading never sees half a file."""
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(render(gpus, driver, init_error))
+        tmp.write_text(render(gpus, driver, init_error, generation))
         tmp.replace(self.path)

@@ -81,11 +81,13 @@ def namespace_facts(obj: Obj, label_keys: Collection[str], now_ns: int) -> Names
 
 
 def claim_facts(obj: Obj, now_ns: int) -> ClaimFacts:
-    """A ResourceClaim's allocated devices (`status.allocation.devices.results`) and the pods it is
+    """A ResourceClaim's allocated devices (`status.allocation.devices.results`; an admin-access
+    result, a monitoring tool's view of a device in use, holds nothing) and the pods it is
     reserved for (`status.reservedFor`)."""
     status = obj.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    devices = tuple((str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", ""))) for r in results)
+    devices = tuple((str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", ""))) for r in results
+                    if not r.get("adminAccess"))
     pods = tuple(str(r.get("name", "")) for r in status.get("reservedFor") or []
                  if r.get("resource") == "pods" and not r.get("apiGroup"))
     return ClaimFacts(devices, pods, now_ns)
@@ -98,13 +100,12 @@ def _attribute(attributes: Mapping[str, Any], driver: str, name: str) -> str:
 
 
 def slice_facts(obj: Obj, now_ns: int) -> SliceFacts:
-    """A ResourceSlice's GPU and MIG devices: those with an NVML `uuid` attribute (resource.k8s.io/v1
-    puts attributes on the device, v1beta1 under `basic`)."""
+    """A ResourceSlice's GPU and MIG devices: those with an NVML `uuid` attribute."""
     spec = obj.get("spec") or {}
     driver, pool = str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", ""))
     devices: dict[tuple[str, str, str], DraDevice] = {}
     for device in spec.get("devices") or []:
-        attributes = device.get("attributes") or (device.get("basic") or {}).get("attributes") or {}
+        attributes = device.get("attributes") or {}
         uuid = _attribute(attributes, driver, "uuid")
         if uuid.startswith(("GPU-", "MIG-")):
             devices[(driver, pool, str(device.get("name", "")))] = DraDevice(
