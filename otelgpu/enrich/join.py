@@ -499,15 +499,19 @@ class Joiner:
         known = self.pricer.catalog.get(instance_type)
         return known.gpus if known is not None and known.gpus > 0 else None
 
+    def _whole_gpus(self, E) -> dict[tuple[str, str], int]:  # noqa: ANN001
+        """(node, GPU UUID) -> entity, for the entities that are whole GPUs (not MIG instances)."""
+        st = self.s.string
+        return {(st(n), st(u)): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(), E.gi.tolist()))
+                if gi < 0}
+
     def _with_dra_claims(self, rows: _Rows, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
                          by_entity: list[np.ndarray], dt: float) -> _Rows:
         """Whole GPUs that DRA ResourceClaims allocate, where dcgm-exporter shows no pod on them: the
         claim's pods hold them (`attribution="dra_claim"`) for the time they ran, a claim reserved
         for several pods split equally as replicas, in place of the rows of nobody. Where DCGM
         names a pod, it stands."""
-        st = self.s.string
-        whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
-                                                                                E.gi.tolist())) if gi < 0}
+        whole = self._whole_gpus(E)
         shown = np.zeros(len(E.node), dtype=bool)
         shown[H.entity[H.holder_pod >= 0]] = True
         placed: dict[int, list[tuple[str, str]]] = {}
@@ -540,8 +544,7 @@ class Joiner:
         device's, shared in proportion to the fractions (`by_fraction`)."""
         st = self.s.string
         reservations = [h for h, key in enumerate(self._holders.values) if key in self._sharing.reservations]
-        whole = {(st(int(n)), st(int(u))): e for e, (n, u, gi) in enumerate(zip(E.node.tolist(), E.uuid.tolist(),
-                                                                                E.gi.tolist())) if gi < 0}
+        whole = self._whole_gpus(E)
         claimed = {key: whole[key] for key in self._sharing.claims if key in whole}
         drop = np.isin(rows.holder, np.array(reservations, np.int64))
         if claimed:
