@@ -524,15 +524,16 @@ class Joiner:
         if not placed:
             return rows
         gpus = gpu_of_ent[np.array(list(placed), np.int64)]
-        parts = [rows.take(np.flatnonzero(~(np.isin(rows.gpu, gpus) & (rows.holder == NOBODY))))]
+        out: list[tuple] = []  # (gpu, fraction, share, measured, activity, holder, kind, activity basis)
         for e, pods in placed.items():
             gpu_share, measured, activity = _device_activity(H, by_entity[e], dt)
             n = len(pods)
-            basis = UNMEASURED if np.isnan(activity) else (DEVICE if n == 1 else EQUAL_SPLIT)
-            parts.append(_Rows.of(np.full(n, gpu_of_ent[e]), 1.0 / n, [self._held_share(p, gpu_share) for p in pods],
-                                  measured, activity, [self._holders.index(p) for p in pods],
-                                  GPU if n == 1 else REPLICA, 0, DRA_CLAIM, basis))
-        return _Rows.concat(parts)
+            how = UNMEASURED if np.isnan(activity) else (DEVICE if n == 1 else EQUAL_SPLIT)
+            out += [(int(gpu_of_ent[e]), 1.0 / n, self._held_share(p, gpu_share), measured, activity,
+                     self._holders.index(p), GPU if n == 1 else REPLICA, how) for p in pods]
+        g, f, share, measured, activity, holder, kind, how = (list(c) for c in zip(*out))
+        rest = rows.take(np.flatnonzero(~(np.isin(rows.gpu, gpus) & (rows.holder == NOBODY))))
+        return _Rows.concat([rest, _Rows.of(g, f, share, measured, activity, holder, kind, 0, DRA_CLAIM, how)])
 
     def _with_fractions(self, rows: _Rows, S: Samples, ent: np.ndarray, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
                         by_entity: list[np.ndarray], dt: float) -> _Rows:
@@ -552,21 +553,26 @@ class Joiner:
         reserved_gpus = set(rows.gpu[np.isin(rows.holder, np.array(reservations, np.int64))].tolist())
         memory = self._device_memory_mib(S, ent, np.array(list(claimed.values()), np.int64)) if claimed else {}
         parts = [rows.take(np.flatnonzero(~drop))]
-        kept = parts[0]
+        held = np.flatnonzero(parts[0].holder != NOBODY)
+        shown_on: dict[int, set[tuple[str, str]]] = {}  # GPU -> the pods DCGM (or a request) shows on it
+        for g, h in zip(parts[0].gpu[held].tolist(), parts[0].holder[held].tolist()):
+            shown_on.setdefault(g, set()).add(self._holders.values[h])
+        out: list[tuple] = []  # (gpu, fraction, share, measured, activity, holder, basis, activity basis)
         for (node, uuid), e in claimed.items():
-            g = gpu_of_ent[e]
-            reserved_gpus.discard(int(g))
-            shown = {self._holders.values[h] for h in kept.holder[kept.gpu == g].tolist()}  # DCGM's own holders
+            g = int(gpu_of_ent[e])
+            reserved_gpus.discard(g)
             gpu_share, measured, activity = _device_activity(H, by_entity[e], dt)
             total = memory.get(e) or model_memory_mib(st(int(E.model[e])))
-            f, holder, basis = self._fractions(node, uuid, total, exclude=shown)
+            f, holder, basis = self._fractions(node, uuid, total, exclude=shown_on.get(g, set()))
             if not len(f):
                 continue
-            sold = float(f.sum())
-            unit_activity = min(activity / sold, 1.0) if not np.isnan(activity) else np.nan
-            share = [self._held_share(self._holders.values[h], gpu_share) for h in holder.tolist()]
-            parts.append(_Rows.of(np.full(len(f), g), f, share, measured, unit_activity, holder, FRACTION, basis, POD,
-                                  UNMEASURED if np.isnan(unit_activity) else BY_FRACTION))
+            unit_activity = min(activity / float(f.sum()), 1.0) if not np.isnan(activity) else np.nan
+            how = UNMEASURED if np.isnan(unit_activity) else BY_FRACTION
+            out += [(g, x, self._held_share(self._holders.values[h], gpu_share), measured, unit_activity, h, b, how)
+                    for x, h, b in zip(f.tolist(), holder.tolist(), basis.tolist())]
+        if out:
+            g, f, share, measured, activity, holder, basis, how = (list(c) for c in zip(*out))
+            parts.append(_Rows.of(g, f, share, measured, activity, holder, FRACTION, basis, POD, how))
         if reserved_gpus:
             self._sharing.problems["GPU a reservation pod holds with no fraction pod on it"] += len(reserved_gpus)
         return _Rows.concat(parts)
