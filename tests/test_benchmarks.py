@@ -43,3 +43,13 @@ def test_pipeline_benchmark_runs():
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert re.search(r"decode: [\d,]+ points/s", res.stdout) and re.search(r"ratio \d+x", res.stdout)
+
+
+@pytest.mark.slow
+def test_sharing_benchmark_prices_every_way_of_sharing_and_adds_up():
+    res = subprocess.run([sys.executable, "benchmarks/bench_sharing.py", "--nodes", "3", "--grants", "3"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = re.findall(r"^(whole|hami|dra)\s+([\d,]+) pods .* \|allocated \+ idle - capacity\| (\S+)$", res.stdout, re.M)
+    assert [(how, int(pods)) for how, pods, _ in rows] == [("whole", 24), ("hami", 72), ("dra", 72)]
+    assert all(float(gap) < 1e-9 for *_, gap in rows)
