@@ -154,7 +154,7 @@ def _nvml(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     endpoint = exporter_config(args.endpoint, True if args.insecure else None, args.ca_file, args.cert_file,
                                args.key_file)
-    options = agent.Options(node, args.interval, args.mode, args.dcgm_url, args.pod_resources_socket)
+    options = agent.Options(node, args.interval, args.mode, args.dcgm_url, args.pod_resources_socket, args.hold_nvml)
     return agent.run(options, OtlpSeries(endpoint, node, timeout_s=min(10.0, max(args.interval, 1.0))),
                      args.nvml_library)
 
@@ -184,6 +184,9 @@ def _nvml_parser(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
     nvml.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET,
                       help=f"the kubelet's pod-resources socket (default {DEFAULT_SOCKET})")
     nvml.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 where the dynamic linker does not find it")
+    nvml.add_argument("--hold-nvml", action="store_true",
+                      help="keep NVML started between readings (default: started for each reading and shut down "
+                           "after, so the driver's device files are free for a driver upgrade)")
 
 
 def _version() -> str:

@@ -82,6 +82,10 @@ class Options:
     mode: str = "auto"
     dcgm_url: str = DEFAULT_DCGM_URL
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    # Keep NVML started between readings. Off, it is started for each reading and shut down after,
+    # so the driver's device files are not held open between readings: a driver upgrade can unload
+    # the kernel modules without evicting the agent.
+    hold_nvml: bool = False
 
 
 class Agent:
@@ -107,7 +111,7 @@ class Agent:
         if not self.should_export():
             return 0
         try:
-            if self._failed:  # a driver reloaded or upgraded under us: its old handles are gone
+            if self._failed or not self.reader.opened:  # after a failure (a driver reloaded): afresh
                 self.reader.close()
                 self.reader.open()
             snapshot = self.reader.read()
@@ -117,6 +121,9 @@ class Agent:
                             "it is started afresh each cycle", exc)
             self._failed = True
             return 0
+        finally:
+            if not self.options.hold_nvml:
+                self.reader.close()
         if self._failed:
             log.info("NVML: reading the GPUs again")
             self._failed = False
@@ -140,8 +147,10 @@ def run(options: Options, series: OtlpSeries, nvml_library: Optional[str] = None
         series.shutdown()
         print(f"otelgpu nvml: {exc}", file=sys.stderr)
         return 1
-    log.info("NVML ready (driver %s); node %s, every %gs, mode %s", driver, options.node, options.interval_s,
-             options.mode)
+    log.info("NVML ready (driver %s); node %s, every %gs, mode %s, NVML %s between readings", driver, options.node,
+             options.interval_s, options.mode, "held" if options.hold_nvml else "released")
+    if not options.hold_nvml:
+        reader.close()
     # As `serve`: the signals wait for sigwait in this thread, blocked before the loop's thread starts.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)

@@ -85,6 +85,10 @@ class NvmlReader:
         self._open = True
         return str(pynvml.nvmlSystemGetDriverVersion())
 
+    @property
+    def opened(self) -> bool:
+        return self._open
+
     def close(self) -> None:
         if self._open:
             self._open = False

@@ -1,5 +1,7 @@
-"""The agent through a driver reload: NVML started before it answers Uninitialized; the agent
-starts it afresh and reads the GPUs again, rather than exporting nothing until restarted."""
+"""The agent through a driver reload: NVML started before it answers Uninitialized. Held between
+readings (`--hold-nvml`), the agent starts it afresh after the failed reading and reads the GPUs
+again, rather than exporting nothing until restarted; released between readings (the default),
+no reading fails at all."""
 
 from __future__ import annotations
 
@@ -11,25 +13,30 @@ from otelgpu.nvml.podresources import PodResourcesClient
 from otelgpu.nvml.procpods import ProcessPods
 from otelgpu.nvml.reader import NvmlReader
 
+import pytest
+
 from .standin import Gpu
 
 A100 = "NVIDIA A100-SXM4-40GB"
 GPU = "GPU-3f6a1c2e-8b4d-4e5f-9a6b-7c8d9e0f1a2b"
 
 
-def test_a_driver_reload_is_read_through_after_nvml_starts_again(devices, stand_in_library, kubelet, tmp_path):
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_driver_reload_is_read_through_after_nvml_starts_again(hold, devices, stand_in_library, kubelet, tmp_path):
     gpus = [Gpu(GPU, A100, minor=0, pci="00000000:10:00.0", util=40)]
     devices.write(gpus)
     sink = CollectorSink()
     reader = NvmlReader(str(stand_in_library))
     series = OtlpSeries(exporter_config(sink.endpoint, insecure=True), "node-1")
     mapper = PodMapper(PodResourcesClient(kubelet.socket), ProcessPods(str(tmp_path), str(tmp_path)))
-    agent = Agent(Options("node-1", mode="nvml"), reader, series, mapper)
+    agent = Agent(Options("node-1", mode="nvml", hold_nvml=hold), reader, series, mapper)
     try:
         reader.open()
         assert agent.cycle() > 0
-        devices.write(gpus, generation=1)  # the driver is reloaded: the NVML started above is stale
-        assert agent.cycle() == 0  # this reading fails, and is counted as failed
+        assert reader.opened == hold  # released, the driver's device files are free between readings
+        devices.write(gpus, generation=1)  # the driver is reloaded: an NVML started before is stale
+        if hold:
+            assert agent.cycle() == 0  # this reading fails
         assert agent.cycle() > 0  # NVML started afresh: the GPUs are read again
         assert agent.cycle() > 0
         util = [p.as_double for p in sink.latest("DCGM_FI_DEV_GPU_UTIL").values()]
