@@ -146,7 +146,8 @@ class Pipeline:
                              | sharing.ANNOTATION_KEYS | sharing.LABEL_KEYS
                              | set(self.tenants.labels if self.tenants else ()))
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
-                             self.metrics, Limits.of(config.receiver, wanted, config.sources), self.wal)
+                             self.metrics, Limits.of(config.receiver, wanted, config.sources, sharing.KEY_PREFIXES),
+                             self.wal)
         self._processed: Optional[Position] = None  # log position through which batches are processed
         self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
         self._skipped_reported = 0

@@ -114,7 +114,7 @@ def test_a_fraction_pod_with_no_reservation_holds_nothing_and_is_counted():
     counted = by_label(p.metrics.gpu_fractions_unheld)
     intervals = HOUR // 300
     assert counted == {"fraction pod without a reservation pod on its node": intervals,
-                       "malformed gpu-fraction or gpu-memory": intervals}
+                       "malformed gpu-fraction, gpu-memory or gpu-fraction-num-devices": intervals}
 
 
 def test_without_dcgm_pod_mapping_the_reservation_pods_gpu_is_still_shared_out():
@@ -472,3 +472,44 @@ def test_hostile_grants_never_break_an_interval_and_every_gpu_adds_up(specs, res
     assert capacity == pytest.approx(2 * 40 * 600 / 3600, rel=1e-12)
     assert sum(p.store.totals("allocated", (), m).values()) + p.store.totals("idle", (), m).get((), 0.0) == \
         pytest.approx(capacity, rel=1e-9)
+
+
+
+def test_a_kai_fraction_of_several_gpus_holds_its_share_of_each():
+    """KAI's `gpu-fraction-num-devices: 2` pod names its second GPU group in a `runai-gpu-group/<g>`
+    label: half of each H100 ($40 in all); the reservation pods pay nothing."""
+    group = {"runai-gpu-group": "g-0", "runai-gpu-group/g-0": "g-0", "runai-gpu-group/g-1": "g-1"}
+    pods = [Pod(RESERVATION, f"resv-{i}", "n1", {"runai-gpu-group": f"g-{i}"}, gpu=("nvidia_com_gpu", 1),
+                holds=(f"GPU-h{i}",), annotations={"run.ai/reserve_for_gpu_index": f"GPU-h{i}"}) for i in (0, 1)]
+    multi = Pod("t", "multi", "n1", group, annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"})
+    p = run(one_h100(*pods, multi, units=2, busy=0.5))
+    assert by_pod(p, "allocated", "fraction_basis") == pytest.approx({("multi", "kai_fraction"): 40.0}, rel=1e-9)
+    assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(40.0, rel=1e-9)
+    one_short = Pod("t", "multi", "n1", group, annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "3"})
+    p = run(one_h100(*pods, one_short, units=2, busy=0.5))
+    assert by_pod(p, "allocated") == {}
+    assert by_label(p.metrics.gpu_fractions_unheld) == {
+        "KAI fraction of several GPUs without a reservation pod for each": HOUR // 300,
+        "GPU a reservation pod holds with no fraction pod on it": 2 * HOUR // 300}
+
+
+def test_kais_nvfractions_memory_request_is_preferred_to_the_legacy_annotations():
+    """KAI 0.17's `nvidia.com/container.<name>.gpu-memory.request: 20Gi` (of 80 GiB) wins over a
+    `gpu-fraction` the pod also carries: a quarter of the H100."""
+    c = kai_cluster()
+    c.pods[1].annotations = {"nvidia.com/container.main.gpu-memory.request": "20Gi", "gpu-fraction": "0.5"}
+    p = run(c)
+    assert by_pod(p, "allocated", "fraction_basis") == pytest.approx({
+        ("notebook-1", "kai_memory"): 10.0, ("notebook-2", "kai_memory"): 10.0}, rel=1e-9)
+
+
+def test_the_api_source_keeps_the_keys_sharing_reads_by_their_beginning():
+    from otelgpu.enrich import sharing
+    from otelgpu.enrich.kube.objects import pod_facts
+
+    pod = pod_facts({"metadata": {"name": "p", "namespace": "t", "labels": {"runai-gpu-group/g-1": "g-1", "x": "y"},
+                                  "annotations": {"nvidia.com/container.main.gpu-memory.request": "1Gi",
+                                                  "nvidia.com/other": "z"}}},
+                    sharing.LABEL_KEYS, sharing.ANNOTATION_KEYS, 0, sharing.LABEL_PREFIXES, sharing.ANNOTATION_PREFIXES)
+    assert pod.labels == {"label_runai_gpu_group_g_1": "g-1"}
+    assert pod.annotations == {"annotation_nvidia_com_container_main_gpu_memory_request": "1Gi"}

@@ -9,9 +9,12 @@ pods of its GPU group. Both schedulers write what they granted on the pods, and 
 - HAMi: annotation `hami.io/vgpu-devices-allocated`, `UUID,NVIDIA,<memory MiB>,<cores %>:` per
   device, containers separated by `;` (pkg/device/devices.go, EncodeContainerDevices). Cores 0 is
   HAMi's "not limited": then the memory share is the fraction.
-- KAI: annotation `gpu-fraction` (0 < f <= 1) or `gpu-memory` (MiB) on the pod, and label
-  `runai-gpu-group`, which the reservation pod of the same node carries too, with annotation
-  `run.ai/reserve_for_gpu_index` naming the GPU's UUID.
+- KAI: annotation `gpu-fraction` (0 < f <= 1) or `gpu-memory` (MiB) on the pod, or (KAI 0.17 and
+  later, which prefer it) `nvidia.com/container.<container>.gpu-memory.request` (a quantity), and
+  label `runai-gpu-group`, which the reservation pod of the same node carries too, with annotation
+  `run.ai/reserve_for_gpu_index` naming the GPU's UUID. A fraction of several GPUs
+  (`gpu-fraction-num-devices`) names its other groups in labels `runai-gpu-group/<group>`
+  (pkg/common/constants and resources/gpu_sharing.go).
 
 What each pod was granted becomes a `Claim` on one (node, GPU UUID); the join turns claims into
 fractions of that GPU (docs/cost-model.md section 11).
@@ -34,11 +37,18 @@ KAI_MEMORY = ksm_annotation_name("gpu-memory")
 KAI_DEVICES = ksm_annotation_name("gpu-fraction-num-devices")
 KAI_RESERVED_GPU = ksm_annotation_name("run.ai/reserve_for_gpu_index")
 KAI_GROUP = ksm_label_name("runai-gpu-group")
+KAI_GROUP_PREFIX = ksm_label_name("runai-gpu-group/")  # label_runai_gpu_group_<group>
+NV_FRACTIONS_PREFIX = ksm_annotation_name("nvidia.com/container.")
+NV_MEMORY_REQUEST_SUFFIX = "_gpu_memory_request"  # `.gpu-memory.request`, as kube-state-metrics writes it
 RESERVATION_NAMESPACES = frozenset(("kai-resource-reservation", "runai-reservation"))
 # The pod keys a join keeps for sharing, whatever the tag rules read (kube-state-metrics needs
-# them in --metric-annotations-allowlist and --metric-labels-allowlist; k8s/ sets both).
+# them in --metric-annotations-allowlist and --metric-labels-allowlist; k8s/README lists them),
+# and the keys kept by their beginning (per container or per GPU group: the Kubernetes API source
+# sees them; kube-state-metrics only with a `*` allowlist).
 ANNOTATION_KEYS = frozenset((HAMI_ALLOCATED, KAI_FRACTION, KAI_MEMORY, KAI_DEVICES, KAI_RESERVED_GPU))
 LABEL_KEYS = frozenset((KAI_GROUP,))
+LABEL_PREFIXES, ANNOTATION_PREFIXES = (KAI_GROUP_PREFIX,), (NV_FRACTIONS_PREFIX,)
+KEY_PREFIXES = LABEL_PREFIXES + ANNOTATION_PREFIXES
 
 HAMI, KAI = "hami", "kai"  # Claim.scheduler
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]{1,64}$")
@@ -154,24 +164,69 @@ def sharing_of(facts: FactsView, holds: Callable[[PodKey, PodFacts], bool]) -> S
                 out.claims.setdefault((pod.node, uuid), []).append(
                     Claim(key, pod.node, uuid, HAMI, cores / 100 if cores > 0 else None, memory or None))
             continue
-        if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY):
+        if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY) or _nv_requests(pod):
             kai.append((key, pod))
     for key, pod in kai:
-        uuid = groups.get((pod.node, pod.labels.get(KAI_GROUP, "")))
-        compute = _number(pod.annotations.get(KAI_FRACTION, "")) if pod.annotations.get(KAI_FRACTION) else None
-        memory = _number(pod.annotations.get(KAI_MEMORY, "")) if pod.annotations.get(KAI_MEMORY) else None
-        devices = _number(pod.annotations.get(KAI_DEVICES, "1") or "1")
-        if (compute is not None and not 0 < compute <= 1) or (memory is not None and not 0 < memory < 1e7) \
-                or (compute is None and memory is None):
-            out.problems["malformed gpu-fraction or gpu-memory"] += 1
-        elif devices != 1:
-            out.problems["KAI fraction of several GPUs (gpu-fraction-num-devices)"] += 1
-        elif uuid is None:
+        try:
+            compute, memory, devices = _kai_request(pod)
+        except ValueError:
+            out.problems["malformed gpu-fraction, gpu-memory or gpu-fraction-num-devices"] += 1
+            continue
+        named = [g for g in (pod.labels.get(KAI_GROUP, ""), *_kai_groups(pod)) if g]
+        uuids = list(dict.fromkeys(u for g in named if (u := groups.get((pod.node, g))) is not None))
+        if not uuids:
             out.problems["fraction pod without a reservation pod on its node"] += 1
+        elif len(uuids) < devices:
+            out.problems["KAI fraction of several GPUs without a reservation pod for each"] += 1
         else:
             out.pods.add(key)
-            out.claims.setdefault((pod.node, uuid), []).append(Claim(key, pod.node, uuid, KAI, compute, memory))
+            for uuid in uuids[:devices]:
+                out.claims.setdefault((pod.node, uuid), []).append(Claim(key, pod.node, uuid, KAI, compute, memory))
     return out
+
+
+def _nv_requests(pod: PodFacts) -> list[str]:
+    """The values of a pod's `nvidia.com/container.<name>.gpu-memory.request` annotations."""
+    return [v for k, v in pod.annotations.items() if k.startswith(NV_FRACTIONS_PREFIX)
+            and k.endswith(NV_MEMORY_REQUEST_SUFFIX)]
+
+
+def _kai_groups(pod: PodFacts) -> list[str]:
+    """The GPU groups of a fraction of several GPUs: the values of its `runai-gpu-group/<group>` labels."""
+    return sorted(v for k, v in pod.labels.items() if k.startswith(KAI_GROUP_PREFIX))
+
+
+def _kai_request(pod: PodFacts) -> tuple[Optional[float], Optional[float], int]:
+    """(share of each GPU, memory MiB of each GPU, number of GPUs) a KAI pod asks for: the
+    NvFractions memory request where there is one (KAI prefers it), else `gpu-fraction` or
+    `gpu-memory`. ValueError when malformed, or when it asks for nothing."""
+    a = pod.annotations
+    devices = _number(a.get(KAI_DEVICES) or "1")
+    if devices is None or devices != int(devices) or not 1 <= devices <= 64:
+        raise ValueError("gpu-fraction-num-devices")
+    nv = _nv_requests(pod)
+    if nv:
+        if len(nv) != 1:  # KAI refuses requests on several containers
+            raise ValueError("NvFractions requests on several containers")
+        memory, compute = _mib(nv[0]), None
+    else:
+        compute = _number(a[KAI_FRACTION]) if a.get(KAI_FRACTION) else None
+        memory = _number(a[KAI_MEMORY]) if a.get(KAI_MEMORY) else None
+    if (compute is not None and not 0 < compute <= 1) or (memory is not None and not 0 < memory < 1e7) \
+            or (compute is None and memory is None):
+        raise ValueError("fraction or memory out of range")
+    return compute, memory, int(devices)
+
+
+def _mib(quantity: str) -> Optional[float]:
+    """A Kubernetes quantity of bytes (`20Gi`, `512Mi`) in MiB; None when it is not one."""
+    from kubernetes.utils.quantity import parse_quantity  # here: a sidecar without KAI never loads the client
+
+    try:
+        value = float(parse_quantity(quantity.strip())) / 2**20
+    except (ValueError, ArithmeticError, TypeError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def drop_hami(sharing: Sharing, nodes: set[str]) -> None:

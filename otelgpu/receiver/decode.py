@@ -293,8 +293,9 @@ def time_problem(name: str, t: int, floor: int, horizon: int) -> str:
 
 
 def wanted_labels(attributes, lim: Limits) -> list[tuple[str, str]]:  # noqa: ANN001 - repeated KeyValue
-    wanted = lim.wanted
-    return [(kv.key, _any_value_str(kv.value)) for kv in attributes if wanted is None or kv.key in wanted]
+    wanted, prefixes = lim.wanted, lim.wanted_prefixes
+    return [(kv.key, _any_value_str(kv.value)) for kv in attributes
+            if wanted is None or kv.key in wanted or (prefixes and kv.key.startswith(prefixes))]
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,14 @@ class Limits:
     max_attributes: int = 512
     wanted: Optional[frozenset[str]] = None  # label keys kept; None keeps every key
     trust: Optional[SourceTrust] = None  # which targets may send which kinds; None: any (`sources`)
+    wanted_prefixes: tuple[str, ...] = ()  # label keys kept as well, by their beginning
 
     @classmethod
     def of(cls, config: ReceiverConfig, wanted: Optional[frozenset[str]] = None,
-           sources: Optional[SourcesConfig] = None) -> "Limits":
+           sources: Optional[SourcesConfig] = None, prefixes: tuple[str, ...] = ()) -> "Limits":
         return cls(config.max_point_age_seconds * NS, config.max_future_seconds * NS, config.max_label_value_bytes,
-                   config.max_attributes_per_point, wanted, SourceTrust(sources) if sources is not None else None)
+                   config.max_attributes_per_point, wanted, SourceTrust(sources) if sources is not None else None,
+                   prefixes)
 
 
 def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:

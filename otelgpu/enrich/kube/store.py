@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
+from otelgpu.enrich import sharing
 from otelgpu.enrich.facts import (
     ClaimFacts,
     FactsView,
@@ -30,7 +31,6 @@ from otelgpu.enrich.kube import objects as O
 from otelgpu.enrich.kube.history import Timeline
 from otelgpu.enrich.kube.reflector import Obj
 from otelgpu.enrich.labels import TagResolver
-from otelgpu.enrich.sharing import ANNOTATION_KEYS as SHARING_ANNOTATIONS, LABEL_KEYS as SHARING_LABELS
 from otelgpu.telemetry import SelfMetrics
 
 NS = 1_000_000_000
@@ -74,8 +74,8 @@ class ApiFacts:
 
     def _pod(self, obj: Obj, now_ns: int) -> tuple[PodKey, PodFacts]:
         m = O.meta(obj)
-        pod = O.pod_facts(obj, self.tags.pod_label_keys | SHARING_LABELS, self.tags.annotation_keys | SHARING_ANNOTATIONS,
-                          now_ns)
+        pod = O.pod_facts(obj, self.tags.pod_label_keys | sharing.LABEL_KEYS, self.tags.annotation_keys
+                          | sharing.ANNOTATION_KEYS, now_ns, sharing.LABEL_PREFIXES, sharing.ANNOTATION_PREFIXES)
         return (m.get("namespace", ""), m.get("name", "")), pod
 
     def _named(self, resource: str, obj: Obj, now_ns: int) -> tuple[Any, Any, int]:
