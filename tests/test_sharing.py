@@ -513,3 +513,62 @@ def test_the_api_source_keeps_the_keys_sharing_reads_by_their_beginning():
                     sharing.LABEL_KEYS, sharing.ANNOTATION_KEYS, 0, sharing.LABEL_PREFIXES, sharing.ANNOTATION_PREFIXES)
     assert pod.labels == {"label_runai_gpu_group_g_1": "g-1"}
     assert pod.annotations == {"annotation_nvidia_com_container_main_gpu_memory_request": "1Gi"}
+
+
+def test_a_pod_that_requests_a_whole_gpu_cannot_join_a_kai_group_to_pay_less():
+    """dcgm-exporter maps no pods; `cheat` runs on a whole GPU through the device plugin and labels
+    itself into KAI's group with a 1% fraction: KAI's fraction pods request no GPU, so its own
+    request still places it ($40), and the grant is counted."""
+    group = {"runai-gpu-group": "g-1"}
+    c = one_h100(Pod(RESERVATION, "resv", "n1", group, gpu=("nvidia_com_gpu", 1),
+                     annotations={"run.ai/reserve_for_gpu_index": "GPU-h0"}),
+                 Pod("a", "nb", "n1", group, annotations={"gpu-fraction": "0.5"}),
+                 Pod("t", "cheat", "n1", group, gpu=("nvidia_com_gpu", 1), annotations={"gpu-fraction": "0.01"}),
+                 units=2, busy=0.5)
+    p = run(c)
+    assert by_pod(p, "allocated") == pytest.approx({("cheat",): 40.0, ("nb",): 20.0}, rel=1e-9)
+    assert by_label(p.metrics.gpu_fractions_unheld) == {"KAI grant on a pod that requests GPUs": HOUR // 300}
+
+
+def test_a_grant_naming_a_gpu_its_node_does_not_report_leaves_the_pod_its_request():
+    p = run(one_h100(Pod("t", "job", "n1", gpu=("nvidia_com_gpu", 1), annotations={HAMI: "GPU-elsewhere,NVIDIA,1,1:"}),
+                     advertised=10, busy=0.9))
+    assert by_pod(p, "allocated") == pytest.approx({("job",): 40.0}, rel=1e-9)
+    assert by_label(p.metrics.gpu_fractions_unheld) == {"grant naming a GPU its node does not report": HOUR // 300}
+
+
+@pytest.mark.parametrize("node", ["mig-single", "dead-gpu"])
+def test_nodes_that_advertise_more_gpus_than_they_report_are_not_hami_nodes(node):
+    """A MIG single-strategy node advertises its 7 instances as nvidia.com/gpu; a p5.48xlarge with
+    a GPU fallen off the bus advertises 8 and reports 7. Neither is HAMi's: a forged HAMi grant
+    there is ignored (counted), and the pod pays what its request places."""
+    if node == "mig-single":
+        n = Node("n1", "p4d.24xlarge", 96, 1152, labels={"nvidia.com/gpu.count": "1", "nvidia.com/mig.strategy": "single",
+                                                         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"},
+                 units=[Unit("GPU-m0", A100, profile="1g.5gb", gi=str(i + 1), busy=0.5) for i in range(7)],
+                 capacity={"nvidia_com_gpu": 7})
+    else:
+        n = Node("n1", "p5.48xlarge", 192, 2048, units=[Unit(f"GPU-h{i}", H100, busy=0.9) for i in range(7)],
+                 capacity={"nvidia_com_gpu": 8})
+    honest, forged = ({}, {HAMI: f"{n.units[0].uuid},NVIDIA,1,1:"})
+    paid = [run(Cluster([n], [Pod("t", "job", "n1", gpu=("nvidia_com_gpu", 1), annotations=a)]))
+            for a in (honest, forged)]
+    assert by_pod(paid[0], "allocated")[("job",)] > 0
+    assert by_pod(paid[1], "allocated") == pytest.approx(by_pod(paid[0], "allocated"), rel=1e-9)
+    assert by_label(paid[1].metrics.gpu_fractions_unheld) == {"HAMi grant on a node that advertises no vGPUs":
+                                                              HOUR // 300}
+
+
+def test_grants_that_follow_each_other_in_an_interval_are_not_scaled_as_if_they_overlapped():
+    """A Deployment's pod with 3/4 of the GPU is replaced mid-interval: each held 3/4 for its 150 s."""
+    c = kai_cluster()
+    del c.pods[1:]
+    group = {"runai-gpu-group": "g-1"}
+    c.pods += [Pod("t", "svc-old", "kai-1", group, annotations={"gpu-fraction": "0.75"}, end_s=150),
+               Pod("t", "svc-new", "kai-1", group, annotations={"gpu-fraction": "0.75"}, start_s=150)]
+    p = offline_pipeline(make_config(attribution__interval_seconds=300, attribution__lateness_seconds=0,
+                                     attribution__prices__gpu_hour_by_gpu_model={H100: 40.0}))
+    feed(p, *c.scrapes(30, 300))
+    p.close_due(flush=True)
+    assert by_pod(p, "allocated") == pytest.approx({("svc-old",): 0.75 * 40 * 150 / 3600,
+                                                    ("svc-new",): 0.75 * 40 * 150 / 3600}, rel=1e-9)

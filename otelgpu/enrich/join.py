@@ -22,7 +22,7 @@ from otelgpu.attribution.prices import NodePrice, Pricer, gpu_model_key
 from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
-from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, TagResolver, Tags
+from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, MIG_STRATEGY, TagResolver, Tags
 from otelgpu.enrich.nodes import (
     GPU_RESOURCES,
     MIG_PREFIX,
@@ -33,7 +33,7 @@ from otelgpu.enrich.nodes import (
     profile_of_resource,
 )
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.sharing import HAMI, Sharing, drop_hami, model_memory_mib, sharing_of
+from otelgpu.enrich.sharing import HAMI, Sharing, model_memory_mib, release, sharing_of
 from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
@@ -287,10 +287,9 @@ class Joiner:
 
         gpu_of_ent, gpu_first = group_ids(E.node, E.uuid)
         base_f, kind = self._base_fractions(E, gpu_of_ent)
-        reported = np.bincount(node_of_ent[gpu_first], minlength=len(names))
+        whole = self._whole_gpus(E) if self._sharing or self._dra else {}
         if self._sharing.claims:
-            hami = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
-            drop_hami(self._sharing, {n for n in hami if not self._advertises_vgpus(n, reported, names)})
+            self._admit_grants(E, node_of_ent, gpu_first, names, whole)
         self._taken = set(self._sharing.claims) | set(self._dra)
         profile = self._indices(self._profiles, E.profile)
         rows = self._holder_rows(H, gpu_of_ent, base_f, kind, profile, shared, ent_replicas, dt)
@@ -301,9 +300,9 @@ class Joiner:
             unheld = _Rows.of([], 1.0, 1.0, 0.0, np.nan, NOBODY, GPU, 0, POD, DEVICE)
             by_entity = _rows_by(H.entity, len(E.node))
             if self._dra:
-                rows = self._with_dra_claims(rows, H, E, gpu_of_ent, by_entity, dt)
+                rows = self._with_dra_claims(rows, H, E, gpu_of_ent, whole, by_entity, dt)
             if self._sharing:
-                rows = self._with_fractions(rows, S, ent, H, E, gpu_of_ent, by_entity, dt)
+                rows = self._with_fractions(rows, S, ent, H, E, gpu_of_ent, whole, by_entity, dt)
         models: Names[str] = Names()
         gpu_node = node_of_ent[gpu_first]  # index into names, for now
         gpu_model = self._indices(models, E.model[gpu_first])
@@ -481,19 +480,33 @@ class Joiner:
                 held_by += [p for p in pods if p not in held_by]
         return out
 
-    def _advertises_vgpus(self, node: str, reported: np.ndarray, names: list[str]) -> bool:
-        """Whether a node advertises more `nvidia.com/gpu` than it has GPUs, and no time-slicing:
-        HAMi's vGPUs. Its GPUs: GFD's count, else those DCGM reports, else the instance type's."""
+    def _admit_grants(self, E, node_of_ent: np.ndarray, gpu_first: np.ndarray, names: list[str],  # noqa: ANN001
+                      whole: dict[tuple[str, str], int]) -> None:
+        """Take back the grants HAMi or KAI cannot have made: HAMi's on nodes that advertise no
+        vGPUs, and any naming a whole GPU its node reports no such thing as (their pods are then
+        priced by their requests, counted)."""
+        reported = dict(zip(names, np.bincount(node_of_ent[gpu_first], minlength=len(names)).tolist()))
+        mig = {self.s.string(int(c)) for c in np.unique(E.node[np.asarray(E.gi) >= 0]).tolist()}
+        hami = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
+        plain = {n for n in hami if not self._advertises_vgpus(n, reported.get(n, 0), n in mig)}
+        release(self._sharing, {c.pod for key, claims in self._sharing.claims.items() if key[0] in plain
+                                for c in claims if c.scheduler == HAMI}, "HAMi grant on a node that advertises no vGPUs")
+        release(self._sharing, {c.pod for key, claims in self._sharing.claims.items()
+                                if key[0] in reported and key not in whole for c in claims},
+                "grant naming a GPU its node does not report")
+
+    def _advertises_vgpus(self, node: str, reported: int, mig: bool) -> bool:
+        """Whether a node advertises HAMi's vGPUs: at least twice as many `nvidia.com/gpu` as it has
+        GPUs (GFD's count, else the more of those DCGM reports and the instance type's), with no
+        time-slicing and no MIG (whose instances the single strategy advertises as GPUs)."""
         facts = self.facts.nodes.get(node)
-        if facts is None:
+        if facts is None or mig or facts.labels.get(MIG_STRATEGY) == "single" \
+                or any(r.startswith(MIG_PREFIX) for r in facts.capacity):
             return False
         info = node_info(facts)
-        physical = gpu_count_label(facts.labels.get(GPU_COUNT_LABEL, ""))
-        if physical is None and node in names:
-            physical = int(reported[names.index(node)]) or None
-        if physical is None:
-            physical = self._catalog_gpus(info.instance_type)
-        return info.replicas == 1 and physical is not None and facts.capacity.get("nvidia_com_gpu", 0) > physical
+        physical = gpu_count_label(facts.labels.get(GPU_COUNT_LABEL, "")) or \
+            max(reported, self._catalog_gpus(info.instance_type) or 0)
+        return info.replicas == 1 and physical > 0 and facts.capacity.get("nvidia_com_gpu", 0) >= 2 * physical
 
     def _catalog_gpus(self, instance_type: str) -> int | None:
         known = self.pricer.catalog.get(instance_type)
@@ -506,12 +519,11 @@ class Joiner:
                 if gi < 0}
 
     def _with_dra_claims(self, rows: _Rows, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
-                         by_entity: list[np.ndarray], dt: float) -> _Rows:
+                         whole: dict[tuple[str, str], int], by_entity: list[np.ndarray], dt: float) -> _Rows:
         """Whole GPUs that DRA ResourceClaims allocate, where dcgm-exporter shows no pod on them: the
         claim's pods hold them (`attribution="dra_claim"`) for the time they ran, a claim reserved
         for several pods split equally as replicas, in place of the rows of nobody. Where DCGM
         names a pod, it stands."""
-        whole = self._whole_gpus(E)
         shown = np.zeros(len(E.node), dtype=bool)
         shown[H.entity[H.holder_pod >= 0]] = True
         placed: dict[int, list[tuple[str, str]]] = {}
@@ -536,7 +548,7 @@ class Joiner:
         return _Rows.concat([rest, _Rows.of(g, f, share, measured, activity, holder, kind, 0, DRA_CLAIM, how)])
 
     def _with_fractions(self, rows: _Rows, S: Samples, ent: np.ndarray, H: Holdings, E, gpu_of_ent: np.ndarray,  # noqa: ANN001
-                        by_entity: list[np.ndarray], dt: float) -> _Rows:
+                        whole: dict[tuple[str, str], int], by_entity: list[np.ndarray], dt: float) -> _Rows:
         """`rows` without the reservation pods' (they hold GPUs for others, and are never charged),
         and with each GPU that grants name held by the grants' fractions of it, each for the time
         its pod ran, in place of the rows of nobody. A pod DCGM itself shows on a GPU keeps that
@@ -545,7 +557,6 @@ class Joiner:
         device's, shared in proportion to the fractions (`by_fraction`)."""
         st = self.s.string
         reservations = [h for h, key in enumerate(self._holders.values) if key in self._sharing.reservations]
-        whole = self._whole_gpus(E)
         claimed = {key: whole[key] for key in self._sharing.claims if key in whole}
         drop = np.isin(rows.holder, np.array(reservations, np.int64))
         if claimed:
@@ -566,10 +577,12 @@ class Joiner:
             f, holder, basis = self._fractions(node, uuid, total, exclude=shown_on.get(g, set()))
             if not len(f):
                 continue
-            unit_activity = min(activity / float(f.sum()), 1.0) if not np.isnan(activity) else np.nan
+            share = [self._held_share(self._holders.values[h], gpu_share) for h in holder.tolist()]
+            sold = float(np.dot(f, share)) / gpu_share if gpu_share > 0 else 0.0  # of the time the GPU was seen
+            unit_activity = min(activity / sold, 1.0) if sold > 0 and not np.isnan(activity) else np.nan
             how = UNMEASURED if np.isnan(unit_activity) else BY_FRACTION
-            out += [(g, x, self._held_share(self._holders.values[h], gpu_share), measured, unit_activity, h, b, how)
-                    for x, h, b in zip(f.tolist(), holder.tolist(), basis.tolist())]
+            out += [(g, x, s, measured, unit_activity, h, b, how)
+                    for x, s, h, b in zip(f.tolist(), share, holder.tolist(), basis.tolist())]
         if out:
             g, f, share, measured, activity, holder, basis, how = (list(c) for c in zip(*out))
             parts.append(_Rows.of(g, f, share, measured, activity, holder, FRACTION, basis, POD, how))
@@ -580,8 +593,9 @@ class Joiner:
     def _fractions(self, node: str, uuid: str, total_mib: float | None,
                    exclude: set[tuple[str, str]] = frozenset()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The claims on one GPU (but those of the pods in `exclude`, which hold it otherwise) as
-        (fraction, holder, basis) columns, scaled down together where they exceed it (a GPU is
-        never sold twice). A memory grant on a GPU of unknown memory holds nothing (counted)."""
+        (fraction, holder, basis) columns. Where they exceed the GPU over the time they held it
+        together, the kernel scales them down together with its other holders (a GPU is never
+        sold twice). A memory grant on a GPU of unknown memory holds nothing (counted)."""
         f, holder, basis = [], [], []
         for claim in self._sharing.claims[(node, uuid)]:
             if claim.pod in exclude:
@@ -594,8 +608,7 @@ class Joiner:
             holder.append(self._holders.index(claim.pod))
             basis.append(self._profiles.index(why))
         self._placed.add((node, uuid))
-        out = np.array(f, np.float64)
-        return out / max(float(out.sum()), 1.0), np.array(holder, np.int64), np.array(basis, np.int64)
+        return np.array(f, np.float64), np.array(holder, np.int64), np.array(basis, np.int64)
 
     def _device_memory_mib(self, S: Samples, ent: np.ndarray, entities: np.ndarray) -> dict[int, float]:
         """Device memory of these entities: the most DCGM_FI_DEV_FB_USED + FB_FREE of one sample time."""

@@ -51,6 +51,7 @@ LABEL_PREFIXES, ANNOTATION_PREFIXES = (KAI_GROUP_PREFIX,), (NV_FRACTIONS_PREFIX,
 KEY_PREFIXES = LABEL_PREFIXES + ANNOTATION_PREFIXES
 
 HAMI, KAI = "hami", "kai"  # Claim.scheduler
+_GPU_RESOURCES, _MIG_PREFIX = ("nvidia_com_gpu", "nvidia_com_gpu_shared"), "nvidia_com_mig_"  # enrich/nodes.py's
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]{1,64}$")
 _MODEL_MEMORY = re.compile(r"(\d{1,4})\s*GB", re.IGNORECASE)  # "NVIDIA H100 80GB HBM3", "A100-SXM4-40GB"
 
@@ -167,6 +168,10 @@ def sharing_of(facts: FactsView, holds: Callable[[PodKey, PodFacts], bool]) -> S
         if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY) or _nv_requests(pod):
             kai.append((key, pod))
     for key, pod in kai:
+        if any(r in _GPU_RESOURCES or r.startswith(_MIG_PREFIX) for _, r in pod.requests):
+            # KAI's fraction pods request no GPU: one that does holds what it requests
+            out.problems["KAI grant on a pod that requests GPUs"] += 1
+            continue
         try:
             compute, memory, devices = _kai_request(pod)
         except ValueError:
@@ -229,16 +234,17 @@ def _mib(quantity: str) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def drop_hami(sharing: Sharing, nodes: set[str]) -> None:
-    """Take back the HAMi grants on `nodes` (nodes that advertise no vGPUs: HAMi does not share
-    their GPUs, whatever a pod's annotation says); their pods are ordinary pods again, counted."""
-    for key in [k for k in sharing.claims if k[0] in nodes]:
-        kept = [c for c in sharing.claims[key] if c.scheduler != HAMI]
-        for c in sharing.claims[key]:
-            if c.scheduler == HAMI and c.pod in sharing.pods:
-                sharing.pods.discard(c.pod)
-                sharing.problems["HAMi grant on a node that advertises no vGPUs"] += 1
+def release(sharing: Sharing, pods: set[PodKey], reason: str) -> None:
+    """Take back every grant of `pods`: they are ordinary pods again, whose GPU requests place them
+    as they would without the grants; each is counted once under `reason`."""
+    pods = (pods & sharing.pods) - sharing.reservations
+    if not pods:
+        return
+    for key in list(sharing.claims):
+        kept = [c for c in sharing.claims[key] if c.pod not in pods]
         if kept:
             sharing.claims[key] = kept
         else:
             del sharing.claims[key]
+    sharing.pods -= pods
+    sharing.problems[reason] += len(pods)

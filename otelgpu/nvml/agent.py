@@ -31,6 +31,12 @@ from otelgpu.nvml.series import points
 
 log = logging.getLogger("otelgpu.nvml")
 
+FAILED_READINGS_TO_EXIT = 3  # in a row: a driver upgrade the container's library cannot follow
+
+
+class NvmlGone(RuntimeError):
+    """NVML keeps failing: the agent ends (status 1) for the kubelet to start it afresh."""
+
 
 class DcgmProbe:
     """Whether a dcgm-exporter answers at `url`: a 200 whose body has a DCGM field in it (not any
@@ -94,7 +100,7 @@ class Agent:
         self.options, self.reader, self.series, self.mapper = options, reader, series, mapper
         self.probe = probe if probe is not None else DcgmProbe(options.dcgm_url)
         self._exporting: Optional[bool] = None
-        self._failed = False  # the last reading failed: NVML is started afresh before the next one
+        self._failed = 0  # readings failed in a row: NVML is started afresh before the next one
 
     def should_export(self) -> bool:
         if self.options.mode == "nvml":
@@ -116,17 +122,21 @@ class Agent:
                 self.reader.open()
             snapshot = self.reader.read()
         except (pynvml.NVMLError, NvmlUnavailable) as exc:
-            if not self._failed:
+            self._failed += 1
+            if self._failed >= FAILED_READINGS_TO_EXIT:
+                raise NvmlGone(f"NVML failed {self._failed} readings in a row ({exc}): exiting, so that the "
+                               "container starts again with the node's driver library (after a driver upgrade, "
+                               "the library it was given no longer matches the driver)") from None
+            if self._failed == 1:
                 log.warning("NVML: reading the GPUs failed (%s): nothing exported until NVML starts again; "
                             "it is started afresh each cycle", exc)
-            self._failed = True
             return 0
         finally:
             if not self.options.hold_nvml:
                 self.reader.close()
         if self._failed:
             log.info("NVML: reading the GPUs again")
-            self._failed = False
+            self._failed = 0
         found = points(snapshot, self.options.node, self.mapper.holders(snapshot.readings))
         self.series.publish(found)
         return len(found)
@@ -161,6 +171,10 @@ def run(options: Options, series: OtlpSeries, nvml_library: Optional[str] = None
     def loop() -> None:
         try:
             agent.run(stop)
+        except NvmlGone as exc:
+            log.error("%s", exc)
+            failed.set()
+            os.kill(os.getpid(), signal.SIGTERM)
         except BaseException:  # a fault of the agent itself: end the process, never hang in sigwait
             log.exception("the NVML agent failed")
             failed.set()

@@ -246,3 +246,22 @@ def test_history_is_bounded_by_the_retention(api, started, clock):
         api.apply(created(pod("a", labels={"team": f"v{i}"}), T - 3600))
         eventually(lambda: source.facts.pods.latest[("ml", "a")].labels == {"label_team": f"v{i}"}, WAIT_S)
         assert source.facts.versions()["pods"] == 2
+
+
+def test_a_dra_claim_deleted_with_its_pod_still_names_the_gpu_for_the_pods_grace(api, started, clock):
+    """A template claim goes with its pod: the interval the pod ended in must still learn which GPU
+    it held (the join counts only pods that ran in the interval), for the deleted pods' grace."""
+    api.define("ResourceSlice", "resource.k8s.io/v1", namespaced=False)
+    api.apply(created({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "a-gpu", "namespace": "ml"},
+                       "status": {"allocation": {"devices": {"results": [
+                           {"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE_A, "device": "gpu-0"}]}},
+                           "reservedFor": [{"resource": "pods", "name": "a", "uid": "u"}]}}, T - 3600))
+    source = started(api, deleted_pod_grace_seconds=600)
+    eventually(lambda: ("ml", "a-gpu") in source.view().claims, WAIT_S)
+    clock.now = T + 100
+    api.delete("ResourceClaim", "a-gpu", "ml")
+    eventually(lambda: source.facts.counts()["resourceclaims"] == 0, WAIT_S)
+    assert source.view(at(T + 300)).claims[("ml", "a-gpu")].pods == ("a",)
+    clock.now = T + 800
+    assert ("ml", "a-gpu") not in source.view(at(T + 800)).claims

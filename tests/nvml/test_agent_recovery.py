@@ -46,3 +46,27 @@ def test_a_driver_reload_is_read_through_after_nvml_starts_again(hold, devices, 
         mapper.close()
         reader.close()
         sink.stop()
+
+
+def test_a_driver_upgrade_the_library_cannot_follow_ends_the_agent_for_a_restart(devices, stand_in_library, kubelet,
+                                                                                tmp_path):
+    """After an upgrade the container's library no longer matches the driver (NVML answers an RM
+    version mismatch at every start): after three failed readings in a row the process exits with
+    status 1 and says why, so that the kubelet starts it again with the node's new library."""
+    from support import eventually
+
+    from .agentproc import AgentProcess
+
+    gpus = [Gpu(GPU, A100, minor=0, pci="00000000:10:00.0", util=40)]
+    devices.write(gpus)
+    sink = CollectorSink()
+    agent = AgentProcess(tmp_path, stand_in_library, devices.path, f"--endpoint={sink.endpoint}", "--interval=0.1",
+                         "--mode=nvml", f"--pod-resources-socket={kubelet.socket}")
+    try:
+        eventually(lambda: sink.latest("DCGM_FI_DEV_GPU_UTIL"), 60, message=agent.text)  # exporting
+        devices.write(gpus, driver="580.65.06", init_error=18, generation=1)  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
+        assert agent.proc.wait(60) == 1
+        assert "NVML failed 3 readings in a row" in agent.text() and "Traceback" not in agent.text()
+    finally:
+        agent.close()
+        sink.stop()

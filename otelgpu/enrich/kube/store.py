@@ -196,8 +196,12 @@ class ApiFacts:
             pods = self.pods.at(as_of_ns)
             previous = {k: p for k, p in self.previous.items() if as_of_ns is None or
                         (k in pods and pods[k].uid != p.uid)}  # as of then, the pod it replaced may be the one there
+            # A claim deleted with its pod still says, for the pod's grace, which GPU the pod held
+            # until it ended (the join counts only pods that ran in the interval).
+            before = (as_of_ns if as_of_ns is not None else int(now * NS)) - int(self.grace_s * NS)
+            claims = {**self.claims.at(before), **self.claims.at(as_of_ns)}
             return FactsView(pods, self.nodes.at(as_of_ns), self.namespaces.at(as_of_ns), self.owners.at(as_of_ns),
-                             previous, self.claims.at(as_of_ns), self.slices.at(as_of_ns))
+                             previous, claims, self.slices.at(as_of_ns))
 
     def _expire(self, now: float) -> None:
         """Deleted pods past their grace, owners no kept pod version refers to, versions past the retention."""
