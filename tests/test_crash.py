@@ -235,3 +235,64 @@ def test_kill_9_while_an_interval_computed_ahead_waits_for_its_close(prometheus:
     assert killed and killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
     resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="killed-ahead"}[2h])', end)
     assert resets and all(v == 0 for _, v in resets)
+
+
+SHARED = 'sum by (cost_model, pod, fraction_basis) (max_over_time({metric}{{cluster="{cluster}"}}[2h]))'
+
+
+@pytest.mark.slow
+def test_kill_9_while_gpus_are_shared_out_with_resends_and_forged_grants(prometheus: PrometheusServer,
+                                                                          tmp_path: Path) -> None:
+    """The worst day for GPU sharing: HAMi and KAI nodes (a fraction job that ends mid-run, whose
+    pod phases say how long it ran), with malformed and forged grants mixed in, the real sidecar
+    killed -9 at random instants and every third request resent. Every pod's allocated and
+    effective cost, by fraction basis, is an undisturbed run's exactly; the malformed grant's pod
+    pays its request (GPU-a1 whole), and a pod that requests a GPU and writes itself a KAI
+    fraction gets none."""
+    import time as clock
+
+    from cluster import Cluster, Pod
+    from test_sharing import HAMI, hami_node, hami_pods, kai_cluster
+
+    t0 = (int(clock.time()) // INTERVAL_S * INTERVAL_S - 3600) * NS
+    kai = kai_cluster((Pod("team-c", "job", "kai-1", {"runai-gpu-group": "g-1"}, annotations={"gpu-fraction": "0.25"},
+                           start_s=600, end_s=1500),))
+    hami = Cluster([hami_node()], hami_pods())
+    forged = [Pod("t", "malformed", "hami-1", gpu=("nvidia_com_gpu", 1), annotations={HAMI: "GPU-a1,NVIDIA,x,5:"}),
+              Pod("t", "cheat", "hami-1", {"runai-gpu-group": "g-1"}, gpu=("nvidia_com_gpu", 1),
+                  annotations={"gpu-fraction": "0.01"}, start_s=1800)]
+    c = Cluster(hami.nodes + kai.nodes, hami.pods + kai.pods + forged, t0=t0)
+    prices = {"prices": {"gpu_hour_by_gpu_model": {"NVIDIA A100-SXM4-40GB": 12.0, "NVIDIA H100 80GB HBM3": 40.0}}}
+    doc = config("shared-reference", prometheus.write_url)
+    doc["attribution"].update(prices)
+    in_process(c, doc)
+    rng = random.Random(20261124)
+    requests = c.scrapes(60, 3600)
+    kills = set(rng.sample(range(3, len(requests) - 2), 6))
+    doc = config("shared-killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")})
+    doc["attribution"].update(prices)
+    side = Sidecar(tmp_path, doc)
+    side.start()
+    try:
+        for i, request in enumerate(requests):
+            send_until_acknowledged(side, request, rng.uniform(0.0, 0.1) if i in kills else None)
+            if i % 3 == 0:  # the answer was lost: the Collector sends it again
+                send_until_acknowledged(side, request)
+        assert side.stop() == 0
+    finally:
+        side.close()
+    assert side.log.read_text().count("kernels ready") == len(kills) + 1
+    end = c.t0 / NS + 3600
+
+    def by_pod(metric: str, cluster: str) -> dict[tuple[str, str, str], float]:
+        return {(m["cost_model"], m.get("pod", ""), m.get("fraction_basis", "")): v
+                for m, v in prometheus.query(SHARED.format(metric=metric, cluster=cluster), end)}
+
+    for metric in ("gpu_cost_allocated_total", "gpu_cost_effective_total"):
+        ref, got = by_pod(metric, "shared-reference"), by_pod(metric, "shared-killed")
+        assert ref and got == pytest.approx(ref, rel=1e-12, abs=1e-12)
+    allocated = by_pod("gpu_cost_allocated_total", "shared-killed")
+    assert allocated[("request", "infer-a", "hami_cores")] == pytest.approx(0.30 * 12, rel=1e-9)
+    assert allocated[("request", "job", "kai_fraction")] == pytest.approx(0.25 * 40 * 900 / 3600, rel=1e-9)
+    assert allocated[("request", "malformed", "")] == pytest.approx(12.0, rel=1e-9)  # its request: GPU-a1, whole
+    assert not any(pod == "cheat" and basis for _, pod, basis in allocated)
