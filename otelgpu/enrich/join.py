@@ -487,8 +487,7 @@ class Joiner:
         priced by their requests, counted)."""
         reported = dict(zip(names, np.bincount(node_of_ent[gpu_first], minlength=len(names)).tolist()))
         mig = {self.s.string(int(c)) for c in np.unique(E.node[np.asarray(E.gi) >= 0]).tolist()}
-        hami = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
-        plain = {n for n in hami if not self._advertises_vgpus(n, reported.get(n, 0), n in mig)}
+        plain = {n for n in self._sharing.nodes(HAMI) if not self._advertises_vgpus(n, reported.get(n, 0), n in mig)}
         release(self._sharing, {c.pod for key, claims in self._sharing.claims.items() if key[0] in plain
                                 for c in claims if c.scheduler == HAMI}, "HAMi grant on a node that advertises no vGPUs")
         release(self._sharing, {c.pod for key, claims in self._sharing.claims.items()
@@ -556,12 +555,13 @@ class Joiner:
         kernel scales all down together should they exceed the GPU. A fraction's activity is the
         device's, shared in proportion to the fractions (`by_fraction`)."""
         st = self.s.string
-        reservations = [h for h, key in enumerate(self._holders.values) if key in self._sharing.reservations]
+        reserving = np.isin(rows.holder, np.array([h for h, key in enumerate(self._holders.values)
+                                                   if key in self._sharing.reservations], np.int64))
         claimed = {key: whole[key] for key in self._sharing.claims if key in whole}
-        drop = np.isin(rows.holder, np.array(reservations, np.int64))
+        drop = reserving.copy()
         if claimed:
             drop |= np.isin(rows.gpu, gpu_of_ent[np.array(list(claimed.values()), np.int64)]) & (rows.holder == NOBODY)
-        reserved_gpus = set(rows.gpu[np.isin(rows.holder, np.array(reservations, np.int64))].tolist())
+        reserved_gpus = set(rows.gpu[reserving].tolist())
         memory = self._device_memory_mib(S, ent, np.array(list(claimed.values()), np.int64)) if claimed else {}
         parts = [rows.take(np.flatnonzero(~drop))]
         held = np.flatnonzero(parts[0].holder != NOBODY)
@@ -683,7 +683,7 @@ class Joiner:
         blind = 0
         # HAMi advertises each GPU as several vGPUs: without GFD's count, a node's capacity overstates
         # its GPUs, and DCGM's count stands.
-        hami_nodes = {c.node for claims in self._sharing.claims.values() for c in claims if c.scheduler == HAMI}
+        hami_nodes = self._sharing.nodes(HAMI)
         requests: dict[str, list[tuple[tuple[str, str], str, int]]] = {}
         for node, key, resource, qty in self._gpu_requests():
             requests.setdefault(node, []).append((key, resource, qty))

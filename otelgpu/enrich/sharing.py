@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 from otelgpu.enrich.facts import FactsView, PodFacts
 from otelgpu.enrich.labels import ksm_annotation_name, ksm_label_name
+from otelgpu.enrich.nodes import GPU_RESOURCES, MIG_PREFIX
 
 HAMI_ALLOCATED = ksm_annotation_name("hami.io/vgpu-devices-allocated")
 KAI_FRACTION = ksm_annotation_name("gpu-fraction")
@@ -51,7 +52,6 @@ LABEL_PREFIXES, ANNOTATION_PREFIXES = (KAI_GROUP_PREFIX,), (NV_FRACTIONS_PREFIX,
 KEY_PREFIXES = LABEL_PREFIXES + ANNOTATION_PREFIXES
 
 HAMI, KAI = "hami", "kai"  # Claim.scheduler
-_GPU_RESOURCES, _MIG_PREFIX = ("nvidia_com_gpu", "nvidia_com_gpu_shared"), "nvidia_com_mig_"  # enrich/nodes.py's
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]{1,64}$")
 _MODEL_MEMORY = re.compile(r"(\d{1,4})\s*GB", re.IGNORECASE)  # "NVIDIA H100 80GB HBM3", "A100-SXM4-40GB"
 
@@ -94,6 +94,10 @@ class Sharing:
 
     def __bool__(self) -> bool:
         return bool(self.pods)
+
+    def nodes(self, scheduler: str) -> set[str]:
+        """The nodes with grants of `scheduler` (HAMI or KAI)."""
+        return {c.node for claims in self.claims.values() for c in claims if c.scheduler == scheduler}
 
 
 def hami_devices(text: str) -> list[tuple[str, float, float]]:
@@ -168,7 +172,7 @@ def sharing_of(facts: FactsView, holds: Callable[[PodKey, PodFacts], bool]) -> S
         if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY) or _nv_requests(pod):
             kai.append((key, pod))
     for key, pod in kai:
-        if any(r in _GPU_RESOURCES or r.startswith(_MIG_PREFIX) for _, r in pod.requests):
+        if any(r in GPU_RESOURCES or r.startswith(MIG_PREFIX) for _, r in pod.requests):
             # KAI's fraction pods request no GPU: one that does holds what it requests
             out.problems["KAI grant on a pod that requests GPUs"] += 1
             continue
