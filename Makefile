@@ -9,7 +9,9 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: demo test bench
+# `make test` builds the OpenTelemetry Collector the end-to-end tests run (tools/ensure-otelcol:
+# about five minutes the first time on a fresh machine, reused from a cache outside the tree after).
+.PHONY: demo test bench otelcol
 demo: $(VENV)/.installed
 	$(VENV)/bin/otelgpu demo
 
@@ -17,7 +19,11 @@ test: $(VENV)/.installed
 	tools/ensure-prometheus
 	tools/ensure-gcc
 	tools/focus-validate --install
+	tools/ensure-otelcol >/dev/null
 	$(VENV)/bin/python -m pytest -n auto
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/bench_pipeline.py
+
+otelcol:
+	tools/ensure-otelcol
