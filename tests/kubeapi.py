@@ -324,8 +324,11 @@ class FakeKubeApi:
         return 200, {"kind": q.res.kind + "List", "apiVersion": q.res.api_version, "metadata": meta, "items": items}
 
     def _follow(self, q: _Query, rv: str, stream: _Stream, timeout: Optional[float],
-                bookmarks: bool) -> Iterator[list[dict]]:
-        """Batches of watch events for one connection, until timeoutSeconds passes or it is dropped."""
+                bookmarks: bool, initial_events: bool = False) -> Iterator[list[dict]]:
+        """Batches of watch events for one connection, until timeoutSeconds passes or it is dropped.
+        `initial_events` (sendInitialEvents=true, a streaming list as client-go's reflector asks for
+        by default since 1.35): the current state as ADDED events, then a BOOKMARK annotated
+        k8s.io/initial-events-end, as kube-apiserver sends it."""
         now = time.monotonic()
         deadline = now + timeout if timeout is not None else math.inf
         interval = self.bookmark_interval if bookmarks and self.bookmark_interval else math.inf
@@ -341,6 +344,10 @@ class FakeKubeApi:
             else:
                 batch = []
             cursor = int(rv) if rv not in ("", "0") and not expired else self._rv
+            if initial_events and rv in ("", "0"):
+                batch.append({"type": "BOOKMARK", "object": {
+                    "kind": q.res.kind, "apiVersion": q.res.api_version, "metadata": {
+                        "resourceVersion": str(cursor), "annotations": {"k8s.io/initial-events-end": "true"}}}})
             muted = stream.muted
         if not muted:
             yield batch
@@ -443,7 +450,8 @@ class _Handler(BaseHTTPRequestHandler):
             stream = _Stream(self.connection, muted=api._silent)
             api._streams.add(stream)
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
-        events = api._follow(q, rv, stream, timeout, query.get("allowWatchBookmarks") in TRUE)
+        events = api._follow(q, rv, stream, timeout, query.get("allowWatchBookmarks") in TRUE,
+                             query.get("sendInitialEvents") in TRUE)
         try:
             for batch in events:
                 for event in batch:

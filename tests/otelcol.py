@@ -84,9 +84,9 @@ class Collector:
     health_check extension; both are set here."""
 
     def __init__(self, workdir: Path, config: dict, env: dict[str, str], gates: Iterable[str] = (),
-                 name: str = "otelcol") -> None:
+                 name: str = "otelcol", telemetry_port: int = 0) -> None:
         self.workdir, self.env, self.gates, self.name = workdir, env, tuple(gates), name
-        self.health_port, self.telemetry_port = free_port(), free_port()
+        self.health_port, self.telemetry_port = free_port(), telemetry_port or free_port()
         doc = copy.deepcopy(config)
         doc.setdefault("extensions", {})["health_check"] = {"endpoint": f"127.0.0.1:{self.health_port}"}
         service = doc.setdefault("service", {})
