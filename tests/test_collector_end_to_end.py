@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import otelcol
 import pytest
+import requests
 import yaml
 from scrapecluster import A10G, H100, NODE_A, NODE_B, GpuCluster, Holder, kubeconfig
 from sidecar import Sidecar, free_port
@@ -142,6 +143,8 @@ def test_the_shipped_gateway_chain_through_a_real_collector(tmp_path, cluster, p
                    message=lambda: f"no cost at {cut_s} in Prometheus:\n{otelgpu.log.read_text()[-3000:]}{col.tail(3000)}")
 
         dump(prometheus, cut_s, tmp_path / "prometheus-at-cut.txt")
+        (tmp_path / "otelcol-telemetry.txt").write_text(requests.get(f"http://127.0.0.1:{telemetry_port}/metrics").text)
+        (tmp_path / "otelgpu-metrics.txt").write_text(requests.get(f"http://127.0.0.1:{otelgpu.metrics_port}/metrics").text)
         # The window: from the end of the first interval every source reported in (before it, a
         # node is priced from kube-state-metrics alone until its dcgm-exporter is first scraped) to
         # the cut.
@@ -180,6 +183,32 @@ def test_the_shipped_gateway_chain_through_a_real_collector(tmp_path, cluster, p
         effective = window(prometheus, "gpu_cost_effective_total", "pod", start_s, cut_s)
         assert effective["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(
             0.873210 * expected["vllm-llama3-8b-5c9d7b8f6d-k2x7q"], rel=1e-6)
+        # Tokens: an interval's are its last counter value less the one before it.
+        served_vllm = cluster.served("vllm", failed=False)
+        before = {edge: [s for s in served_vllm if s.at_ms < edge * 1000][-1] for edge in (start_s, cut_s)}
+        tokens = {labels["token_kind"]: value for labels, value in prometheus.query(
+            f'max_over_time(llm_tokens_total{{cluster="e2e"}}[15m] @ {cut_s}) - '
+            f'(max_over_time(llm_tokens_total{{cluster="e2e"}}[15m] @ {start_s}) or vector(0))', cut_s)}
+        for kind, name in (("prompt", "vllm:prompt_tokens_total"), ("generation", "vllm:generation_tokens_total")):
+            assert tokens[kind] == pytest.approx(before[cut_s].values[name] - before[start_s].values[name], rel=1e-9)
+
+        # No loop and nothing lost on the way: every point the prometheus receiver took went to
+        # otelgpu and was accepted there; nothing was refused, failed or dropped in the Collector.
+        telemetry = col.telemetry()
+        scraped = sum(v for (n, ls), v in telemetry.items()
+                      if n == "otelcol_receiver_accepted_metric_points_total" and ("receiver", "prometheus") in ls)
+        sent = sum(v for (n, ls), v in telemetry.items()
+                   if n == "otelcol_exporter_sent_metric_points_total" and ("exporter", "otlp_grpc/otelgpu") in ls)
+        assert scraped == sent == otelgpu.metric("otelgpu_receiver_accepted_metric_points_total") > 0
+        assert otelgpu.metric("otelgpu_points_rejected_total") == 0
+        lost = {n: v for (n, ls), v in telemetry.items() if v and any(w in n for w in ("refused", "failed", "dropped"))}
+        assert not lost, lost
+        # AMP gets the cost and both processes' own metrics, never the raw scrapes.
+        names = {labels["__name__"] for labels, _ in prometheus.query('count by (__name__) ({__name__=~".+"})', time.time())}
+        assert {"gpu_cost_allocated_total", "llm_tokens_total", "otelgpu_requests_total"} <= names, names
+        assert any(n.startswith("otelcol_") for n in names), names
+        raw = {n for n in names if n.startswith(("DCGM_", "kube_", "vllm", "container_"))}
+        assert not raw, raw
     finally:
         col.close()
         otelgpu.close()
