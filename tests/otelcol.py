@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import pytest
 import requests
@@ -26,6 +26,7 @@ from support import eventually, poll
 REPO = Path(__file__).resolve().parents[1]
 ENSURE = REPO / "tools" / "ensure-otelcol"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount/"
+KUBELET_TOKEN = "test-service-account-token"  # what the stand-in service account presents to kubelets
 # Static test credentials (AWS's documentation example pair) and no instance metadata lookups.
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_SDK_LOAD_CONFIG": "false"}
@@ -60,7 +61,7 @@ def stand_in_service_account(directory: Path) -> Path:
     from certs import Authority
 
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "token").write_text("test-service-account-token\n")
+    (directory / "token").write_text(KUBELET_TOKEN + "\n")
     ca = Authority(directory / "ca")
     (directory / "ca.crt").write_bytes(Path(ca.cert).read_bytes())
     return directory
@@ -69,6 +70,34 @@ def stand_in_service_account(directory: Path) -> Path:
 def credentials_rewritten(text: str, service_account: Path) -> str:
     """The config with the pod's service account files at `service_account` instead."""
     return text.replace(SERVICE_ACCOUNT, str(service_account) + "/")
+
+
+def shipped_config(mode: str, workdir: Path, api_url: str, otelgpu_endpoint: str, otelgpu_metrics: str,
+                   cost_port: int, write_url: str, telemetry_port: int, scrape_interval: str = "1s") -> dict:
+    """collector-config/<mode>.yaml with only what a test must change: endpoints (loopback ports,
+    the Kubernetes API through a kubeconfig, `write_url` for AMP), the service account files, and
+    the scrape interval (seconds instead of 30 s, so minutes of traffic take seconds)."""
+    account = stand_in_service_account(workdir / "serviceaccount")
+    text = credentials_rewritten((REPO / "collector-config" / f"{mode}.yaml").read_text(), account)
+    doc = yaml.safe_load(text)
+    config = workdir / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": api_url}}],
+        "users": [{"name": "test", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+    seconds = float(scrape_interval.rstrip("s"))
+    for scrape in scrape_configs(doc):
+        scrape["scrape_interval"], scrape["scrape_timeout"] = scrape_interval, f"{int(seconds * 900)}ms"
+        for sd in scrape.get("kubernetes_sd_configs", []):
+            sd["kubeconfig_file"] = str(config)
+        for static in scrape.get("static_configs", []):
+            static["targets"] = [{"127.0.0.1:9464": otelgpu_metrics, "127.0.0.1:8888": f"127.0.0.1:{telemetry_port}"}[t]
+                                 for t in static["targets"]]
+    doc["receivers"]["otlp/cost"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{cost_port}"
+    doc["exporters"]["otlp_grpc/otelgpu"]["endpoint"] = otelgpu_endpoint
+    doc["exporters"]["prometheus_remote_write/amp"]["endpoint"] = write_url
+    return doc
 
 
 def scrape_configs(config: dict) -> Iterable[dict]:
@@ -158,4 +187,4 @@ def wait_for_log(c: Collector, text: str, timeout: float = 30) -> None:
 
 
 __all__ = ["AWS_ENV", "Collector", "binary", "credentials_rewritten", "environment", "poll", "scrape_configs",
-           "stand_in_service_account", "validate", "wait_for_log"]
+           "shipped_config", "stand_in_service_account", "validate", "wait_for_log"]

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from kubeapi import FakeKubeApi
+from otelcol import KUBELET_TOKEN
+from support import fixtures_dir
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 NODE_A = "ip-10-20-3-41.us-west-2.compute.internal"  # p5.48xlarge, 8 H100, GPU 0 in MIG mode
 NODE_B = "ip-10-20-7-12.us-west-2.compute.internal"  # g5.2xlarge, one A10G time-sliced 4 ways
 H100, A10G = "NVIDIA H100 80GB HBM3", "NVIDIA A10G"
 SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
 LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-KUBELET_TOKEN = "test-service-account-token"
 
 
 def parse_labels(text: str) -> list[tuple[str, str]]:
@@ -125,7 +125,10 @@ class GpuCluster:
     """The fixtures' two GPU nodes and their pods, served to a Collector, with the log of what was
     served. Every method that changes the cluster takes effect for the next response."""
 
-    def __init__(self, workdir: Path, prompt_rate: float = 120.0, generation_rate: float = 40.0) -> None:
+    def __init__(self, workdir: Path, prompt_rate: float = 120.0, generation_rate: float = 40.0,
+                 timestamps: bool = True) -> None:
+        """`timestamps`: dcgm-exporter's and vLLM's samples carry the time they were served (False:
+        none, as the real exporters send them; cAdvisor's always carry one)."""
         from certs import Authority
 
         self.workdir = workdir
@@ -134,6 +137,7 @@ class GpuCluster:
         self.lock = threading.Lock()
         self.started_ms = int(time.time() * 1000)
         self.prompt_rate, self.generation_rate = prompt_rate, generation_rate
+        self.timestamps = timestamps
         # Who holds each device of node A, as dcgm-exporter maps them ("gpu/GPU_I_ID" keys).
         self.holders_a: dict[str, Optional[Holder]] = {
             "0/11": Holder("testing", "ollama-76f687f4cd-xcvvp", "ollama"), "0/13": None,
@@ -142,10 +146,10 @@ class GpuCluster:
             **{f"{i}/": None for i in range(3, 8)}}
         self.ksm_ended: set[str] = set()  # pods kube-state-metrics shows Succeeded
         self.ksm_started: dict[str, dict[str, str]] = {}  # pods added to kube-state-metrics: name -> facts
-        self.dcgm_a = (FIXTURES / "dcgm" / "h100x8_mig_mixed_k8s_v4.prom").read_text()
-        self.dcgm_b = (FIXTURES / "dcgm" / "a10g_timesliced_virtual_gpus_v4.8.prom").read_text()
-        self.ksm_text = (FIXTURES / "ksm" / "gpu_cluster_wire_order_assembled.prom").read_text()
-        self.vllm_text = (FIXTURES / "vllm" / "v1_text_0.0.4_prometheus_client_0.26.prom").read_text()
+        self.dcgm_a = (fixtures_dir() / "dcgm" / "h100x8_mig_mixed_k8s_v4.prom").read_text()
+        self.dcgm_b = (fixtures_dir() / "dcgm" / "a10g_timesliced_virtual_gpus_v4.8.prom").read_text()
+        self.ksm_text = (fixtures_dir() / "ksm" / "gpu_cluster_wire_order_assembled.prom").read_text()
+        self.vllm_text = (fixtures_dir() / "vllm" / "v1_text_0.0.4_prometheus_client_0.26.prom").read_text()
 
         ca = Authority(workdir / "kubelet-ca")
         self.ip = {name: f"{self.block}.{i}" for i, name in enumerate(
@@ -277,6 +281,9 @@ class GpuCluster:
             self.log.append(s)
 
     # -- the exposition -------------------------------------------------------------------------
+    def _stamp(self, ms: int) -> str:
+        return f" {ms}" if self.timestamps else ""
+
     def _elapsed(self, ms: int) -> float:
         return (ms - self.started_ms) / 1000
 
@@ -299,7 +306,7 @@ class GpuCluster:
                 value += 700_000 * self._elapsed(ms)  # 700 W, in mJ
             if name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE" and h is not None and value == 0:
                 value = 0.5  # a pod that starts on an idle GPU uses it
-            out.append(f"{name}{render_labels(keep)} {value:f} {ms}")
+            out.append(f"{name}{render_labels(keep)} {value:f}{self._stamp(ms)}")
         self._record(Served("dcgm-a", ms, False, {k: h and f"{h.namespace}/{h.pod}" for k, h in holders.items()}))
         return "\n".join(out) + "\n"
 
@@ -313,7 +320,7 @@ class GpuCluster:
             value = float(m.group(3))
             if m.group(1) == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":
                 value += 180_000 * self._elapsed(ms)
-            out.append(f"{m.group(1)}{{{m.group(2)}}} {value:f} {ms}")
+            out.append(f"{m.group(1)}{{{m.group(2)}}} {value:f}{self._stamp(ms)}")
         self._record(Served("dcgm-b", ms, False))
         return "\n".join(out) + "\n"
 
@@ -348,7 +355,7 @@ class GpuCluster:
                 out.append(line)
                 continue
             value = values.get(m.group(1), float(m.group(3)))
-            out.append(f"{m.group(1)}{{{m.group(2)}}} {value!r} {ms}")
+            out.append(f"{m.group(1)}{{{m.group(2)}}} {value!r}{self._stamp(ms)}")
         self._record(Served("vllm", ms, False, values=values))
         return "\n".join(out) + "\n"
 
@@ -395,18 +402,6 @@ def _ksm_started(family: str, pod: str, f: dict[str, str]) -> list[str]:
                 f'kube_pod_container_resource_requests{{{req},resource="memory",unit="byte"}} 1.37438953472e+11',
                 f'kube_pod_container_resource_requests{{{req},resource="nvidia_com_gpu",unit="integer"}} 1']
     return []
-
-
-def kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig for the local API endpoint (what the Collector's kubernetes_sd_configs read)."""
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: test, cluster: {{server: "{server}"}}}}]
-users: [{{name: test, user: {{token: test-token}}}}]
-contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
-current-context: test
-""")
-    return path
 
 
 def port_free(ip: str, port: int) -> bool:

@@ -6,9 +6,9 @@ cost series back on its otlp/cost receiver and remote-writes them (signed by sig
 Prometheus. PromQL totals by pod, team and node equal figures worked out here from what the
 cluster served.
 
-What is rewritten in the shipped files for the test, and nothing else: endpoints (loopback ports,
-the Kubernetes API through a kubeconfig, Prometheus for AMP), the service account files, and the
-scrape interval (1 s instead of 30 s, so minutes of traffic take seconds). otelgpu runs the
+What is rewritten in the shipped files for the test, and nothing else (otelcol.shipped_config):
+endpoints (loopback ports, the Kubernetes API through a kubeconfig, Prometheus for AMP), the
+service account files, and the scrape interval (1 s instead of 30 s). otelgpu runs the
 gateway's otelgpu.yaml with 10-second intervals and the prices given below.
 
 dcgm-exporter's and vLLM's samples carry the time they were served here (as cAdvisor's do in
@@ -27,7 +27,7 @@ import otelcol
 import pytest
 import requests
 import yaml
-from scrapecluster import A10G, H100, NODE_A, NODE_B, GpuCluster, Holder, kubeconfig
+from scrapecluster import A10G, H100, NODE_A, NODE_B, GpuCluster, Holder
 from sidecar import Sidecar, free_port
 from support import eventually
 
@@ -52,28 +52,6 @@ def cluster(tmp_path: Path) -> Iterator[GpuCluster]:
         yield c
     finally:
         c.close()
-
-
-def collector_config(mode: str, workdir: Path, c: GpuCluster, otelgpu: Sidecar, cost_port: int,
-                     write_url: str, telemetry_port: int) -> dict:
-    """The shipped config with only endpoints, credentials, the scrape interval and timestamp
-    staleness rewritten (the module's docstring says why)."""
-    account = otelcol.stand_in_service_account(workdir / "serviceaccount")
-    (account / "token").write_text("test-service-account-token\n")
-    text = otelcol.credentials_rewritten((REPO / "collector-config" / f"{mode}.yaml").read_text(), account)
-    doc = yaml.safe_load(text)
-    config = kubeconfig(workdir / "kubeconfig", c.api.url)
-    for scrape in otelcol.scrape_configs(doc):
-        scrape["scrape_interval"], scrape["scrape_timeout"] = "1s", "900ms"
-        for sd in scrape.get("kubernetes_sd_configs", []):
-            sd["kubeconfig_file"] = str(config)
-        for static in scrape.get("static_configs", []):
-            static["targets"] = [{"127.0.0.1:9464": f"127.0.0.1:{otelgpu.metrics_port}",
-                                  "127.0.0.1:8888": f"127.0.0.1:{telemetry_port}"}[t] for t in static["targets"]]
-    doc["receivers"]["otlp/cost"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{cost_port}"
-    doc["exporters"]["otlp_grpc/otelgpu"]["endpoint"] = f"127.0.0.1:{otelgpu.grpc_port}"
-    doc["exporters"]["prometheus_remote_write/amp"]["endpoint"] = write_url
-    return doc
 
 
 def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int) -> dict:
@@ -110,8 +88,9 @@ def test_the_shipped_gateway_chain_through_a_real_collector(tmp_path, cluster, p
     otelgpu.config.write_text(yaml.safe_dump(_with_endpoints(otelgpu_config("gateway", tmp_path, cluster, cost_port),
                                                              otelgpu)))
     otelgpu.start()
-    col = otelcol.Collector(tmp_path, collector_config("gateway", tmp_path, cluster, otelgpu, cost_port,
-                                                       prometheus.write_url, telemetry_port),
+    config = otelcol.shipped_config("gateway", tmp_path, cluster.api.url, f"127.0.0.1:{otelgpu.grpc_port}",
+                                    f"127.0.0.1:{otelgpu.metrics_port}", cost_port, prometheus.write_url, telemetry_port)
+    col = otelcol.Collector(tmp_path, config,
                             ENV, otelcol_gates(), telemetry_port=telemetry_port)
     try:
         col.start()
@@ -137,7 +116,7 @@ def test_the_shipped_gateway_chain_through_a_real_collector(tmp_path, cluster, p
         wait_until_ms(first_a + 34_000)
         cluster.ksm_pod_ended("finetune-job-7xk2p")
         cut_s = (first_a // 1000 + 45) // DT * DT + DT  # an interval end after every event
-        failure = eventually(lambda: cluster.served("dcgm-b", failed=True), 30)[0]
+        eventually(lambda: cluster.served("dcgm-b", failed=True), 30)  # the failed scrape happened
         # Wait until the interval ending at the cut is in Prometheus, through the whole chain.
         eventually(lambda: latest_s(prometheus, "gpu_cost_capacity_total") >= cut_s, timeout=120,
                    message=lambda: f"no cost at {cut_s} in Prometheus:\n{otelgpu.log.read_text()[-3000:]}{col.tail(3000)}")
