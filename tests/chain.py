@@ -1,0 +1,224 @@
+"""The production chain with the real Collector in it, for tests: the fixtures' cluster
+(tests/scrapecluster.py) discovered and scraped by the pinned Collector running a shipped config
+(only endpoints, credentials and the scrape interval rewritten: otelcol.shipped_config), the real
+`otelgpu serve` between its two pipelines, a real Prometheus behind its remote-write exporter.
+
+`Chain.run(disturb)` plays the cluster's timeline (a pod starts, a scrape fails, a pod ends) with
+the test's disturbances at chosen moments, and `Chain.check_money` compares what PromQL reads back
+with the figures worked out from what the cluster served: the money of an undisturbed run.
+
+dcgm-exporter's and vLLM's samples carry the time they were served here (as cAdvisor's do in
+production), so every second a pod held a GPU is known to the test. The Collector sends no
+staleness markers for timestamped series, so here a pod's end is its device's next sample and a
+failed scrape leaves a gap; test_collector_shapes.py runs untimestamped exposition, where the
+Collector's own markers end series, as with a real dcgm-exporter."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import otelcol
+import pytest
+import requests
+import yaml
+from scrapecluster import A10G, H100, NODE_A, NODE_B, GpuCluster, Holder
+from sidecar import Sidecar, free_port
+from support import eventually
+
+if TYPE_CHECKING:
+    from promserver import PrometheusServer
+
+REPO = Path(__file__).resolve().parents[1]
+DT = 10  # otelgpu's interval in these tests, seconds
+PRICE = {H100: 12.0, A10G: 1.2}  # $ per GPU-hour
+ENV = {"CLUSTER_NAME": "e2e", "AMP_REGION": "us-east-1", "AMP_WORKSPACE_ID": "ws-e2e",
+       "DCGM_EXPORTER_NAMESPACE": "gpu-operator", "KUBE_STATE_METRICS_NAMESPACE": "kube-system"}
+GATES = ("exporter.prometheusremotewritexporter.RetryOn429",)
+NEW_POD = "finetune-job-2-h7k4d"
+VLLM = "vllm-llama3-8b-5c9d7b8f6d-k2x7q"
+Disturbance = tuple[float, str, Callable[[], None]]  # (seconds after the first scrape, what, do it)
+
+
+def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int) -> dict:
+    """k8s/<mode>/otelgpu.yaml with 10-second intervals, the test's prices and loopback endpoints."""
+    doc = yaml.safe_load((REPO / "k8s" / mode / "otelgpu.yaml").read_text())
+    doc["cluster"]["name"] = ENV["CLUSTER_NAME"]
+    doc["attribution"].update(interval_seconds=DT, lateness_seconds=8)
+    doc["attribution"]["prices"] = {"gpu_hour_by_gpu_model": PRICE}
+    doc["kubernetes"].update(auth="token", api_url=c.api.url, token="test-token")
+    doc["checkpoint"]["directory"] = str(workdir / "checkpoint")
+    doc["exporter"]["otlp"]["endpoint"] = f"127.0.0.1:{cost_port}"
+    return doc
+
+
+class Chain:
+    def __init__(self, workdir: Path, cluster: GpuCluster, prometheus: PrometheusServer, mode: str = "gateway") -> None:
+        self.workdir, self.cluster, self.prometheus = workdir, cluster, prometheus
+        self.cost_port, self.telemetry_port = free_port(), free_port()
+        self.otelgpu = Sidecar(workdir, {}, name="otelgpu")
+        doc = otelgpu_config(mode, workdir, cluster, self.cost_port)
+        doc["receiver"]["grpc"]["endpoint"] = f"127.0.0.1:{self.otelgpu.grpc_port}"
+        doc["exporter"]["prometheus"]["endpoint"] = f"127.0.0.1:{self.otelgpu.metrics_port}"
+        self.otelgpu.config.write_text(yaml.safe_dump(doc))
+        config = otelcol.shipped_config(mode, workdir, cluster.api.url, f"127.0.0.1:{self.otelgpu.grpc_port}",
+                                        f"127.0.0.1:{self.otelgpu.metrics_port}", self.cost_port,
+                                        prometheus.write_url, self.telemetry_port)
+        self.collector = otelcol.Collector(workdir, config, ENV, GATES, telemetry_port=self.telemetry_port)
+
+    def start(self) -> "Chain":
+        self.otelgpu.start()
+        self.collector.start()
+        for target in self.cluster.targets:  # each found by discovery and scraped
+            self.cluster.wait_served(target, 0, timeout=60)
+        return self
+
+    def close(self) -> None:
+        self.collector.close()
+        self.otelgpu.close()
+
+    def run(self, disturbances: list[Disturbance] = (), after_s: float = 40) -> tuple[int, int]:
+        """The cluster's timeline, with `disturbances` at their moments; returns the window
+        (start, cut) of interval ends to check, once the cut is in Prometheus."""
+        c = self.cluster
+        first_a = c.served("dcgm-a", failed=False)[0].at_ms
+        first_b = c.served("dcgm-b", failed=False)[0].at_ms
+        events: list[Disturbance] = [
+            # A new pod is scheduled on GPU 3: kube-state-metrics shows it first, then DCGM its process.
+            (12, "new pod in kube-state-metrics", lambda: c.ksm_pod_started(NEW_POD, {
+                "namespace": "team-b", "uid": "c0ffee00-1111-4222-8333-944455556666", "team": "team-b",
+                "job": "finetune-job-2"})),
+            (15, "new pod on GPU 3", lambda: c.start_gpu_holding("3/", Holder("team-b", NEW_POD, "trainer"))),
+            (22, "a failed scrape of the g5's dcgm-exporter", lambda: c.fail_next_scrape("dcgm-b")),
+            # The fine-tuning job ends: DCGM no longer shows it on GPU 2, then kube-state-metrics says Succeeded.
+            (31, "the fine-tuning pod leaves GPU 2", lambda: c.end_gpu_holding("2/")),
+            (34, "the fine-tuning pod Succeeded", lambda: c.ksm_pod_ended("finetune-job-7xk2p")),
+            *disturbances]
+        for offset, _, action in sorted(events, key=lambda e: e[0]):
+            wait_until_ms(first_a + int(offset * 1000))
+            action()
+        last = max([e[0] for e in events] + [after_s])
+        cut_s = (first_a // 1000 + int(last)) // DT * DT + DT  # an interval end after every event
+        eventually(lambda: c.served("dcgm-b", failed=True), 30)  # the failed scrape happened
+        # Wait until the interval ending at the cut is in Prometheus, through the whole chain.
+        eventually(lambda: latest_s(self.prometheus, "gpu_cost_capacity_total") >= cut_s, timeout=180,
+                   message=lambda: f"no cost at {cut_s} in Prometheus:\n{self.otelgpu.log.read_text()[-3000:]}"
+                                   f"{self.collector.tail(3000)}")
+        self.dump(cut_s)
+        # The window: from the end of the first interval every source reported in (before it, a
+        # node is priced from kube-state-metrics alone until its dcgm-exporter is first scraped) to
+        # the cut.
+        start_s = max(first_a, first_b, c.served("ksm")[0].at_ms) // 1000 // DT * DT + DT
+        assert start_s * 1000 < first_a + 12_000, "the first event fell before the window"
+        return start_s, cut_s
+
+    def dump(self, cut_s: int) -> None:
+        """What Prometheus, the Collector and otelgpu say at the cut, into the test's directory."""
+        lines = [f"{labels.get('__name__')} {v!r} {labels}" for labels, v in self.prometheus.query(
+            'last_over_time({__name__=~"gpu_.*|llm_.*", cluster="e2e"}[15m])', cut_s)]
+        (self.workdir / "prometheus-at-cut.txt").write_text("\n".join(sorted(lines)) + "\n")
+        for name, port in (("otelcol-telemetry", self.telemetry_port), ("otelgpu-metrics", self.otelgpu.metrics_port)):
+            try:
+                (self.workdir / f"{name}.txt").write_text(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+            except requests.RequestException as e:
+                (self.workdir / f"{name}.txt").write_text(repr(e))
+
+    def check_money(self, start_s: int, cut_s: int) -> None:
+        """PromQL totals over the window against the figures worked out from what was served."""
+        prometheus, c = self.prometheus, self.cluster
+        served_a = c.served("dcgm-a", failed=False)
+        ended_ms = next(s.at_ms for s in served_a if s.holders["2/"] is None)
+        new_ms = next(s.at_ms for s in served_a if s.holders["3/"] is not None)
+        h100, span = PRICE[H100] / 3600, cut_s - start_s
+        expected = {
+            VLLM: h100 * span,
+            "ollama-76f687f4cd-xcvvp": h100 / 7 * span,  # MIG 1g.10gb: 1 of 7 compute slices
+            "finetune-job-7xk2p": h100 * (ended_ms / 1000 - start_s),
+            NEW_POD: h100 * (cut_s - new_ms / 1000)}
+        got = window(prometheus, "gpu_cost_allocated_total", "pod", start_s, cut_s)
+        for pod, value in expected.items():
+            assert got.get(pod) == pytest.approx(value, rel=1e-6), (pod, series(prometheus, cut_s))
+        # The g5's two time-sliced pods hold a quarter of the A10G each, through the failed scrape
+        # (its gap is held by what the sample before it showed).
+        for pod in ("chat-api-6f7d9c8b7-4xq2m", "embedder-85b4d6f9c-wz8pl"):
+            assert got[pod] == pytest.approx(PRICE[A10G] / 3600 / 4 * span, rel=1e-6), pod
+        # Per node: allocated + idle = capacity, capacity = the GPUs' price over the window.
+        allocated = window(prometheus, "gpu_cost_allocated_total", "node", start_s, cut_s)
+        idle = window(prometheus, "gpu_cost_idle_total", "node", start_s, cut_s)
+        capacity = window(prometheus, "gpu_cost_capacity_total", "node", start_s, cut_s)
+        assert capacity[NODE_A] == pytest.approx(8 * h100 * span, rel=1e-6)
+        assert capacity[NODE_B] == pytest.approx(PRICE[A10G] / 3600 * span, rel=1e-6)
+        for node in (NODE_A, NODE_B):
+            assert allocated[node] + idle[node] == pytest.approx(capacity[node], rel=1e-9), node
+        # By team: the pods' tags from kube-state-metrics and the Kubernetes API.
+        teams = window(prometheus, "gpu_cost_allocated_total", "team", start_s, cut_s)
+        assert teams["team-b"] == pytest.approx(expected["finetune-job-7xk2p"] + expected[NEW_POD], rel=1e-6)
+        assert teams["platform"] == pytest.approx(expected["ollama-76f687f4cd-xcvvp"], rel=1e-6)
+        assert teams["team-a"] == pytest.approx(expected[VLLM], rel=1e-6)
+        # Effective: the vLLM pod's GPU was 87.321 % active the whole time.
+        effective = window(prometheus, "gpu_cost_effective_total", "pod", start_s, cut_s)
+        assert effective[VLLM] == pytest.approx(0.873210 * expected[VLLM], rel=1e-6)
+        # Tokens: an interval's are its last counter value less the one before it.
+        served_vllm = c.served("vllm", failed=False)
+        before = {edge: [s for s in served_vllm if s.at_ms < edge * 1000][-1] for edge in (start_s, cut_s)}
+        tokens = {labels["token_kind"]: value for labels, value in prometheus.query(
+            f'max_over_time(llm_tokens_total{{cluster="e2e"}}[15m] @ {cut_s}) - '
+            f'(max_over_time(llm_tokens_total{{cluster="e2e"}}[15m] @ {start_s}) or vector(0))', cut_s)}
+        for kind, name in (("prompt", "vllm:prompt_tokens_total"), ("generation", "vllm:generation_tokens_total")):
+            assert tokens[kind] == pytest.approx(before[cut_s].values[name] - before[start_s].values[name], rel=1e-9)
+
+    def check_nothing_lost(self) -> None:
+        """No loop and nothing lost on the way: every point the prometheus receiver took went to
+        otelgpu and was accepted there; nothing was refused, failed or dropped in the Collector.
+        (For one Collector process: its counters start at zero when it starts.)"""
+        telemetry = self.collector.telemetry()
+        scraped = sum(v for (n, ls), v in telemetry.items()
+                      if n == "otelcol_receiver_accepted_metric_points_total" and ("receiver", "prometheus") in ls)
+        sent = sum(v for (n, ls), v in telemetry.items()
+                   if n == "otelcol_exporter_sent_metric_points_total" and ("exporter", "otlp_grpc/otelgpu") in ls)
+        assert scraped == sent == self.otelgpu.metric("otelgpu_receiver_accepted_metric_points_total") > 0
+        assert self.otelgpu.metric("otelgpu_points_rejected_total") == 0
+        lost = {n: v for (n, ls), v in telemetry.items() if v and any(w in n for w in ("refused", "failed", "dropped"))}
+        assert not lost, lost
+        # AMP gets the cost and both processes' own metrics, never the raw scrapes.
+        names = {labels["__name__"] for labels, _ in self.prometheus.query('count by (__name__) ({__name__=~".+"})',
+                                                                            time.time())}
+        assert {"gpu_cost_allocated_total", "llm_tokens_total", "otelgpu_requests_total"} <= names, names
+        assert any(n.startswith("otelcol_") for n in names), names
+        raw = {n for n in names if n.startswith(("DCGM_", "kube_", "vllm", "container_"))}
+        assert not raw, raw
+
+
+def window(prom: PrometheusServer, metric: str, label: str, start_s: float, end_s: float,
+           model: str = "request") -> dict[str, float]:
+    """What the intervals from `start_s` to `end_s` added, by `label`."""
+    before = by(prom, metric, label, start_s, model)
+    return {k: v - before.get(k, 0.0) for k, v in by(prom, metric, label, end_s, model).items()}
+
+
+def by(prom: PrometheusServer, metric: str, label: str, at_s: float, model: str = "request") -> dict[str, float]:
+    """Totals through `at_s` by `label`: each series' last value, ended series included (an ended
+    series is stale at `at_s`, so an instant query alone would miss what it carried)."""
+    out: dict[str, float] = {}
+    for labels, value in prom.query(
+            f'sum by ({label}) (max_over_time({metric}{{cluster="e2e", cost_model="{model}"}}[15m]))', at_s):
+        out[labels.get(label, "")] = value
+    return out
+
+
+def series(prom: PrometheusServer, at_s: float) -> str:
+    """Every allocated series at `at_s`, for a failure's message."""
+    return "\n".join(f"{v:.6f} {labels}" for labels, v in prom.query(
+        'gpu_cost_allocated_total{cluster="e2e", cost_model="request"}', at_s))
+
+
+def latest_s(prom: PrometheusServer, metric: str) -> float:
+    """The newest sample time of `metric` in Prometheus (0 when it has none)."""
+    return max((v for _, v in prom.query(f'max(timestamp({metric}{{cluster="e2e"}}))', time.time())), default=0.0)
+
+
+def wait_until_ms(ms: int) -> None:
+    """The cluster's own clock: it changes at chosen moments of real time (the scrapes go on)."""
+    while time.time() * 1000 < ms:
+        time.sleep(min(0.1, max(0.0, ms / 1000 - time.time())))
