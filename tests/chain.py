@@ -25,6 +25,7 @@ import requests
 import yaml
 from scrapecluster import A10G, H100, NODE_A, NODE_B, GpuCluster, Holder
 from sidecar import Sidecar, free_port
+from sigv4gate import SigV4Gate
 from support import eventually
 
 if TYPE_CHECKING:
@@ -62,9 +63,12 @@ class Chain:
         doc["receiver"]["grpc"]["endpoint"] = f"127.0.0.1:{self.otelgpu.grpc_port}"
         doc["exporter"]["prometheus"]["endpoint"] = f"127.0.0.1:{self.otelgpu.metrics_port}"
         self.otelgpu.config.write_text(yaml.safe_dump(doc))
+        # AMP's front door: sigv4auth's signature checked over the bytes that arrive, then Prometheus.
+        self.gate = SigV4Gate(prometheus.write_url, otelcol.AWS_ENV["AWS_ACCESS_KEY_ID"],
+                              otelcol.AWS_ENV["AWS_SECRET_ACCESS_KEY"], ENV["AMP_REGION"])
         config = otelcol.shipped_config(mode, workdir, cluster.api.url, f"127.0.0.1:{self.otelgpu.grpc_port}",
                                         f"127.0.0.1:{self.otelgpu.metrics_port}", self.cost_port,
-                                        prometheus.write_url, self.telemetry_port)
+                                        self.gate.url, self.telemetry_port)
         self.collector = otelcol.Collector(workdir, config, ENV, GATES, telemetry_port=self.telemetry_port)
 
     def start(self) -> "Chain":
@@ -77,6 +81,11 @@ class Chain:
     def close(self) -> None:
         self.collector.close()
         self.otelgpu.close()
+        self.gate.stop()
+
+    def check_signed(self) -> None:
+        """Every remote-write request carried a SigV4 signature that verified over its bytes."""
+        assert self.gate.verified > 0 and not self.gate.refused, (self.gate.verified, self.gate.refused[:3])
 
     def run(self, disturbances: list[Disturbance] = (), after_s: float = 40) -> tuple[int, int]:
         """The cluster's timeline, with `disturbances` at their moments; returns the window
@@ -85,15 +94,15 @@ class Chain:
         first_a = c.served("dcgm-a", failed=False)[0].at_ms
         first_b = c.served("dcgm-b", failed=False)[0].at_ms
         events: list[Disturbance] = [
-            # A new pod is scheduled on GPU 3: kube-state-metrics shows it first, then DCGM its process.
-            (12, "new pod in kube-state-metrics", lambda: c.ksm_pod_started(NEW_POD, {
+            # A new pod is scheduled on GPU 3: the API and kube-state-metrics show it first, then DCGM its process.
+            (12, "new pod Running", lambda: c.pod_started(NEW_POD, {
                 "namespace": "team-b", "uid": "c0ffee00-1111-4222-8333-944455556666", "team": "team-b",
                 "job": "finetune-job-2"})),
             (15, "new pod on GPU 3", lambda: c.start_gpu_holding("3/", Holder("team-b", NEW_POD, "trainer"))),
             (22, "a failed scrape of the g5's dcgm-exporter", lambda: c.fail_next_scrape("dcgm-b")),
-            # The fine-tuning job ends: DCGM no longer shows it on GPU 2, then kube-state-metrics says Succeeded.
+            # The fine-tuning job ends: DCGM no longer shows it on GPU 2, then its phase is Succeeded.
             (31, "the fine-tuning pod leaves GPU 2", lambda: c.end_gpu_holding("2/")),
-            (34, "the fine-tuning pod Succeeded", lambda: c.ksm_pod_ended("finetune-job-7xk2p")),
+            (34, "the fine-tuning pod Succeeded", lambda: c.pod_ended("team-b", "finetune-job-7xk2p")),
             *disturbances]
         for offset, _, action in sorted(events, key=lambda e: e[0]):
             wait_until_ms(first_a + int(offset * 1000))
@@ -138,7 +147,9 @@ class Chain:
             NEW_POD: h100 * (cut_s - new_ms / 1000)}
         got = window(prometheus, "gpu_cost_allocated_total", "pod", start_s, cut_s)
         for pod, value in expected.items():
-            assert got.get(pod) == pytest.approx(value, rel=1e-6), (pod, series(prometheus, cut_s))
+            assert got.get(pod) == pytest.approx(value, rel=1e-6), (
+                f"{pod}: {got.get(pod)} != {value} (window {start_s}-{cut_s}, ended {ended_ms}, new {new_ms})\n"
+                + series(prometheus, cut_s))
         # The g5's two time-sliced pods hold a quarter of the A10G each, through the failed scrape
         # (its gap is held by what the sample before it showed).
         for pod in ("chat-api-6f7d9c8b7-4xq2m", "embedder-85b4d6f9c-wz8pl"):
@@ -172,12 +183,19 @@ class Chain:
         """No loop and nothing lost on the way: every point the prometheus receiver took went to
         otelgpu and was accepted there; nothing was refused, failed or dropped in the Collector.
         (For one Collector process: its counters start at zero when it starts.)"""
-        telemetry = self.collector.telemetry()
-        scraped = sum(v for (n, ls), v in telemetry.items()
-                      if n == "otelcol_receiver_accepted_metric_points_total" and ("receiver", "prometheus") in ls)
-        sent = sum(v for (n, ls), v in telemetry.items()
-                   if n == "otelcol_exporter_sent_metric_points_total" and ("exporter", "otlp_grpc/otelgpu") in ls)
-        assert scraped == sent == self.otelgpu.metric("otelgpu_receiver_accepted_metric_points_total") > 0
+        def counts() -> tuple[dict, float, float, float]:
+            telemetry = self.collector.telemetry()
+            scraped = sum(v for (n, ls), v in telemetry.items()
+                          if n == "otelcol_receiver_accepted_metric_points_total" and ("receiver", "prometheus") in ls)
+            sent = sum(v for (n, ls), v in telemetry.items()
+                       if n == "otelcol_exporter_sent_metric_points_total" and ("exporter", "otlp_grpc/otelgpu") in ls)
+            return telemetry, scraped, sent, self.otelgpu.metric("otelgpu_receiver_accepted_metric_points_total")
+
+        # Scrapes go on: read when no export is in flight (what was sent is what otelgpu took). What
+        # was scraped and not yet sent waits in the batch processor (less than send_batch_size) or,
+        # flushed, in the exporter's queue: at most one batch (send_batch_max_size) in all here.
+        telemetry, scraped, sent, accepted = eventually(lambda: (c := counts())[2] == c[3] and c, timeout=30)
+        assert sent > 0 and 0 <= scraped - sent < 16384, (scraped, sent)
         assert self.otelgpu.metric("otelgpu_points_rejected_total") == 0
         lost = {n: v for (n, ls), v in telemetry.items() if v and any(w in n for w in ("refused", "failed", "dropped"))}
         assert not lost, lost
@@ -209,8 +227,8 @@ def by(prom: PrometheusServer, metric: str, label: str, at_s: float, model: str 
 
 def series(prom: PrometheusServer, at_s: float) -> str:
     """Every allocated series at `at_s`, for a failure's message."""
-    return "\n".join(f"{v:.6f} {labels}" for labels, v in prom.query(
-        'gpu_cost_allocated_total{cluster="e2e", cost_model="request"}', at_s))
+    return "\n".join(f"{v:.6f} {labels.get('pod')} {labels.get('attribution')}" for labels, v in prom.query(
+        'max_over_time(gpu_cost_allocated_total{cluster="e2e", cost_model="request"}[15m])', at_s))
 
 
 def latest_s(prom: PrometheusServer, metric: str) -> float:

@@ -205,6 +205,12 @@ class FakeKubeApi:
             self._objects[key] = self._record("MODIFIED" if old else "ADDED", obj)
             return copy.deepcopy(obj)
 
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        """A copy of a stored object (KeyError if absent; namespace as in `delete`)."""
+        with self._cond:
+            ns = (namespace or "default") if self._resources[kind].namespaced else ""
+            return copy.deepcopy(self._objects[(kind, ns, name)])
+
     def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
         """Remove an object (KeyError if absent; namespace defaults to "default" for namespaced kinds)."""
         with self._cond:

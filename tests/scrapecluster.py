@@ -212,12 +212,16 @@ class GpuCluster:
                   ports=[9400])
         self._pod("kube-system", "kube-state-metrics-0", NODE_B, self.ip["ksm"],
                   {"app.kubernetes.io/name": "kube-state-metrics"}, ports=[8080, 8081])
-        # The serving pod, opted in to the token split; otelgpu takes its facts from the API.
+        # The workload pods as kube-state-metrics' fixture shows them (otelgpu's API source wins per
+        # object; in node mode it is the only one). The serving pod opts in to the token split.
         self._pod("team-a", "vllm-llama3-8b-5c9d7b8f6d-k2x7q", NODE_A, self.ip["vllm"],
                   {"app": "vllm", "app.kubernetes.io/name": "vllm", "team": "team-a"}, ports=[8000],
                   annotations={"otelgpu.io/tokens": "true"}, uid="3f6b2c1d-8e7a-4b5c-9d0e-1f2a3b4c5d6e",
                   requests={"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}, container="vllm",
                   owner=("ReplicaSet", "vllm-llama3-8b-5c9d7b8f6d"))
+        for i, (ns, name, node, labels, uid, requests, container, owner, phase) in enumerate(WORKLOADS):
+            self._pod(ns, name, node, f"{self.block}.{40 + i}", labels, uid=uid, requests=requests,
+                      container=container, owner=owner, phase=phase)
 
     def _pod(self, ns: str, name: str, node: str, ip: str, labels: dict[str, str], ports: list[int] = (),
              annotations: Optional[dict[str, str]] = None, uid: Optional[str] = None,
@@ -227,7 +231,8 @@ class GpuCluster:
         if uid:
             meta["uid"] = uid
         if owner:
-            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+            meta["ownerReferences"] = [{"apiVersion": "batch/v1" if owner[0] == "Job" else "apps/v1",
+                                        "kind": owner[0], "name": owner[1],
                                         "uid": f"uid-{owner[1]}", "controller": True}]
         self.api.apply({"kind": "Pod", "apiVersion": "v1", "metadata": meta,
                         "spec": {"nodeName": node, "containers": [{
@@ -245,14 +250,20 @@ class GpuCluster:
         with self.lock:
             self.holders_a[key] = holder
 
-    def ksm_pod_ended(self, pod: str) -> None:
+    def pod_ended(self, namespace: str, pod: str) -> None:
+        """The pod Succeeded: kube-state-metrics and the Kubernetes API say so."""
         with self.lock:
             self.ksm_ended.add(pod)
+        obj = self.api.get("Pod", pod, namespace)
+        self.api.apply({**obj, "status": {**obj["status"], "phase": "Succeeded"}})
 
-    def ksm_pod_started(self, pod: str, facts: dict[str, str]) -> None:
-        """A new pod in kube-state-metrics: namespace, uid, team, created_by_name, gpus."""
+    def pod_started(self, pod: str, facts: dict[str, str]) -> None:
+        """A new fine-tuning pod on node A, Running: namespace, uid, team and job (its owner)."""
         with self.lock:
             self.ksm_started[pod] = facts
+        self._pod(facts["namespace"], pod, NODE_A, f"{self.block}.60", {"job-name": facts["job"], "team": facts["team"]},
+                  uid=facts["uid"], requests={"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "1"},
+                  container="trainer", owner=("Job", facts["job"]))
 
     def fail_next_scrape(self, target: str) -> None:
         with self.targets[target].lock:
@@ -383,6 +394,24 @@ class GpuCluster:
         self._record(Served("kubelet-a" if node == NODE_A else "kubelet-b", ms, False))
         return "\n".join(cpu + mem + ["# HELP machine_cpu_cores Number of logical CPU cores.",
                                       "# TYPE machine_cpu_cores gauge", "machine_cpu_cores 8"]) + "\n"
+
+
+WORKLOADS = [  # namespace, pod, node, labels, uid, requests, container, owner, phase: as in the ksm fixture
+    ("testing", "ollama-76f687f4cd-xcvvp", NODE_A, {"app": "ollama"}, "9c1f4a7e-2d3b-4e8f-a0b1-6c5d4e3f2a19",
+     {"cpu": "2", "memory": "8Gi", "nvidia.com/mig-1g.10gb": "1"}, "ollama", ("ReplicaSet", "ollama-76f687f4cd"),
+     "Running"),
+    ("team-b", "finetune-job-7xk2p", NODE_A, {"job-name": "finetune-job", "team": "team-b"},
+     "0d4e5f6a-7b8c-4d9e-8f0a-1b2c3d4e5f60", {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "1"}, "trainer",
+     ("Job", "finetune-job"), "Running"),
+    ("team-b", "finetune-job-old-9z8y7", NODE_A, {"job-name": "finetune-job-old", "team": "team-b"},
+     "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d", {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "1"}, "trainer",
+     ("Job", "finetune-job-old"), "Succeeded"),
+    ("tenant-blue", "chat-api-6f7d9c8b7-4xq2m", NODE_B, {"app": "chat-api", "team": "tenant-blue"},
+     "5f0c2f53-9a3e-4c1e-8f43-0d6f0d3b1a11", {"cpu": "1100m", "memory": "6272Mi", "nvidia.com/gpu": "1"}, "server",
+     ("ReplicaSet", "chat-api-6f7d9c8b7"), "Running"),
+    ("tenant-green", "embedder-85b4d6f9c-wz8pl", NODE_B, {"app": "embedder", "team": "tenant-green"},
+     "a1d7e0c4-2b6f-4f0a-9c55-7e2b8d9f6c22", {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}, "embed",
+     ("ReplicaSet", "embedder-85b4d6f9c"), "Running")]
 
 
 def _ksm_started(family: str, pod: str, f: dict[str, str]) -> list[str]:

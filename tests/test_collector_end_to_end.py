@@ -43,5 +43,6 @@ def test_the_shipped_gateway_chain_through_a_real_collector(tmp_path, cluster, p
         start_s, cut_s = chain.run()
         chain.check_money(start_s, cut_s)
         chain.check_nothing_lost()
+        chain.check_signed()
     finally:
         chain.close()

@@ -77,6 +77,7 @@ def test_kill_9_collector_restart_and_backend_outage_lose_no_money(tmp_path, clu
         chain.start()
         start_s, cut_s = chain.run(disturbances, after_s=95)
         chain.check_money(start_s, cut_s)
+        chain.check_signed()
         # The restarted Collector held the cost through the outage and dropped nothing.
         failed = {n: v for (n, ls), v in chain.collector.telemetry().items()
                   if v and any(w in n for w in ("refused", "failed", "dropped"))}
