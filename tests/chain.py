@@ -49,6 +49,8 @@ def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int) -> d
     doc["attribution"].update(interval_seconds=DT, lateness_seconds=8)
     doc["attribution"]["prices"] = {"gpu_hour_by_gpu_model": PRICE}
     doc["kubernetes"].update(auth="token", api_url=c.api.url, token="test-token")
+    if mode == "node":
+        doc["kubernetes"]["node_name"] = NODE_A
     doc["checkpoint"]["directory"] = str(workdir / "checkpoint")
     doc["exporter"]["otlp"]["endpoint"] = f"127.0.0.1:{cost_port}"
     return doc
@@ -69,12 +71,17 @@ class Chain:
         config = otelcol.shipped_config(mode, workdir, cluster.api.url, f"127.0.0.1:{self.otelgpu.grpc_port}",
                                         f"127.0.0.1:{self.otelgpu.metrics_port}", self.cost_port,
                                         self.gate.url, self.telemetry_port)
-        self.collector = otelcol.Collector(workdir, config, ENV, GATES, telemetry_port=self.telemetry_port)
+        self.mode = mode
+        env = {**ENV, "NODE_NAME": NODE_A} if mode == "node" else ENV
+        self.collector = otelcol.Collector(workdir, config, env, GATES, telemetry_port=self.telemetry_port)
+        # Per node, the Collector scrapes only its node's dcgm-exporter, kubelet and vLLM pods.
+        self.scraped = (["dcgm-a", "vllm", "kubelet-a"] if mode == "node" else list(cluster.targets))
+        self.failing = "dcgm-a" if mode == "node" else "dcgm-b"  # the target one scrape of which fails
 
     def start(self) -> "Chain":
         self.otelgpu.start()
         self.collector.start()
-        for target in self.cluster.targets:  # each found by discovery and scraped
+        for target in self.scraped:  # each found by discovery and scraped
             self.cluster.wait_served(target, 0, timeout=60)
         return self
 
@@ -91,25 +98,27 @@ class Chain:
         """The cluster's timeline, with `disturbances` at their moments; returns the window
         (start, cut) of interval ends to check, once the cut is in Prometheus."""
         c = self.cluster
-        first_a = c.served("dcgm-a", failed=False)[0].at_ms
-        first_b = c.served("dcgm-b", failed=False)[0].at_ms
+        first = {t: c.served(t)[0].at_ms for t in self.scraped}
+        first_a = first["dcgm-a"]
         events: list[Disturbance] = [
             # A new pod is scheduled on GPU 3: the API and kube-state-metrics show it first, then DCGM its process.
             (12, "new pod Running", lambda: c.pod_started(NEW_POD, {
                 "namespace": "team-b", "uid": "c0ffee00-1111-4222-8333-944455556666", "team": "team-b",
                 "job": "finetune-job-2"})),
             (15, "new pod on GPU 3", lambda: c.start_gpu_holding("3/", Holder("team-b", NEW_POD, "trainer"))),
-            (22, "a failed scrape of the g5's dcgm-exporter", lambda: c.fail_next_scrape("dcgm-b")),
+            (22, f"a failed scrape of {self.failing}", lambda: c.fail_next_scrape(self.failing)),
             # The fine-tuning job ends: DCGM no longer shows it on GPU 2, then its phase is Succeeded.
             (31, "the fine-tuning pod leaves GPU 2", lambda: c.end_gpu_holding("2/")),
             (34, "the fine-tuning pod Succeeded", lambda: c.pod_ended("team-b", "finetune-job-7xk2p")),
             *disturbances]
-        for offset, _, action in sorted(events, key=lambda e: e[0]):
+        timeline = [f"first scrapes {first}"]
+        for offset, what, action in sorted(events, key=lambda e: e[0]):
             wait_until_ms(first_a + int(offset * 1000))
+            timeline.append(f"{int(time.time() * 1000)} +{offset}s {what}")
             action()
         last = max([e[0] for e in events] + [after_s])
         cut_s = (first_a // 1000 + int(last)) // DT * DT + DT  # an interval end after every event
-        eventually(lambda: c.served("dcgm-b", failed=True), 30)  # the failed scrape happened
+        eventually(lambda: c.served(self.failing, failed=True), 30)  # the failed scrape happened
         # Wait until the interval ending at the cut is in Prometheus, through the whole chain.
         eventually(lambda: latest_s(self.prometheus, "gpu_cost_capacity_total") >= cut_s, timeout=180,
                    message=lambda: f"no cost at {cut_s} in Prometheus:\n{self.otelgpu.log.read_text()[-3000:]}"
@@ -118,7 +127,9 @@ class Chain:
         # The window: from the end of the first interval every source reported in (before it, a
         # node is priced from kube-state-metrics alone until its dcgm-exporter is first scraped) to
         # the cut.
-        start_s = max(first_a, first_b, c.served("ksm")[0].at_ms) // 1000 // DT * DT + DT
+        start_s = max(first.values()) // 1000 // DT * DT + DT
+        served = [f"{s.at_ms} {s.target}{' failed' if s.failed else ''} {s.holders or ''}" for s in c.served("dcgm-a")]
+        (self.workdir / "timeline.txt").write_text("\n".join(timeline + [f"window {start_s} to {cut_s}"] + served) + "\n")
         assert start_s * 1000 < first_a + 12_000, "the first event fell before the window"
         return start_s, cut_s
 
@@ -151,16 +162,22 @@ class Chain:
                 f"{pod}: {got.get(pod)} != {value} (window {start_s}-{cut_s}, ended {ended_ms}, new {new_ms})\n"
                 + series(prometheus, cut_s))
         # The g5's two time-sliced pods hold a quarter of the A10G each, through the failed scrape
-        # (its gap is held by what the sample before it showed).
+        # (its gap is held by what the sample before it showed). Per node, only node A is seen.
+        nodes = (NODE_A,) if self.mode == "node" else (NODE_A, NODE_B)
         for pod in ("chat-api-6f7d9c8b7-4xq2m", "embedder-85b4d6f9c-wz8pl"):
-            assert got[pod] == pytest.approx(PRICE[A10G] / 3600 / 4 * span, rel=1e-6), pod
+            if NODE_B in nodes:
+                assert got[pod] == pytest.approx(PRICE[A10G] / 3600 / 4 * span, rel=1e-6), pod
+            else:
+                assert pod not in got, pod
         # Per node: allocated + idle = capacity, capacity = the GPUs' price over the window.
         allocated = window(prometheus, "gpu_cost_allocated_total", "node", start_s, cut_s)
         idle = window(prometheus, "gpu_cost_idle_total", "node", start_s, cut_s)
         capacity = window(prometheus, "gpu_cost_capacity_total", "node", start_s, cut_s)
         assert capacity[NODE_A] == pytest.approx(8 * h100 * span, rel=1e-6)
-        assert capacity[NODE_B] == pytest.approx(PRICE[A10G] / 3600 * span, rel=1e-6)
-        for node in (NODE_A, NODE_B):
+        if NODE_B in nodes:
+            assert capacity[NODE_B] == pytest.approx(PRICE[A10G] / 3600 * span, rel=1e-6)
+        assert set(capacity) == set(nodes), capacity
+        for node in nodes:
             assert allocated[node] + idle[node] == pytest.approx(capacity[node], rel=1e-9), node
         # By team: the pods' tags from kube-state-metrics and the Kubernetes API.
         teams = window(prometheus, "gpu_cost_allocated_total", "team", start_s, cut_s)
