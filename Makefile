@@ -11,9 +11,15 @@ $(VENV)/.installed: pyproject.toml
 
 # `make test` builds the OpenTelemetry Collector the end-to-end tests run (tools/ensure-otelcol:
 # about five minutes the first time on a fresh machine, reused from a cache outside the tree after).
-.PHONY: demo test bench otelcol
+.PHONY: demo demo-collector test bench otelcol
 demo: $(VENV)/.installed
 	$(VENV)/bin/otelgpu demo
+
+# otelgpu between a real Collector and a real Prometheus, on loopback (tools/demo_collector.py)
+demo-collector: $(VENV)/.installed
+	tools/ensure-prometheus
+	tools/ensure-otelcol >/dev/null
+	$(VENV)/bin/python tools/demo_collector.py
 
 test: $(VENV)/.installed
 	tools/ensure-prometheus
