@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import otelcol
 import pytest
@@ -40,6 +40,16 @@ GATES = ("exporter.prometheusremotewritexporter.RetryOn429",)
 NEW_POD = "finetune-job-2-h7k4d"
 VLLM = "vllm-llama3-8b-5c9d7b8f6d-k2x7q"
 Disturbance = tuple[float, str, Callable[[], None]]  # (seconds after every target's first scrape, what, do it)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[GpuCluster]:
+    """The fixtures' cluster, served on loopback for the test (`pytest_plugins = ["chain"]`)."""
+    c = GpuCluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int) -> dict:

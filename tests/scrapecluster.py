@@ -298,42 +298,47 @@ class GpuCluster:
     def _elapsed(self, ms: int) -> float:
         return (ms - self.started_ms) / 1000
 
+    def _restamped(self, text: str, ms: int, sample: Callable[[str, str, float], str]) -> str:
+        """`text` with each sample line's labels and value as `sample(name, labels, value)` gives
+        them, stamped `ms` where this cluster stamps; comment lines as they are."""
+        out = []
+        for line in text.splitlines():
+            m = SAMPLE.match(line)
+            out.append(f"{m.group(1)}{sample(m.group(1), m.group(2) or '', float(m.group(3)))}{self._stamp(ms)}"
+                       if m else line)
+        return "\n".join(out) + "\n"
+
     def _dcgm_a(self, ms: int) -> str:
+        """The fixture with each device's pod labels those of its holder now, energy counting on."""
         with self.lock:
             holders = dict(self.holders_a)
-        out = []
-        for line in self.dcgm_a.splitlines():
-            m = SAMPLE.match(line)
-            if not m:
-                out.append(line)
-                continue
-            name, labels, value = m.group(1), parse_labels(m.group(2)), float(m.group(3))
-            keep = [(k, v) for k, v in labels if k not in ("container", "namespace", "pod")]
+
+        def sample(name: str, text: str, value: float) -> str:
+            labels = parse_labels(text)
             d = dict(labels)
             h = holders[f"{d['gpu']}/{d.get('GPU_I_ID', '')}"]
+            keep = [(k, v) for k, v in labels if k not in ("container", "namespace", "pod")]
             if h is not None:
                 keep += [("container", h.container), ("namespace", h.namespace), ("pod", h.pod)]
             if name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":
                 value += 700_000 * self._elapsed(ms)  # 700 W, in mJ
             if name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE" and h is not None and value == 0:
                 value = 0.5  # a pod that starts on an idle GPU uses it
-            out.append(f"{name}{render_labels(keep)} {value:f}{self._stamp(ms)}")
+            return f"{render_labels(keep)} {value:f}"
+
+        body = self._restamped(self.dcgm_a, ms, sample)
         self._record(Served("dcgm-a", ms, False, {k: h and f"{h.namespace}/{h.pod}" for k, h in holders.items()}))
-        return "\n".join(out) + "\n"
+        return body
 
     def _dcgm_b(self, ms: int) -> str:
-        out = []
-        for line in self.dcgm_b.splitlines():
-            m = SAMPLE.match(line)
-            if not m:
-                out.append(line)
-                continue
-            value = float(m.group(3))
-            if m.group(1) == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":
+        def sample(name: str, labels: str, value: float) -> str:
+            if name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":
                 value += 180_000 * self._elapsed(ms)
-            out.append(f"{m.group(1)}{{{m.group(2)}}} {value:f}{self._stamp(ms)}")
+            return f"{{{labels}}} {value:f}"
+
+        body = self._restamped(self.dcgm_b, ms, sample)
         self._record(Served("dcgm-b", ms, False))
-        return "\n".join(out) + "\n"
+        return body
 
     def _ksm(self, ms: int) -> str:
         """The fixture, with ended pods' phases Succeeded and started pods added; no timestamps, as
@@ -359,16 +364,10 @@ class GpuCluster:
         elapsed = self._elapsed(ms)
         values = {"vllm:prompt_tokens_total": 1_840_512 + self.prompt_rate * elapsed,
                   "vllm:generation_tokens_total": 1_000_000 + self.generation_rate * elapsed}
-        out = []
-        for line in self.vllm_text.splitlines():
-            m = SAMPLE.match(line)
-            if not m:
-                out.append(line)
-                continue
-            value = values.get(m.group(1), float(m.group(3)))
-            out.append(f"{m.group(1)}{{{m.group(2)}}} {value!r}{self._stamp(ms)}")
+        body = self._restamped(self.vllm_text, ms, lambda name, labels, value:
+                               f"{{{labels}}} {values.get(name, value)!r}")
         self._record(Served("vllm", ms, False, values=values))
-        return "\n".join(out) + "\n"
+        return body
 
     def _cadvisor(self, node: str, ms: int) -> str:
         """The kubelet's /metrics/cadvisor for the node's running pods: per-container CPU and

@@ -13,27 +13,16 @@ otelgpu.yaml (k8s/<mode>/) with 10-second intervals and the test's prices (chain
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from chain import Chain
-from scrapecluster import GpuCluster
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
 
-pytest_plugins = ["promserver"]
+pytest_plugins = ["promserver", "chain"]  # the `prometheus` and `cluster` fixtures
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[GpuCluster]:
-    c = GpuCluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("mode", ["gateway", "node"])

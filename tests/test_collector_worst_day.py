@@ -9,29 +9,19 @@ stays within its pod's limit (k8s/gateway/deployment.yaml)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
 from chain import Chain
-from scrapecluster import GpuCluster
 from support import eventually
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
 
-pytest_plugins = ["promserver"]
+pytest_plugins = ["promserver", "chain"]  # the `prometheus` and `cluster` fixtures
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[GpuCluster]:
-    c = GpuCluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def memory_limit_bytes(manifest: Path, container: str) -> int:
