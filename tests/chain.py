@@ -158,8 +158,8 @@ class Chain:
         """PromQL totals over the window against the figures worked out from what was served."""
         prometheus, c = self.prometheus, self.cluster
         served_a = c.served("dcgm-a", failed=False)
-        ended_ms = next(s.at_ms for s in served_a if s.holders["2/"] is None)
-        new_ms = next(s.at_ms for s in served_a if s.holders["3/"] is not None)
+        ended_ms = changed_ms(served_a, lambda s: s.holders["2/"] is None)
+        new_ms = changed_ms(served_a, lambda s: s.holders["3/"] is not None)
         h100, span = PRICE[H100] / 3600, cut_s - start_s
         expected = {
             VLLM: h100 * span,
@@ -233,6 +233,15 @@ class Chain:
         assert any(n.startswith("otelcol_") for n in names), names
         raw = {n for n in names if n.startswith(("DCGM_", "kube_", "vllm", "container_"))}
         assert not raw, raw
+
+
+def changed_ms(served: list, now: Callable) -> int:
+    """When otelgpu sees a device change hands: at the first sample for which `now` holds, or at
+    the interval boundary between it and the sample before it when they lie in different intervals
+    (the state of an interval's first sample covers the interval from its start; cost-model.md)."""
+    i = next(k for k, s in enumerate(served) if now(s))
+    boundary = served[i].at_ms // (DT * 1000) * DT * 1000
+    return boundary if i and served[i - 1].at_ms < boundary else served[i].at_ms
 
 
 def window(prom: PrometheusServer, metric: str, label: str, start_s: float, end_s: float,
