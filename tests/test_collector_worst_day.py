@@ -25,10 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def memory_limit_bytes(manifest: Path, container: str) -> int:
-    """The container's memory limit in a Deployment or DaemonSet manifest (Mi or Gi)."""
+    """The container's memory limit in a Deployment or DaemonSet manifest (Mi or Gi); the Collector
+    is a native sidecar (an init container that keeps running)."""
     doc = yaml.safe_load(manifest.read_text())
     spec = doc["spec"]["template"]["spec"]
-    limit = next(c for c in spec["containers"] if c["name"] == container)["resources"]["limits"]["memory"]
+    limit = next(c for c in spec.get("initContainers", []) + spec["containers"]
+                 if c["name"] == container)["resources"]["limits"]["memory"]
     return int(limit[:-2]) * {"Mi": 2**20, "Gi": 2**30}[limit[-2:]]
 
 
