@@ -11,11 +11,16 @@ pytest.register_assert_rewrite("chain", "otelcol", "scrapecluster")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes seconds (a real process, a validator, a compile); run first")
+    config.addinivalue_line("markers", "slow(seconds=N): takes seconds (a real process, a validator, a compile); "
+                                       "run first, the longest (N, default 1) first of all")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests first, each group in its own order: with pytest-xdist the workers take them
     while the quick ones are still there to even out the end, instead of one worker finishing a
-    long test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    long test alone. Tests that take minutes say so (`slow(seconds=...)`) and go first of all."""
+    def key(item: pytest.Item) -> tuple[bool, float]:
+        slow = item.get_closest_marker("slow")
+        return slow is None, -(slow.kwargs.get("seconds", 1) if slow else 0)
+
+    items.sort(key=key)

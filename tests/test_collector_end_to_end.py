@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from promserver import PrometheusServer
 
 pytest_plugins = ["promserver", "chain"]  # the `prometheus` and `cluster` fixtures
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=75)  # real time: the cluster's timeline
 
 
 @pytest.mark.parametrize("mode", ["gateway", "node"])

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from promserver import PrometheusServer
 
 pytest_plugins = ["promserver", "chain"]  # the `prometheus` and `cluster` fixtures
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=130)  # real time: the cluster's timeline
 REPO = Path(__file__).resolve().parents[1]
 
 
