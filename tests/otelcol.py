@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import free_port
-from support import eventually, poll
+from support import eventually
 
 REPO = Path(__file__).resolve().parents[1]
 ENSURE = REPO / "tools" / "ensure-otelcol"
@@ -180,11 +180,3 @@ class Collector:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-def wait_for_log(c: Collector, text: str, timeout: float = 30) -> None:
-    eventually(lambda: text in c.tail(10**7), timeout, message=lambda: f"{text!r} not logged:\n{c.tail()}")
-
-
-__all__ = ["AWS_ENV", "Collector", "binary", "credentials_rewritten", "environment", "poll", "scrape_configs",
-           "shipped_config", "stand_in_service_account", "validate", "wait_for_log"]
