@@ -146,7 +146,7 @@ class Chain:
     def dump(self, cut_s: int) -> None:
         """What Prometheus, the Collector and otelgpu say at the cut, into the test's directory."""
         lines = [f"{labels.get('__name__')} {v!r} {labels}" for labels, v in self.prometheus.query(
-            'last_over_time({__name__=~"gpu_.*|llm_.*", cluster="e2e"}[15m])', cut_s)]
+            'last_over_time({__name__=~"gpu_.*|llm_.*", cluster="e2e"}[2h])', cut_s)]
         (self.workdir / "prometheus-at-cut.txt").write_text("\n".join(sorted(lines)) + "\n")
         for name, port in (("otelcol-telemetry", self.telemetry_port), ("otelgpu-metrics", self.otelgpu.metrics_port)):
             try:
@@ -201,8 +201,8 @@ class Chain:
         served_vllm = c.served("vllm", failed=False)
         before = {edge: [s for s in served_vllm if s.at_ms < edge * 1000][-1] for edge in (start_s, cut_s)}
         tokens = {labels["token_kind"]: value for labels, value in prometheus.query(
-            f'max_over_time(llm_tokens_total{{cluster="e2e"}}[15m] @ {cut_s}) - '
-            f'(max_over_time(llm_tokens_total{{cluster="e2e"}}[15m] @ {start_s}) or vector(0))', cut_s)}
+            f'max_over_time(llm_tokens_total{{cluster="e2e"}}[2h] @ {cut_s}) - '
+            f'(max_over_time(llm_tokens_total{{cluster="e2e"}}[2h] @ {start_s}) or vector(0))', cut_s)}
         for kind, name in (("prompt", "vllm:prompt_tokens_total"), ("generation", "vllm:generation_tokens_total")):
             assert tokens[kind] == pytest.approx(before[cut_s].values[name] - before[start_s].values[name], rel=1e-9)
 
@@ -254,10 +254,11 @@ def window(prom: PrometheusServer, metric: str, label: str, start_s: float, end_
 
 def by(prom: PrometheusServer, metric: str, label: str, at_s: float, model: str = "request") -> dict[str, float]:
     """Totals through `at_s` by `label`: each series' last value, ended series included (an ended
-    series is stale at `at_s`, so an instant query alone would miss what it carried)."""
+    series is stale at `at_s`, so an instant query alone would miss what it carried; the range
+    reaches back past any run's start)."""
     out: dict[str, float] = {}
     for labels, value in prom.query(
-            f'sum by ({label}) (max_over_time({metric}{{cluster="e2e", cost_model="{model}"}}[15m]))', at_s):
+            f'sum by ({label}) (max_over_time({metric}{{cluster="e2e", cost_model="{model}"}}[2h]))', at_s):
         out[labels.get(label, "")] = value
     return out
 
@@ -265,7 +266,7 @@ def by(prom: PrometheusServer, metric: str, label: str, at_s: float, model: str 
 def series(prom: PrometheusServer, at_s: float) -> str:
     """Every allocated series at `at_s`, for a failure's message."""
     return "\n".join(f"{v:.6f} {labels.get('pod')} {labels.get('attribution')}" for labels, v in prom.query(
-        'max_over_time(gpu_cost_allocated_total{cluster="e2e", cost_model="request"}[15m])', at_s))
+        'max_over_time(gpu_cost_allocated_total{cluster="e2e", cost_model="request"}[2h])', at_s))
 
 
 def latest_s(prom: PrometheusServer, metric: str) -> float:
