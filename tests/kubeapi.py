@@ -126,7 +126,8 @@ class _Stream:
 class FakeKubeApi:
     """In-memory objects, one global resourceVersion counter and an event history, served over HTTP."""
 
-    def __init__(self, token: str | None = None, bookmark_interval: float | None = None) -> None:
+    def __init__(self, token: str | tuple[str, ...] | None = None, bookmark_interval: float | None = None) -> None:
+        """`token`: the bearer token the API accepts (several during a rotation); None accepts any."""
         self.token, self.bookmark_interval = token, bookmark_interval
         self.url = ""
         self.requests: list[tuple[str, str, dict[str, str]]] = []
@@ -426,7 +427,8 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         with api._cond:
             api.requests.append(("GET", url.path, query))
-        if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
+        accepted = (api.token,) if isinstance(api.token, str) else api.token or ()
+        if accepted and self.headers.get("Authorization") not in {f"Bearer {t}" for t in accepted}:
             return self._send(401, status(401, "Unauthorized", "Unauthorized"))
         route = api._route(url.path)
         if route is None:

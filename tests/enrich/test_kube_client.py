@@ -53,12 +53,18 @@ def test_token_file_is_reread_when_it_rotates(tmp_path):
         source.start()
         try:
             assert source.wait_synced(5.0)
-            api.token = "second"  # the API now accepts only the rotated token
+            # A rotation as the kubelet does it: the new token is valid before it is written, the
+            # old one stays valid a while after, so no request is ever refused.
+            api.token = ("first", "second")
             token.write_text("second\n")
             api.drop_watches()  # the next requests carry the file's new content
             api.apply(_pod("after-rotation"))
             eventually(lambda: ("ml", "after-rotation") in source.view().pods)
-            assert by_label(source.metrics.kube_errors).get(("pods", "watch", "unauthorized"), 0) == 0
+            api.token = "second"  # the old token expires: only a client that re-read the file goes on
+            api.drop_watches()
+            api.apply(_pod("after-expiry"))
+            eventually(lambda: ("ml", "after-expiry") in source.view().pods)
+            assert not {k: v for k, v in by_label(source.metrics.kube_errors).items() if k[2] == "unauthorized"}
         finally:
             source.shutdown()
 
