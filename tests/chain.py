@@ -15,6 +15,8 @@ Collector's own markers end series, as with a real dcgm-exporter."""
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -276,5 +278,24 @@ def latest_s(prom: PrometheusServer, metric: str) -> float:
 
 def wait_until_ms(ms: int) -> None:
     """The cluster's own clock: it changes at chosen moments of real time (the scrapes go on)."""
-    while time.time() * 1000 < ms:
-        time.sleep(min(0.1, max(0.0, ms / 1000 - time.time())))
+    eventually(lambda: time.time() * 1000 >= ms, timeout=max(0.0, ms / 1000 - time.time()) + 60)
+
+
+@contextlib.contextmanager
+def standalone(prefix: str) -> Iterator[Chain]:
+    """A gateway chain outside pytest (the benchmark, the demo): its own Prometheus, cluster and
+    directory, all stopped and removed on leaving."""
+    from promserver import PrometheusServer, prometheus_binary
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        prom = PrometheusServer(prometheus_binary(), work)
+        prom.start()
+        cluster = GpuCluster(work / "cluster")
+        chain = Chain(work, cluster, prom)
+        try:
+            yield chain
+        finally:
+            chain.close()
+            cluster.close()
+            prom.stop()

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from chain import NEW_POD, Chain  # noqa: E402
-from promserver import PrometheusServer, prometheus_binary  # noqa: E402
-from scrapecluster import GpuCluster, Holder  # noqa: E402
+from chain import NEW_POD, standalone  # noqa: E402
+from promserver import PrometheusServer  # noqa: E402
+from scrapecluster import Holder  # noqa: E402
 
 TEAMS = 'sum by (team) (max_over_time(gpu_cost_allocated_total{cluster="e2e", cost_model="request"}[1h]))'
 IDLE = 'sum(max_over_time(gpu_cost_idle_total{cluster="e2e", cost_model="request"}[1h]))'
@@ -42,19 +41,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="otelgpu-demo-collector-") as tmp:
-        work = Path(tmp)
-        prom = PrometheusServer(prometheus_binary(), work)
-        prom.start()
-        cluster = GpuCluster(work / "cluster")
-        chain = Chain(work, cluster, prom)
+    with standalone("otelgpu-demo-collector-") as chain:
+        prom, cluster = chain.prometheus, chain.cluster
+        print("starting otelgpu and the Collector (the Collector is built first if it is not yet) ...", flush=True)
+        chain.start()
+        print(f"Prometheus: {prom.url}/graph  (try: sum by (team, pod) (gpu_cost_allocated_total))\n"
+              f"otelgpu /metrics: http://127.0.0.1:{chain.otelgpu.metrics_port}/metrics\n"
+              f"logs: {chain.workdir}  (otelgpu.log, otelcol.log)\n", flush=True)
+        started, moved = time.monotonic(), False
         try:
-            print("starting otelgpu and the Collector (the Collector is built first if it is not yet) ...", flush=True)
-            chain.start()
-            print(f"Prometheus: {prom.url}/graph  (try: sum by (team, pod) (gpu_cost_allocated_total))\n"
-                  f"otelgpu /metrics: http://127.0.0.1:{chain.otelgpu.metrics_port}/metrics\n"
-                  f"logs: {work}  (otelgpu.log, otelcol.log)\n", flush=True)
-            started, moved = time.monotonic(), False
             while not args.minutes or time.monotonic() - started < args.minutes * 60:
                 time.sleep(10)
                 if not moved and time.monotonic() - started > 30:  # a pod starts on a free GPU
@@ -66,10 +61,6 @@ def main() -> int:
                 print(time.strftime("%H:%M:%S") + " allocated by team so far:\n" + table(prom) + "\n", flush=True)
         except KeyboardInterrupt:
             pass
-        finally:
-            chain.close()
-            cluster.close()
-            prom.stop()
     return 0
 
 
