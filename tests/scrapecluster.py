@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import re
-import socket
 import ssl
 import threading
 import time
@@ -430,12 +429,3 @@ def _ksm_started(family: str, pod: str, f: dict[str, str]) -> list[str]:
                 f'kube_pod_container_resource_requests{{{req},resource="memory",unit="byte"}} 1.37438953472e+11',
                 f'kube_pod_container_resource_requests{{{req},resource="nvidia_com_gpu",unit="integer"}} 1']
     return []
-
-
-def port_free(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, port))
-            return True
-        except OSError:
-            return False
