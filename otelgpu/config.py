@@ -186,9 +186,36 @@ class HttpReceiverConfig:
 
 
 @dataclass(config=_STRICT)
+class MemoryLimiterConfig:
+    """The receivers' memory limits (otelgpu/receiver/memory.py), as the Collector's memory_limiter
+    sets them: `limit_mib` (hard) and `spike_limit_mib` (hard - spike = soft), or, when unset,
+    `limit_percentage` and `spike_limit_percentage` of the container's memory limit (its cgroup's),
+    else of the machine's memory. At or above the soft limit new requests are refused "retry later"
+    before they are decoded; at or above the hard limit garbage is collected as well.
+    `max_inflight_mib`: the requests in flight (received, decompressed, decoded, queued) may reserve
+    this much; unset, the spike limit."""
+
+    enabled: bool = True
+    limit_mib: Optional[int] = Field(None, ge=64, le=1 << 22)
+    spike_limit_mib: Optional[int] = Field(None, ge=16, le=1 << 22)
+    limit_percentage: int = Field(80, ge=10, le=100)
+    spike_limit_percentage: int = Field(20, ge=1, le=90)
+    max_inflight_mib: Optional[int] = Field(None, ge=16, le=1 << 22)
+
+    @model_validator(mode="after")
+    def _spike_below_limit(self) -> "MemoryLimiterConfig":
+        if self.limit_mib is not None and self.spike_limit_mib is not None and self.spike_limit_mib >= self.limit_mib:
+            raise ValueError("spike_limit_mib must be below limit_mib")
+        if self.spike_limit_percentage >= self.limit_percentage:
+            raise ValueError("spike_limit_percentage must be below limit_percentage")
+        return self
+
+
+@dataclass(config=_STRICT)
 class ReceiverConfig:
     grpc: GrpcReceiverConfig = GrpcReceiverConfig()
     http: HttpReceiverConfig = HttpReceiverConfig()
+    memory_limiter: MemoryLimiterConfig = MemoryLimiterConfig()
     queue_size: int = Field(64, ge=1, le=100_000)
     retry_after_seconds: float = Field(5.0, gt=0, le=300)
     # Points stamped further from this sidecar's clock are rejected: one point must not drag the

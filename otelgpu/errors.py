@@ -33,11 +33,13 @@ class PermanentError(OtelgpuError):
 
 
 class RetryableError(OtelgpuError):
-    """The sidecar is overloaded; the sender should retry after `retry_after_s` seconds."""
+    """The sidecar is overloaded; the sender should retry after `retry_after_s` seconds. `reason`
+    names the limit reached, as the receivers count it (queue_full, wal, memory_limit, ...)."""
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    def __init__(self, message: str, retry_after_s: float, *, reason: str = "queue_full") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 @dataclass(frozen=True)

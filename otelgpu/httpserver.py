@@ -65,6 +65,8 @@ from tornado.http1connection import HTTP1Connection, HTTP1ServerConnection
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 
+from otelgpu.errors import RetryableError
+from otelgpu.receiver.memory import MemoryLimiter, Ticket
 from otelgpu.tls import BearerTokens, ServerTLS
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class Request:
     headers: httputil.HTTPHeaders  # case-insensitive: headers.get("content-type")
     body: bytes = b""
     peer: Any = None  # the client's address
+    ticket: Optional[Ticket] = None  # the body's bytes reserved with the server's memory limiter
 
 
 @dataclass
@@ -144,8 +147,10 @@ class BoundedServer:
     def __init__(self, name: str, host: Optional[str], port: int, handle: Handler, limits: Limits, *,
                  screen: Optional[Screen] = None, error: ErrorPage = plain_error,
                  refused: Callable[[str], None] = lambda reason: None, tls: Optional[ServerTLS] = None,
-                 tokens: Optional[BearerTokens] = None, open_paths: frozenset[str] = frozenset()) -> None:
+                 tokens: Optional[BearerTokens] = None, open_paths: frozenset[str] = frozenset(),
+                 memory: Optional[MemoryLimiter] = None) -> None:
         self.name = name
+        self.memory = memory
         self.host = host or None
         self.port = port  # the bound port once started (port 0: any free one)
         self.handle = handle
@@ -380,7 +385,7 @@ class _Server(HTTPServer):
         response = owner.screen(request)
         if response is not None:
             return response
-        if body_follows(request.headers):
+        if body_follows(request.headers) and not chunked(request.headers):
             length = content_length(request.headers.get("Content-Length"))
             if length is None:
                 return owner.error(411, "Content-Length required", request)
@@ -389,6 +394,12 @@ class _Server(HTTPServer):
         if self.slots >= lim.workers + lim.queued:
             owner.refused("concurrent_requests")
             return self.unavailable(f"more than {lim.workers + lim.queued} requests under way; retry later", request)
+        if owner.memory is not None:
+            try:  # a chunked body reserves as it arrives
+                request.ticket = owner.memory.admit(content_length(request.headers.get("Content-Length")) or 0)
+            except RetryableError as err:
+                owner.refused(err.reason)
+                return self.unavailable(str(err), request)
         return None
 
     def unavailable(self, message: str, request: Optional[Request]) -> Response:
@@ -424,6 +435,7 @@ class _Exchange(httputil.HTTPMessageDelegate):
         self.request: Optional[Request] = None
         self.chunks: list[bytes] = []
         self.early: Optional[Response] = None  # answered from the headers, no body: written at finish()
+        self.over: Optional[RetryableError] = None  # a chunked body past the memory budget: dropped, answered 503
         self.slot = False
         self.dispatched = False
 
@@ -446,7 +458,17 @@ class _Exchange(httputil.HTTPMessageDelegate):
         return answer_and_close(self.conn.stream, answer, self.server.owner.limits.write_timeout_s)
 
     def data_received(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
+        ticket = self.request.ticket if self.request is not None else None
+        if ticket is not None and chunked(self.request.headers) and self.over is None:
+            try:
+                ticket.grow(len(chunk))
+            except RetryableError as err:
+                self.over = err
+                self.server.owner.refused(err.reason)
+                ticket.release()
+                self.chunks = []
+        if self.over is None:
+            self.chunks.append(chunk)
 
     def finish(self) -> None:
         self.conn.state = BUSY
@@ -454,6 +476,10 @@ class _Exchange(httputil.HTTPMessageDelegate):
             self._write(self.early)
             return
         assert self.request is not None
+        if self.over is not None:
+            self._release()
+            self._write(self.server.unavailable(str(self.over), self.request))
+            return
         self.request.body = b"".join(self.chunks)
         self.chunks = []
         self.dispatched = True
@@ -478,6 +504,8 @@ class _Exchange(httputil.HTTPMessageDelegate):
         if self.slot:
             self.slot = False
             self.server.slots -= 1
+        if self.request is not None and self.request.ticket is not None:
+            self.request.ticket.release()
 
     def _write(self, response: Response) -> None:
         """Answer; a client that has not taken the answer by the write deadline is cut off."""
@@ -509,6 +537,11 @@ def content_length(value: Optional[str]) -> Optional[int]:
     """A Content-Length header's value when it is one (ASCII digits only: `str.isdigit` also
     takes "²", which int() refuses)."""
     return int(value) if value and value.isascii() and value.isdigit() else None
+
+
+def chunked(headers: httputil.HTTPHeaders) -> bool:
+    """A chunked body (tornado reads it, refusing one over max_body_bytes or with a Content-Length too)."""
+    return headers.get("Transfer-Encoding", "").strip().lower() == "chunked"
 
 
 def body_follows(headers: httputil.HTTPHeaders) -> bool:

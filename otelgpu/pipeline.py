@@ -40,6 +40,7 @@ from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Ingest
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
+from otelgpu.receiver.memory import limiter_of
 from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
 from otelgpu import telemetry
@@ -145,9 +146,11 @@ class Pipeline:
         wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS
                              | sharing.ANNOTATION_KEYS | sharing.LABEL_KEYS
                              | set(self.tenants.labels if self.tenants else ()))
+        self.memory = limiter_of(config.receiver.memory_limiter, config.receiver.retry_after_seconds)
+        self.metrics.watch_memory(self.memory)
         self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
                              self.metrics, Limits.of(config.receiver, wanted, config.sources, sharing.KEY_PREFIXES),
-                             self.wal)
+                             self.wal, self.memory)
         self._processed: Optional[Position] = None  # log position through which batches are processed
         self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
         self._skipped_reported = 0
@@ -164,8 +167,8 @@ class Pipeline:
                                           self_metrics=self.metrics)
                           if config.exporter.prometheus.enabled else None)
         r = config.receiver
-        self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics) if serve_receivers else None
-        self.http = (HttpReceiver(r.http, self.ingest, self.metrics, r.grpc.max_recv_msg_size_mib * 2**20)
+        self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics, self.memory) if serve_receivers else None
+        self.http = (HttpReceiver(r.http, self.ingest, self.metrics, r.grpc.max_recv_msg_size_mib * 2**20, self.memory)
                      if serve_receivers and r.http.enabled else None)
         self.ready = False
         self._stop = threading.Event()

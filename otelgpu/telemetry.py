@@ -19,12 +19,15 @@ import socket
 import threading
 from collections import Counter as Tally
 from contextlib import contextmanager
-from typing import Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector
 from prometheus_client.metrics import disable_created_metrics
 
 import otelgpu
+
+if TYPE_CHECKING:
+    from otelgpu.receiver.memory import MemoryLimiter
 
 # Counters' `_created` series double the series count and no Collector exposes them.
 disable_created_metrics()
@@ -75,6 +78,13 @@ class SelfMetrics:
             "receiver_connections_refused", "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, "
             "by transport and reason (connection_limit, idle_evicted, idle_timeout, read_timeout, write_timeout, "
             "concurrent_requests)", "transport", "reason")
+        self.receiver_memory_limit = gauge(
+            "receiver_memory_limit_bytes", "The receivers' memory limits: resident size at which new requests are "
+            "refused (soft) and garbage is collected too (hard); bytes requests in flight may reserve (inflight)",
+            "limit")
+        self.receiver_inflight = gauge(
+            "receiver_inflight_bytes", "Bytes reserved by requests in flight: received, being decoded, or decoded "
+            "and queued")
         self.tls_reload_errors = counter(
             "tls_reload_errors", "Changed certificate files a server could not use (the certificate loaded "
             "before is kept), by server", "server")
@@ -191,6 +201,14 @@ class SelfMetrics:
             "kube_synced", "1 once the resource is listed and watched, 0 while it is not", "resource")
 
     @contextmanager
+    def watch_memory(self, memory: "MemoryLimiter") -> None:
+        """Publish a memory limiter's limits and the bytes it has reserved."""
+        for limit, value in (("soft", memory.soft_bytes), ("hard", memory.hard_bytes),
+                             ("inflight", memory.max_inflight_bytes)):
+            if value is not None and value < 1 << 62:
+                self.receiver_memory_limit.labels(limit).set(value)
+        self.receiver_inflight.set_function(lambda: memory.inflight)
+
     def held(self) -> Iterator[list[tuple[HeldCounter, float]]]:
         """What this thread counts in the block is kept in the list yielded instead of counted:
         `apply` it once the work it describes is kept, or drop it. Other threads count as usual."""

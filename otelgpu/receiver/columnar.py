@@ -78,6 +78,7 @@ MAX_SHAPES = 1 << 12  # distinct label shapes: a few dozen in a cluster; beyond,
 SWEEP_FROM = 1 << 12  # sets before the first sweep
 SET_IDLE_NS = 300 * 10**9  # a set no point carried for this long (data time) is dropped at a sweep
 MAX_RESOURCES = 4096  # distinct scrape-target resources remembered
+SCAN_POINTS = 1 << 16  # consumed points room is made for before a scan; a request with more is scanned again
 UNREAD = -3  # a point's set: not looked up (its scrape target may not send its kind)
 
 
@@ -221,7 +222,7 @@ class ColumnarDecoder:
         wire.place_sets(self.piece_slots, self.piece_hash, self.n_pieces)
 
     def _scan(self, buf: np.ndarray, floor: int, horizon: int) -> Optional[dict[str, np.ndarray]]:
-        cap, rcap = max(16, len(buf) // 24), 64
+        cap, rcap = max(16, min(len(buf) // 64, SCAN_POINTS)), 64
         while True:
             c = {
                 "p_metric": np.empty(cap, np.int16), "p_res": np.empty(cap, np.int32),

@@ -60,6 +60,12 @@ class PointBatch(Coded):
         return len(self.metric)
 
     @property
+    def nbytes(self) -> int:
+        """What its columns take."""
+        return sum(a.nbytes for a in (self.metric, self.time_ns, self.value, self.stale, self.resource_node,
+                                      self.resource_pod, self.attr_off, self.attr_key, self.attr_val))
+
+    @property
     def rejected_count(self) -> int:
         return sum(self.rejected.values())
 

@@ -33,8 +33,9 @@ from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 from otelgpu.config import GrpcReceiverConfig, listen_address
-from otelgpu.errors import ConfigError, OtelgpuError, RetryableError, status_for
-from otelgpu.receiver.ingest import Consumer, answer
+from otelgpu.errors import ConfigError, RetryableError, status_for
+from otelgpu.receiver.ingest import Consumer, answer, refused
+from otelgpu.receiver.memory import MemoryLimiter, cost
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import BearerTokens, server_security
 
@@ -91,14 +92,16 @@ class _Workers(ThreadPoolExecutor):
 
 
 class _Admission(grpc.GenericRpcHandler):
-    """Picks the handler of each new RPC on grpcio's polling thread, before any worker sees it:
-    UNAUTHENTICATED without a valid bearer token (`auth`), UNAVAILABLE beyond the limit."""
+    """Picks the handler of each new RPC on grpcio's polling thread, before any worker sees it or
+    its message is read: UNAUTHENTICATED without a valid bearer token (`auth`), UNAVAILABLE beyond
+    the limit on Exports or with the process at its memory limit."""
 
     def __init__(self, workers: _Workers, limit: int, export: grpc.RpcMethodHandler,
-                 refuse: grpc.RpcMethodHandler, tokens: Optional[BearerTokens] = None,
+                 refuse: Callable[[RetryableError], grpc.RpcMethodHandler], memory: MemoryLimiter,
+                 tokens: Optional[BearerTokens] = None,
                  unauthenticated: Optional[grpc.RpcMethodHandler] = None) -> None:
         self._workers, self._limit, self._export, self._refuse = workers, limit, export, refuse
-        self._tokens, self._unauthenticated = tokens, unauthenticated
+        self._memory, self._tokens, self._unauthenticated = memory, tokens, unauthenticated
 
     def service(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
         if details.method != EXPORT:  # type: ignore[attr-defined]
@@ -107,7 +110,14 @@ class _Admission(grpc.GenericRpcHandler):
             metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
             if not self._tokens.check(metadata.get("authorization")):
                 return self._unauthenticated
-        return self._export if self._workers.pending < self._limit else self._refuse
+        if self._workers.pending >= self._limit:
+            return self._refuse(RetryableError(f"more than {self._limit} concurrent Exports; retry later",
+                                               BUSY_RETRY_AFTER_S, reason="concurrent_requests"))
+        try:
+            self._memory.check()
+        except RetryableError as err:
+            return self._refuse(err)
+        return self._export
 
 
 def _ms(seconds: float) -> int:
@@ -115,10 +125,12 @@ def _ms(seconds: float) -> int:
 
 
 class GrpcReceiver:
-    def __init__(self, config: GrpcReceiverConfig, consumer: Consumer, metrics: SelfMetrics) -> None:
+    def __init__(self, config: GrpcReceiverConfig, consumer: Consumer, metrics: SelfMetrics,
+                 memory: Optional[MemoryLimiter] = None) -> None:
         self.config = config
         self.consumer = consumer
         self.metrics = metrics
+        self.memory = memory or MemoryLimiter(None, None, 1 << 62)
         self.port: Optional[int] = None
         self._server: Optional[grpc.Server] = None
         self._executor: Optional[_Workers] = None
@@ -145,8 +157,8 @@ class GrpcReceiver:
             self._export, request_deserializer=None,
             response_serializer=ExportMetricsServiceResponse.SerializeToString,
         )
-        server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler(),
-                                                    tokens, self._unauthenticated_handler()),))
+        server.add_generic_rpc_handlers((_Admission(self._executor, admitted, export, self._refusal_handler,
+                                                    self.memory, tokens, self._unauthenticated_handler()),))
         address = listen_address(cfg.endpoint)
         try:
             if tls is not None:
@@ -177,12 +189,9 @@ class GrpcReceiver:
             options.append(("grpc.max_connection_age_grace_ms", _ms(cfg.max_connection_age_grace_seconds)))
         return options
 
-    def _refusal_handler(self) -> grpc.RpcMethodHandler:
-        limit = self.config.max_concurrent_requests + self.config.max_queued_requests
-
+    def _refusal_handler(self, err: RetryableError) -> grpc.RpcMethodHandler:
         def refuse(requests: Any, context: grpc.ServicerContext) -> None:
-            self.metrics.receiver_connections_refused.labels("grpc", "concurrent_requests").inc()
-            err = RetryableError(f"more than {limit} concurrent Exports; retry later", BUSY_RETRY_AFTER_S)
+            refused(self.metrics, "grpc", err.reason)
             context.abort_with_status(retry_status(err))
 
         # Request-streaming, so the refusal never waits for the message; on a thread of its own, so
@@ -212,7 +221,12 @@ class GrpcReceiver:
                 pool.shutdown(wait=False)
 
     def _export(self, raw: bytes, context: grpc.ServicerContext) -> ExportMetricsServiceResponse:
-        outcome, response, failure = self._handle(raw)
+        try:  # its size is known now: reserved before it is decoded
+            ticket = self.memory.admit(cost(len(raw)))
+        except RetryableError as err:
+            refused(self.metrics, "grpc", err.reason)
+            context.abort_with_status(retry_status(err))
+        outcome, response, failure = answer(self.consumer, raw, "grpc", self.metrics, ticket)
         self.metrics.requests.labels("grpc", outcome).inc()
         if failure is None:
             return response
@@ -220,8 +234,3 @@ class GrpcReceiver:
             context.abort_with_status(retry_status(failure))
         context.abort(status_for(failure).grpc_code, str(failure))
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
-
-    def _handle(self, raw: bytes) -> tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]:
-        """(outcome, response, error to answer with instead of the response). The consumer decodes
-        the bytes (an undecodable request is its PermanentError)."""
-        return answer(self.consumer, raw, "grpc", self.metrics)

@@ -42,7 +42,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otelgpu import httpserver
 from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
-from otelgpu.receiver.ingest import Consumer, Request, answer
+from otelgpu.receiver.ingest import Consumer, Request, answer, refused
+from otelgpu.receiver.memory import MemoryLimiter, Ticket, cost
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import server_security
 
@@ -56,6 +57,13 @@ _NOT_POST = status_pb2.Status(code=grpc.StatusCode.UNIMPLEMENTED.value[0], messa
 # The server's own refusals (401, 503 at a limit, 500), as google.rpc.Status codes.
 _CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
 WORKERS = 4  # threads decoding requests; with the queue, every connection may have one waiting
+# The server's own refusals that answer 503 "retry later"; its other reasons are connections it cut.
+_RETRY_LATER = frozenset({"connection_limit", "concurrent_requests", "memory_limit", "bytes_in_flight"})
+
+
+def declared_size(body: bytes) -> Optional[int]:
+    """The decompressed size a gzip body declares (ISIZE, its last four bytes), if it is gzip."""
+    return int.from_bytes(body[-4:], "little") if body[:3] == b"\x1f\x8b\x08" and len(body) >= 18 else None
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
@@ -63,7 +71,7 @@ def _inflate(body: bytes, limit: int) -> bytes:
     producing it. A gzip body declares its size (ISIZE, the last four bytes, modulo 2**32): one
     declaring more than `limit` is refused before anything is inflated; one that lies about it is
     still cut off at `limit`."""
-    if body[:3] == b"\x1f\x8b\x08" and len(body) >= 18 and int.from_bytes(body[-4:], "little") > limit:
+    if (declared_size(body) or 0) > limit:
         raise PermanentError(f"decompressed body exceeds {limit} bytes (declared size)", too_large=True)
     out = bytearray()
     while body:
@@ -97,8 +105,10 @@ def _parse(body: bytes, media: str) -> Request:
 
 
 class HttpReceiver:
-    def __init__(self, config: HttpReceiverConfig, consumer: Consumer, metrics: SelfMetrics, max_body_bytes: int) -> None:
+    def __init__(self, config: HttpReceiverConfig, consumer: Consumer, metrics: SelfMetrics, max_body_bytes: int,
+                 memory: Optional[MemoryLimiter] = None) -> None:
         self.config = config
+        self.memory = memory or MemoryLimiter(None, None, 1 << 62)
         self.consumer = consumer
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -115,7 +125,8 @@ class HttpReceiver:
                                    body_timeout_s=c.read_timeout_seconds, write_timeout_s=c.read_timeout_seconds,
                                    max_body_bytes=self.max_body_bytes, workers=WORKERS, queued=c.max_connections)
         server = httpserver.BoundedServer("otlp-http", host, port, self._handle, limits, screen=self._screen,
-                                          error=self._error, refused=self._refused, tls=tls, tokens=tokens)
+                                          error=self._error, refused=self._refused, tls=tls, tokens=tokens,
+                                          memory=self.memory)
         try:
             server.start()
         except OSError as exc:
@@ -141,6 +152,8 @@ class HttpReceiver:
     def _refused(self, reason: str) -> None:
         if reason == "unauthenticated":
             self.metrics.requests.labels("http", "unauthenticated").inc()
+        elif reason in _RETRY_LATER:
+            refused(self.metrics, "http", reason)
         else:
             self.metrics.receiver_connections_refused.labels("http", reason).inc()
 
@@ -150,9 +163,11 @@ class HttpReceiver:
             return self._answer("invalid", 404, JSON, _NOT_FOUND)
         if request.method != "POST":
             return self._answer("invalid", 405, JSON, _NOT_POST, {"Allow": "POST"})
+        if httpserver.chunked(request.headers):  # read within the same size limit as it arrives
+            return None
         length = httpserver.content_length(request.headers.get("Content-Length"))
-        if length is None:  # chunked bodies too: the size must be known beforehand
-            return self._failed("invalid", _media(request), PermanentError("Content-Length required"))
+        if length is None:
+            return self._failed("invalid", _media(request), PermanentError("Content-Length or chunked body required"))
         if length > self.max_body_bytes:
             return self._failed("invalid", _media(request),
                                 PermanentError(f"body exceeds {self.max_body_bytes} bytes", too_large=True))
@@ -161,7 +176,8 @@ class HttpReceiver:
     def _handle(self, request: httpserver.Request) -> httpserver.Response:
         """On a worker: decode and hand to the consumer."""
         media = _media(request)
-        outcome, body, err = self.handle_export(request.body, request.headers.get("Content-Encoding"), media)
+        outcome, body, err = self.handle_export(request.body, request.headers.get("Content-Encoding"), media,
+                                                request.ticket)
         if err is None:
             return self._answer(outcome, 200, media, body)
         return self._failed(outcome, media, err)
@@ -186,13 +202,21 @@ class HttpReceiver:
         return _response(status, media if media in (PROTOBUF, JSON) else JSON,
                          status_pb2.Status(code=code.value[0], message=message))
 
-    def handle_export(self, body: bytes, encoding: Optional[str], media: str) -> tuple[str, Message, Optional[OtelgpuError]]:
-        """(outcome, response body, error to answer with instead)."""
+    def handle_export(self, body: bytes, encoding: Optional[str], media: str,
+                      ticket: Optional[Ticket] = None) -> tuple[str, Message, Optional[OtelgpuError]]:
+        """(outcome, response body, error to answer with instead). `ticket`: the body's bytes,
+        reserved; what inflating and decoding it will take is reserved too before either begins."""
         empty = ExportMetricsServiceResponse()
         try:
+            if ticket is not None:
+                inflated = declared_size(body) if (encoding or "").strip().lower() == "gzip" else None
+                ticket.grow(cost(len(body), inflated) - len(body))
             request = _parse(self._unpack(body, encoding, media), media)
         except PermanentError as err:
             return "invalid", empty, err
+        except RetryableError as err:  # the request is counted by its outcome where it is answered
+            self.metrics.receiver_connections_refused.labels("http", err.reason).inc()
+            return "unavailable", empty, err
         return answer(self.consumer, request, "http", self.metrics)
 
     def _unpack(self, body: bytes, encoding: Optional[str], media: str) -> bytes:

@@ -21,6 +21,7 @@ from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
+from otelgpu.receiver.memory import MemoryLimiter, Ticket
 from otelgpu.receiver.record import encode_batch
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Wal
@@ -49,19 +50,32 @@ log = logging.getLogger(__name__)
 Answer = tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]
 
 
-def answer(consumer: Consumer, request: Request, transport: str, metrics: SelfMetrics) -> Answer:
+def refused(metrics: SelfMetrics, transport: str, reason: str) -> None:
+    """Count one request answered "retry later" (gRPC UNAVAILABLE, HTTP 503): every such answer is
+    counted once in requests{outcome="unavailable"} and once by its reason."""
+    metrics.requests.labels(transport, "unavailable").inc()
+    metrics.receiver_connections_refused.labels(transport, reason).inc()
+
+
+def answer(consumer: Consumer, request: Request, transport: str, metrics: SelfMetrics,
+           ticket: Optional[Ticket] = None) -> Answer:
     """Hand `request` to `consumer`: (outcome, response, error to answer with instead), shared by
-    both transports so they keep one contract. `transport`: grpc or http."""
+    both transports so they keep one contract. `transport`: grpc or http. `ticket`: the bytes the
+    request reserved, given back once it is answered."""
     empty = ExportMetricsServiceResponse()
     try:
         accepted, rejected, message = consumer.consume(request)
     except RetryableError as err:
+        metrics.receiver_connections_refused.labels(transport, err.reason).inc()
         return "unavailable", empty, err
     except PermanentError as err:
         return "invalid", empty, err
     except Exception as exc:  # never let one bad request take the server down
         log.exception("OTLP/%s export failed", transport)
         return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")
+    finally:
+        if ticket is not None:
+            ticket.release()
     metrics.receiver_accepted_points.labels("otlp", transport).inc(accepted)
     metrics.receiver_refused_points.labels("otlp", transport).inc(rejected)
     if rejected > 0:
@@ -76,8 +90,11 @@ class Ingest:
     the pipeline processes them in), then the request waits for the group commit."""
 
     def __init__(self, strings: Interner, queue_size: int, retry_after_s: float, metrics: SelfMetrics,
-                 limits: Optional[Limits] = None, wal: Optional[Wal] = None) -> None:
+                 limits: Optional[Limits] = None, wal: Optional[Wal] = None,
+                 memory: Optional[MemoryLimiter] = None) -> None:
         self.strings = strings
+        # A queued batch keeps its size reserved in the receivers' budget until it is taken out.
+        self.memory = memory or MemoryLimiter(None, None, 1 << 62)
         self.retry_after_s = retry_after_s
         self.metrics = metrics
         self.limits = limits or Limits()
@@ -128,6 +145,7 @@ class Ingest:
                     batch.wal = self.wal.append(payload)
                 except OSError as exc:
                     self._disk_failed(exc)
+            self.memory.hold(batch.nbytes)
             self._queue.put_nowait(batch)  # cannot be full: only this lock's holder puts
         if self.wal is not None and batch.wal is not None:
             try:
@@ -148,13 +166,16 @@ class Ingest:
     def _disk_failed(self, exc: OSError) -> None:
         self.metrics.wal_errors.labels(type(exc).__name__).inc()
         log.error("write-ahead log not written (%s): answering 'retry later'", exc)
-        raise RetryableError(f"write-ahead log unavailable: {exc.strerror or exc}", self.retry_after_s) from exc
+        raise RetryableError(f"write-ahead log unavailable: {exc.strerror or exc}", self.retry_after_s,
+                             reason="wal") from exc
 
     def get(self, timeout: Optional[float]) -> Optional[PointBatch]:
         try:
-            return self._queue.get(timeout=timeout)
+            batch = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        self.memory.unhold(batch.nbytes)
+        return batch
 
     def task_done(self) -> None:
         self._queue.task_done()

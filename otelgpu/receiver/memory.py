@@ -1,0 +1,182 @@
+"""What requests may cost in memory before they are decoded: the receivers' memory limiter.
+
+Two bounds, checked before a request's bytes are decoded (and, where the transport allows, before
+they are read), in the spirit of the Collector's `memory_limiter` processor:
+
+- The process's resident size against a soft and a hard limit. At or above the soft limit every
+  new request is refused with "retry later" (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with
+  Retry-After): `memory_limit`. At or above the hard limit the garbage collector runs and freed
+  heap memory goes back to the kernel as well, at most once a second. The limits default to
+  percentages of the container's memory limit (cgroup v2 `memory.max`, or v1's
+  `memory.limit_in_bytes`), else of the machine's memory.
+- Bytes in flight: each request reserves what it will cost (its bytes as received, their
+  decompressed size and the decoder's columns, see `cost`) from the moment its size is known
+  until it is answered, and its decoded batch keeps its size reserved until the pipeline takes it
+  from the queue. A request whose reservation does not fit in `max_inflight_bytes` is refused
+  (`bytes_in_flight`), unless nothing else is in flight: then it is admitted alone, so that a
+  request larger than the budget (but within the receivers' size limits) still gets through.
+
+Refusals are counted by the receivers, by reason. The pipeline's own work (intervals, export) is
+never refused: what it holds is the state the limit is sized for (docs/memory.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Optional
+
+from otelgpu import heap
+from otelgpu.errors import RetryableError
+
+if TYPE_CHECKING:
+    from otelgpu.config import MemoryLimiterConfig
+
+log = logging.getLogger(__name__)
+
+MEMORY_LIMIT, BYTES_IN_FLIGHT = "memory_limit", "bytes_in_flight"  # refusal reasons
+DECODE_FACTOR = 0.5  # the columnar decoder's columns, per decompressed byte (at most; see receiver/columnar.py)
+GC_EVERY_S = 1.0
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def container_memory() -> Optional[int]:
+    """The container's memory limit in bytes (cgroup v2, then v1), or None where it has none."""
+    for path in _CGROUP_FILES:
+        try:
+            text = open(path, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < _NO_LIMIT:
+            return int(text)
+        return None
+    return None
+
+
+def machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (/proc/self/statm: a few microseconds)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def cost(received: int, decompressed: Optional[int] = None) -> int:
+    """Bytes a request reserves: what arrived, its decompressed size if it was compressed, and the
+    decoder's columns."""
+    inflated = received if decompressed is None else decompressed
+    return received + (0 if decompressed is None else decompressed) + int(DECODE_FACTOR * inflated)
+
+
+class Ticket:
+    """Bytes reserved by one request; `release()` gives them back (once)."""
+
+    __slots__ = ("_limiter", "nbytes")
+
+    def __init__(self, limiter: "MemoryLimiter", nbytes: int) -> None:
+        self._limiter, self.nbytes = limiter, nbytes
+
+    def grow(self, nbytes: int) -> None:
+        """Reserve `nbytes` more (RetryableError, and nothing more reserved, if they do not fit)."""
+        self._limiter._reserve(nbytes, alone=False)
+        self.nbytes += nbytes
+
+    def release(self) -> None:
+        if self.nbytes:
+            self._limiter._give_back(self.nbytes)
+            self.nbytes = 0
+
+
+class MemoryLimiter:
+    """`soft_bytes`, `hard_bytes`: the resident-size limits (None: no resident-size check);
+    `max_inflight_bytes`: the budget of requests in flight."""
+
+    def __init__(self, soft_bytes: Optional[int], hard_bytes: Optional[int], max_inflight_bytes: int,
+                 retry_after_s: float = 1.0) -> None:
+        self.soft_bytes, self.hard_bytes = soft_bytes, hard_bytes
+        self.max_inflight_bytes = max_inflight_bytes
+        self.retry_after_s = retry_after_s
+        self._lock = threading.Lock()
+        self.inflight = 0  # bytes reserved
+        self._last_gc = 0.0
+        self._over = False  # above the soft limit at the last check (logged once per episode)
+
+    def check(self) -> None:
+        """RetryableError (reason `memory_limit`) when the resident size is at or above the soft limit."""
+        if self.soft_bytes is None:
+            return
+        rss = resident_bytes()
+        if rss >= (self.hard_bytes or rss + 1):
+            self._collect()
+        if rss < self.soft_bytes:
+            if self._over:
+                self._over = False
+                log.info("resident memory %d MiB, below the soft limit again: taking requests", rss >> 20)
+            return
+        if not self._over:
+            self._over = True
+            log.warning("resident memory %d MiB at or above the soft limit (%d MiB): refusing requests until "
+                        "it is below", rss >> 20, self.soft_bytes >> 20)
+        raise RetryableError(f"memory limit: {rss >> 20} MiB resident, soft limit {self.soft_bytes >> 20} MiB; "
+                             "retry later", self.retry_after_s, reason=MEMORY_LIMIT)
+
+    def admit(self, nbytes: int) -> Ticket:
+        """Check the resident size, then reserve `nbytes`: a Ticket, or RetryableError (with the
+        refusal's reason) and nothing reserved."""
+        self.check()
+        self._reserve(nbytes, alone=True)
+        return Ticket(self, nbytes)
+
+    def hold(self, nbytes: int) -> None:
+        """Reserve `nbytes` whatever the budget: what was admitted already, in another form (a
+        decoded batch in the queue); `unhold` gives them back."""
+        with self._lock:
+            self.inflight += nbytes
+
+    def unhold(self, nbytes: int) -> None:
+        self._give_back(nbytes)
+
+    def _reserve(self, nbytes: int, alone: bool) -> None:
+        with self._lock:
+            if self.inflight + nbytes > self.max_inflight_bytes and not (alone and self.inflight == 0):
+                raise RetryableError(
+                    f"{(self.inflight + nbytes) >> 20} MiB of requests would be in flight, more than "
+                    f"{self.max_inflight_bytes >> 20} MiB; retry later", self.retry_after_s, reason=BYTES_IN_FLIGHT)
+            self.inflight += nbytes
+
+    def _give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.inflight -= nbytes
+
+    def _collect(self) -> None:
+        """Above the hard limit: collect garbage and hand freed heap memory back, at most once a second."""
+        now = time.monotonic()
+        if now - self._last_gc < GC_EVERY_S:
+            return
+        self._last_gc = now
+        gc.collect()
+        heap.give_back()
+
+
+def limiter_of(config: "MemoryLimiterConfig", retry_after_s: float = 1.0) -> MemoryLimiter:
+    """The limiter a configuration asks for. Disabled: no resident-size check, and a budget no
+    request reaches (the receivers' own size and count limits still hold)."""
+    if not config.enabled:
+        return MemoryLimiter(None, None, 1 << 62, retry_after_s)
+    total = container_memory() or machine_memory()
+    mib = 1 << 20
+    hard = config.limit_mib * mib if config.limit_mib else total * config.limit_percentage // 100
+    spike = (config.spike_limit_mib * mib if config.spike_limit_mib
+             else (hard if config.limit_mib else total) * config.spike_limit_percentage // 100)
+    spike = min(spike, hard // 2)
+    inflight = config.max_inflight_mib * mib if config.max_inflight_mib else spike
+    return MemoryLimiter(hard - spike, hard, inflight, retry_after_s)
