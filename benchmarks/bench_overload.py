@@ -2,8 +2,8 @@
 
 It starts `otelgpu serve` with the otelgpu.yaml of k8s/gateway or k8s/node (as bench_footprint.py
 does: free ports, facts from kube-state-metrics, the checkpoint in a temporary directory), with
-the pod's memory limit given to its memory limiter (`receiver.memory_limiter.limit_mib`, which in
-the pod comes from the container's cgroup), and drives, one after the other, over OTLP/gRPC with
+the memory limiter's limits the pod's memory limit gives it by default (80 % hard, 60 % soft: in
+the pod they come from the container's cgroup), and drives, one after the other, over OTLP/gRPC with
 gzip as the Collector sends:
 
 - saturation: `--clients` senders in a closed loop (each waits for its answer) for `--seconds`:
@@ -17,8 +17,8 @@ gzip as the Collector sends:
 Each request is a Collector batch of the fleet's dcgm-exporter and kube-state-metrics scrapes, with
 recent timestamps. The sidecar's VmRSS is sampled every 20 ms. Printed per phase: answers by kind,
 peak VmRSS and the ratio to the pod's limit; then the UNAVAILABLE answers the senders got against
-the refusals the sidecar counted (`otelgpu_receiver_connections_refused_total{transport="grpc"}` and
-`otelgpu_requests_total{outcome="unavailable"}`), and whether the sidecar is alive and answering.
+the refusals the sidecar counted (`otelgpu_requests_total{outcome="unavailable"}`, and by reason
+`otelgpu_receiver_connections_refused_total{transport="grpc"}`), and whether the sidecar is alive and answering.
 
 Usage: python benchmarks/bench_overload.py [--mode gateway|node] [--nodes 100] [--seconds 20]
        [--limit-mib auto] [--no-limiter]
@@ -218,10 +218,12 @@ def drained(metrics_port: int, limit_s: float = 600) -> float:
     return time.monotonic() - began
 
 
-def refusals_counted(metrics_port: int) -> float:
+def refusals_counted(metrics_port: int) -> tuple[float, dict[str, float]]:
+    """The "retry later" answers the sidecar counted, in all and by reason."""
     m = bf.scrape_metrics(metrics_port)
-    return sum(v for k, v in m.items() if k.startswith("otelgpu_receiver_connections_refused_total")
-               and 'transport="grpc"' in k) + m.get('otelgpu_requests_total{outcome="unavailable",transport="grpc"}', 0)
+    by_reason = {k.split('reason="')[1].split('"')[0]: v for k, v in m.items()
+                 if k.startswith("otelgpu_receiver_connections_refused_total") and 'transport="grpc"' in k}
+    return m.get('otelgpu_requests_total{outcome="unavailable",transport="grpc"}', 0), by_reason
 
 
 def main() -> None:
@@ -234,7 +236,8 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=3, help="sending processes in the overload")
     ap.add_argument("--big", type=int, default=32, help="concurrent big Exports")
     ap.add_argument("--big-mib", type=float, default=16.0)
-    ap.add_argument("--limit-mib", default="auto", help="the memory limiter's limit; auto: the pod's limit")
+    ap.add_argument("--limit-mib", default="auto", help="the container memory the limiter takes its defaults from "
+                    "(80 %% hard, 60 %% soft); auto: the pod's limit")
     ap.add_argument("--no-limiter", action="store_true", help="run without the memory limiter, to compare")
     args = ap.parse_args()
     limit_mib = bf.mib(bf.pod_resources(args.mode)["memory_limit"])
@@ -248,10 +251,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = bf.sidecar_config(args.mode, Path(tmp), grpc_port, sink_port, metrics_port)
         config = yaml.safe_load(path.read_text())
-        limiter = ({"enabled": False} if args.no_limiter else
-                   {"limit_mib": int(limit_mib if args.limit_mib == "auto" else args.limit_mib)})
-        if not os.environ.get("BASELINE"):
-            config["receiver"]["memory_limiter"] = limiter
+        pod = limit_mib if args.limit_mib == "auto" else float(args.limit_mib)
+        # what the defaults give inside the pod, from its cgroup: 80 % hard, 20 % spike
+        limiter = {"enabled": False} if args.no_limiter else {"limit_mib": int(pod * 0.8), "spike_limit_mib": int(pod * 0.2)}
+        config["receiver"]["memory_limiter"] = limiter
         path.write_text(yaml.safe_dump(config))
         env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": bf.fleet(1, 0)[0][0].name}
         child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(path)], env=env,
@@ -316,11 +319,12 @@ def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, metri
     answers = flood(grpc_port, bodies, args.clients, args.seconds)
     drained(metrics_port)
     phase("malformed flood", answers)
-    counted = refusals_counted(metrics_port)
+    counted, by_reason = refusals_counted(metrics_port)
     with channel(grpc_port) as ch:
         answering = ch.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)(b"", timeout=30)
     status = bf.proc_status(child.pid)
-    print(f"refusals: {unavailable} UNAVAILABLE answers, {counted:.0f} counted by the sidecar")
+    print(f"refusals: {unavailable} UNAVAILABLE answers, {counted:.0f} counted by the sidecar ("
+          + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_reason.items())) + ")")
     print(f"VmHWM {status['VmHWM'] / 1024:.0f} MiB = {status['VmHWM'] / 1024 / limit_mib:.2f} of the limit; "
           f"VmRSS at end {status['VmRSS'] / 1024:.0f} MiB; alive and answering: {answering == b''}")
     rss.close()

@@ -18,7 +18,10 @@ from otelgpu.errors import ConfigError
 
 
 def _serve(path: str) -> int:
+    from otelgpu.heap import limit_arenas
     from otelgpu.pipeline import Pipeline
+
+    limit_arenas()  # before the receivers' threads allocate (otelgpu/heap.py)
 
     config = load_config(path)
     prices = config.attribution.prices

@@ -200,7 +200,6 @@ class SelfMetrics:
         self.kube_synced = gauge(
             "kube_synced", "1 once the resource is listed and watched, 0 while it is not", "resource")
 
-    @contextmanager
     def watch_memory(self, memory: "MemoryLimiter") -> None:
         """Publish a memory limiter's limits and the bytes it has reserved."""
         for limit, value in (("soft", memory.soft_bytes), ("hard", memory.hard_bytes),
@@ -209,6 +208,7 @@ class SelfMetrics:
                 self.receiver_memory_limit.labels(limit).set(value)
         self.receiver_inflight.set_function(lambda: memory.inflight)
 
+    @contextmanager
     def held(self) -> Iterator[list[tuple[HeldCounter, float]]]:
         """What this thread counts in the block is kept in the list yielded instead of counted:
         `apply` it once the work it describes is kept, or drop it. Other threads count as usual."""

@@ -77,6 +77,10 @@ def cost(received: int, decompressed: Optional[int] = None) -> int:
     return received + (0 if decompressed is None else decompressed) + int(DECODE_FACTOR * inflated)
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes} bytes"
+
+
 class Ticket:
     """Bytes reserved by one request; `release()` gives them back (once)."""
 
@@ -86,9 +90,18 @@ class Ticket:
         self._limiter, self.nbytes = limiter, nbytes
 
     def grow(self, nbytes: int) -> None:
-        """Reserve `nbytes` more (RetryableError, and nothing more reserved, if they do not fit)."""
-        self._limiter._reserve(nbytes, alone=False)
+        """Reserve `nbytes` more (RetryableError, and nothing more reserved, if they do not fit and
+        other requests are in flight)."""
+        self._limiter._reserve(nbytes, own=self.nbytes)
         self.nbytes += nbytes
+
+    def resize(self, nbytes: int) -> None:
+        """Hold `nbytes` in all: more reserved (as `grow`) or the difference given back."""
+        if nbytes > self.nbytes:
+            self.grow(nbytes - self.nbytes)
+        elif nbytes < self.nbytes:
+            self._limiter._give_back(self.nbytes - nbytes)
+            self.nbytes = nbytes
 
     def release(self) -> None:
         if self.nbytes:
@@ -126,14 +139,14 @@ class MemoryLimiter:
             self._over = True
             log.warning("resident memory %d MiB at or above the soft limit (%d MiB): refusing requests until "
                         "it is below", rss >> 20, self.soft_bytes >> 20)
-        raise RetryableError(f"memory limit: {rss >> 20} MiB resident, soft limit {self.soft_bytes >> 20} MiB; "
+        raise RetryableError(f"memory limit: {_size(rss)} resident, soft limit {_size(self.soft_bytes)}; "
                              "retry later", self.retry_after_s, reason=MEMORY_LIMIT)
 
     def admit(self, nbytes: int) -> Ticket:
         """Check the resident size, then reserve `nbytes`: a Ticket, or RetryableError (with the
         refusal's reason) and nothing reserved."""
         self.check()
-        self._reserve(nbytes, alone=True)
+        self._reserve(nbytes, own=0)
         return Ticket(self, nbytes)
 
     def hold(self, nbytes: int) -> None:
@@ -145,12 +158,13 @@ class MemoryLimiter:
     def unhold(self, nbytes: int) -> None:
         self._give_back(nbytes)
 
-    def _reserve(self, nbytes: int, alone: bool) -> None:
+    def _reserve(self, nbytes: int, own: int) -> None:
+        """Reserve `nbytes` for a request that holds `own` already; past the budget only if it is alone."""
         with self._lock:
-            if self.inflight + nbytes > self.max_inflight_bytes and not (alone and self.inflight == 0):
+            if self.inflight + nbytes > self.max_inflight_bytes and self.inflight > own:
                 raise RetryableError(
-                    f"{(self.inflight + nbytes) >> 20} MiB of requests would be in flight, more than "
-                    f"{self.max_inflight_bytes >> 20} MiB; retry later", self.retry_after_s, reason=BYTES_IN_FLIGHT)
+                    f"{_size(self.inflight + nbytes)} of requests would be in flight, more than "
+                    f"{_size(self.max_inflight_bytes)}; retry later", self.retry_after_s, reason=BYTES_IN_FLIGHT)
             self.inflight += nbytes
 
     def _give_back(self, nbytes: int) -> None:

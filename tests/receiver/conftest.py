@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import pytest
 from google.protobuf import json_format
@@ -13,6 +13,7 @@ from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Consumer, Ingest
 from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.memory import MemoryLimiter
 from otelgpu.telemetry import SelfMetrics
 
 from .helpers import otel_fixtures_dir
@@ -38,8 +39,8 @@ def metrics() -> SelfMetrics:
 
 @pytest.fixture
 def make_ingest(metrics: SelfMetrics) -> Callable[..., Ingest]:
-    def make(queue_size: int = 64, retry_after_s: float = 0.2) -> Ingest:
-        return Ingest(Interner(), queue_size, retry_after_s, metrics)
+    def make(queue_size: int = 64, retry_after_s: float = 0.2, memory: Optional[MemoryLimiter] = None) -> Ingest:
+        return Ingest(Interner(), queue_size, retry_after_s, metrics, memory=memory)
 
     return make
 
@@ -48,8 +49,8 @@ def make_ingest(metrics: SelfMetrics) -> Callable[..., Ingest]:
 def grpc_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., GrpcReceiver]]:
     started: list[GrpcReceiver] = []
 
-    def start(consumer: Consumer, **config: object) -> GrpcReceiver:
-        receiver = GrpcReceiver(GrpcReceiverConfig(endpoint="127.0.0.1:0", **config), consumer, metrics)
+    def start(consumer: Consumer, memory: Optional[MemoryLimiter] = None, **config: object) -> GrpcReceiver:
+        receiver = GrpcReceiver(GrpcReceiverConfig(endpoint="127.0.0.1:0", **config), consumer, metrics, memory)
         receiver.start()
         started.append(receiver)
         return receiver
@@ -63,8 +64,10 @@ def grpc_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., GrpcReceiver]]
 def http_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., HttpReceiver]]:
     started: list[HttpReceiver] = []
 
-    def start(consumer: Consumer, max_body_bytes: int = 64 * 1024 * 1024, **config: object) -> HttpReceiver:
-        receiver = HttpReceiver(HttpReceiverConfig(endpoint="127.0.0.1:0", **config), consumer, metrics, max_body_bytes)
+    def start(consumer: Consumer, max_body_bytes: int = 64 * 1024 * 1024, memory: Optional[MemoryLimiter] = None,
+              **config: object) -> HttpReceiver:
+        receiver = HttpReceiver(HttpReceiverConfig(endpoint="127.0.0.1:0", **config), consumer, metrics, max_body_bytes,
+                                memory)
         receiver.start()
         started.append(receiver)
         return receiver
