@@ -17,8 +17,9 @@ workers. An admitted Export reserves, before its message is read, the bytes of t
 last requests, and what it really takes once it is read: beyond the budget of bytes in flight it
 is refused the same way. Every refusal is counted once in `requests{transport="grpc",
 outcome="unavailable"}` and once by its reason in `receiver_connections_refused`. Unread Exports
-hold little: flow-control windows are not grown by bandwidth probing, and a connection carries at
-most MAX_STREAMS Exports at once (more wait in the sender). Idle and old connections are closed by gRPC itself
+hold little: flow-control windows are not grown by bandwidth probing. HTTP/2's own limit on
+concurrent streams is left unset: a stream beyond it is reset (RST_STREAM), which the sender sees
+as an UNAVAILABLE with no RetryInfo that otelgpu never answered nor counted. Idle and old connections are closed by gRPC itself
 (`grpc.max_connection_idle_ms`, `grpc.max_connection_age_ms` with its grace), the latter so that
 senders reconnect and spread over replicas added since.
 """
@@ -53,7 +54,6 @@ RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
 EXPORT = f"/{SERVICE}/Export"
 BUSY_RETRY_AFTER_S = 1.0  # a worker frees as soon as one Export is answered
 REFUSING_THREADS = 2
-MAX_STREAMS = 128  # concurrent Exports one connection may carry; more wait in the sender's HTTP/2 stack
 EXPECTED_FIRST_BYTES = 4 << 20  # before any request was seen: a few Collector batches of 8,192 points
 
 
@@ -212,7 +212,6 @@ class GrpcReceiver:
             # its bytes in gRPC's buffers, not megabytes. 32 concurrent 16 MiB Exports peaked at
             # 430-450 MiB with it off, 510-665 with it on.
             ("grpc.http2.bdp_probe", 0),
-            ("grpc.max_concurrent_streams", MAX_STREAMS),
         ]
         if cfg.max_connection_idle_seconds is not None:
             options.append(("grpc.max_connection_idle_ms", _ms(cfg.max_connection_idle_seconds)))

@@ -203,3 +203,23 @@ def test_http_reserves_a_gzip_bodys_declared_size_before_inflating_it(http_recei
     assert requests.post(url, data=body, headers=headers, timeout=10).status_code == 200
     assert refusals(metrics, "http") == {BYTES_IN_FLIGHT: 1}
     assert by_label(metrics.requests) == {("http", "ok"): 1, ("http", "unavailable"): 1}
+
+
+def test_every_unavailable_answer_is_counted_once_under_a_flood(grpc_receiver, make_ingest, otel_request, metrics):
+    """Far more concurrent Exports than the receiver admits, a full queue and a spent budget at
+    once: each UNAVAILABLE a sender got is counted, once by outcome and once by reason."""
+    body = otel_request(KSM).SerializeToString()
+    memory = MemoryLimiter(None, None, max_inflight_bytes=cost(len(body)) * 6)
+    gate = Gate(make_ingest(queue_size=4, memory=memory))
+    channel, export = export_raw(grpc_receiver(gate, memory=memory, max_concurrent_requests=10,
+                                               max_queued_requests=2).port)
+    calls = [export.future(body, timeout=60) for _ in range(300)]
+    eventually(lambda: sum(c.done() for c in calls) >= 300 - 12)  # all but those admitted are answered
+    gate.opened.set()
+    codes = [c.exception().code() if c.exception() else grpc.StatusCode.OK for c in calls]
+    unavailable = codes.count(grpc.StatusCode.UNAVAILABLE)
+    assert unavailable >= 300 - 12 and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+    assert by_label(metrics.requests)[("grpc", "unavailable")] == unavailable
+    assert sum(refusals(metrics, "grpc").values()) == unavailable
+    assert by_label(metrics.requests)[("grpc", "ok")] == codes.count(grpc.StatusCode.OK)
+    channel.close()
