@@ -157,12 +157,20 @@ VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.GENERATION_TOKENS: (0.0, HUGE),
 }
 
-# Requests and capacities by kube-state-metrics resource: GPU units are whole numbers (a node has at
-# most a few dozen GPUs, times time-slicing replicas), cores and bytes stay below any machine's size.
+# Requests and capacities by kube-state-metrics resource (`nvidia.com/gpu` written `nvidia_com_gpu`).
+# GPU units (GPUs, time-slicing replicas, MIG instances) are whole numbers: a node has at most a few
+# dozen GPUs, times time-slicing replicas. Cores and bytes stay below any machine's size.
+GPU_RESOURCES = ("nvidia_com_gpu", "nvidia_com_gpu_shared")
+MIG_PREFIX = "nvidia_com_mig_"
 MAX_GPU_UNITS = 4096
 MAX_CORES = 100_000.0
 MAX_BYTES = HUGE
 MAX_OTHER = 1e18
+# HAMi's own resources (Project-HAMi/HAMi charts/hami/values.yaml), each a whole number in its own
+# unit, not a count of GPUs: the memory a pod asks of each GPU in MiB (HAMi refuses more than an
+# int32), and its share of each GPU's memory and cores in percent. otelgpu prices HAMi's grants
+# from the pod's hami.io/vgpu-devices-allocated annotation, not from these.
+HAMI_RESOURCES = {"nvidia_com_gpumem": 2**31 - 1, "nvidia_com_gpumem_percentage": 100, "nvidia_com_gpucores": 100}
 
 
 # Labels whose values otelgpu turns into numbers or slice sizes, with their sane forms. A node has at
@@ -207,9 +215,12 @@ LABEL_CHECKS = {
 
 
 def quantity_bounds(resource: str) -> tuple[float, float, bool]:
-    """(lowest, highest, whole numbers only) for a request or capacity of `resource`."""
-    if resource.startswith("nvidia_com_"):
+    """(lowest, highest, whole numbers only) for a request or capacity of `resource`. An extended
+    resource otelgpu does not know is bounded as any other quantity, not as a count of GPUs."""
+    if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
         return 0.0, MAX_GPU_UNITS, True
+    if resource in HAMI_RESOURCES:
+        return 0.0, float(HAMI_RESOURCES[resource]), True
     return 0.0, MAX_CORES if resource == "cpu" else MAX_BYTES if resource == "memory" else MAX_OTHER, False
 
 
@@ -218,7 +229,7 @@ def quantity_problem(resource: str, value: float) -> str:
     lo, hi, whole = quantity_bounds(resource)
     if whole:
         if value != int(value) or not lo <= value <= hi:
-            return f"{resource} not a whole number in [{lo:g}, {hi:g}]"
+            return f"{resource} not a whole number in [{lo:.0f}, {hi:.0f}]"
         return ""
     if not lo <= value <= hi:
         return f"{resource} outside [{lo:g}, {hi:g}]"

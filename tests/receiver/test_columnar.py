@@ -315,9 +315,11 @@ def test_random_bit_flips_and_cuts_decode_the_same_or_are_refused_by_both():
 
 EDGES = [0.0, -0.0, 1.0, 1.0 + 1e-6, 1.0 + 2e-6, -1e-300, 0.5, 100.0, 100.0 + 1e-6, 100.1, 4.0, 4.5,
          float(MAX_GPU_UNITS), MAX_GPU_UNITS + 1.0, MAX_CORES, MAX_CORES * 1.0000001, MAX_BYTES, MAX_BYTES * 2,
-         1e18, 1e19, math.nan, math.inf, -math.inf, struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]]
+         2.0**31 - 1, 2.0**31, 1e18, 1e19, math.nan, math.inf, -math.inf,
+         struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]]
 LABELS = {"UUID": ["GPU-1", ""], "namespace": ["ml", ""], "pod": ["p", ""], "resource": [
-    "nvidia_com_gpu", "nvidia_com_mig_1g_10gb", "cpu", "memory", "pods", "ephemeral_storage"],
+    "nvidia_com_gpu", "nvidia_com_mig_1g_10gb", "cpu", "memory", "pods", "ephemeral_storage", "nvidia_com_gpumem",
+    "nvidia_com_gpumem_percentage", "nvidia_com_gpucores", "nvidia_com_priority"],
     "node": ["n1"], "phase": ["Running"], "GPU_I_ID": ["3", "32", "x"], "GPU_I_PROFILE": ["1g.10gb", "9g.1gb"],
     "label_nvidia_com_gpu_count": ["8", "65", "-1"], "replicaset": ["rs"], "owner_kind": ["Deployment"],
     "owner_name": ["d"], "job_name": ["j"], "container": ["main", ""], "label_team": ["a" * 5000, "t"],
