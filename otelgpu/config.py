@@ -674,7 +674,12 @@ class SourcesConfig:
 
     dcgm: tuple[Matcher, ...] = ({"service.name": ("dcgm-exporter", "nvidia-dcgm-exporter", "otelgpu-nvml")},)
     kube_state_metrics: tuple[Matcher, ...] = ({"service.name": "kube-state-metrics"},)
-    cadvisor: tuple[Matcher, ...] = ({"service.name": ("kubelet", "kubelet-cadvisor", "cadvisor")},)
+    # kubernetes-cadvisor is the job of Prometheus's example Kubernetes configuration
+    # (documentation/examples/prometheus-kubernetes.yml): its targets are the nodes' kubelets (node
+    # discovery), which no pod can join. Annotation-driven jobs (kubernetes-pods,
+    # kubernetes-service-endpoints) scrape any pod that asks to be scraped, so are never defaults.
+    cadvisor: tuple[Matcher, ...] = ({"service.name": ("kubelet", "kubelet-cadvisor", "cadvisor",
+                                                       "kubernetes-cadvisor")},)
     # vLLM's token counters split only the cost of the pod that exposes them (the scrape target's
     # own pod, from service discovery), from the shipped Collector configs' job.
     vllm: tuple[Matcher, ...] = ({"service.name": "vllm"},)

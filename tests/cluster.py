@@ -67,6 +67,7 @@ class Pod:
     serves: dict[str, tuple[float, float]] = field(default_factory=dict)
     serves_model: str = "meta-llama/Llama-3.1-8B-Instruct"
     annotations: dict[str, str] = field(default_factory=dict)  # Kubernetes keys (kube_pod_annotations)
+    extended: dict[str, float] = field(default_factory=dict)  # other extended resources requested, KSM names
 
     def running(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.end_s
@@ -127,6 +128,7 @@ class Cluster:
         requests = {"cpu": f"{p.cpu:g}", "memory": f"{int(p.memory_gib * 2**30)}"}
         if p.gpu:
             requests[k8s_resource(p.gpu[0])] = str(p.gpu[1])
+        requests.update({k8s_resource(k): f"{v:g}" for k, v in p.extended.items()})
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": p.name, "namespace": p.namespace, "uid": f"uid-{p.namespace}-{p.name}",
                              "labels": dict(p.labels), "annotations": dict(p.annotations)},
@@ -161,9 +163,9 @@ class Cluster:
             for res, unit, qty in (("cpu", "core", p.cpu), ("memory", "byte", p.memory_gib * 2**30)):
                 if qty:
                     g["kube_pod_container_resource_requests"].append(({**req, "resource": res, "unit": unit}, qty))
-            if p.gpu:
-                g["kube_pod_container_resource_requests"].append(
-                    ({**req, "resource": p.gpu[0], "unit": "integer"}, float(p.gpu[1])))
+            gpu = {p.gpu[0]: p.gpu[1]} if p.gpu else {}
+            for res, qty in {**gpu, **p.extended}.items():
+                g["kube_pod_container_resource_requests"].append(({**req, "resource": res, "unit": "integer"}, float(qty)))
         return scrape("kube-state-metrics", "10.0.0.2:8080", "ksm-node", t, {k: v for k, v in g.items() if v})
 
     def _dcgm(self, node: Node, t_s: float, t: int) -> ResourceMetrics:

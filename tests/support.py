@@ -17,6 +17,7 @@ from otelgpu.demo.otlp import request, scrape
 from otelgpu.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
+DCGM_4_6 = REPO / "tests" / "data" / "dcgm-4.x"  # dcgm-exporter fixtures under DCGM 4.6 field names
 
 
 def fixtures_dir() -> Path:
@@ -28,16 +29,20 @@ def fixtures_dir() -> Path:
     return path
 
 
-def otlp_fixture(name: str) -> ExportMetricsServiceRequest:
-    text = (fixtures_dir() / "otel" / name).read_text(encoding="utf-8")
+def otlp_fixture(name: str | Path) -> ExportMetricsServiceRequest:
+    """A shared fixture of otel/ by its name, or the OTLP/JSON file at a Path (tests/data)."""
+    path = name if isinstance(name, Path) else fixtures_dir() / "otel" / name
+    text = path.read_text(encoding="utf-8")
     return json_format.Parse(text, ExportMetricsServiceRequest(), ignore_unknown_fields=True)
 
 
-def prom_fixture_request(rel_path: str, time_ns: int, node: str, job: str = "dcgm-exporter",
+def prom_fixture_request(rel_path: str | Path, time_ns: int, node: str, job: str = "dcgm-exporter",
                          instance: str = "10.0.0.1:9400") -> ExportMetricsServiceRequest:
-    """A Prometheus exposition fixture as the Collector's prometheus receiver would forward one scrape
-    of it: every sample a gauge point at `time_ns`, labels as attributes (parsed by prometheus_client)."""
-    text = (fixtures_dir() / rel_path).read_text(encoding="utf-8")
+    """A Prometheus exposition fixture (a path in the shared fixtures, or a Path) as the Collector's
+    prometheus receiver would forward one scrape of it: every sample a gauge point at `time_ns`,
+    labels as attributes (parsed by prometheus_client)."""
+    path = rel_path if isinstance(rel_path, Path) else fixtures_dir() / rel_path
+    text = path.read_text(encoding="utf-8")
     gauges: dict[str, list] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -12,7 +12,7 @@ import requests
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from support import CollectorSink, eventually, fixtures_dir, make_config, otlp_fixture
+from support import DCGM_4_6, CollectorSink, eventually, fixtures_dir, make_config, otlp_fixture
 
 from otelgpu.pipeline import Pipeline
 from otelgpu.telemetry import by_label, total
@@ -43,14 +43,23 @@ def sidecar(sink, request):
     p.shutdown()
 
 
-def test_fixtures_in_costs_out(sidecar, sink):
+# dcgm-exporter's two scrapes, with the field names of DCGM before 4.6 and of DCGM 4.6 (4.6.1's
+# energy in joules): the same cost either way.
+SCRAPES = {"dcgm_names": (fixtures_dir() / "otel" / "otlp_dcgm_scrape1_collector_v0.142.json",
+                          fixtures_dir() / "otel" / "otlp_dcgm_scrape2_stale_collector_v0.142.json"),
+           "dcgm_4_6_names": (DCGM_4_6 / "otlp_dcgm_scrape1_dcgm4.6_names.json",
+                              DCGM_4_6 / "otlp_dcgm_scrape2_stale_dcgm4.6_names.json")}
+
+
+@pytest.mark.parametrize("scrapes", SCRAPES.values(), ids=SCRAPES.keys())
+def test_fixtures_in_costs_out(sidecar, sink, scrapes):
     with grpc.insecure_channel(f"127.0.0.1:{sidecar.grpc.port}", compression=grpc.Compression.Gzip) as ch:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(ch)
         resp = stub.Export(otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"), timeout=5)
         assert not resp.HasField("partial_success")
-        stub.Export(otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json"), timeout=5)
+        assert not stub.Export(otlp_fixture(scrapes[0]), timeout=5).HasField("partial_success")
     # Scrape 2 arrives over OTLP/HTTP as gzipped JSON, as an otlphttp exporter would send it.
-    body = (fixtures_dir() / "otel" / "otlp_dcgm_scrape2_stale_collector_v0.142.json").read_bytes()
+    body = scrapes[1].read_bytes()
     r = requests.post(f"http://127.0.0.1:{sidecar.http.port}/v1/metrics", data=gzip.compress(body),
                       headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}, timeout=5)
     assert r.status_code == 200
@@ -61,6 +70,8 @@ def test_fixtures_in_costs_out(sidecar, sink):
     by_pod = {dict(k).get("pod"): p.as_double for k, p in allocated.items()}
     assert by_pod["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(2 * PER_GPU_INTERVAL)
     assert by_pod["ollama-76f687f4cd-xcvvp"] == pytest.approx(PER_GPU_INTERVAL / 7)
+    effective = {dict(k).get("pod"): p.as_double for k, p in sink.latest("gpu.cost.effective").items()}
+    assert effective["vllm-llama3-8b-5c9d7b8f6d-k2x7q"] == pytest.approx(0.87321 * 2 * PER_GPU_INTERVAL)
     idle = sum(p.as_double for p in sink.latest("gpu.cost.idle").values())
     capacity = sum(p.as_double for p in sink.latest("gpu.cost.capacity").values())
     assert sum(by_pod.values()) + idle == pytest.approx(capacity)
@@ -98,16 +109,18 @@ def test_series_keep_their_start_time_and_advance(sidecar, sink):
     assert points[-1].as_double > points[0].as_double
 
 
-def test_metrics_page_and_self_counters(sidecar):
+@pytest.mark.parametrize("scrapes", SCRAPES.values(), ids=SCRAPES.keys())
+def test_metrics_page_and_self_counters(sidecar, scrapes):
     with grpc.insecure_channel(f"127.0.0.1:{sidecar.grpc.port}") as ch:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(ch)
-        bad = otlp_fixture("otlp_dcgm_scrape1_collector_v0.142.json")
+        bad = otlp_fixture(scrapes[0])
         metric = bad.resource_metrics[0].scope_metrics[0].metrics[3]
-        assert metric.name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+        assert metric.name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO")
         metric.gauge.data_points[0].as_double = 87.0  # a percentage where a ratio belongs
         resp = stub.Export(bad, timeout=5)
         assert resp.partial_success.rejected_data_points == 1
-        assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in resp.partial_success.error_message
+        # Named by the metric's first name, whichever name it came under
+        assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE value outside [0, 1]" in resp.partial_success.error_message
     sidecar.drain()
     sidecar.close_due(flush=True)
     eventually(lambda: by_label(sidecar.metrics.exports)["otlp"], 30)

@@ -572,3 +572,31 @@ def test_grants_that_follow_each_other_in_an_interval_are_not_scaled_as_if_they_
     p.close_due(flush=True)
     assert by_pod(p, "allocated") == pytest.approx({("svc-old",): 0.75 * 40 * 150 / 3600,
                                                     ("svc-new",): 0.75 * 40 * 150 / 3600}, rel=1e-9)
+
+
+def test_hamis_own_resources_in_kube_state_metrics_are_bounded_in_their_units():
+    """A HAMi pod asks for vGPUs (nvidia.com/gpu) and, per GPU, memory in MiB (nvidia.com/gpumem)
+    or a percentage of it (nvidia.com/gpumem-percentage), a percentage of its cores
+    (nvidia.com/gpucores) and a priority (nvidia.com/priority): kube-state-metrics reports each as
+    a request. None is a count of GPUs: every scrape is taken whole and the worked example's money
+    stands. A request HAMi itself would refuse is still refused, counted with its reason."""
+    def priced(first: dict[str, float], second: dict[str, float]):  # noqa: ANN202 - a Pipeline
+        pods = hami_pods()
+        pods[0].extended, pods[1].extended = first, second
+        return run(Cluster([hami_node()], pods))
+
+    worked = {("infer-a", "fraction", "hami_cores"): 0.30 * 12, ("infer-b", "fraction", "hami_memory"): 0.50 * 12}
+    p = priced({"nvidia_com_gpumem": 10240, "nvidia_com_gpucores": 30},
+               {"nvidia_com_gpumem_percentage": 50, "nvidia_com_priority": 1})
+    assert not by_label(p.metrics.points_rejected)
+    assert by_pod(p, "allocated", "unit_kind", "fraction_basis") == pytest.approx(worked, rel=1e-9)
+
+    p = priced({"nvidia_com_gpumem": 2.0**31, "nvidia_com_gpucores": 30},  # beyond HAMi's int32
+               {"nvidia_com_gpumem_percentage": 50.5, "nvidia_com_gpucores": 150})
+    scrapes = HOUR // 60
+    request = "kube_pod_container_resource_requests"
+    assert by_label(p.metrics.points_rejected) == {
+        f"{request} nvidia_com_gpumem not a whole number in [0, 2147483647]": scrapes,
+        f"{request} nvidia_com_gpumem_percentage not a whole number in [0, 100]": scrapes,
+        f"{request} nvidia_com_gpucores not a whole number in [0, 100]": scrapes}
+    assert by_pod(p, "allocated", "unit_kind", "fraction_basis") == pytest.approx(worked, rel=1e-9)

@@ -21,6 +21,7 @@ from otelgpu.telemetry import by_label, total
 A100 = "NVIDIA A100-SXM4-40GB"
 KSM_REFUSED = untrusted_reason(BIT["kube_state_metrics"])
 DCGM_REFUSED = untrusted_reason(BIT["dcgm"])
+CADVISOR_REFUSED = untrusted_reason(BIT["cadvisor"])
 
 
 def cluster() -> Cluster:
@@ -125,6 +126,38 @@ def test_a_trusted_job_name_can_be_changed_and_is_then_the_only_one_trusted() ->
     p.close_due(flush=True)
     assert by_label(p.metrics.points_rejected)[KSM_REFUSED] == 20 * (11 + 5)
     assert {k[0] for k in charged(p)} == {"vision", "nlp"}
+
+
+def test_cadvisor_is_taken_from_prometheus_examples_kubelet_job_and_never_from_its_pods_job() -> None:
+    """Prometheus's example Kubernetes configuration scrapes the kubelets' cAdvisor as job
+    kubernetes-cadvisor (node discovery: no pod can be a target) and any pod that asks as
+    kubernetes-pods. The default sources take the first as they take `kubelet`; the second's
+    container use is refused, counted, and scad charges requests instead."""
+    c = cluster()
+    for p in c.pods:
+        p.cpu, p.memory_gib, p.cpu_used, p.memory_used_gib = 8, 64, 40, 400  # using far beyond the requests
+
+    def scad_as(job: str) -> Pipeline:
+        p = offline_pipeline(make_config(attribution__prices__gpu_hour_by_gpu_model={A100: 12.0},
+                                         attribution__prices__instance_hour_by_instance_type={"p4d.24xlarge": 40.0},
+                                         attribution__cost_models=["scad"]))
+        for t_s in range(0, 600, 30):
+            req = c.scrape(t_s)
+            for rm in req.resource_metrics:
+                for kv in rm.resource.attributes:
+                    if kv.key == "service.name" and kv.value.string_value == "kubelet":
+                        kv.value.string_value = job
+            feed(p, req)
+        p.close_due(flush=True)
+        return p
+
+    kubelet, example, pods = scad_as("kubelet"), scad_as("kubernetes-cadvisor"), scad_as("kubernetes-pods")
+    assert charged(example) == pytest.approx(charged(kubelet), rel=1e-12)
+    assert not by_label(example.metrics.points_rejected) and not by_label(example.metrics.scad_request_fallbacks)
+    # 20 scrapes of 2 pods' 3 series: CPU of the container and of its pod's cgroup, memory
+    assert by_label(pods.metrics.points_rejected) == {CADVISOR_REFUSED: 20 * 2 * 3}
+    assert by_label(pods.metrics.scad_request_fallbacks)
+    assert charged(pods) != pytest.approx(charged(kubelet))
 
 
 def test_a_rogue_client_of_the_receiver_is_refused_without_the_token(tmp_path) -> None:

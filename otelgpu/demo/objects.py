@@ -7,7 +7,8 @@ from typing import Any
 
 from otelgpu.demo.scenario import Node, Pod
 from otelgpu.demo.scrapes import node_pods
-from otelgpu.enrich.nodes import MIG_PREFIX, profile_of_resource
+from otelgpu.enrich.nodes import profile_of_resource
+from otelgpu.receiver.schema import MIG_PREFIX
 
 
 def k8s_resource(ksm_name: str) -> str:

@@ -24,8 +24,6 @@ from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
 from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, MIG_STRATEGY, TagResolver, Tags
 from otelgpu.enrich.nodes import (
-    GPU_RESOURCES,
-    MIG_PREFIX,
     NodeInfo,
     gpu_count,
     mig_resource,
@@ -39,7 +37,7 @@ from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
 from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.schema import Metric, gpu_count_label
+from otelgpu.receiver.schema import GPU_RESOURCES, MIG_PREFIX, Metric, gpu_count_label
 
 ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from otelgpu.enrich import labels as L
 from otelgpu.enrich.facts import NodeFacts
-from otelgpu.receiver.schema import MAX_GPUS_PER_NODE, gpu_count_label, replicas_label
+from otelgpu.receiver.schema import MAX_GPUS_PER_NODE, MIG_PREFIX, gpu_count_label, replicas_label
 
 _CAPACITY_TYPES = {"on_demand": "on-demand", "on-demand": "on-demand", "spot": "spot", "reserved": "reserved",
                    "capacity_block": "reserved", "capacity-block": "reserved"}
@@ -43,10 +43,6 @@ def node_info(facts: NodeFacts | None) -> NodeInfo:
         memory_gib=facts.capacity.get("memory", 0.0) / 2**30,
         known=True,
     )
-
-
-GPU_RESOURCES = ("nvidia_com_gpu", "nvidia_com_gpu_shared")
-MIG_PREFIX = "nvidia_com_mig_"
 
 
 def mig_resource(profile: str) -> str:

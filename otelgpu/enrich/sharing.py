@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from otelgpu.enrich.facts import FactsView, PodFacts
 from otelgpu.enrich.labels import ksm_annotation_name, ksm_label_name
-from otelgpu.enrich.nodes import GPU_RESOURCES, MIG_PREFIX
+from otelgpu.receiver.schema import GPU_RESOURCES, MIG_PREFIX
 
 HAMI_ALLOCATED = ksm_annotation_name("hami.io/vgpu-devices-allocated")
 KAI_FRACTION = ksm_annotation_name("gpu-fraction")

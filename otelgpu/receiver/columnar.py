@@ -58,6 +58,7 @@ from otelgpu.receiver.schema import (
     METRIC_NAME,
     OWN_POD_METRICS,
     REQUIRED_LABELS,
+    TO_STORED_UNIT,
     VALUE_RANGE,
     Metric,
     quantity_bounds,
@@ -83,8 +84,9 @@ UNREAD = -3  # a point's set: not looked up (its scrape target may not send its 
 
 
 def _names() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The metric names the kernel recognises: the consumed ones and the liveness metric."""
-    names = [(n.encode(), int(c)) for n, c in KNOWN_METRICS.items()] + [(b"up", wire.LIVENESS)]
+    """The metric names the kernel recognises: the consumed ones, each reported as its index in
+    KNOWN_METRICS (its metric and unit are looked up after the scan), and the liveness metric."""
+    names = [(n.encode(), i) for i, n in enumerate(KNOWN_METRICS)] + [(b"up", wire.LIVENESS)]
     blob = np.frombuffer(b"".join(n for n, _ in names), np.uint8).copy()
     off = np.zeros(len(names) + 1, np.int64)
     np.cumsum([len(n) for n, _ in names], out=off[1:])
@@ -92,6 +94,9 @@ def _names() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _NAME_BLOB, _NAME_OFF, _NAME_CODE = _names()
+# Per name the kernel reports: its metric, and the factor to that metric's stored unit.
+_NAME_METRIC = np.array([int(c) for c in KNOWN_METRICS.values()], np.int16)
+_NAME_SCALE = np.array([TO_STORED_UNIT.get(n, 1.0) for n in KNOWN_METRICS])
 
 
 def _grown(a: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
@@ -231,7 +236,7 @@ class ColumnarDecoder:
                 "p_set": np.empty(cap, np.int32), "p_hash": np.empty(cap, np.uint64),
                 "p_dp": np.empty((cap, 2), np.int64),
                 "r_res": np.empty((rcap, 2), np.int64), "r_live": np.empty(rcap, np.int64),
-                "wrong": np.zeros((_CODES, len(wire.WHICH)), np.int64),
+                "wrong": np.zeros((len(_NAME_METRIC), len(wire.WHICH)), np.int64),
             }
             status, n, nres, ignored = wire.scan(
                 buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, wire.SCHEMA.kind, self.slots, self.set_hash, self.set_pieces,
@@ -244,7 +249,12 @@ class ColumnarDecoder:
                 break
             cap, rcap = max(cap, n), max(rcap, nres)
         out = {k: (v[:n] if k.startswith("p_") else v[:nres]) for k, v in c.items() if k != "wrong"}
-        out["wrong"], out["ignored"] = c["wrong"], np.int64(ignored)
+        name = out["p_metric"]
+        with np.errstate(invalid="ignore"):  # a signalling NaN: judged as any NaN
+            out["p_metric"], out["p_value"] = _NAME_METRIC[name], out["p_value"] * _NAME_SCALE[name]
+        out["wrong"] = np.zeros((_CODES, len(wire.WHICH)), np.int64)
+        np.add.at(out["wrong"], _NAME_METRIC, c["wrong"])
+        out["ignored"] = np.int64(ignored)
         return out
 
     def _learn(self, raw: bytes, buf: np.ndarray, cols: dict[str, np.ndarray]) -> None:

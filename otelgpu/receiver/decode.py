@@ -1,7 +1,8 @@
 """OTLP ExportMetricsServiceRequest -> PointBatch: columnar arrays of interned label codes.
 
 One pass over the request. Unknown metrics are skipped on their name alone; for known metrics
-each point becomes one row of flat arrays (no dict or object per point). Every point is validated
+each point becomes one row of flat arrays (no dict or object per point), its value converted to the
+stored unit of its metric (a DCGM field may arrive under names in different units). Every point is validated
 on its own: a point that cannot be used (no value, a non-finite or absurd value, an empty or huge
 label, a timestamp far from this sidecar's clock) is rejected with a reason, counted, and never
 stops or alters the rest of the request. Labels otelgpu never reads are not interned at all.
@@ -22,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
 from otelgpu.receiver.schema import (KNOWN_METRICS, LABEL_CHECKS, METRIC_NAME, OWN_POD_METRICS, REQUIRED_KEYS,
-                                    REQUIRED_LABELS)
+                                    REQUIRED_LABELS, TO_STORED_UNIT)
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, untrusted_reason
 
 NO_RECORDED_VALUE = 1
@@ -239,8 +240,11 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                     if points:
                         rejected[own_pod_problem(name)] += len(points)
                     continue
+                scale = TO_STORED_UNIT.get(m.name, 1.0)
                 for p in points:
-                    reason, labels = _check(name, mcode, p, lim, floor, horizon)
+                    stale = bool(p.flags & NO_RECORDED_VALUE)
+                    value = math.nan if stale else _value(p) * scale
+                    reason, labels = _check(name, mcode, p, value, lim, floor, horizon)
                     if reason:
                         rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
                         continue
@@ -249,11 +253,10 @@ def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Opti
                     for k, v in labels:
                         cols.attr_key.append(code(k))
                         cols.attr_val.append(code(v))
-                    stale = bool(p.flags & NO_RECORDED_VALUE)
                     cols.metric.append(mcode)
                     cols.stale.append(stale)
                     cols.time_ns.append(p.time_unix_nano)
-                    cols.value.append(math.nan if stale else _value(p))
+                    cols.value.append(value)
                     cols.res_node.append(node)
                     cols.res_pod.append(res_pod)
                     cols.attr_off.append(len(cols.attr_key))
@@ -272,16 +275,16 @@ def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint
     return p.as_double if kind == "as_double" else float(p.as_int) if kind == "as_int" else math.nan
 
 
-def _check(name: str, mcode: int, p, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
+def _check(name: str, mcode: int, p, value: float, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
            horizon: int) -> tuple[str, list[tuple[str, str]]]:
-    """(reason the point is rejected, "" if usable; the labels kept, as strings)."""
+    """(reason the point is rejected, "" if usable; the labels kept, as strings). `value` is the
+    point's, in its metric's stored unit (NaN for a staleness marker)."""
     reason = time_problem(name, p.time_unix_nano, floor, horizon)
     if reason:
         return reason, []
     labels = wanted_labels(p.attributes, lim)
     shape = label_shape(len(p.attributes), labels, lim)
-    stale = bool(p.flags & NO_RECORDED_VALUE)
-    reason = point_problem(name, mcode, shape, stale, math.nan if stale else _value(p))
+    reason = point_problem(name, mcode, shape, bool(p.flags & NO_RECORDED_VALUE), value)
     return reason, ([] if reason else labels)
 
 

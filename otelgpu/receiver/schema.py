@@ -31,14 +31,37 @@ class Metric(IntEnum):
     GENERATION_TOKENS = 31
 
 
-DCGM_METRICS = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": Metric.GR_ENGINE_ACTIVE,
-    "DCGM_FI_DEV_GPU_UTIL": Metric.GPU_UTIL,
-    "DCGM_FI_DEV_FB_USED": Metric.FB_USED,
-    "DCGM_FI_DEV_FB_FREE": Metric.FB_FREE,
-    "DCGM_FI_DEV_POWER_USAGE": Metric.POWER_USAGE,
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": Metric.ENERGY,
+# Units DCGM fields are sent in, as multiples of one base unit per quantity (a 0..1 ratio, bytes,
+# watts, joules). A field's unit is the one its definition in DCGM's dcgm_fields.h gives, not the
+# one its name suggests: DCGM 4.6 renamed field 203 DCGM_FI_DEV_GPU_UTIL_RATIO and still fills it
+# with NVML's 0..100 percentage.
+UNIT_FACTOR = {"1": 1.0, "%": 0.01, "MiB": 2.0**20, "W": 1.0, "mJ": 1e-3, "J": 1.0}
+
+# Each consumed DCGM field under every name DCGM gives it, with the unit it is sent in.
+# dcgm-exporter names a series as its counters CSV names the field: DCGM 4.6 renamed fields and
+# keeps the old names as aliases, so a cluster may send either name, or both during a change of
+# CSV. DCGM 4.6.1 added the energy in joules as a field of its own. The first name of each metric
+# names it in rejection reasons.
+DCGM_FIELDS: dict[str, tuple[Metric, str]] = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": (Metric.GR_ENGINE_ACTIVE, "1"),
+    "DCGM_FI_DEV_GPU_UTIL": (Metric.GPU_UTIL, "%"),
+    "DCGM_FI_DEV_FB_USED": (Metric.FB_USED, "MiB"),
+    "DCGM_FI_DEV_FB_FREE": (Metric.FB_FREE, "MiB"),
+    "DCGM_FI_DEV_POWER_USAGE": (Metric.POWER_USAGE, "W"),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (Metric.ENERGY, "mJ"),
+    "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO": (Metric.GR_ENGINE_ACTIVE, "1"),  # 4.6: field 1001 renamed
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": (Metric.GPU_UTIL, "%"),  # 4.6: field 203 renamed, still a percentage
+    "DCGM_FI_DEV_BOARD_POWER_WATTS": (Metric.POWER_USAGE, "W"),  # 4.6: field 155 renamed
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": (Metric.ENERGY, "J"),  # 4.6.1: field 1611, new
 }
+DCGM_METRICS = {name: metric for name, (metric, _) in DCGM_FIELDS.items()}
+# The unit each metric is stored in: a point's value is converted to it whatever name it came under,
+# so that activity, and with it effective cost, does not depend on the spelling.
+STORED_UNIT = {Metric.GR_ENGINE_ACTIVE: "1", Metric.GPU_UTIL: "%", Metric.FB_USED: "MiB", Metric.FB_FREE: "MiB",
+               Metric.POWER_USAGE: "W", Metric.ENERGY: "mJ"}
+# The factor that converts a value sent under each name to its metric's stored unit (1 for most).
+TO_STORED_UNIT = {name: UNIT_FACTOR[unit] / UNIT_FACTOR[STORED_UNIT[metric]]
+                  for name, (metric, unit) in DCGM_FIELDS.items()}
 
 KSM_METRICS = {
     "kube_pod_labels": Metric.POD_LABELS,
@@ -107,9 +130,11 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
 }
 REQUIRED_KEYS = tuple(sorted({k for keys in REQUIRED_LABELS.values() for k in keys}))
 
-# Valid value ranges. DCGM_FI_PROF_GR_ENGINE_ACTIVE is a 0..1 ratio, GPU_UTIL a 0..100 percentage;
-# the rest are bounds no real cluster reaches, so that one absurd point is rejected instead of
-# turning into a billion GPUs or an infinite cost. Info-style series (labels, phase) are 0 or 1.
+# Valid value ranges, in each metric's stored unit (values are converted first). GR_ENGINE_ACTIVE is
+# a 0..1 ratio and GPU_UTIL a 0..100 percentage: a ratio above 1 is a percentage sent where a ratio
+# belongs, and is refused rather than read as 100 times the activity. The rest are bounds no real
+# cluster reaches, so that one absurd point is rejected instead of turning into a billion GPUs or an
+# infinite cost. Info-style series (labels, phase) are 0 or 1.
 HUGE = 1e15
 VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.GR_ENGINE_ACTIVE: (0.0, 1.0 + 1e-6),
@@ -132,12 +157,20 @@ VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.GENERATION_TOKENS: (0.0, HUGE),
 }
 
-# Requests and capacities by kube-state-metrics resource: GPU units are whole numbers (a node has at
-# most a few dozen GPUs, times time-slicing replicas), cores and bytes stay below any machine's size.
+# Requests and capacities by kube-state-metrics resource (`nvidia.com/gpu` written `nvidia_com_gpu`).
+# GPU units (GPUs, time-slicing replicas, MIG instances) are whole numbers: a node has at most a few
+# dozen GPUs, times time-slicing replicas. Cores and bytes stay below any machine's size.
+GPU_RESOURCES = ("nvidia_com_gpu", "nvidia_com_gpu_shared")
+MIG_PREFIX = "nvidia_com_mig_"
 MAX_GPU_UNITS = 4096
 MAX_CORES = 100_000.0
 MAX_BYTES = HUGE
 MAX_OTHER = 1e18
+# HAMi's own resources (Project-HAMi/HAMi charts/hami/values.yaml), each a whole number in its own
+# unit, not a count of GPUs: the memory a pod asks of each GPU in MiB (HAMi refuses more than an
+# int32), and its share of each GPU's memory and cores in percent. otelgpu prices HAMi's grants
+# from the pod's hami.io/vgpu-devices-allocated annotation, not from these.
+HAMI_RESOURCES = {"nvidia_com_gpumem": 2**31 - 1, "nvidia_com_gpumem_percentage": 100, "nvidia_com_gpucores": 100}
 
 
 # Labels whose values otelgpu turns into numbers or slice sizes, with their sane forms. A node has at
@@ -182,9 +215,12 @@ LABEL_CHECKS = {
 
 
 def quantity_bounds(resource: str) -> tuple[float, float, bool]:
-    """(lowest, highest, whole numbers only) for a request or capacity of `resource`."""
-    if resource.startswith("nvidia_com_"):
+    """(lowest, highest, whole numbers only) for a request or capacity of `resource`. An extended
+    resource otelgpu does not know is bounded as any other quantity, not as a count of GPUs."""
+    if resource in GPU_RESOURCES or resource.startswith(MIG_PREFIX):
         return 0.0, MAX_GPU_UNITS, True
+    if resource in HAMI_RESOURCES:
+        return 0.0, float(HAMI_RESOURCES[resource]), True
     return 0.0, MAX_CORES if resource == "cpu" else MAX_BYTES if resource == "memory" else MAX_OTHER, False
 
 
@@ -193,7 +229,7 @@ def quantity_problem(resource: str, value: float) -> str:
     lo, hi, whole = quantity_bounds(resource)
     if whole:
         if value != int(value) or not lo <= value <= hi:
-            return f"{resource} not a whole number in [{lo:g}, {hi:g}]"
+            return f"{resource} not a whole number in [{lo:.0f}, {hi:.0f}]"
         return ""
     if not lo <= value <= hi:
         return f"{resource} outside [{lo:g}, {hi:g}]"

@@ -425,12 +425,12 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
     """One pass over the request. Returns (status, points, scrape targets, ignored points).
 
     Per point of a consumed gauge or sum (up to the arrays' length; the count goes on, so a caller
-    can size them and scan again): p_metric, p_res (target index), p_time, p_value (as_double,
-    or as_int as a float, NaN without either), p_flags, p_set (label
+    can size them and scan again): p_metric (its name's entry in names_code), p_res (target index),
+    p_time, p_value (as_double, or as_int as a float, NaN without either), p_flags, p_set (label
     set, -1 if not in the table, -2 if more than max_attributes), p_hash (of the attribute
     fields), p_dp (the point's byte span). Per target: r_res (span of its Resource, -1 without
-    one), r_live (newest liveness `up` time within floor..horizon, else 0). wrong[metric, which]
-    counts points of consumed metrics that arrived as another kind of data (see WHICH)."""
+    one), r_live (newest liveness `up` time within floor..horizon, else 0). wrong[name's entry,
+    which] counts points of consumed metrics that arrived as another kind of data (see WHICH)."""
     cap, rcap = len(p_metric), len(r_live)
     spans = np.empty((max_attributes + 1, 2), np.int64)
     npts = 0

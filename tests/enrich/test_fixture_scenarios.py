@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from support import feed, offline_pipeline, otlp_fixture, prom_fixture_request, make_config
+from support import DCGM_4_6, feed, offline_pipeline, otlp_fixture, prom_fixture_request, make_config
 
 from otelgpu.attribution.prices import Pricer
 from otelgpu.config import PricesConfig
@@ -175,6 +175,61 @@ def test_time_sliced_a10g_bills_replicas_not_gpus():
     # chat-api used 52 % of the device while holding a quarter of it: effective is capped at allocated.
     eff = by_pod(p, "effective")
     assert eff["chat-api-6f7d9c8b7-4xq2m"] == pytest.approx(gpu_interval / 4)
+
+
+MONEY = ("allocated", "effective", "waste", "unmeasured", "idle", "capacity")
+
+
+def money(p):
+    """Every money sum by node, pod and how it was measured."""
+    return {(metric, *k): v for metric in MONEY
+            for k, v in p.store.totals(metric, ("node", "pod", "unit_kind", "activity_basis")).items()}
+
+
+def without(request, fragment: str):
+    """The request without the metrics whose name contains `fragment` (a cluster that does not send them)."""
+    out = copy.deepcopy(request)
+    for rm in out.resource_metrics:
+        for sm in rm.scope_metrics:
+            kept = [m for m in sm.metrics if fragment not in m.name]
+            del sm.metrics[:]
+            sm.metrics.extend(kept)
+    return out
+
+
+def test_a_cluster_on_dcgm_4_6_names_costs_what_it_costs_on_the_old_names(fixture_run):
+    """DCGM 4.6 renamed GR_ENGINE_ACTIVE, GPU_UTIL and POWER_USAGE (the old names stay aliases) and
+    4.6.1 gives the energy in joules: the Collector-shaped scrapes under the new names cost the same."""
+    renamed = run(ksm(), otlp_fixture(DCGM_4_6 / "otlp_dcgm_scrape1_dcgm4.6_names.json"),
+                  otlp_fixture(DCGM_4_6 / "otlp_dcgm_scrape2_stale_dcgm4.6_names.json"))
+    assert money(renamed) == pytest.approx(money(fixture_run), rel=1e-12)
+    vllm = by_pod(renamed, "effective")["vllm-llama3-8b-5c9d7b8f6d-k2x7q"]
+    assert vllm == pytest.approx(0.87321 * 2 * PER_GPU_INTERVAL)
+    assert not total(renamed.metrics.points_rejected)
+
+
+@pytest.mark.parametrize("old, new, node", [
+    ("dcgm/h100x8_mig_mixed_k8s_head_hostname_lowercase.prom", "h100x8_mig_mixed_k8s_dcgm4.6_names.prom", P5_NODE),
+    ("dcgm/a10g_timesliced_virtual_gpus_v4.8.prom", "a10g_timesliced_virtual_gpus_dcgm4.6_names.prom", G5_NODE)],
+    ids=["mig_mixed", "time_sliced"])
+@pytest.mark.parametrize("profiling", [True, False], ids=["profiling", "no_profiling"])
+def test_dcgm_exposition_under_4_6_names_costs_the_same(old, new, node, profiling):
+    """Without profiling metrics activity is DCGM_FI_DEV_GPU_UTIL_RATIO, a 0..100 percentage despite
+    its name: read as one, effective cost is the old name's, not a hundredth or a hundred times it."""
+    def priced(request):
+        return run(ksm(), request if profiling else without(request, "GR_ENGINE"))
+
+    before = priced(prom_fixture_request(old, T_SCRAPE1, node=node))
+    after = priced(prom_fixture_request(DCGM_4_6 / new, T_SCRAPE1, node=node))
+    costs = money(after)
+    assert costs == pytest.approx(money(before), rel=1e-12)
+    assert sum(v for k, v in costs.items() if k[0] == "effective") > 0 and not total(after.metrics.points_rejected)
+    if node == P5_NODE:  # vLLM's GPU: 0.87321 engine activity, 87 % utilisation; MIG instances have no GPU_UTIL
+        activity = 0.87321 if profiling else 0.87
+        vllm = by_pod(after, "effective")["vllm-llama3-8b-5c9d7b8f6d-k2x7q"]
+        assert vllm == pytest.approx(activity * PER_GPU_INTERVAL)
+        unmeasured_mig = sum(v for k, v in costs.items() if k[:2] == ("unmeasured", P5_NODE) and k[3] == "mig")
+        assert (unmeasured_mig == 0) == profiling
 
 
 def test_holders_placed_from_kube_state_metrics_when_dcgm_names_no_pod():

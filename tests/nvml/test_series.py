@@ -18,10 +18,11 @@ from otelgpu.nvml.holders import Holder
 from otelgpu.nvml.podresources import PodResourcesClient
 from otelgpu.nvml.procpods import ProcessPods
 from otelgpu.nvml.reader import NvmlReader, Reading, Snapshot
-from otelgpu.nvml.series import points
+from otelgpu.nvml.series import METRICS, points
 from otelgpu.receiver.decode import decode
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
+from otelgpu.receiver.schema import DCGM_FIELDS, STORED_UNIT
 from otelgpu.receiver.sources import SourceTrust
 
 from .kubelet import pod
@@ -118,3 +119,11 @@ def test_the_sidecars_decoder_takes_the_exported_points_as_dcgm_data(devices, st
                  for u, g, p in zip(s.uuid, s.gi, s.pod)}
     assert by_entity == {(GPU0, "11", "ollama-76f687f4cd-xcvvp"), (GPU1, "", "")}
     assert {strings.string(int(n)) for n in np.unique(s.node)} == {"gpu-node-1"}
+
+
+def test_each_series_is_sent_in_the_unit_the_sidecar_reads_its_name_in():
+    """The agent keeps the names of dcgm-exporter's default counters (DCGM before 4.6, which 4.6
+    keeps as aliases) and sends each in the unit the sidecar reads that name in, its stored unit."""
+    for spec in METRICS:
+        metric, unit = DCGM_FIELDS[spec.name]
+        assert (unit, STORED_UNIT[metric]) == (spec.unit, spec.unit), spec.name

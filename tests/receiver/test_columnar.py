@@ -29,8 +29,8 @@ from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
-from otelgpu.receiver.schema import KNOWN_METRICS, MAX_BYTES, MAX_CORES, MAX_GPU_UNITS, METRIC_NAME
-from support import fixtures_dir, otlp_fixture, prom_fixture_request
+from otelgpu.receiver.schema import DCGM_METRICS, KNOWN_METRICS, MAX_BYTES, MAX_CORES, MAX_GPU_UNITS, METRIC_NAME
+from support import DCGM_4_6, fixtures_dir, otlp_fixture, prom_fixture_request
 
 T = 1_700_000_000 * NS
 LIMITS = Limits(max_age_ns=86400 * NS, wanted=wanted_keys({"label_team", "label_nvidia_com_gpu_count"}))
@@ -217,11 +217,16 @@ def request_bytes(*points: tuple[str, dict[str, str], float]) -> bytes:
 
 # --- fixtures ---------------------------------------------------------------------------------------
 
-OTEL = sorted(p.name for p in (fixtures_dir() / "otel").glob("*.json"))
-PROM = sorted(str(p.relative_to(fixtures_dir())) for p in (fixtures_dir() / "dcgm").glob("*.prom"))
+OTEL = sorted(p.name for p in (fixtures_dir() / "otel").glob("*.json")) + sorted(DCGM_4_6.glob("*.json"))
+PROM = sorted(str(p.relative_to(fixtures_dir())) for p in (fixtures_dir() / "dcgm").glob("*.prom")) + sorted(
+    DCGM_4_6.glob("*.prom"))
 
 
-@pytest.mark.parametrize("name", OTEL)
+def fixture_id(fixture) -> str:  # noqa: ANN001 - a shared fixture's name, or a Path in tests/data
+    return getattr(fixture, "name", fixture)
+
+
+@pytest.mark.parametrize("name", OTEL, ids=fixture_id)
 def test_collector_fixtures_decode_the_same_and_take_the_fast_path(name):
     req = otlp_fixture(name)
     times = [p.time_unix_nano for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
@@ -234,13 +239,42 @@ def test_collector_fixtures_decode_the_same_and_take_the_fast_path(name):
     assert len(both.columnar) > 0 or not first[0]
 
 
-@pytest.mark.parametrize("path", PROM)
+@pytest.mark.parametrize("path", PROM, ids=fixture_id)
 def test_dcgm_exporter_fixtures_decode_the_same(path):
     both = Both()
     raw = prom_fixture_request(path, T, "ip-10-0-0-1").SerializeToString()
     got = both.same(raw)
     assert got[0] or got[2], "the fixture has points, consumed or ignored"
     assert both.same(raw) == got and both.unsure == 0
+
+
+def test_each_name_of_a_dcgm_field_is_stored_in_its_metrics_unit_by_both():
+    """DCGM 4.6 renamed fields (the old names stay aliases) and 4.6.1 added the energy in joules:
+    whichever name a point comes under, both decoders store it in its metric's one unit, so that
+    activity, and effective cost, are the same; a value outside its unit's range is refused, a
+    percentage where a ratio belongs among them."""
+    gpu = {"UUID": "GPU-1"}
+    sent = [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.5, 0.5), ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 0.5, 0.5),
+            ("DCGM_FI_DEV_GPU_UTIL", 50.0, 50.0), ("DCGM_FI_DEV_GPU_UTIL_RATIO", 50.0, 50.0),  # a percentage still
+            ("DCGM_FI_DEV_POWER_USAGE", 300.0, 300.0), ("DCGM_FI_DEV_BOARD_POWER_WATTS", 300.0, 300.0),
+            ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 2.5e6, 2.5e6), ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 2500.0, 2.5e6),
+            ("DCGM_FI_DEV_FB_USED", 1024.0, 1024.0), ("DCGM_FI_DEV_FB_FREE", 1024.0, 1024.0)]
+    assert {name for name, _, _ in sent} == set(DCGM_METRICS)
+    rows, rejected, _, _ = Both().same(request_bytes(*((name, gpu, value) for name, value, _ in sent)))
+    assert not rejected
+    assert [(m, float.fromhex(v)) for m, _, v, *_ in rows] == [(DCGM_METRICS[name], stored) for name, _, stored in sent]
+
+    rows, rejected, _, _ = Both().same(request_bytes(
+        ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", gpu, 87.0), ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu, 1.5),
+        ("DCGM_FI_DEV_GPU_UTIL_RATIO", gpu, 187.0), ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", gpu, 2e15)))
+    assert rows == [] and rejected == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE value outside [0, 1]": 2,
+                                       "DCGM_FI_DEV_GPU_UTIL value outside [0, 100]": 1,
+                                       "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION value outside [0, 1e+18]": 1}
+
+    req = ExportMetricsServiceRequest.FromString(request_bytes(("DCGM_FI_DEV_GPU_UTIL", gpu, 1.0)))
+    req.resource_metrics[0].scope_metrics[0].metrics.add(name="DCGM_FI_DEV_GPU_UTIL_RATIO").histogram.data_points.add()
+    rows, rejected, _, _ = Both().same(req.SerializeToString())
+    assert len(rows) == 1 and rejected == {"DCGM_FI_DEV_GPU_UTIL arrived as histogram, expected gauge or sum": 1}
 
 
 # --- fuzzed traffic -----------------------------------------------------------------------------------
@@ -281,9 +315,11 @@ def test_random_bit_flips_and_cuts_decode_the_same_or_are_refused_by_both():
 
 EDGES = [0.0, -0.0, 1.0, 1.0 + 1e-6, 1.0 + 2e-6, -1e-300, 0.5, 100.0, 100.0 + 1e-6, 100.1, 4.0, 4.5,
          float(MAX_GPU_UNITS), MAX_GPU_UNITS + 1.0, MAX_CORES, MAX_CORES * 1.0000001, MAX_BYTES, MAX_BYTES * 2,
-         1e18, 1e19, math.nan, math.inf, -math.inf, struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]]
+         2.0**31 - 1, 2.0**31, 1e18, 1e19, math.nan, math.inf, -math.inf,
+         struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]]
 LABELS = {"UUID": ["GPU-1", ""], "namespace": ["ml", ""], "pod": ["p", ""], "resource": [
-    "nvidia_com_gpu", "nvidia_com_mig_1g_10gb", "cpu", "memory", "pods", "ephemeral_storage"],
+    "nvidia_com_gpu", "nvidia_com_mig_1g_10gb", "cpu", "memory", "pods", "ephemeral_storage", "nvidia_com_gpumem",
+    "nvidia_com_gpumem_percentage", "nvidia_com_gpucores", "nvidia_com_priority"],
     "node": ["n1"], "phase": ["Running"], "GPU_I_ID": ["3", "32", "x"], "GPU_I_PROFILE": ["1g.10gb", "9g.1gb"],
     "label_nvidia_com_gpu_count": ["8", "65", "-1"], "replicaset": ["rs"], "owner_kind": ["Deployment"],
     "owner_name": ["d"], "job_name": ["j"], "container": ["main", ""], "label_team": ["a" * 5000, "t"],
