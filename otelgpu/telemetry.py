@@ -159,6 +159,9 @@ class SelfMetrics:
             "export_points_rejected", "Points the receiver refused in a partial success", "exporter")
         self.export_series_rejected = counter(
             "export_series_rejected", "Series an exporter left out (e.g. over 70 labels)", "exporter", "reason")
+        self.export_snapshots_carried = counter(
+            "export_snapshots_carried", "Snapshots refused for good (a backend's window for old samples, say) whose "
+            "series' last values and end markers went into the next snapshot, stamped at its time", "exporter")
         self.export_snapshots_merged = counter(
             "export_snapshots_merged", "Snapshots merged because the export queue was full (resolution lost, "
             "no cost)", "exporter")

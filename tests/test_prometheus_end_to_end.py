@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import cramjam
 import pytest
 from cluster import Cluster, Node, Pod, Unit
 from focuscheck import assert_adds_up
@@ -20,6 +22,7 @@ from support import eventually, feed
 from otelgpu.alerts import AlertsConfig, rule_groups
 from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
+from otelgpu.exporter.remote_write import build_requests
 from otelgpu.pipeline import Pipeline
 from otelgpu.report.promql import PromClient
 from otelgpu.report import focus
@@ -221,3 +224,55 @@ def test_the_recording_rules_read_the_series_remote_write_delivers(prometheus: P
         # back toward zero by at most half an interval.
         first = 12.0 * {"vision": 2, "nlp": 1, "research": 1}[team] * INTERVAL_S / 3600
         assert total - first <= spent[team] <= total + 1e-9, team
+
+
+def write_now(prom: PrometheusServer) -> None:
+    """One sample of another series at the present, as any other writer of the same workspace
+    leaves: Prometheus then refuses samples over an hour older (its head's window) as out of bounds."""
+    (request,) = build_requests({(("__name__", "other_writer"),): [(prom.now_ms(), 1.0)]}, 10)
+    body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+    post = urllib.request.Request(prom.write_url, data=body, headers={
+        "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+        "X-Prometheus-Remote-Write-Version": "0.1.0"})
+    with urllib.request.urlopen(post, timeout=10) as response:
+        assert response.status == 204
+
+
+def test_a_backend_refusing_old_samples_loses_no_series(prometheus: PrometheusServer) -> None:
+    """Two hours of data replayed into a Prometheus that has a sample of the present: every
+    snapshot of the first hour is refused (400, out of bounds), during an outage with a small
+    queue (snapshots merged) and after a restart. A pod ends in that hour: its series end there
+    and are in no later snapshot. Each refused snapshot's last values go with the next one, so the
+    first snapshot Prometheus takes carries them: every total, the ended pod's included, is read
+    back with PromQL."""
+    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 7200
+    c = scenario()
+    c = Cluster(c.nodes, c.pods, t0=t0_s * NS)
+    write_now(prometheus)
+    doc = config("refusing", prometheus.write_url, queue_size=3)
+    config_ = parse_config({**doc, "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
+                            "exporter": {**doc["exporter"], "prometheus": {"enabled": False}}})
+    p = Pipeline(config_, serve_receivers=False, keep_ended=True)
+    feed(p, *c.scrapes(60, 900))
+    eventually(lambda: by_label(p.metrics.export_snapshots_carried)["remote_write"] > 0, timeout=30)
+    prometheus.stop()  # down while the pod ends, at 25 minutes: snapshots queue and merge
+    feed(p, *c.scrapes(60, 2700, from_s=900))
+    eventually(lambda: by_label(p.metrics.export_failures)[("remote_write", "connection")] > 0, timeout=30)
+    prometheus.start(port=prometheus.port)  # back, with its data: still refusing the first hour
+    feed(p, *c.scrapes(60, 7200, from_s=2700))
+    p.shutdown()
+    assert by_label(p.metrics.export_failures)[("remote_write", "http_400")] > 0
+    assert not by_label(p.metrics.export_snapshots_dropped)
+    end = c.t0 / NS + 7200
+    for metric in ("allocated", "waste", "idle"):
+        expected = p.store.totals(metric, ("cost_model", "team") if metric != "idle" else ("cost_model",))
+        promql = (f'sum by (cost_model{", team" if metric != "idle" else ""}) '
+                  f'(max_over_time(gpu_cost_{metric}_total{{cluster="refusing"}}[3h]))')
+        got = {tuple(m[k] for k in ("cost_model", "team") if k in m): v for m, v in prometheus.query(promql, end)}
+        assert got == pytest.approx(expected, rel=1e-12), metric
+    # The pod that ended in the refused hour: its held GPU-seconds and waste, to the cent.
+    (_, held), = prometheus.query('max_over_time(gpu_held_seconds_total{cluster="refusing", pod="serve"}[3h])', end)
+    assert held == pytest.approx(1500)
+    waste = sum(v for _, v in prometheus.query(
+        'max_over_time(gpu_cost_waste_total{cluster="refusing", pod="serve", cost_model="request"}[3h])', end))
+    assert waste == pytest.approx(0.7 * 12 * 1500 / 3600)

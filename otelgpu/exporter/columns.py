@@ -177,3 +177,28 @@ def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:
     keep[-1] = True
     keep[:-1] |= (s_sid[:-1] != s_sid[1:]) | s_ended[:-1] | s_ended[1:] | (s_start[1:] != s_start[:-1])
     return both.take(order[keep])
+
+
+def last_of_each(points: Sequence[Point]) -> Points:
+    """Each series' last value and, where its last point is its end, that end too, in that order:
+    what a refused snapshot must still get delivered (see `restamped`)."""
+    p = Points.of(points)
+    if not len(p):
+        return p
+    sid, first = p.series()
+    rows = np.arange(len(p))
+    last = np.full(len(first), -1, np.int64)
+    np.maximum.at(last, sid, rows)
+    last_value = np.full(len(first), -1, np.int64)
+    np.maximum.at(last_value, sid[~p.ended], rows[~p.ended])
+    ends = last[p.ended[last]]
+    keep = np.concatenate([last_value[last_value >= 0], ends])
+    return p.take(keep[np.lexsort((keep, first[sid[keep]]))])
+
+
+def restamped(points: Points, at_ns: int) -> Points:
+    """`last_of_each`'s points moved to a time a backend takes: values 1 ms before `at_ns`, ends
+    at `at_ns` (Prometheus keeps one sample per millisecond), start times as they were."""
+    time_ns = np.where(points.ended, at_ns, at_ns - 1_000_000).astype(np.int64)
+    return Points(points.metrics, points.attrs, points.metric, points.aset, points.start_ns,
+                  np.maximum(time_ns, points.start_ns), points.value, points.ended)

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 from otelgpu.config import DeliveryConfig
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult
-from otelgpu.exporter.columns import Point, Points, merge
+from otelgpu.exporter.columns import Point, Points, last_of_each, merge, restamped
 from otelgpu.heap import give_back
 from otelgpu.telemetry import SelfMetrics
 
@@ -43,8 +43,11 @@ class Delivery:
     series make this lossless: while the path is down, newer snapshots queue; when more than
     `queue_size` are waiting the two oldest that nothing was sent of are merged (newest value per
     series), so an outage costs time resolution, never money. A snapshot refused for good (a
-    non-retryable answer) is dropped and counted with its points; the next snapshot carries the
-    same series again.
+    non-retryable answer: a backend that takes no sample older than its window, Prometheus's "out
+    of bounds", AMP's too) is carried, not dropped: each of its series' last value, and its end
+    marker where it ended, goes into the next snapshot, stamped at that one's end (the value 1 ms
+    before), where a newer value of the same series supersedes it. A series that ended is in no
+    later snapshot: without this its last increments were lost.
 
     With a `directory`, every snapshot is a file there before it can be sent, and stays until it is
     delivered or refused: `recover()` queues a dead run's snapshots again, `close()` leaves what its
@@ -61,6 +64,8 @@ class Delivery:
         self._random = random
         self._outbox = Outbox(directory, sender.name, metrics) if directory is not None else None
         self._queue: deque[_Entry] = deque()
+        self._carry: Optional[Points] = None  # refused snapshots' last points, for the next snapshot
+        self._carry_ends: list[int] = []  # their files, deleted once the carry is in another one's
         self._cond = threading.Condition()
         self._in_flight = False
         self._newest_released = -1  # interval ends must increase: file names sort in interval order
@@ -157,7 +162,9 @@ class Delivery:
         return Progress(done, persist)
 
     def _changed(self) -> None:
-        """Under the lock: bound the queue, start the thread once there is something to send."""
+        """Under the lock: place what refused snapshots carry, bound the queue, start the thread
+        once there is something to send."""
+        self._place_carry()
         self._bound()
         if self._sendable() and not self._started:
             self._started = True
@@ -187,6 +194,36 @@ class Delivery:
             q[i + 1].snapshot = merged
             del q[i]
             self.metrics.export_snapshots_merged.labels(self.name).inc()
+
+    def _refused(self, head: _Entry) -> None:
+        """Under the lock: `head` was refused for good; its series' last points wait for the next snapshot."""
+        last = last_of_each(head.snapshot)
+        self._carry = last if self._carry is None else last_of_each(merge(self._carry, last))
+        self._carry_ends.append(head.end_ns)
+        self.metrics.export_snapshots_carried.labels(self.name).inc()
+
+    def _place_carry(self) -> None:
+        """Under the lock: merge the carry into the oldest released snapshot nothing was sent of,
+        stamped at its end. On disk the merged snapshot replaces that file, naming the refused ones
+        as absorbed, before their files go (as `_bound` does)."""
+        if self._carry is None:
+            return
+        target = next((e for i, e in enumerate(self._queue) if e.released and e.progress.done == 0
+                       and not (i == 0 and self._in_flight)), None)
+        if target is None:  # until the next snapshot is released; on disk the refused files stay
+            return
+        merged = merge(restamped(self._carry, target.end_ns), target.snapshot)
+        if self._outbox is not None:
+            try:
+                self._outbox.write(target.end_ns, merged, absorbed=tuple(self._carry_ends))
+            except OSError as exc:
+                self.metrics.export_outbox_errors.labels(self.name, "write").inc()
+                log.error("%s: carried points not persisted, kept for the next snapshot: %s", self.name, exc)
+                return
+            for end_ns in self._carry_ends:
+                self._outbox.delete(end_ns)
+        target.snapshot = merged
+        self._carry, self._carry_ends = None, []
 
     def _sendable(self) -> bool:
         return bool(self._queue) and self._queue[0].released
@@ -228,7 +265,7 @@ class Delivery:
             began = time.monotonic()
             result = self.sender.send(points, head.progress)
             self.metrics.work_seconds.labels(f"send:{self.name}").inc(time.monotonic() - began)
-            if (result.ok or not result.retryable) and self._outbox is not None:
+            if result.ok and self._outbox is not None:
                 self._outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
             with self._cond:
                 self._in_flight = False
@@ -240,9 +277,9 @@ class Delivery:
                     self.metrics.exports.labels(self.name).inc()
                     self.metrics.exporter_sent_points.labels(self.name).inc(len(points))
                 elif not result.retryable:
-                    self._give_up(points, result.reason)
-                    log.error("%s export refused (%s), not retried; the next interval resends the series: %s",
-                              self.name, result.reason, result.detail)
+                    self._refused(head)
+                    log.error("%s export refused (%s): each series' last value goes again with the next snapshot, "
+                              "stamped at its time: %s", self.name, result.reason, result.detail)
                 else:
                     attempt += 1
                     delay = self._backoff(attempt, result)
@@ -292,6 +329,8 @@ class Delivery:
             else:
                 for e in left:
                     self._give_up(e.snapshot, "shutdown")
+                if self._carry is not None:  # with a directory, the refused files stay for the next start
+                    self._give_up(self._carry, "shutdown")
             self.metrics.exporter_queue_size.labels(self.name).set(0)
         if left and self._outbox is not None:
             log.warning("%s: %d snapshot(s) not delivered before the shutdown deadline stay in %s for the next start",

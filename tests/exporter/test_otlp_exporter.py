@@ -13,6 +13,7 @@ from otlpsink import Answer, MetricsSink, serve_sink
 from support import eventually
 
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
+from otelgpu.exporter.columns import Point
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import MAX_POINTS_PER_REQUEST, NO_RECORDED_VALUE, OtlpSender, build_requests
 from otelgpu.exporter.store import CostStore
@@ -192,7 +193,7 @@ def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals
     assert not by_label(metrics.export_snapshots_dropped)
 
 
-def test_refused_snapshot_is_dropped_and_counted(otlp_sink, store: CostStore, intervals) -> None:
+def test_a_refused_snapshot_is_carried_into_the_next_one(otlp_sink, store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
     delivery = _delivery(otlp_sink.endpoint, store, metrics)
     otlp_sink.script = [Answer(grpc.StatusCode.INVALID_ARGUMENT)]
@@ -202,11 +203,36 @@ def test_refused_snapshot_is_dropped_and_counted(otlp_sink, store: CostStore, in
     delivery.put(store.points())
     assert delivery.wait_idle(10)
     delivery.close()
-    n = len(store.points())
-    assert by_label(metrics.export_snapshots_dropped)[("otlp", "invalid_argument")] == 1
-    assert by_label(metrics.export_points_undeliverable)[("otlp", "invalid_argument")] == n
-    # The next snapshot carries the same series, grown: nothing is lost for good.
-    assert _metrics(otlp_sink, 0)["gpu.cost.allocated"].sum.data_points[0].as_double == 3.0
+    assert by_label(metrics.export_snapshots_carried) == {"otlp": 1}
+    assert not by_label(metrics.export_snapshots_dropped)
+    assert by_label(metrics.export_failures)[("otlp", "invalid_argument")] == 1
+    # The next snapshot's newer value of each series supersedes the carried one.
+    (dp,) = _metrics(otlp_sink, 0)["gpu.cost.allocated"].sum.data_points
+    assert dp.as_double == 3.0 and dp.time_unix_nano == intervals.T0 + 2 * intervals.MIN
+
+
+def test_a_series_only_a_refused_snapshot_had_arrives_with_the_next_one(otlp_sink, store: CostStore,
+                                                                       intervals) -> None:
+    """A series that ended (or is in no later snapshot for any reason): its last value comes with
+    the next snapshot, 1 ms before that one's end, and its end marker at the end."""
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics)
+    otlp_sink.script = [Answer(grpc.StatusCode.INVALID_ARGUMENT)]
+    T0, MIN = intervals.T0, intervals.MIN
+    first = intervals.record(0)
+    ended = [p for p in first if p.metric == "held"]
+    ended.append(Point("held", ended[0].attrs, ended[0].start_ns, T0 + MIN, float("nan"), ended=True))
+    delivery.put([p for p in first if p.metric != "held"] + ended)
+    later = [p for p in intervals.record(1) if p.metric != "held"]
+    delivery.put(later)
+    assert delivery.wait_idle(10)
+    delivery.close()
+    got = _metrics(otlp_sink, 0)
+    value, end = got["gpu.held"].sum.data_points
+    assert (value.as_double, value.time_unix_nano, value.start_time_unix_nano) == (60.0, T0 + 2 * MIN - 10**6, T0)
+    assert end.flags & NO_RECORDED_VALUE and end.time_unix_nano == T0 + 2 * MIN
+    assert got["gpu.cost.allocated"].sum.data_points[0].as_double == 3.0  # the later snapshot's own
+    assert len(otlp_sink.received) == 1 and not by_label(metrics.export_snapshots_dropped)
 
 
 def test_shutdown_gives_up_at_its_deadline_and_counts(store: CostStore, intervals) -> None:
