@@ -10,7 +10,7 @@ whether it ends its series. No `Point` object exists unless a reader asks for on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence, overload
+from typing import Callable, Collection, Iterator, Sequence, overload
 
 import numpy as np
 
@@ -179,10 +179,13 @@ def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:
     return both.take(order[keep])
 
 
-def last_of_each(points: Sequence[Point]) -> Points:
-    """Each series' last value and, where its last point is its end, that end too, in that order:
-    what a refused snapshot must still get delivered (see `restamped`)."""
+def last_of_each(points: Sequence[Point], metrics: Collection[str]) -> Points:
+    """Of the series of these `metrics` (the cumulative sums: a gauge's old value means nothing at
+    another time), each one's last value and, where its last point is its end, that end too, in
+    that order: what a refused snapshot must still get delivered (see `restamped`)."""
     p = Points.of(points)
+    wanted = np.array([m in metrics for m in p.metrics], bool)
+    p = p.take(np.flatnonzero(wanted[p.metric]))
     if not len(p):
         return p
     sid, first = p.series()

@@ -44,8 +44,8 @@ class Delivery:
     `queue_size` are waiting the two oldest that nothing was sent of are merged (newest value per
     series), so an outage costs time resolution, never money. A snapshot refused for good (a
     non-retryable answer: a backend that takes no sample older than its window, Prometheus's "out
-    of bounds", AMP's too) is carried, not dropped: each of its series' last value, and its end
-    marker where it ended, goes into the next snapshot, stamped at that one's end (the value 1 ms
+    of bounds", AMP's too) is carried, not dropped: each of its cumulative series' last value, and
+    its end marker where it ended, goes into the next snapshot, stamped at that one's end (the value 1 ms
     before), where a newer value of the same series supersedes it. A series that ended is in no
     later snapshot: without this its last increments were lost.
 
@@ -197,8 +197,9 @@ class Delivery:
 
     def _refused(self, head: _Entry) -> None:
         """Under the lock: `head` was refused for good; its series' last points wait for the next snapshot."""
-        last = last_of_each(head.snapshot)
-        self._carry = last if self._carry is None else last_of_each(merge(self._carry, last))
+        sums = [key for key, spec in self.sender.specs.items() if spec.kind == "sum"]
+        last = last_of_each(head.snapshot, sums)
+        self._carry = last if self._carry is None else last_of_each(merge(self._carry, last), sums)
         self._carry_ends.append(head.end_ns)
         self.metrics.export_snapshots_carried.labels(self.name).inc()
 

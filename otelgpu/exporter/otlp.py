@@ -234,6 +234,7 @@ class OtlpSender:
     def __init__(self, config: OtlpExporterConfig, specs: Mapping[str, MetricSpec], metrics: SelfMetrics,
                  cluster: str, instance: str = "") -> None:
         self._config = config
+        self.specs = specs
         self._metrics = metrics
         # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
         self._headers = tuple((k.lower(), v) for k, v in config.headers.items())

@@ -380,7 +380,7 @@ class RemoteWriteSender:
     def __init__(self, config: RemoteWriteConfig, specs: Mapping[str, MetricSpec], cluster: str,
                  metrics: Optional[SelfMetrics] = None) -> None:
         self._config = config
-        self._specs = specs
+        self.specs = specs
         self._cluster = cluster
         self._metrics = metrics
         self.rejected_series: Counter[str] = Counter()

@@ -7,9 +7,9 @@ a retry, in this process or after a restart, resumes after what the receiver alr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-from otelgpu.exporter.store import Point
+from otelgpu.exporter.store import MetricSpec, Point
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Progress:
 
 class Sender(Protocol):
     name: str  # exporter label in the self-metrics: "otlp", "remote_write"
+    specs: Mapping[str, MetricSpec]  # the metrics it sends: which are cumulative sums, which gauges
 
     def send(self, points: Sequence[Point], progress: Progress) -> SendResult:
         """One attempt to deliver these points (one snapshot), skipping the first `progress.done`

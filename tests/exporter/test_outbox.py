@@ -271,3 +271,33 @@ def test_a_failed_write_raises_and_queues_nothing(otlp_sink, store, intervals, t
         delivery.stage(first, end)
     assert delivery.wait_idle(10) and delivery.close() == 0
     assert received_rows(otlp_sink, store.specs) == [as_sent(first, store.specs)]
+
+
+def test_a_refused_snapshot_stays_on_disk_until_the_next_one_carries_it(otlp_sink, store, intervals,
+                                                                        tmp_path) -> None:
+    """Refused for good with nothing queued after it: the file stays (a crash then sends it again
+    at the next start); once the next snapshot is released, the carried points are written into
+    its file before the refused one is deleted, and a crash in between sends them once."""
+    import grpc
+    from otlpsink import Answer
+
+    otlp_sink.script = [Answer(grpc.StatusCode.INVALID_ARGUMENT)] * 2
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
+    first = intervals.record(0)
+    delivery.put(first)
+    eventually(lambda: by_label(metrics.export_snapshots_carried)["otlp"] == 1)
+    assert _snaps(tmp_path) == [f"{intervals.T0 + intervals.MIN:020d}.snap"]  # kept: nothing to carry it yet
+    _crash(delivery)
+
+    restarted = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
+    assert restarted.recover(intervals.T0 + intervals.MIN) == 1
+    assert restarted.wait_idle(10)  # refused again (the script's second answer): kept again
+    second = intervals.record(1)
+    end = intervals.T0 + 2 * intervals.MIN
+    restarted.stage(second, end)
+    restarted.release(end)  # the carry goes into its file; the refused file is deleted
+    assert restarted.wait_idle(10) and _left(tmp_path) == []
+    (delivered,) = received_rows(otlp_sink, store.specs)
+    assert delivered == as_sent(second, store.specs)  # every series in both: the newer values win
+    assert restarted.close() == 0
