@@ -8,10 +8,12 @@ thread. The synchronous `handle` runs on a fixed pool of `workers` threads. The 
 
 - Connections: at most `max_connections` open. A newcomer beyond it closes the connection that
   has waited longest for a request (idle keep-alive, TLS handshake or headers under way):
-  `idle_evicted`; reopening one costs its client a handshake. When every connection has a request
-  under way the newcomer is answered 503 with Retry-After from the loop, no worker involved, and
-  closed: `connection_limit` (at most `max_connections` such answers at a time; beyond, the
-  newcomer is closed at once).
+  `idle_evicted`; reopening one costs its client a handshake. With none waiting, it closes the
+  connection whose body arrives slowest, if slower than SLOW_BODY_BYTES_PER_S (64 KiB/s) since its
+  headers: `slow_evicted`, so that senders trickling bodies cannot keep valid ones out. When every
+  connection has a request under way at a fair rate, or being handled, the newcomer is answered
+  503 with Retry-After from the loop, no worker involved, and closed: `connection_limit` (at most
+  `max_connections` such answers at a time; beyond, the newcomer is closed at once).
 - Header deadline, `header_timeout_s`: a connection waiting for a request (idle keep-alive, its
   TLS handshake, the whole header block) is closed that long after it began waiting:
   `idle_timeout`. One deadline for all of it, not a timeout per recv: a byte a second does not
@@ -87,6 +89,7 @@ class _ClientNoise(logging.Filter):
 logging.getLogger("tornado.general").addFilter(_ClientNoise())
 
 RETRY_AFTER_S = 1  # a slot frees as soon as one request is answered or one deadline passes
+SLOW_BODY_BYTES_PER_S = 64 * 1024  # a body slower than this may be cut to make room (any network sends faster)
 IDLE, READING, BUSY = "idle", "reading", "busy"  # a connection's state (see BoundedServer.connections)
 CLOSING = "closing"  # answered from its headers (a refusal), its body drained before the close
 _LINGER_S, _QUIET_S, _LINGER_BYTES = 1.0, 0.2, 1 << 20  # the drain of a refused request's body
@@ -276,12 +279,12 @@ class BoundedServer:
 
 class _Conn:
     """An open connection: its state and since when (the loop's clock); `cut`: why the server
-    closed it, once it did."""
+    closed it, once it did; `received`: the bytes of the body under way."""
 
-    __slots__ = ("stream", "state", "since", "cut")
+    __slots__ = ("stream", "state", "since", "cut", "received")
 
     def __init__(self, stream: IOStream, now: float) -> None:
-        self.stream, self.state, self.since, self.cut = stream, IDLE, now, ""
+        self.stream, self.state, self.since, self.cut, self.received = stream, IDLE, now, "", 0
 
 
 class _Server(HTTPServer):
@@ -320,8 +323,11 @@ class _Server(HTTPServer):
             # headers (no token, too large) must not keep the ones that send well out.
             closing = [conn for conn in self.open.values() if conn.state == CLOSING]
             waiting = closing or [conn for conn in self.open.values() if conn.state == IDLE]
+            slow = None if waiting else self.slowest_body()
             if waiting:
                 self.cut(min(waiting, key=lambda conn: conn.since), "idle_evicted")
+            elif slow is not None:
+                self.cut(slow, "slow_evicted")
             else:
                 self.owner.refused("connection_limit")
                 if self.refusing < lim.max_connections:
@@ -341,6 +347,15 @@ class _Server(HTTPServer):
             await answer_and_close(stream, response, self.owner.limits.header_timeout_s)
         finally:
             self.refusing -= 1
+
+    def slowest_body(self) -> Optional[_Conn]:
+        """The connection whose body arrives slowest, if slower than SLOW_BODY_BYTES_PER_S since
+        its headers: a sender trickling its body must not keep the ones that send well out."""
+        now = self.clock
+        rates = [(conn.received / max(now - conn.since, 1e-3), conn) for conn in self.open.values()
+                 if conn.state == READING]
+        rate, conn = min(rates, key=lambda rc: rc[0], default=(None, None))
+        return conn if rate is not None and rate < SLOW_BODY_BYTES_PER_S else None
 
     def cut(self, conn: _Conn, reason: str) -> None:
         """Close `conn` from the server's side, reporting why (no report when `reason` is empty)."""
@@ -440,7 +455,7 @@ class _Exchange(httputil.HTTPMessageDelegate):
         self.dispatched = False
 
     def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> Optional[Any]:
-        self.conn.state, self.conn.since = READING, self.server.clock
+        self.conn.state, self.conn.since, self.conn.received = READING, self.server.clock, 0
         self.request = Request(start_line.method, start_line.path.split("?", 1)[0], headers,
                                peer=getattr(self.rc.context, "address", None))
         answer = self.server.screen(self.request)
@@ -458,6 +473,7 @@ class _Exchange(httputil.HTTPMessageDelegate):
         return answer_and_close(self.conn.stream, answer, self.server.owner.limits.write_timeout_s)
 
     def data_received(self, chunk: bytes) -> None:
+        self.conn.received += len(chunk)
         ticket = self.request.ticket if self.request is not None else None
         if ticket is not None and chunked(self.request.headers) and self.over is None:
             try:

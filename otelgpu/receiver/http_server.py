@@ -8,8 +8,8 @@ than 415: both tell the sender never to retry, and the status mapping stays in o
 body is JSON, since the sender's format is unknown.
 
 Served by otelgpu.httpserver (tornado), which bounds what a client can hold: at most
-`receiver.http.max_connections` connections (the one waiting longest for a request makes room, else
-503 with Retry-After); `idle_timeout_seconds` to wait for a request (keep-alive, TLS handshake and
+`receiver.http.max_connections` connections (the one waiting longest for a request makes room, or
+else the one whose body arrives slowest if slower than 64 KiB/s, else 503 with Retry-After); `idle_timeout_seconds` to wait for a request (keep-alive, TLS handshake and
 the whole header block); `read_timeout_seconds` for the whole body after its headers, and as long
 again for the answer to be taken; each refusal and cut counted in
 `receiver_connections_refused{transport="http", reason}`. Requests are refused from their headers,

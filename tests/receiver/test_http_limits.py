@@ -115,41 +115,84 @@ def test_idle_connections_beyond_the_limit_are_evicted_oldest_first(http_receive
     eventually(lambda: receiver.connections() == {})
 
 
+def held(receiver: HttpReceiver, gate: "Gate", body: bytes, n: int) -> list[threading.Thread]:
+    """`n` valid requests whose handlers the gate holds: their connections busy, not idle, not slow."""
+    senders = [threading.Thread(target=post, args=(receiver, body)) for _ in range(n)]
+    for t in senders:
+        t.start()
+    eventually(lambda: gate.entered == n and receiver.connections() == {"busy": n})
+    return senders
+
+
 def test_full_of_requests_under_way_a_newcomer_gets_503_with_retry_after(http_receiver, make_ingest, metrics,
                                                                          otel_request):
-    receiver = http_receiver(make_ingest(), max_connections=2)
-    slow = [connect(receiver) for _ in range(2)]
-    for s in slow:
-        s.sendall(HEAD + b"\r\n0123")  # a body begun and never finished: not idle, cannot be evicted
-    eventually(lambda: receiver.connections() == {"reading": 2})
+    body = otel_request(VLLM).SerializeToString()
+    gate = Gate(make_ingest())
+    receiver = http_receiver(gate, max_connections=2)
+    senders = held(receiver, gate, body, 2)
     newcomer = connect(receiver)
     answer = b""
     while chunk := newcomer.recv(65536):
         answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
+    head, _, reply = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in head
     assert b"\r\nContent-Type: application/json\r\n" in head
-    assert json.loads(body)["code"] == 14  # UNAVAILABLE, as a google.rpc.Status
+    assert json.loads(reply)["code"] == 14  # UNAVAILABLE, as a google.rpc.Status
     assert refused(metrics, "connection_limit") == 1
-    for s in slow:  # the senders give up: their places free
-        s.close()
-    eventually(lambda: receiver.connections() == {})
+    assert by_label(metrics.requests)[("http", "unavailable")] == 1  # counted as every "retry later"
+    gate.opened.set()  # the requests are answered: their places free
+    for t in senders:
+        t.join()
+    assert post(receiver, body) == 200
+
+
+def test_senders_trickling_bodies_make_room_for_a_valid_one(http_receiver, make_ingest, metrics, otel_request):
+    """A body arriving slower than any network sends is cut when a newcomer needs its place, the
+    slowest first."""
+    receiver = http_receiver(make_ingest(), max_connections=4)
+    slow = []
+    for _ in range(4):
+        slow.append(connect(receiver))
+        slow[-1].sendall(HEAD + b"\r\n0123")  # a body begun and never finished
+        eventually(lambda: receiver.connections() == {"reading": len(slow)})
     assert post(receiver, otel_request(VLLM).SerializeToString()) == 200
-    assert refused(metrics, "read_timeout") == 0  # hung up, not cut
+    assert refused(metrics, "slow_evicted") == 1 and refused(metrics, "connection_limit") == 0
+    assert closed_by_server(slow[0])  # the same bytes for the longest time: the slowest
+    assert all(still_open(s) for s in slow[1:])
+    for s in slow:
+        s.close()
 
 
-def test_a_sender_of_a_request_refused_for_a_full_server_reads_the_503(http_receiver, make_ingest, metrics):
+def test_hundreds_of_idle_and_trickling_connections_do_not_keep_a_valid_sender_out(http_receiver, make_ingest,
+                                                                                  metrics, otel_request):
+    receiver = http_receiver(make_ingest())  # 32 connections at most
+    body = otel_request(VLLM).SerializeToString()
+    hostile = []
+    for i in range(300):
+        hostile.append(connect(receiver))
+        if i % 2:
+            hostile[-1].sendall(HEAD + b"\r\n0")  # a body begun, then nothing
+    for _ in range(5):
+        assert post(receiver, body) == 200
+    assert refused(metrics, "connection_limit") == 0
+    for s in hostile:
+        s.close()
+
+
+def test_a_sender_of_a_request_refused_for_a_full_server_reads_the_503(http_receiver, make_ingest, metrics,
+                                                                       otel_request):
     """requests sends its whole body before reading: the refusal drains it, so the close does not
     reset the connection under the answer."""
-    receiver = http_receiver(make_ingest(), max_connections=1)
-    slow = connect(receiver)
-    slow.sendall(HEAD + b"\r\n0123")
-    eventually(lambda: receiver.connections() == {"reading": 1})
+    gate = Gate(make_ingest())
+    receiver = http_receiver(gate, max_connections=1)
+    senders = held(receiver, gate, otel_request(VLLM).SerializeToString(), 1)
     response = requests.post(f"http://127.0.0.1:{receiver.port}/v1/metrics", data=b"\0" * 200_000,
                              headers={"Content-Type": "application/x-protobuf"}, timeout=10)
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     assert response.json()["code"] == 14
-    slow.close()
+    gate.opened.set()
+    for t in senders:
+        t.join()
 
 
 def test_slow_loris_is_cut_at_the_header_and_body_deadlines_while_others_are_served(
