@@ -265,9 +265,10 @@ class Joiner:
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
-        # When it reported pods during this interval, a pod it did not report is gone: it holds
-        # and pays nothing. When it reported none (down, not scraped), the last facts stand.
-        self._ksm_reporting = any(p.seen_ns >= start_ns for p in self.facts.pods.values() if not p.created_ns)
+        # When it reported pods during this interval (the API's pods included), a pod it did not
+        # report is gone: it holds and pays nothing. When it reported none (down, not scraped),
+        # the last facts stand.
+        self._ksm_reporting = self.facts.ksm_reported_ns >= start_ns
         self._use = use or {}
         self._sharing = sharing_of(self.facts, self._held)
         self._dra = self._dra_gpus() if self.facts.claims else {}
@@ -646,8 +647,13 @@ class Joiner:
         return queue.pop(0) if queue else None
 
     def _gone(self, pod: PodFacts) -> bool:
-        """A pod known from kube-state-metrics only (API facts, which carry the creation time, say
-        for themselves) that kube-state-metrics no longer reports while it reports others."""
+        """A pod whose kube-state-metrics series ended with staleness markers before the interval
+        began, in a scrape that reported other pods (a failed scrape marks every series stale),
+        whatever the API says of it; or a pod known from kube-state-metrics only (API facts, which
+        carry the creation time, say for themselves) that it no longer reports while it reports
+        others."""
+        if 0 < pod.ended_ns <= self._start and pod.ended_ns <= self.facts.ksm_reported_ns:
+            return True
         return self._ksm_reporting and not pod.created_ns and pod.seen_ns < self._start
 
     def _running(self, pod: PodFacts) -> bool:
@@ -950,7 +956,8 @@ def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:
     return FactsView({k: p for k, p in facts.pods.items() if p.node == node and not without_pods},
                      {n: f for n, f in facts.nodes.items() if n == node}, facts.namespaces, facts.owners,
                      {k: p for k, p in facts.previous.items() if p.node == node},
-                     {} if without_pods else facts.claims, {k: s for k, s in facts.slices.items() if s.node == node})
+                     {} if without_pods else facts.claims, {k: s for k, s in facts.slices.items() if s.node == node},
+                     facts.ksm_reported_ns)
 
 
 def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:
