@@ -12,8 +12,8 @@ Prometheus' ruler (`aws amp create-rule-groups-namespace`) and the Prometheus Op
   (warning); a team whose 30-day budget runs out within 24 h at the 6 h rate; tag coverage under
   `tag_coverage_min`; unattributed cost over `unattributed_max` of the allocated cost; GPU nodes
   costed without device data, or GPUs without a price; idle capacity over `idle_share_max` of
-  capacity; the sidecar down, its cost series no longer arriving, its exports failing, or
-  snapshots given up.
+  capacity; the sidecar down, its cost series no longer arriving, its exports failing or
+  lagging behind the intervals it closed, or snapshots given up.
 
 Budgets are per rolling 30 days (a rule cannot restart a sum on the first of a month).
 """
@@ -45,6 +45,7 @@ class AlertsConfig:
     tag_coverage_min: float = Field(0.8, ge=0, le=1)
     unattributed_max: float = Field(0.02, ge=0, le=1)
     idle_share_max: float = Field(0.5, ge=0, le=1)
+    delivery_lag_max_seconds: float = Field(900, gt=0)  # data time an exporter may lag the intervals closed
     runbooks: str = "docs/alerts.md"  # where docs/alerts.md is published: each alert links its section
     job: str = "otelgpu"  # the scrape job of otelgpu's own /metrics (collector-config/)
 
@@ -112,6 +113,13 @@ def _spent(c: AlertsConfig) -> dict[str, Any]:
              .format(model=c.cost_model))
     return {"name": "otelgpu-cost-spent", "interval": "10m",
             "rules": [{"record": "team:gpu_cost_usd:increase30d", "expr": spent}]}
+
+
+def _duration(seconds: float) -> str:
+    """A threshold in seconds as people say it: `15 minutes`, `1 minute`, `90 s`."""
+    if seconds % 60:
+        return f"{seconds:g} s"
+    return f"{seconds / 60:g} minute{'' if seconds == 60 else 's'}"
 
 
 def _number(x: float) -> str:
@@ -189,6 +197,17 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
               + _counted(exports, "15m", "cluster, instance, exporter"),
               "5m", "warning", "otelgpu in cluster {{ $labels.cluster }} cannot deliver over {{ $labels.exporter }}",
               "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_exporter_queue_size)."),
+        alert("OtelgpuDeliveryLagging",
+              f'otelgpu_interval_closed_timestamp_seconds{{job="{job}"}}\n'
+              "- ignoring (exporter) group_right\n"
+              f'otelgpu_exporter_delivered_timestamp_seconds{{job="{job}"}}\n'
+              f"> {c.delivery_lag_max_seconds:g}", "5m", "warning",
+              "otelgpu in cluster {{ $labels.cluster }} is {{ $value | humanizeDuration }} behind delivering "
+              "over {{ $labels.exporter }}",
+              f"More than {_duration(c.delivery_lag_max_seconds)} of closed intervals (in data time) wait to be "
+              "delivered over {{ $labels.exporter }}: the exporter fails or is too slow, or the checkpoint cannot be "
+              "written (nothing is released then). otelgpu_interval_checkpointed_timestamp_seconds and "
+              "otelgpu_export_failures_total say which."),
         alert("OtelgpuSnapshotsDropped",
               _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",

@@ -48,14 +48,16 @@ class Committer:
         """Stage, checkpoint, release. Returns False when something had to wait."""
         if self.checkpoint is None:
             for d in self.deliveries:
-                for _, snapshot in self._unstaged[d.name]:
-                    d.put(snapshot)
+                for end_ns, snapshot in self._unstaged[d.name]:
+                    d.stage(snapshot, end_ns)
                 self._unstaged[d.name].clear()
+                d.release(self._through)
             return True
         if not self._stage():
             return False
         if not self.checkpoint.save(state()):
             return False
+        self.metrics.interval_checkpointed.set(self._through / 1e9)
         for d in self.deliveries:
             d.release(self._through)
         if self.wal is not None:

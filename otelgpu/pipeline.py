@@ -187,7 +187,8 @@ class Pipeline:
 
             sender = RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics)
             senders.append((sender, e.remote_write.delivery))
-        return [Delivery(sender, cfg, self.metrics, directory=directory / "exports" / sender.name if directory else None)
+        return [Delivery(sender, cfg, self.metrics, interval_s=self.config.attribution.interval_seconds,
+                         directory=directory / "exports" / sender.name if directory else None)
                 for sender, cfg in senders]
 
     def _restore(self) -> Optional[tuple[Position, Position]]:
@@ -231,6 +232,9 @@ class Pipeline:
         self.usage.restore(state.get("usage", []), state.get("tokens", []))
         self.joiner.devices.restore(state.get("devices", []))
         self.windows.resume_after(self.store.last_time_ns, int((state.get("windows") or {}).get("watermark_ns", 0)))
+        self.metrics.watermark.set(self.windows.watermark_ns / NS)
+        for gauge in (self.metrics.interval_closed, self.metrics.interval_checkpointed):
+            gauge.set(self.store.last_time_ns / NS)  # the checkpoint's last interval
 
     def _replay(self, start: Position, processed: Position) -> None:
         assert self.wal is not None
@@ -309,6 +313,7 @@ class Pipeline:
         pods = self.usage.pod_samples(batch, use=self.models.needs_pods(), tokens=self.tenants is not None, phases=True)
         facts = batch.select(is_ksm(batch.metric))
         late, late_facts = self.windows.add(samples, batch, pods, facts)
+        self.metrics.watermark.set(self.windows.watermark_ns / NS)
         if len(late_facts):
             self._drop_ahead("redone")  # it changed the facts these apply to: put them back first
             self.facts.update(late_facts)  # newer than what any later interval starts from
@@ -351,6 +356,7 @@ class Pipeline:
                 began = time.monotonic()
                 costs = ahead[1] if ahead and ahead[0] == interval.index else None
                 self.committer.add(interval.end_ns, self._close(interval, costs))
+                self.metrics.interval_closed.set(interval.end_ns / NS)
                 self.metrics.work_seconds.labels("close").inc(time.monotonic() - began)
             began = time.monotonic()
             self.committer.commit(self._checkpoint_state, self._replay_from())

@@ -7,8 +7,9 @@ and the transport are labels (`receiver="otlp", transport="grpc"`, `exporter="re
 Collector's pairs are all here: points accepted and refused by the receiver, points sent and failed
 by each exporter, each exporter's queue size against its capacity, the process's CPU, memory and
 start time, and `target_info` naming the service. The `otelgpu_*` series beside them say what no
-Collector component can: why points were rejected, what became of each interval, what the
-Kubernetes API, the write-ahead log and the checkpoint did.
+Collector component can: why points were rejected, what became of each interval, how far in data
+time each stage has come (watermark, closed, checkpointed, delivered), what the Kubernetes API, the
+write-ahead log and the checkpoint did.
 
 Work computed ahead of its time may be thrown away: `held()` keeps what this thread counts in it
 aside until the work is kept (`apply`), so counters never count work twice."""
@@ -97,6 +98,21 @@ class SelfMetrics:
         self.requests_decoded_by_reference = counter(
             "requests_decoded_by_reference",
             "Requests decoded by protobuf instead of the columnar decoder: malformed, or written unusually")
+
+        # How far the money has come, in data time (unix seconds): each stage's lag behind the last
+        self.watermark = gauge(
+            "watermark_timestamp_seconds", "Data time the scrape targets have reached (the median of their newest "
+            "timestamps): an interval closes once it passes the interval's end plus the lateness")
+        self.interval_closed = gauge(
+            "interval_closed_timestamp_seconds", "End of the newest interval closed (computed, its snapshot handed "
+            "to the exporters)")
+        self.interval_checkpointed = gauge(
+            "interval_checkpointed_timestamp_seconds", "End of the newest interval in the checkpoint (0 without "
+            "checkpoint.directory)")
+        self.exporter_delivered = gauge(
+            "exporter_delivered_timestamp_seconds", "Data time through which an exporter has delivered every "
+            "interval: the start of the oldest snapshot waiting in its queue, else the end of the newest interval "
+            "closed, by exporter", "exporter")
 
         # Intervals and their costs
         self.intervals_computed = counter("intervals_computed", "Attribution intervals computed")

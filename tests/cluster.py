@@ -4,6 +4,7 @@ receiver sends them (gauges as Gauge, counters as cumulative monotonic Sum witho
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -68,6 +69,9 @@ class Pod:
     serves_model: str = "meta-llama/Llama-3.1-8B-Instruct"
     annotations: dict[str, str] = field(default_factory=dict)  # Kubernetes keys (kube_pod_annotations)
     extended: dict[str, float] = field(default_factory=dict)  # other extended resources requested, KSM names
+    # The scrape (seconds after T0) at which its kube-state-metrics series end with staleness
+    # markers, as Prometheus writes them at the first scrape a series is missing from
+    ksm_stale_s: Optional[float] = None
 
     def running(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.end_s
@@ -148,9 +152,11 @@ class Cluster:
                 unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")
                 g["kube_node_status_capacity"].append(({"node": n.name, "resource": res, "unit": unit}, float(qty)))
         for p in self.pods:
-            if not p.running(t_s) or not p.ksm:
+            stale = p.ksm_stale_s == t_s
+            if not (p.running(t_s) or stale) or not p.ksm:
                 continue
             ident = {"namespace": p.namespace, "pod": p.name, "uid": f"uid-{p.namespace}-{p.name}"}
+            before = {name: len(series) for name, series in g.items()}
             owner = {"created_by_kind": p.owner[0], "created_by_name": p.owner[1]} if p.owner else {}
             g["kube_pod_info"].append(({**ident, "node": p.node, **owner}, 1.0))
             g["kube_pod_labels"].append(({**ident, **_ksm_labels(p.labels)}, 1.0))
@@ -166,7 +172,16 @@ class Cluster:
             gpu = {p.gpu[0]: p.gpu[1]} if p.gpu else {}
             for res, qty in {**gpu, **p.extended}.items():
                 g["kube_pod_container_resource_requests"].append(({**req, "resource": res, "unit": "integer"}, float(qty)))
-        return scrape("kube-state-metrics", "10.0.0.2:8080", "ksm-node", t, {k: v for k, v in g.items() if v})
+            if stale:  # NaN here: written as a staleness marker below
+                for name, series in g.items():
+                    series[before[name]:] = [(labels, math.nan) for labels, _ in series[before[name]:]]
+        rm = scrape("kube-state-metrics", "10.0.0.2:8080", "ksm-node", t, {k: v for k, v in g.items() if v})
+        for m in rm.scope_metrics[0].metrics:
+            for dp in m.gauge.data_points:
+                if math.isnan(dp.as_double):
+                    dp.ClearField("as_double")
+                    dp.flags = 1  # NO_RECORDED_VALUE
+        return rm
 
     def _dcgm(self, node: Node, t_s: float, t: int) -> ResourceMetrics:
         active: list[Series] = []

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from costrun import run, scenario
+from costrun import remote_write, run, scenario
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from otelgpu.enrich.window import NS
 from otelgpu.report.promql import PromClient
@@ -106,3 +108,26 @@ def test_every_query_runs_on_a_real_run_and_the_cost_panels_read_its_totals(prom
     assert per_mtok == pytest.approx({"acme": 1e6 * 5.0 / 49.5 / 1500, "globex": 1e6 * 5.0 / 49.5 / 1500}, rel=0.1)
     units = {json.loads(k)["unit_kind"]: v for k, v in got[("debug", "GPU-hours by unit")].items()}
     assert sum(units.values()) == pytest.approx(38 / 12, rel=0.05) and set(units) == {"gpu"}
+
+
+def test_the_lag_panel_reads_the_gauges_a_real_run_ends_with(prometheus: PrometheusServer) -> None:
+    """The run's own /metrics, as the Collector scrapes it into the workspace at the hour's end:
+    the last scrape was a minute before (the data), every interval closed and delivered; no
+    checkpoint directory, so no checkpointed line."""
+    c = scenario()
+    p = run(c, prometheus.write_url)
+    end = c.t0 / NS + 3600
+    scraped = {}
+    for family in text_string_to_metric_families(generate_latest(p.metrics.registry).decode()):
+        for s in family.samples:
+            if s.name.endswith("_timestamp_seconds"):
+                labels = {"__name__": s.name, "job": "otelgpu", "cluster": "one", "instance": "10.0.0.9:9464", **s.labels}
+                scraped[tuple(sorted(labels.items()))] = [(end, s.value)]
+    remote_write(prometheus.write_url, scraped)
+    (panel,) = [p for p in boards()["oncall"]["panels"] if p["title"] == "Lag"]
+    client = PromClient(prometheus.url)
+    lines = {t["legendFormat"]: sorted(evaluate(client, t["expr"], end).items()) for t in panel["targets"]}
+    assert lines == {"{{cluster}} data": [('{"cluster": "one"}', 60.0)],
+                     "{{cluster}} closed": [('{"cluster": "one"}', 0.0)],
+                     "{{cluster}} checkpointed": [],
+                     "{{cluster}} {{exporter}} delivered": [('{"cluster": "one", "exporter": "remote_write"}', 0.0)]}

@@ -4,16 +4,17 @@ recreated under its name, refusals, the API going away, and the demo cluster eit
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from cluster import T0, Cluster, Node, Pod, Unit
 from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
-from otelgpu.config import KubernetesConfig
+from otelgpu.config import Config, KubernetesConfig
 from otelgpu.demo import objects, scenario
 from otelgpu.demo.run import demo_config, replay
 from otelgpu.enrich.window import NS
@@ -34,9 +35,9 @@ def two_gpu_cluster(**train: Any) -> Cluster:
     return Cluster([node], pods, namespace_labels={"ml": {"cost-center": "cc-1"}})
 
 
-def api_config(api: FakeKubeApi, **kube: Any):
-    cfg = make_config(attribution__interval_seconds=INTERVAL_S,
-                      attribution__prices__gpu_hour_by_gpu_model={A100: 12.0})
+def api_config(api: FakeKubeApi, config: Optional[Config] = None, **kube: Any) -> Config:
+    cfg = config or make_config(attribution__interval_seconds=INTERVAL_S,
+                                attribution__prices__gpu_hour_by_gpu_model={A100: 12.0})
     k = KubernetesConfig(enabled=True, auth="token", api_url=api.url, token="t", backoff_initial_seconds=0.05,
                          backoff_max_seconds=0.2, **kube)
     return replace(cfg, kubernetes=k)
@@ -53,8 +54,8 @@ def sidecar():
     """A pipeline whose Kubernetes API source is started, shut down after the test."""
     started: list[Pipeline] = []
 
-    def start(api: FakeKubeApi, **kube: Any) -> Pipeline:
-        p = offline_pipeline(api_config(api, **kube))
+    def start(api: FakeKubeApi, config: Optional[Config] = None, **kube: Any) -> Pipeline:
+        p = offline_pipeline(api_config(api, config, **kube))
         # Changes take effect when observed; here that is the data time the scenario has reached.
         p.kube.facts.clock = lambda: p.windows.watermark_ns / NS
         p.start_sources()
@@ -247,3 +248,110 @@ def test_coverage_per_namespace_and_unattributed_reasons(api, sidecar):
     assert coverage[("ml", "model")] == pytest.approx(1 / 3)  # only train has a model label
     assert coverage[("ml", "all")] == pytest.approx(1 / 3)  # train: four labels and the namespace's cost center
     assert coverage[("", "cost_center")] == 1.0  # the namespace label reaches even the unknown pod
+
+
+def scad_config() -> Config:
+    """Minute intervals under scad, a p4d.24xlarge at $32.77 an hour: its CPU and memory are
+    split among the pods that request them."""
+    return make_config(attribution__interval_seconds=60, attribution__lateness_seconds=30,
+                       attribution__cost_models=["scad"],
+                       attribution__prices__instance_hour_by_instance_type={"p4d.24xlarge": 32.77})
+
+
+def ending_pod_cluster() -> Cluster:
+    """Three pods run all along; `batch`, the largest CPU and memory request, ends at 630 s, where
+    its kube-state-metrics series end with staleness markers."""
+    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-0", A100), Unit("GPU-1", A100)],
+                capacity={"nvidia_com_gpu": 2})
+    pods = [Pod("ml", "train", "gpu-1", {"team": "vision"}, cpu=16, memory_gib=64, gpu=("nvidia_com_gpu", 1),
+                holds=("GPU-0",)),
+            Pod("ml", "serve", "gpu-1", {"team": "nlp"}, cpu=8, memory_gib=32, gpu=("nvidia_com_gpu", 1),
+                holds=("GPU-1",)),
+            Pod("web", "api", "gpu-1", {"team": "web"}, cpu=24, memory_gib=96),
+            Pod("ml", "batch", "gpu-1", {"team": "vision"}, cpu=32, memory_gib=512, end_s=630, ksm_stale_s=630)]
+    return Cluster([node], pods)
+
+
+def charged(p: Pipeline) -> dict:
+    """Allocated + unused per pod and resource under scad."""
+    out: dict = {}
+    for metric in ("allocated", "unused"):
+        for key, value in p.store.totals(metric, ("pod", "resource"), {"cost_model": "scad"}).items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def without_the_api(c: Cluster) -> dict:
+    p = offline_pipeline(scad_config())
+    feed(p, *c.scrapes(30, 1800))
+    p.close_due(flush=True)
+    return charged(p)
+
+
+def test_a_pod_the_api_never_listed_stops_being_charged_when_its_series_end(api, sidecar):
+    """`batch` was deleted before otelgpu's first list (a restart while the Collector replays its
+    queue): only kube-state-metrics knows it. Its staleness markers end it at 630 s: it pays for
+    the interval it ended in, to the scrape resolution of its phases, and nothing after; the
+    pods that run on share the node's CPU and memory as they do with the API off."""
+    c = ending_pod_cluster()
+    seed(api, replace(c, pods=[pod for pod in c.pods if pod.name != "batch"]))
+    p = sidecar(api, scad_config())
+    feed(p, *c.scrapes(30, 720))
+    before = charged(p)
+    feed(p, *c.scrapes(30, 1800, from_s=720))
+    p.close_due(flush=True)
+    after = charged(p)
+    assert {k: v for k, v in after.items() if k[0] == "batch"} == \
+        pytest.approx({k: v for k, v in before.items() if k[0] == "batch"}, rel=1e-12)
+    assert after == pytest.approx(without_the_api(c), rel=1e-9)
+
+
+@pytest.mark.parametrize("deleted_s", [630, 1200])
+def test_a_pod_the_api_deletes_is_charged_for_the_interval_it_ended_in_and_no_longer(api, sidecar, deleted_s):
+    """The API listed `batch` and deletes it when it ends, or (its watch down) ten minutes later:
+    either way it pays what it pays with the API off."""
+    c = ending_pod_cluster()
+    seed(api, c)
+    p = sidecar(api, scad_config())
+    feed(p, *c.scrapes(30, deleted_s + 1))  # the clock of the API's changes is the data time reached
+    api.delete("Pod", "batch", "ml")
+    eventually(lambda: p.kube.view().pods[("ml", "batch")].deleted)
+    feed(p, *c.scrapes(30, 1800, from_s=deleted_s + 30))
+    p.close_due(flush=True)
+    assert charged(p) == pytest.approx(without_the_api(c), rel=1e-9)
+
+
+def without_ksm(req, first: bool):
+    """`req` with kube-state-metrics' scrape failed: staleness markers on every series of the
+    target the `first` time, as the prometheus receiver reports it, then nothing."""
+    out = copy.deepcopy(req)
+    for i in reversed(range(len(out.resource_metrics))):
+        rm = out.resource_metrics[i]
+        if {kv.key: kv.value.string_value for kv in rm.resource.attributes}["service.name"] != "kube-state-metrics":
+            continue
+        if not first:
+            del out.resource_metrics[i]
+            continue
+        for m in rm.scope_metrics[0].metrics:
+            for dp in m.gauge.data_points:
+                dp.ClearField("as_double")
+                dp.flags = 1
+    return out
+
+
+@pytest.mark.parametrize("with_api", [False, True])
+def test_a_failed_kube_state_metrics_scrape_ends_no_pod(api, sidecar, with_api):
+    """kube-state-metrics is not scraped from 600 s to 840 s: every series stale at once, then
+    nothing. Every pod goes on as before, with the API source or without."""
+    c = ending_pod_cluster()
+    c.pods[-1] = replace(c.pods[-1], end_s=float("inf"), ksm_stale_s=None)
+    scrapes = [req if not 600 <= 30 * k < 840 else without_ksm(req, first=30 * k == 600)
+               for k, req in enumerate(c.scrapes(30, 1800))]
+    if with_api:
+        seed(api, c)
+        p = sidecar(api, scad_config())
+    else:
+        p = offline_pipeline(scad_config())
+    feed(p, *scrapes)
+    p.close_due(flush=True)
+    assert charged(p) == pytest.approx(without_the_api(c), rel=1e-9)

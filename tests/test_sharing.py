@@ -92,6 +92,8 @@ def test_grants_beyond_the_gpu_are_scaled_down_together_and_never_sell_it_twice(
     p = run(Cluster([hami_node()], hami_pods("GPU-a0,NVIDIA,4096,90:")))  # 30% + 90% of the cores
     alloc = by_pod(p, "allocated")
     assert alloc == pytest.approx({("infer-a",): 12 * 30 / 120, ("infer-b",): 12 * 90 / 120}, rel=1e-9)
+    # What they hold adds up to the GPU: the device's 40% activity is all theirs, in proportion.
+    assert by_pod(p, "effective") == pytest.approx({k: 0.4 * v for k, v in alloc.items()}, rel=1e-9)
     assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(12.0, rel=1e-9)  # GPU-a1
 
 
@@ -382,6 +384,25 @@ def test_a_grant_a_pod_writes_itself_cannot_cut_what_dcgm_shows_it_holds(policy)
         p.close_due(flush=True)
         assert by_pod(p, "allocated") == pytest.approx({("greedy",): 40.0, ("honest",): 40.0}, rel=1e-9)
         assert sum(by_pod(p, "unused").values()) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_pod_dcgm_shows_on_a_gpu_keeps_its_holding_and_grants_share_what_it_leaves():
+    """On a node that advertises HAMi's vGPUs, dcgm-exporter shows `owner` holding GPU-h0 all hour
+    and `short` holding GPU-h1 for the first 120 s; `infer-0` has a HAMi grant of 30% of GPU-h0,
+    `infer-1` of 90% of GPU-h1. What dcgm-exporter shows stands: owner pays all of GPU-h0 and
+    infer-0's grant holds nothing there (counted); in the first interval short holds 0.4 of GPU-h1
+    and infer-1 the 0.6 it leaves, then its 90%."""
+    pods = [Pod("t", "owner", "n1", gpu=("nvidia_com_gpu", 1), holds=("GPU-h0",)),
+            Pod("t", "short", "n1", gpu=("nvidia_com_gpu", 1), holds=("GPU-h1",), end_s=120),
+            Pod("u", "infer-0", "n1", gpu=("nvidia_com_gpu", 1), annotations={HAMI: "GPU-h0,NVIDIA,1024,30:"}),
+            Pod("u", "infer-1", "n1", gpu=("nvidia_com_gpu", 1), annotations={HAMI: "GPU-h1,NVIDIA,1024,90:"})]
+    p = run(one_h100(*pods, units=2, advertised=20, busy=0.5))
+    assert by_pod(p, "allocated") == pytest.approx({
+        ("owner",): 40.0, ("short",): 40 * 0.4 * 300 / HOUR, ("infer-1",): 40 * (0.6 * 300 + 0.9 * 3300) / HOUR},
+        rel=1e-9)
+    assert p.store.totals("idle", (), {"cost_model": "request"})[()] == pytest.approx(40 * 0.1 * 3300 / HOUR, rel=1e-9)
+    assert by_label(p.metrics.gpu_fractions_unheld) == {"grant on a GPU that pods dcgm-exporter shows hold whole":
+                                                        HOUR // 300}
 
 
 def test_a_hami_grant_on_a_node_that_advertises_no_vgpus_is_not_taken_and_is_counted():

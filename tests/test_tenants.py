@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline, otlp_fixture
 
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
@@ -236,3 +237,37 @@ def test_many_minted_tenants_and_models_fold_into_other():
     assert {(dict(a)["served_model"], dict(a)["tenant"]) for a in split} == {("m0", "big"), second, ("other", "other")}
     assert sum(split.values()) == pytest.approx(1.0)
     assert len(token_sums({("ns", "p"): served}, cfg)) == 3 * 2  # three pairs, prompt and generation
+
+
+def test_an_interval_without_a_token_scrape_has_no_tenant_series_and_every_other_one_adds_up():
+    """A vLLM pod holds one H100 for 30 one-minute intervals; its own scrapes fail from 600 s to
+    900 s. Those five intervals have no tenant series (the pod's allocated series has their cost);
+    in every other one its tenants add up to what it is charged, and the tokens served while its
+    scrapes were away are counted when they come back."""
+    node = Node("gpu-1", "p5.4xlarge", 16, 256, units=[Unit("GPU-0", H100)], capacity={"nvidia_com_gpu": 1})
+    vllm = Pod("team-a", "vllm-0", "gpu-1", {"team": "a"}, gpu=("nvidia_com_gpu", 1), holds=("GPU-0",),
+               serves={"acme": (30.0, 10.0), "globex": (10.0, 0.0)})
+    c = Cluster([node], [vllm])
+    p = offline_pipeline(make_config(attribution__interval_seconds=60, attribution__lateness_seconds=0,
+                                     attribution__prices__gpu_hour_by_gpu_model={H100: 12.0}))
+    intervals: list = []
+    p.on_interval.append(lambda i: intervals.append(
+        (int((i.start_ns - c.t0) // 10**9), sum(p.store.totals("allocated", (), {"cost_model": "request"}).values()),
+         sum(p.store.totals("tenant_cost", (), {"cost_model": "request"}).values()))))
+    for k, req in enumerate(c.scrapes(60, 1860)):
+        if 600 <= 60 * k < 900:
+            for i in reversed(range(len(req.resource_metrics))):
+                if any(kv.value.string_value == "vllm" for kv in req.resource_metrics[i].resource.attributes):
+                    del req.resource_metrics[i]
+        feed(p, req)
+    p.close_due(flush=True)
+    previous = (0.0, 0.0)
+    for start_s, allocated, split in intervals:
+        charged, tenants = allocated - previous[0], split - previous[1]
+        previous = (allocated, split)
+        assert charged == pytest.approx(PER_GPU_INTERVAL, rel=1e-12), start_s
+        assert tenants == (0.0 if 600 <= start_s < 900 else pytest.approx(charged, rel=1e-12)), start_s
+    assert len(intervals) == 31  # the last scrape, at 1800 s, opened the 31st
+    tokens = p.store.totals("tenant_tokens", ("tenant", "token_kind"))
+    assert tokens == {("acme", "prompt"): 30.0 * 1800, ("acme", "generation"): 10.0 * 1800,
+                      ("globex", "prompt"): 10.0 * 1800, ("globex", "generation"): 0.0}

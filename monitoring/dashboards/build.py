@@ -5,7 +5,8 @@
 - executive: spend by team, project, model and cost center; allocated, effective, waste, idle;
   cost per GPU-hour; the trend; top spenders; the cost models side by side;
 - on-call: burn rate against the budgets (`otelgpu rules`), tag coverage and unattributed cost,
-  idle capacity by node and GPU model, GPUs without device data or price, the sidecar's exports;
+  idle capacity by node and GPU model, GPUs without device data or price, the sidecar's exports
+  and how far behind each of its stages is;
 - debug: per node, GPU, MIG slice and replica; activity; the sidecar's own health.
 
 Every dashboard has a data source, `cluster` and `cost_model` variable, and a `resolution`
@@ -173,6 +174,15 @@ def oncall() -> Board:
            (f"sum by (cluster, exporter, reason) (rate(otelgpu_export_failures_total{{{SELF}}}[$__rate_interval]))",
             "{{cluster}} {{exporter}} {{reason}}"),
            (f"otelgpu_exporter_queue_size{{{SELF}}}", "{{cluster}} {{exporter}} queued")], unit="none", w=12, h=8)
+    b.add(timeseries.Panel, "Lag", "How far behind the present each stage is, in data time, for the sidecar furthest "
+          "behind: the data the scrapes brought (watermark), the intervals closed, checkpointed, and delivered per "
+          "exporter. Delivered far behind closed: the exporter or the checkpoint (OtelgpuDeliveryLagging).",
+          [(f"time() - min by (cluster) (otelgpu_watermark_timestamp_seconds{{{SELF}}})", "{{cluster}} data"),
+           (f"time() - min by (cluster) (otelgpu_interval_closed_timestamp_seconds{{{SELF}}})", "{{cluster}} closed"),
+           (f"time() - min by (cluster) (otelgpu_interval_checkpointed_timestamp_seconds{{{SELF}}} > 0)",
+            "{{cluster}} checkpointed"),
+           (f"time() - min by (cluster, exporter) (otelgpu_exporter_delivered_timestamp_seconds{{{SELF}}})",
+            "{{cluster}} {{exporter}} delivered")], unit="s", w=24, h=8)
     b.add(stat.Panel, "Sidecars up", "otelgpu's /metrics scraped by the Collector.",
           [(f"sum by (cluster) (up{{{SELF}}})", "{{cluster}}")], unit="none", w=12, h=4, instant=True)
     b.add(stat.Panel, "Cost series arriving", "Cost series written in the last 15 minutes, per cluster.",

@@ -4,9 +4,10 @@ One vLLM deployment serves one model to many tenants: the pod holds the GPU, the
 pay. Per interval, each (model, tenant) of a pod weighs `prompt_weight * prompt tokens +
 generation_weight * generation tokens` (vLLM's counters, differenced at the close); what the pod
 is charged under each cost model (allocated + unused) is split in those proportions. The pod's
-total is unchanged: its tenants add up to it, in every interval its counters were scraped in. An interval whose
-counters show nothing served (an idle server, or their first scrape) books its cost to the
-`without_tokens` tenant, so nothing is lost. docs/cost-model.md section 10 has a worked example.
+total is unchanged: its tenants add up to it in every interval its counters were scraped in (an
+interval whose counters show nothing served, an idle server or their first scrape, books its cost
+to the `without_tokens` tenant); an interval they were not scraped in has no tenant series.
+docs/cost-model.md section 10 states these rules and has a worked example.
 
 This module is plain Python over the interval's charged series: the pods that serve tokens are
 few (one per model replica), so no kernel is needed.

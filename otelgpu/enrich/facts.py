@@ -3,13 +3,15 @@ the join reads: those facts merged with the Kubernetes API's (enrich/kube).
 
 Facts are per Kubernetes object (a few per pod), not per GPU sample, so they live in small
 dicts keyed by name. A fact not refreshed within `ttl_ns` is forgotten; a deleted pod (its
-series went stale) is kept for the same grace so its last interval is still attributed.
-Labels and annotations are keyed as kube-state-metrics writes them (`label_team`,
-`annotation_example_com_team`), whichever source they came from.
+series went stale) is kept for the same grace so its last interval is still attributed, and its
+staleness markers say when it ended (`PodFacts.ended_ns`), which ends it for the join whichever
+source its other facts come from. Labels and annotations are keyed as kube-state-metrics writes
+them (`label_team`, `annotation_example_com_team`), whichever source they came from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
@@ -37,6 +39,7 @@ class PodFacts:
     created_ns: int = 0  # metadata.creationTimestamp (API facts only)
     info_node: str = ""  # kube-state-metrics: the node kube_pod_info names, and
     request_node: str = ""  # the one its resource requests name; `node` is the first, else the second
+    ended_ns: int = 0  # kube-state-metrics: when its series ended with staleness markers (0: reported)
 
     def requested(self, resource: str) -> float:
         return sum(v for (_, r), v in self.requests.items() if r == resource)
@@ -106,6 +109,7 @@ class FactsView:
     previous: Mapping[tuple[str, str], PodFacts] = field(default_factory=dict)  # replaced under the same name
     claims: Mapping[tuple[str, str], ClaimFacts] = field(default_factory=dict)  # DRA, (namespace, name)
     slices: Mapping[str, SliceFacts] = field(default_factory=dict)  # DRA, by ResourceSlice name
+    ksm_reported_ns: int = 0  # the newest pod row kube-state-metrics reported (0: none)
 
     def pod(self, key: tuple[str, str], start_ns: int = 0) -> PodFacts | None:
         """The pod of that name alive at `start_ns`: a pod deleted and recreated under the same
@@ -123,10 +127,17 @@ class FactsView:
 def merge(ksm: FactsView, api: FactsView) -> FactsView:
     """The Kubernetes API wins for every object it has (its labels are complete, where
     kube-state-metrics carries only allowlisted keys); kube-state-metrics facts serve the objects
-    the API source does not have (not listed yet, forbidden, API unreachable since start)."""
-    return FactsView({**ksm.pods, **api.pods}, {**ksm.nodes, **api.nodes},
+    the API source does not have (not listed yet, forbidden, API unreachable since start). A pod's
+    end in kube-state-metrics (its staleness markers) holds for the API's pod of the same uid too:
+    the API may learn of the deletion late, or forget the pod after its grace while
+    kube-state-metrics' facts of it are still kept."""
+    pods = {**ksm.pods, **api.pods}
+    for key, pod in ksm.pods.items():
+        if pod.ended_ns and (listed := api.pods.get(key)) is not None and listed.uid in ("", pod.uid):
+            pods[key] = dataclasses.replace(listed, ended_ns=pod.ended_ns)
+    return FactsView(pods, {**ksm.nodes, **api.nodes},
                      {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners}, api.previous,
-                     api.claims, api.slices)
+                     api.claims, api.slices, ksm.ksm_reported_ns)
 
 
 _METRICS = {int(m): m for m in Metric}
@@ -143,6 +154,7 @@ class KsmFacts:
         self.namespaces: dict[str, NamespaceFacts] = {}
         self.nodes: dict[str, NodeFacts] = {}
         self.owners: dict[OwnerKey, OwnerFacts] = {}
+        self.reported_ns = 0  # the newest pod row applied: whether it reported pods after one ended
         self.version = 0  # changes so far: what was computed from these facts knows whether they moved
         self._encoded: tuple[int, dict[str, Any]] | None = None  # `state()` as of a version, made ahead
 
@@ -208,9 +220,16 @@ class KsmFacts:
             if stale:
                 return
             pod = self.pods[key] = PodFacts()
-        if stale or t < pod.seen_ns:
-            return  # going away (keep its facts for the grace period), or older than what is known
+        if stale:  # going away: its facts are kept for the grace period, its end noted
+            if t > pod.seen_ns:  # not a series replaced in the same scrape (a relabel)
+                pod.ended_ns = max(pod.ended_ns, t)
+            return
+        if t < pod.seen_ns:
+            return  # older than what is known
         pod.seen_ns = t
+        self.reported_ns = max(self.reported_ns, t)
+        if t >= pod.ended_ns:
+            pod.ended_ns = 0  # reported again: a failed scrape's markers, or a pod recreated under its name
         pod.uid = attrs.get("uid", pod.uid)
         if metric == Metric.POD_LABELS:
             pod.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
@@ -236,9 +255,11 @@ class KsmFacts:
         nodes = {k: _copy(n, "capacity") for k, n in self.nodes.items()}
         namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
         owners = dict(self.owners)  # replaced whole, never changed in place
+        reported = self.reported_ns
 
         def undo() -> None:
             self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
+            self.reported_ns = reported
             self.version += 1  # not the facts anything computed since the mark read
 
         return undo
@@ -254,7 +275,7 @@ class KsmFacts:
     def view(self, as_of_ns: int | None = None) -> FactsView:
         """The facts applied so far; the pipeline applies each interval's rows at its close, so
         they are the facts as of the interval's end already."""
-        return FactsView(self.pods, self.nodes, self.namespaces, self.owners)
+        return FactsView(self.pods, self.nodes, self.namespaces, self.owners, ksm_reported_ns=self.reported_ns)
 
     # Checkpoint state: a restart continues with these facts instead of waiting for every object
     # to be scraped again (the log is replayed only from the oldest open interval).
@@ -281,6 +302,7 @@ class KsmFacts:
         self.version += 1
         if state.get("version") == factstate.VERSION:
             self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)
+            self.reported_ns = max((p.seen_ns for p in self.pods.values()), default=0)
             return
         pods = {(str(ns), str(name)): _pod(d) for ns, name, d in state["pods"]}
         nodes = {str(name): NodeFacts(dict(d["labels"]), {str(k): float(v) for k, v in d["capacity"].items()},
@@ -289,6 +311,7 @@ class KsmFacts:
         owners = {(str(k[0]), str(k[1]), str(k[2])): OwnerFacts(str(d["kind"]), str(d["name"]), int(d["seen_ns"]))
                   for k, d in state["owners"]}
         self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
+        self.reported_ns = max((p.seen_ns for p in pods.values()), default=0)
 
 
 def _copy(obj: Any, *dicts: str) -> Any:

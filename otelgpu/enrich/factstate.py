@@ -47,6 +47,7 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
     keys: list[int] = []
     text: list[int] = []
     numbers: list[int] = []
+    ended: list[int] = []
     deleted: list[bool] = []
     labels: list[int] = []
     annotations: list[int] = []
@@ -56,6 +57,7 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
         keys += (t(namespace), t(name))
         text += (t(p.uid), t(p.node), t(p.phase), t(p.owner_kind), t(p.owner_name), t(p.info_node), t(p.request_node))
         numbers += (p.seen_ns, p.created_ns)
+        ended.append(p.ended_ns)
         deleted.append(p.deleted)
         for k, v in p.labels.items():
             labels += (i, t(k), t(v))
@@ -81,7 +83,7 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
     return {
         "version": VERSION,
         "pods": {"key": _rows(keys, 2), "text": _rows(text, len(POD_TEXT)),
-                 "ns": _rows(numbers, 2), "deleted": np.array(deleted, bool),
+                 "ns": _rows(numbers, 2), "ended": np.array(ended, np.int64), "deleted": np.array(deleted, bool),
                  "labels": _rows(labels, 3), "annotations": _rows(annotations, 3),
                  "requests": _rows(requests, 3), "quantity": np.array(quantities, np.float64)},
         "nodes": {"name": np.array([t(n) for n in nodes], np.int64),
@@ -127,9 +129,11 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     p = state["pods"]
     keys = [(word(a), word(b)) for a, b in ids(p["key"], 2)]
     n = len(keys)
-    pods = [PodFacts(**dict(zip(POD_TEXT, map(word, row))), seen_ns=seen, created_ns=created, deleted=gone)
-            for row, (seen, created), gone in zip(ids(p["text"], len(POD_TEXT), n), ids(p["ns"], 2, n),
-                                                  column(p["deleted"], n, "b"))]
+    ended = column(p["ended"], n, "iu") if "ended" in p else [0] * n  # not in checkpoints written before it
+    pods = [PodFacts(**dict(zip(POD_TEXT, map(word, row))), seen_ns=seen, created_ns=created, deleted=gone,
+                     ended_ns=end)
+            for row, (seen, created), gone, end in zip(ids(p["text"], len(POD_TEXT), n), ids(p["ns"], 2, n),
+                                                       column(p["deleted"], n, "b"), ended)]
     attach(ids(p["labels"], 3), pods, "labels")
     attach(ids(p["annotations"], 3), pods, "annotations")
     requests = ids(p["requests"], 3)

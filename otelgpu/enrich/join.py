@@ -40,6 +40,7 @@ from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import GPU_RESOURCES, MIG_PREFIX, Metric, gpu_count_label
 
 ACTIVE_WITHOUT_POD = 0.01  # mean activity above which an unheld unit is in use by someone
+NOTHING_LEFT = 1e-9  # share of a GPU below which what its holders leave of it is rounding
 
 
 KINDS = ("gpu", "mig", "replica", "fraction")  # unit_kind
@@ -263,9 +264,10 @@ class Joiner:
         if only_node is not None:
             self.facts = _one_node(self.facts, only_node, without_pods)
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).
-        # When it reported pods during this interval, a pod it did not report is gone: it holds
-        # and pays nothing. When it reported none (down, not scraped), the last facts stand.
-        self._ksm_reporting = any(p.seen_ns >= start_ns for p in self.facts.pods.values() if not p.created_ns)
+        # When it reported pods during this interval (the API's pods included), a pod it did not
+        # report is gone: it holds and pays nothing. When it reported none (down, not scraped),
+        # the last facts stand.
+        self._ksm_reporting = self.facts.ksm_reported_ns >= start_ns
         self._use = use or {}
         self._sharing = sharing_of(self.facts, self._held)
         self._dra = self._dra_gpus() if self.facts.claims else {}
@@ -548,10 +550,12 @@ class Joiner:
                         whole: dict[tuple[str, str], int], by_entity: list[np.ndarray], dt: float) -> _Rows:
         """`rows` without the reservation pods' (they hold GPUs for others, and are never charged),
         and with each GPU that grants name held by the grants' fractions of it, each for the time
-        its pod ran, in place of the rows of nobody. A pod DCGM itself shows on a GPU keeps that
-        holding, which its grant cannot reduce; the rows of any other pod stay too, and the
-        kernel scales all down together should they exceed the GPU. A fraction's activity is the
-        device's, shared in proportion to the fractions (`by_fraction`)."""
+        its pod ran, in place of the rows of nobody. What DCGM shows stands (docs/cost-model.md
+        section 11): a pod it shows on a GPU keeps that holding, which no grant, its own or
+        another pod's, can reduce; the grants share what those holders leave of the GPU, scaled
+        down together where they ask more (none left: they hold nothing there, counted). A
+        fraction's activity is the device's, shared in proportion to the fractions held
+        (`by_fraction`)."""
         st = self.s.string
         reserving = np.isin(rows.holder, np.array([h for h, key in enumerate(self._holders.values)
                                                    if key in self._sharing.reservations], np.int64))
@@ -564,8 +568,11 @@ class Joiner:
         parts = [rows.take(np.flatnonzero(~drop))]
         held = np.flatnonzero(parts[0].holder != NOBODY)
         shown_on: dict[int, set[tuple[str, str]]] = {}  # GPU -> the pods DCGM (or a request) shows on it
-        for g, h in zip(parts[0].gpu[held].tolist(), parts[0].holder[held].tolist()):
+        shown_part: dict[int, float] = {}  # GPU -> the share of it they hold over the interval
+        for g, h, x in zip(parts[0].gpu[held].tolist(), parts[0].holder[held].tolist(),
+                           (parts[0].f[held] * parts[0].share[held]).tolist()):
             shown_on.setdefault(g, set()).add(self._holders.values[h])
+            shown_part[g] = shown_part.get(g, 0.0) + x
         out: list[tuple] = []  # (gpu, fraction, share, measured, activity, holder, basis, activity basis)
         for (node, uuid), e in claimed.items():
             g = int(gpu_of_ent[e])
@@ -576,6 +583,12 @@ class Joiner:
             if not len(f):
                 continue
             share = [self._held_share(self._holders.values[h], gpu_share) for h in holder.tolist()]
+            asked, left = float(np.dot(f, share)), 1.0 - shown_part.get(g, 0.0)
+            if asked > left:  # the GPU is never sold twice, and what DCGM shows is not cut
+                if left < NOTHING_LEFT:
+                    self._sharing.problems["grant on a GPU that pods dcgm-exporter shows hold whole"] += len(f)
+                    continue
+                f = f * (left / asked)
             sold = float(np.dot(f, share)) / gpu_share if gpu_share > 0 else 0.0  # of the time the GPU was seen
             unit_activity = min(activity / sold, 1.0) if sold > 0 and not np.isnan(activity) else np.nan
             how = UNMEASURED if np.isnan(unit_activity) else BY_FRACTION
@@ -591,9 +604,8 @@ class Joiner:
     def _fractions(self, node: str, uuid: str, total_mib: float | None,
                    exclude: set[tuple[str, str]] = frozenset()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The claims on one GPU (but those of the pods in `exclude`, which hold it otherwise) as
-        (fraction, holder, basis) columns. Where they exceed the GPU over the time they held it
-        together, the kernel scales them down together with its other holders (a GPU is never
-        sold twice). A memory grant on a GPU of unknown memory holds nothing (counted)."""
+        (fraction, holder, basis) columns, as granted. A memory grant on a GPU of unknown memory
+        holds nothing (counted)."""
         f, holder, basis = [], [], []
         for claim in self._sharing.claims[(node, uuid)]:
             if claim.pod in exclude:
@@ -644,8 +656,13 @@ class Joiner:
         return queue.pop(0) if queue else None
 
     def _gone(self, pod: PodFacts) -> bool:
-        """A pod known from kube-state-metrics only (API facts, which carry the creation time, say
-        for themselves) that kube-state-metrics no longer reports while it reports others."""
+        """A pod whose kube-state-metrics series ended with staleness markers before the interval
+        began, in a scrape that reported other pods (a failed scrape marks every series stale),
+        whatever the API says of it; or a pod known from kube-state-metrics only (API facts, which
+        carry the creation time, say for themselves) that it no longer reports while it reports
+        others."""
+        if 0 < pod.ended_ns <= self._start and pod.ended_ns <= self.facts.ksm_reported_ns:
+            return True
         return self._ksm_reporting and not pod.created_ns and pod.seen_ns < self._start
 
     def _running(self, pod: PodFacts) -> bool:
@@ -948,7 +965,8 @@ def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:
     return FactsView({k: p for k, p in facts.pods.items() if p.node == node and not without_pods},
                      {n: f for n, f in facts.nodes.items() if n == node}, facts.namespaces, facts.owners,
                      {k: p for k, p in facts.previous.items() if p.node == node},
-                     {} if without_pods else facts.claims, {k: s for k, s in facts.slices.items() if s.node == node})
+                     {} if without_pods else facts.claims, {k: s for k, s in facts.slices.items() if s.node == node},
+                     facts.ksm_reported_ns)
 
 
 def _node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:

@@ -32,6 +32,7 @@ class _Entry:
     snapshot: Points
     progress: Progress
     released: bool  # sendable; staged snapshots wait for the pipeline's checkpoint
+    from_ns: int  # the data time it covers from: its interval's start, or the oldest one merged into it
 
 
 class Delivery:
@@ -54,14 +55,21 @@ class Delivery:
     deadline did not deliver for the next start. `stage()` then `release()` let the pipeline commit
     its own checkpoint between persisting a snapshot and letting it go. Without a directory,
     `close()` counts what is left as undeliverable. `stage`, `release`, `put` and `recover` are
-    called from one thread (the pipeline's)."""
+    called from one thread (the pipeline's).
+
+    Each snapshot is one interval of `interval_s` (or several merged): the exporter's lag gauge,
+    otelgpu_exporter_delivered_timestamp_seconds, is the start of the oldest snapshot still waiting,
+    or with none waiting the newest interval end released, so it stops while the path is down and
+    catches up as the queue drains."""
 
     def __init__(self, sender: Sender, config: DeliveryConfig, metrics: SelfMetrics,
-                 random: Callable[[], float] = random.random, directory: str | Path | None = None) -> None:
+                 random: Callable[[], float] = random.random, directory: str | Path | None = None, *,
+                 interval_s: float) -> None:
         self.sender = sender
         self.config = config
         self.metrics = metrics
         self._random = random
+        self._interval_ns = int(interval_s * 1e9)
         self._outbox = Outbox(directory, sender.name, metrics) if directory is not None else None
         self._queue: deque[_Entry] = deque()
         self._carry: Optional[Points] = None  # refused snapshots' last points, for the next snapshot
@@ -69,6 +77,7 @@ class Delivery:
         self._cond = threading.Condition()
         self._in_flight = False
         self._newest_released = -1  # interval ends must increase: file names sort in interval order
+        self._released_through = 0  # every interval ending by then was handed over, empty ones included
         self._deadline: Optional[float] = None  # monotonic time by which close() gives up
         self._thread = threading.Thread(target=self._run, name=f"otelgpu-export-{sender.name}", daemon=True)
         self._started = False
@@ -91,9 +100,11 @@ class Delivery:
                 raise RuntimeError("recover() must come before any snapshot is staged")
         found, uncommitted = self._outbox.recover(committed_ns)
         with self._cond:
-            for r in found:
-                self._queue.append(_Entry(r.end_ns, r.points, self._progress(r.end_ns, r.done), True))
+            for r in found:  # a merged one covers the snapshots it absorbed too
+                start = min((r.end_ns, *r.absorbed)) - self._interval_ns
+                self._queue.append(_Entry(r.end_ns, r.points, self._progress(r.end_ns, r.done), True, start))
                 self._newest_released = r.end_ns
+            self._released_through = committed_ns
             self.metrics.export_snapshots_recovered.labels(self.name).inc(len(found))
             self._changed()
         if found or uncommitted:
@@ -126,16 +137,19 @@ class Delivery:
         with self._cond:
             for e in replaced:
                 self._queue.remove(e)
-            self._queue.append(_Entry(end_ns, Points.of(points), self._progress(end_ns), False))
+            self._queue.append(_Entry(end_ns, Points.of(points), self._progress(end_ns), False,
+                                      end_ns - self._interval_ns))
             self._changed()
 
     def release(self, through_ns: int) -> None:
-        """Staged snapshots ending at or before `through_ns` become sendable."""
+        """Staged snapshots ending at or before `through_ns` become sendable; every interval
+        ending by then was handed over (an interval without series stages nothing)."""
         with self._cond:
             for e in self._queue:
                 if not e.released and e.end_ns <= through_ns:
                     e.released = True
                     self._newest_released = e.end_ns
+            self._released_through = max(self._released_through, through_ns)
             self._changed()
 
     def put(self, points: Sequence[Point]) -> None:
@@ -163,13 +177,16 @@ class Delivery:
 
     def _changed(self) -> None:
         """Under the lock: place what refused snapshots carry, bound the queue, start the thread
-        once there is something to send."""
+        once there is something to send, report how far delivery has come."""
         self._place_carry()
         self._bound()
         if self._sendable() and not self._started:
             self._started = True
             self._thread.start()
         self.metrics.exporter_queue_size.labels(self.name).set(len(self._queue))
+        through = self._queue[0].from_ns if self._queue else self._released_through
+        if through > 0:  # nothing handed over yet: no figure
+            self.metrics.exporter_delivered.labels(self.name).set(through / 1e9)
         self._cond.notify_all()
 
     def _bound(self) -> None:
@@ -191,7 +208,7 @@ class Delivery:
                     log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
                     return
                 self._outbox.delete(q[i].end_ns)
-            q[i + 1].snapshot = merged
+            q[i + 1].snapshot, q[i + 1].from_ns = merged, q[i].from_ns
             del q[i]
             self.metrics.export_snapshots_merged.labels(self.name).inc()
 

@@ -22,7 +22,7 @@ ns = st.integers(0, 2**62)
 pods = st.builds(PodFacts, uid=text, node=text, phase=text, labels=labels,
                  requests=st.dictionaries(st.tuples(text, text), st.floats(0, 1e12), max_size=3),
                  owner_kind=text, owner_name=text, seen_ns=ns, annotations=labels, deleted=st.booleans(),
-                 created_ns=ns, info_node=text, request_node=text)
+                 created_ns=ns, info_node=text, request_node=text, ended_ns=ns)
 facts_tables = st.tuples(
     st.dictionaries(st.tuples(text, text), pods, max_size=5),
     st.dictionaries(text, st.builds(NodeFacts, labels=labels, capacity=st.dictionaries(text, st.floats(0, 1e6), max_size=3),
@@ -70,6 +70,15 @@ def test_the_json_lists_of_older_checkpoints_are_still_read():
     assert _tables(restored) == _tables(facts)
 
 
+def test_a_checkpoint_written_before_pods_had_an_end_is_read_with_none_ended():
+    facts = _facts(({("ns", "p"): PodFacts(uid="u", seen_ns=5, ended_ns=9)}, {}, {}, {}))
+    state = _through_checkpoint(facts.state())
+    del state["pods"]["ended"]
+    restored = KsmFacts(Interner(), ttl_ns=1)
+    restored.restore(state)
+    assert restored.pods == {("ns", "p"): PodFacts(uid="u", seen_ns=5)} and restored.reported_ns == 5
+
+
 def _broken(state: dict, where: str, value: object) -> dict:
     state = copy.deepcopy(state)
     table, key = where.split(".")
@@ -82,6 +91,7 @@ def _broken(state: dict, where: str, value: object) -> dict:
     ("pods.labels", np.array([[7, 0, 0]])),  # a label of a pod that is not there
     ("pods.text", np.zeros((1, 3), np.int64)),  # too few string columns
     ("pods.deleted", np.zeros(0, bool)),  # a column shorter than the pods
+    ("pods.ended", np.zeros(2, np.int64)),
     ("nodes.capacity", np.array([[3, 0]])),
     ("owners.text", np.array([[0, 0, 0, 0]])),
     ("strings.ends", np.array([1, 0])),  # ends that go backwards

@@ -84,7 +84,7 @@ def test_a_snapshot_whose_sets_the_log_lost_is_set_aside_and_the_others_delivere
     metrics = SelfMetrics()
     config = DeliveryConfig(backoff_initial_seconds=0.05, backoff_max_seconds=0.2)
     sender = OtlpSender(OtlpExporterConfig(endpoint=otlp_sink.endpoint, timeout_seconds=5.0), store.specs, metrics, "c1")
-    delivery = Delivery(sender, config, metrics, directory=tmp_path)
+    delivery = Delivery(sender, config, metrics, directory=tmp_path, interval_s=60)
     assert delivery.recover(T0 + 2 * MIN) == 1
     assert by_label(metrics.export_outbox_errors) == {("otlp", "corrupt"): 1}
     assert (tmp_path / f"{T0 + MIN:020d}.snap.rejected").exists()

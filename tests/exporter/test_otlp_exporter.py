@@ -134,7 +134,7 @@ def test_partial_success_is_delivered_and_counted(otlp_sink, store: CostStore, i
 
 def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> Delivery:
     config = DeliveryConfig(**{"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **kw})
-    return Delivery(_sender(endpoint, store, metrics, timeout_seconds=2.0), config, metrics)
+    return Delivery(_sender(endpoint, store, metrics, timeout_seconds=2.0), config, metrics, interval_s=60)
 
 
 def test_queue_retries_with_retry_info_and_keeps_order(otlp_sink, store: CostStore, intervals) -> None:
@@ -191,6 +191,29 @@ def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals
                         latest[_attrs(dp)["pod"]] = dp.as_double
     assert latest == {"train-0": 12.0, "short-job": 2.0} and ended == {"short-job"}
     assert not by_label(metrics.export_snapshots_dropped)
+
+
+def test_the_delivered_gauge_holds_at_the_oldest_snapshot_waiting_and_catches_up(store: CostStore, intervals) -> None:
+    """While the Collector is down the gauge stays at the start of the oldest interval waiting,
+    though it was merged into a newer snapshot; an interval without series waits for nothing;
+    once the Collector is back it reaches the newest interval handed over."""
+    metrics = SelfMetrics()
+    sink = MetricsSink()
+    with serve_sink(sink) as port:  # pick a port, then take the server away
+        pass
+    delivery = _delivery(f"127.0.0.1:{port}", store, metrics, queue_size=3)
+    T0, MIN = intervals.T0, intervals.MIN
+    for i in range(6):
+        delivery.put(intervals.record(i))
+    eventually(lambda: by_label(metrics.export_failures)[("otlp", "unavailable")] >= 1, timeout=30)
+    assert by_label(metrics.export_snapshots_merged)["otlp"] >= 3
+    assert by_label(metrics.exporter_delivered) == {"otlp": T0 / 1e9}
+    delivery.release(T0 + 7 * MIN)  # interval 6 had no series: it staged nothing
+    assert by_label(metrics.exporter_delivered) == {"otlp": T0 / 1e9}
+    with serve_sink(sink, port):
+        assert delivery.wait_idle(10)
+        delivery.close()
+    assert by_label(metrics.exporter_delivered) == {"otlp": (T0 + 7 * MIN) / 1e9}
 
 
 def test_a_refused_snapshot_is_carried_into_the_next_one(otlp_sink, store: CostStore, intervals) -> None:

@@ -36,7 +36,7 @@ def _dead_endpoint() -> str:
 def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, directory: Path | None, **kw) -> Delivery:
     config = DeliveryConfig(**{"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **kw})
     sender = OtlpSender(OtlpExporterConfig(endpoint=endpoint, timeout_seconds=5.0), store.specs, metrics, "c1")
-    return Delivery(sender, config, metrics, directory=directory)
+    return Delivery(sender, config, metrics, directory=directory, interval_s=60)
 
 
 def _crash(delivery: Delivery) -> None:

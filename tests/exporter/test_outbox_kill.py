@@ -56,7 +56,7 @@ else:
     config = RemoteWriteConfig(url=spec["target"], max_samples_per_request=2)
     sender = RemoteWriteSender(config, cost_metrics(), "c1", metrics)
 delivery = Delivery(sender, DeliveryConfig(backoff_initial_seconds=0.05, backoff_max_seconds=0.2), metrics,
-                    directory=spec["directory"])
+                    directory=spec["directory"], interval_s=60)
 for end_ns, points in spec["snapshots"]:
     delivery.stage([Point(m, tuple(map(tuple, a)), s, t, v, e) for m, a, s, t, v, e in points], end_ns)
 delivery.release(spec["release"])
@@ -134,7 +134,7 @@ def test_otlp_kill_9_mid_send_delivers_the_released_snapshots_after_restart(tmp_
 
         metrics = SelfMetrics()
         delivery = Delivery(_otlp_sender(sink.endpoint, store, metrics), _config(), metrics,
-                            directory=tmp_path / "queue")
+                            directory=tmp_path / "queue", interval_s=60)
         assert delivery.recover(snapshots[2][0]) == 3  # the fourth was never committed: deleted
         assert delivery.wait_idle(20)
         assert delivery.close() == 0
@@ -179,7 +179,8 @@ def test_remote_write_resumes_after_the_accepted_requests_of_a_killed_process(tm
 
     metrics = SelfMetrics()
     config = RemoteWriteConfig(url=prometheus.write_url, max_samples_per_request=2)
-    delivery = Delivery(RemoteWriteSender(config, cost_metrics(), "c1", metrics), _config(), metrics, directory=queue)
+    delivery = Delivery(RemoteWriteSender(config, cost_metrics(), "c1", metrics), _config(), metrics, directory=queue,
+                        interval_s=60)
     assert delivery.recover((end - MIN_MS) * MS) == 2
     assert delivery.wait_idle(20) and delivery.close() == 0
     assert by_label(metrics.exports)["remote_write"] == 2 and not by_label(metrics.export_failures)  # no out-of-order 400

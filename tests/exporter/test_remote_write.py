@@ -465,7 +465,7 @@ def test_the_queue_never_merges_a_partly_accepted_snapshot(receiver) -> None:
     pods = [(("k8s.pod.name", f"p{i}"),) for i in range(3)]
     metrics = SelfMetrics()
     sender = RemoteWriteSender(_config(receiver.url, max_samples_per_request=2), SPECS, "c1", metrics)
-    delivery = Delivery(sender, DeliveryConfig(queue_size=2), metrics)
+    delivery = Delivery(sender, DeliveryConfig(queue_size=2), metrics, interval_s=60)
     delivery.put([Point("allocated", pod, T, T + MIN, 1.0) for pod in pods])
     eventually(lambda: len(receiver.received) == 2, timeout=10)  # [p0, p1] accepted, [p2] not: waits 3 s
     for k in (2, 3, 4):  # the queue overflows while the first snapshot waits
