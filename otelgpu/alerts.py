@@ -208,11 +208,19 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
               "delivered over {{ $labels.exporter }}: the exporter fails or is too slow, or the checkpoint cannot be "
               "written (nothing is released then). otelgpu_interval_checkpointed_timestamp_seconds and "
               "otelgpu_export_failures_total say which."),
+        alert("OtelgpuSnapshotsRefused",
+              _counted(f'otelgpu_export_snapshots_carried_total{{job="{job}"}}', "1h", "cluster, instance, exporter"),
+              "0m", "warning", "The backend behind {{ $labels.exporter }} refused cost snapshots from cluster "
+              "{{ $labels.cluster }}",
+              "Snapshots refused for good (samples older than the backend's window, label limits): each series' "
+              "last value went with the next snapshot, so no total is lost, but the refused samples' place in "
+              "time is; a refusal that repeats means nothing is delivered (OtelgpuExportFailing then fires too)."),
         alert("OtelgpuSnapshotsDropped",
               _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",
-              "Snapshots given up (reason {{ $labels.reason }}): their cost is in the next snapshot of each "
-              "cumulative series, but its points in between are lost."),
+              "Snapshots given up (reason {{ $labels.reason }}): undelivered at a stop with no checkpoint "
+              "directory to keep them; their cost is in the next snapshot of each series still live, but the "
+              "last totals of series that ended are lost."),
     ]}
 
 
