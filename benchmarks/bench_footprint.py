@@ -33,6 +33,7 @@ import uuid as uuidlib
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import grpc
 import yaml
@@ -224,17 +225,22 @@ def main() -> None:
             server.stop(0)
 
 
-def run(args: argparse.Namespace, n_nodes: int, limits: dict[str, str], child: subprocess.Popen, grpc_port: int,
-        metrics_port: int, sink: Sink) -> None:
-    deadline = time.monotonic() + 120
+def wait_ready(child: subprocess.Popen, metrics_port: int, log_tail: Callable[[], str], limit_s: float = 120) -> None:
+    """Until `otelgpu serve` answers /readyz; SystemExit with `log_tail()` if it exits or takes too long."""
+    deadline = time.monotonic() + limit_s
     while True:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1)
-            break
+            return
         except OSError:
             if child.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"otelgpu serve did not become ready:\n{child.stderr.read()}")
+                raise SystemExit(f"otelgpu serve did not become ready:\n{log_tail()}") from None
             time.sleep(0.2)
+
+
+def run(args: argparse.Namespace, n_nodes: int, limits: dict[str, str], child: subprocess.Popen, grpc_port: int,
+        metrics_port: int, sink: Sink) -> None:
+    wait_ready(child, metrics_port, lambda: child.stderr.read())
     started = proc_status(child.pid)["VmRSS"] / 1024
     cpu_start = cpu_seconds(child.pid)
     n_scrapes = int(args.hours * 3600 / SCRAPE_S)

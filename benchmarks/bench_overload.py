@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent import futures
 from pathlib import Path
@@ -272,15 +271,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, metrics_port: int, limit_mib: float,
         log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1)
-            break
-        except OSError:
-            if child.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"otelgpu serve did not become ready:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    bf.wait_ready(child, metrics_port, lambda: log.read_text()[-3000:])
     nodes, ns_labels = bf.fleet(args.nodes if args.mode == "gateway" else 1, 0)
     bodies = payloads(nodes, ns_labels, 8)
     big = big_payload(nodes, ns_labels, args.big_mib)

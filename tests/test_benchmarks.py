@@ -53,3 +53,16 @@ def test_sharing_benchmark_prices_every_way_of_sharing_and_adds_up():
     rows = re.findall(r"^(whole|hami|dra)\s+([\d,]+) pods .* \|allocated \+ idle - capacity\| (\S+)$", res.stdout, re.M)
     assert [(how, int(pods)) for how, pods, _ in rows] == [("whole", 24), ("hami", 72), ("dra", 72)]
     assert all(float(gap) < 1e-9 for *_, gap in rows)
+
+
+@pytest.mark.slow
+def test_overload_benchmark_counts_every_refusal_and_keeps_the_sidecar_within_its_limit():
+    res = subprocess.run([sys.executable, "benchmarks/bench_overload.py", "--mode", "node", "--seconds", "2",
+                          "--processes", "1", "--outstanding", "60", "--big", "6", "--big-mib", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    answered, counted = map(int, re.search(r"refusals: (\d+) UNAVAILABLE answers, (\d+) counted", out).groups())
+    assert answered == counted
+    assert len(re.findall(r"peak +\d+ MiB = \d\.\d\d of the limit", out)) == 4
+    assert "alive and answering: True" in out

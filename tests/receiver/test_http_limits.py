@@ -140,9 +140,10 @@ def test_full_of_requests_under_way_a_newcomer_gets_503_with_retry_after(http_re
     assert json.loads(reply)["code"] == 14  # UNAVAILABLE, as a google.rpc.Status
     assert refused(metrics, "connection_limit") == 1
     assert by_label(metrics.requests)[("http", "unavailable")] == 1  # counted as every "retry later"
-    gate.opened.set()  # the requests are answered: their places free
+    gate.opened.set()  # the requests are answered: their places free once the answers are written
     for t in senders:
         t.join()
+    eventually(lambda: "busy" not in receiver.connections())
     assert post(receiver, body) == 200
 
 
