@@ -3,10 +3,12 @@
 Two bounds, checked before a request's bytes are decoded (and, where the transport allows, before
 they are read), in the spirit of the Collector's `memory_limiter` processor:
 
-- The process's resident size against a soft and a hard limit. At or above the soft limit every
-  new request is refused with "retry later" (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with
-  Retry-After): `memory_limit`. At or above the hard limit the garbage collector runs and freed
-  heap memory goes back to the kernel as well, at most once a second. The limits default to
+- The process's resident size against a soft and a hard limit. At or above the soft limit a new
+  request is refused with "retry later" (gRPC UNAVAILABLE with RetryInfo, HTTP 503 with
+  Retry-After) while anything else is in flight: `memory_limit`. Alone it is taken: refusing
+  cannot shrink the state itself, so a state grown past the limit slows ingestion to one request
+  at a time rather than stopping it. At or above the hard limit the garbage collector runs and
+  freed heap memory goes back to the kernel as well, at most once a second. The limits default to
   percentages of the container's memory limit (cgroup v2 `memory.max`, or v1's
   `memory.limit_in_bytes`), else of the machine's memory.
 - Bytes in flight: each request reserves what it will cost (its bytes as received, their
@@ -124,9 +126,29 @@ class MemoryLimiter:
         self._over = False  # above the soft limit at the last check (logged once per episode)
 
     def check(self) -> None:
-        """RetryableError (reason `memory_limit`) when the resident size is at or above the soft limit."""
+        """RetryableError (reason `memory_limit`) when the resident size is at or above the soft
+        limit and something is in flight: what is in flight frees memory as the pipeline takes it."""
+        rss = self._over_soft()
+        if rss is not None and self.inflight > 0:
+            raise self._memory_error(rss)
+
+    def admit(self, nbytes: int) -> Ticket:
+        """Check the resident size, then reserve `nbytes`: a Ticket, or RetryableError (with the
+        refusal's reason) and nothing reserved. At or above the soft limit a request is taken only
+        alone (nothing else in flight): refusing cannot shrink the state itself, so a state that
+        outgrew the limit slows ingestion to one request at a time instead of stopping it."""
+        rss = self._over_soft()
+        with self._lock:
+            if rss is not None and self.inflight > 0:
+                raise self._memory_error(rss)
+            self._reserve_locked(nbytes, own=0)
+        return Ticket(self, nbytes)
+
+    def _over_soft(self) -> Optional[int]:
+        """The resident size when at or above the soft limit, else None; above the hard limit,
+        garbage is collected too. Each episode is logged once."""
         if self.soft_bytes is None:
-            return
+            return None
         rss = resident_bytes()
         if rss >= (self.hard_bytes or rss + 1):
             self._collect()
@@ -134,20 +156,17 @@ class MemoryLimiter:
             if self._over:
                 self._over = False
                 log.info("resident memory %d MiB, below the soft limit again: taking requests", rss >> 20)
-            return
+            return None
         if not self._over:
             self._over = True
-            log.warning("resident memory %d MiB at or above the soft limit (%d MiB): refusing requests until "
-                        "it is below", rss >> 20, self.soft_bytes >> 20)
-        raise RetryableError(f"memory limit: {_size(rss)} resident, soft limit {_size(self.soft_bytes)}; "
-                             "retry later", self.retry_after_s, reason=MEMORY_LIMIT)
+            log.warning("resident memory %d MiB at or above the soft limit (%d MiB): taking one request at a time "
+                        "until it is below (if it stays above with nothing in flight, the state itself needs more "
+                        "memory: raise the container's limit)", rss >> 20, self.soft_bytes >> 20)
+        return rss
 
-    def admit(self, nbytes: int) -> Ticket:
-        """Check the resident size, then reserve `nbytes`: a Ticket, or RetryableError (with the
-        refusal's reason) and nothing reserved."""
-        self.check()
-        self._reserve(nbytes, own=0)
-        return Ticket(self, nbytes)
+    def _memory_error(self, rss: int) -> RetryableError:
+        return RetryableError(f"memory limit: {_size(rss)} resident, soft limit {_size(self.soft_bytes or 0)}; "
+                              "retry later", self.retry_after_s, reason=MEMORY_LIMIT)
 
     def hold(self, nbytes: int) -> None:
         """Reserve `nbytes` whatever the budget: what was admitted already, in another form (a
@@ -159,13 +178,17 @@ class MemoryLimiter:
         self._give_back(nbytes)
 
     def _reserve(self, nbytes: int, own: int) -> None:
-        """Reserve `nbytes` for a request that holds `own` already; past the budget only if it is alone."""
         with self._lock:
-            if self.inflight + nbytes > self.max_inflight_bytes and self.inflight > own:
-                raise RetryableError(
-                    f"{_size(self.inflight + nbytes)} of requests would be in flight, more than "
-                    f"{_size(self.max_inflight_bytes)}; retry later", self.retry_after_s, reason=BYTES_IN_FLIGHT)
-            self.inflight += nbytes
+            self._reserve_locked(nbytes, own)
+
+    def _reserve_locked(self, nbytes: int, own: int) -> None:
+        """Under the lock: reserve `nbytes` for a request that holds `own` already; past the budget
+        only if it is alone."""
+        if self.inflight + nbytes > self.max_inflight_bytes and self.inflight > own:
+            raise RetryableError(
+                f"{_size(self.inflight + nbytes)} of requests would be in flight, more than "
+                f"{_size(self.max_inflight_bytes)}; retry later", self.retry_after_s, reason=BYTES_IN_FLIGHT)
+        self.inflight += nbytes
 
     def _give_back(self, nbytes: int) -> None:
         with self._lock:

@@ -61,12 +61,21 @@ def test_the_budget_admits_until_full_and_one_request_larger_than_it_when_alone(
     assert memory.inflight == 0
 
 
-def test_the_soft_limit_is_the_resident_size():
+def test_the_soft_limit_is_the_resident_size_and_above_it_requests_go_one_at_a_time():
     rss = resident_bytes()
-    with pytest.raises(RetryableError) as caught:
-        MemoryLimiter(soft_bytes=rss // 2, hard_bytes=rss * 4, max_inflight_bytes=1 << 40).admit(1)
-    assert caught.value.reason == MEMORY_LIMIT
-    MemoryLimiter(soft_bytes=rss * 2, hard_bytes=rss * 4, max_inflight_bytes=1 << 40).admit(1).release()
+    over = MemoryLimiter(soft_bytes=rss // 2, hard_bytes=rss * 4, max_inflight_bytes=1 << 40)
+    alone = over.admit(1)  # nothing in flight: refusing could not bring the state down
+    for attempt in (over.admit, lambda n: over.check()):
+        with pytest.raises(RetryableError) as caught:
+            attempt(1)
+        assert caught.value.reason == MEMORY_LIMIT
+    alone.release()
+    over.admit(1).release()
+    under = MemoryLimiter(soft_bytes=rss * 2, hard_bytes=rss * 4, max_inflight_bytes=1 << 40)
+    tickets = [under.admit(1) for _ in range(3)]  # below it, side by side
+    assert under.inflight == 3
+    for t in tickets:
+        t.release()
 
 
 def test_limits_default_to_shares_of_the_container_and_can_be_set(monkeypatch):
@@ -88,6 +97,8 @@ def test_grpc_at_the_soft_limit_refuses_before_decoding_then_recovers(grpc_recei
     ingest = make_ingest(memory=memory)
     channel, export = export_raw(grpc_receiver(ingest, memory=memory).port)
     body = otel_request(DCGM1).SerializeToString()
+    export(body, timeout=10)  # alone: taken; its decoded batch waits in the queue, in flight
+    assert ingest.depth == 1 and memory.inflight > 0
     for _ in range(3):
         with pytest.raises(grpc.RpcError) as caught:
             export(body, timeout=10)
@@ -95,12 +106,14 @@ def test_grpc_at_the_soft_limit_refuses_before_decoding_then_recovers(grpc_recei
         info = error_details_pb2.RetryInfo()
         assert rpc_status.from_call(caught.value).details[0].Unpack(info)
         assert info.retry_delay.ToTimedelta().total_seconds() == 3
-    assert total(metrics.points_received) == 0 and ingest.depth == 0  # nothing decoded
+    assert total(metrics.points_received) == 36 and ingest.depth == 1  # nothing more decoded
     assert refusals(metrics, "grpc") == {MEMORY_LIMIT: 3}
-    assert by_label(metrics.requests) == {("grpc", "unavailable"): 3}
-    memory.soft_bytes = 1 << 50  # memory freed: taken again, what was refused is resent whole
+    assert by_label(metrics.requests) == {("grpc", "ok"): 1, ("grpc", "unavailable"): 3}
+    assert drain_points(ingest) == 36 and memory.inflight == 0  # the pipeline took the batch
+    export(body, timeout=10)  # alone again: taken, one at a time
+    memory.soft_bytes = 1 << 50  # memory freed: taken side by side again
     export(body, timeout=10)
-    assert drain_points(ingest) == 36 and memory.inflight == 0
+    assert drain_points(ingest) == 72 and memory.inflight == 0
     channel.close()
 
 
