@@ -23,8 +23,12 @@ thread. The synchronous `handle` runs on a fixed pool of `workers` threads. The 
 - Write deadline, `write_timeout_s`: an answer the client has not taken within that long closes
   the connection: `write_timeout`.
 - Sizes: a body needs a Content-Length of at most `max_body_bytes` (411 or 413 from the headers,
-  before any of it is read; chunked bodies are refused); a header block over `max_header_bytes`
-  closes the connection.
+  before any of it is read) or chunked transfer coding (tornado refuses it with 400 once its
+  chunks pass `max_body_bytes`); a header block over `max_header_bytes` closes the connection.
+- Memory (`memory`, a receivers' MemoryLimiter): a request with a body reserves its Content-Length
+  from its headers, a chunked one each chunk as it arrives, given back when its slot is; beyond
+  the budget 503 with Retry-After (`memory_limit`, `bytes_in_flight`): from the headers, or for a
+  chunked body once it ends, its chunks dropped unbuffered.
 - Requests: at most `workers + queued` requests hold a slot, taken when their headers arrive and
   given back when the handler returns (or the connection ends before the body is whole), so at
   most that many bodies are buffered or handled at once. Beyond it, 503 with Retry-After before

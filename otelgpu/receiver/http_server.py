@@ -9,16 +9,18 @@ body is JSON, since the sender's format is unknown.
 
 Served by otelgpu.httpserver (tornado), which bounds what a client can hold: at most
 `receiver.http.max_connections` connections (the one waiting longest for a request makes room, or
-else the one whose body arrives slowest if slower than 64 KiB/s, else 503 with Retry-After); `idle_timeout_seconds` to wait for a request (keep-alive, TLS handshake and
-the whole header block); `read_timeout_seconds` for the whole body after its headers, and as long
-again for the answer to be taken; each refusal and cut counted in
-`receiver_connections_refused{transport="http", reason}`. Requests are refused from their headers,
-before any body is read, without a valid bearer token (`auth`: 401, counted as
-requests{outcome="unauthenticated"}), a Content-Length (400) or within `max_body_bytes` (413); bodies
-are limited after gunzip too (gzip is inflated with ISA-L; a body whose gzip trailer declares more
-than the limit is refused before any of it is inflated). Requests are handled by a few worker
-threads, whatever the number of connections. `tls` gives TLS or mutual TLS, rotated files used for
-new connections (otelgpu.tls).
+else the one whose body arrives slowest if slower than 64 KiB/s, else 503 with Retry-After);
+`idle_timeout_seconds` to wait for a request (keep-alive, TLS handshake and the whole header
+block); `read_timeout_seconds` for the whole body after its headers, and as long again for the
+answer to be taken; each refusal and cut counted in `receiver_connections_refused{transport="http",
+reason}`. Requests are refused from their headers, before any body is read, without a valid bearer
+token (`auth`: 401, counted as requests{outcome="unauthenticated"}), without a Content-Length or a
+chunked body (400), or beyond `max_body_bytes` (413) or the memory limiter's budget (503, see
+otelgpu/receiver/memory.py); bodies are limited after gunzip too (gzip is inflated with ISA-L; a
+body whose gzip trailer declares more than the limit is refused before any of it is inflated, and
+the declared size is reserved before it is). Requests are handled by a few worker threads,
+whatever the number of connections. `tls` gives TLS or mutual TLS, rotated files used for new
+connections (otelgpu.tls).
 """
 
 from __future__ import annotations
