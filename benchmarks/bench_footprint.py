@@ -31,9 +31,10 @@ import time
 import urllib.request
 import uuid as uuidlib
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import grpc
 import yaml
@@ -211,18 +212,26 @@ def main() -> None:
     grpc_port, metrics_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = sidecar_config(args.mode, Path(tmp), grpc_port, sink_port, metrics_port)
-        env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": fleet(1, 0)[0][0].name}
-        child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(config)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
+        with serving(config, server, stderr=subprocess.PIPE) as child:
             run(args, n_nodes, limits, child, grpc_port, metrics_port, sink)
-        finally:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            server.stop(0)
+
+
+@contextmanager
+def serving(config: Path, sink_server: grpc.Server, stderr: Any) -> Iterator[subprocess.Popen]:
+    """`otelgpu serve --config config` as a child process (the fleet's cluster and node names),
+    stopped with SIGTERM (killed if it takes over 60 s) on the way out, the sink's server with it."""
+    env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": fleet(1, 0)[0][0].name}
+    child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(config)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    try:
+        yield child
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        sink_server.stop(0)
 
 
 def wait_ready(child: subprocess.Popen, metrics_port: int, log_tail: Callable[[], str], limit_s: float = 120) -> None:

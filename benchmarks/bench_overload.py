@@ -30,7 +30,6 @@ import argparse
 import multiprocessing
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -255,18 +254,9 @@ def main() -> None:
         limiter = {"enabled": False} if args.no_limiter else {"limit_mib": int(pod * 0.8), "spike_limit_mib": int(pod * 0.2)}
         config["receiver"]["memory_limiter"] = limiter
         path.write_text(yaml.safe_dump(config))
-        env = {**os.environ, "CLUSTER_NAME": "bench", "NODE_NAME": bf.fleet(1, 0)[0][0].name}
-        child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(path)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "log", "w"))
-        try:
-            run(args, child, grpc_port, metrics_port, limit_mib, Path(tmp) / "log")
-        finally:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            server.stop(0)
+        log = Path(tmp) / "log"
+        with log.open("w") as stderr, bf.serving(path, server, stderr) as child:
+            run(args, child, grpc_port, metrics_port, limit_mib, log)
 
 
 def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, metrics_port: int, limit_mib: float,

@@ -221,9 +221,11 @@ class SelfMetrics:
 
     def watch_memory(self, memory: "MemoryLimiter") -> None:
         """Publish a memory limiter's limits and the bytes it has reserved."""
+        from otelgpu.receiver.memory import NO_BUDGET
+
         for limit, value in (("soft", memory.soft_bytes), ("hard", memory.hard_bytes),
                              ("inflight", memory.max_inflight_bytes)):
-            if value is not None and value < 1 << 62:
+            if value is not None and value < NO_BUDGET:
                 self.receiver_memory_limit.labels(limit).set(value)
         self.receiver_inflight.set_function(lambda: memory.inflight)
 

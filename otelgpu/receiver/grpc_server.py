@@ -19,9 +19,9 @@ is refused the same way. Every refusal is counted once in `requests{transport="g
 outcome="unavailable"}` and once by its reason in `receiver_connections_refused`. Unread Exports
 hold little: flow-control windows are not grown by bandwidth probing. HTTP/2's own limit on
 concurrent streams is left unset: a stream beyond it is reset (RST_STREAM), which the sender sees
-as an UNAVAILABLE with no RetryInfo that otelgpu never answered nor counted. Idle and old connections are closed by gRPC itself
-(`grpc.max_connection_idle_ms`, `grpc.max_connection_age_ms` with its grace), the latter so that
-senders reconnect and spread over replicas added since.
+as an UNAVAILABLE with no RetryInfo that otelgpu never answered nor counted. Idle and old
+connections are closed by gRPC itself (`grpc.max_connection_idle_ms`, `grpc.max_connection_age_ms`
+with its grace), the latter so that senders reconnect and spread over replicas added since.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class GrpcReceiver:
         self.config = config
         self.consumer = consumer
         self.metrics = metrics
-        self.memory = memory or MemoryLimiter(None, None, 1 << 62)
+        self.memory = memory or MemoryLimiter.unlimited()
         self._sizes = _Sizes(EXPECTED_FIRST_BYTES, config.max_recv_msg_size_mib << 20)
         self.port: Optional[int] = None
         self._server: Optional[grpc.Server] = None

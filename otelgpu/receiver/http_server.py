@@ -110,7 +110,7 @@ class HttpReceiver:
     def __init__(self, config: HttpReceiverConfig, consumer: Consumer, metrics: SelfMetrics, max_body_bytes: int,
                  memory: Optional[MemoryLimiter] = None) -> None:
         self.config = config
-        self.memory = memory or MemoryLimiter(None, None, 1 << 62)
+        self.memory = memory or MemoryLimiter.unlimited()
         self.consumer = consumer
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes

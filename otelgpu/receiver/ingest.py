@@ -94,7 +94,7 @@ class Ingest:
                  memory: Optional[MemoryLimiter] = None) -> None:
         self.strings = strings
         # A queued batch keeps its size reserved in the receivers' budget until it is taken out.
-        self.memory = memory or MemoryLimiter(None, None, 1 << 62)
+        self.memory = memory or MemoryLimiter.unlimited()
         self.retry_after_s = retry_after_s
         self.metrics = metrics
         self.limits = limits or Limits()

@@ -44,6 +44,7 @@ DECODE_FACTOR = 0.5  # the columnar decoder's columns, per decompressed byte (at
 GC_EVERY_S = 1.0
 _CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 _NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
+NO_BUDGET = 1 << 62  # a budget of bytes in flight no request reaches
 
 
 def container_memory() -> Optional[int]:
@@ -125,6 +126,12 @@ class MemoryLimiter:
         self._last_gc = 0.0
         self._over = False  # above the soft limit at the last check (logged once per episode)
 
+    @classmethod
+    def unlimited(cls, retry_after_s: float = 1.0) -> "MemoryLimiter":
+        """No resident-size check and a budget no request reaches (the receivers' own size and
+        count limits still hold)."""
+        return cls(None, None, NO_BUDGET, retry_after_s)
+
     def check(self) -> None:
         """RetryableError (reason `memory_limit`) when the resident size is at or above the soft
         limit and something is in flight: what is in flight frees memory as the pipeline takes it."""
@@ -205,10 +212,9 @@ class MemoryLimiter:
 
 
 def limiter_of(config: "MemoryLimiterConfig", retry_after_s: float = 1.0) -> MemoryLimiter:
-    """The limiter a configuration asks for. Disabled: no resident-size check, and a budget no
-    request reaches (the receivers' own size and count limits still hold)."""
+    """The limiter a configuration asks for; disabled, `MemoryLimiter.unlimited`."""
     if not config.enabled:
-        return MemoryLimiter(None, None, 1 << 62, retry_after_s)
+        return MemoryLimiter.unlimited(retry_after_s)
     total = container_memory() or machine_memory()
     mib = 1 << 20
     hard = config.limit_mib * mib if config.limit_mib else total * config.limit_percentage // 100

@@ -137,6 +137,15 @@ def _delivery(endpoint: str, store: CostStore, metrics: SelfMetrics, **kw) -> De
     return Delivery(_sender(endpoint, store, metrics, timeout_seconds=2.0), config, metrics, interval_s=60)
 
 
+def _collector_away(store: CostStore, metrics: SelfMetrics) -> tuple[MetricsSink, int, Delivery]:
+    """A sink whose port is picked and then taken away (the Collector down), and a delivery of
+    queue_size 3 to it: serve the sink on the port again to bring the Collector back."""
+    sink = MetricsSink()
+    with serve_sink(sink) as port:
+        pass
+    return sink, port, _delivery(f"127.0.0.1:{port}", store, metrics, queue_size=3)
+
+
 def test_queue_retries_with_retry_info_and_keeps_order(otlp_sink, store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
     delivery = _delivery(otlp_sink.endpoint, store, metrics)
@@ -165,10 +174,7 @@ def test_outage_merges_snapshots_without_losing_cost(store: CostStore, intervals
     merges the oldest; when it comes back, the newest totals (and every ended series' last value)
     arrive."""
     metrics = SelfMetrics()
-    sink = MetricsSink()
-    with serve_sink(sink) as port:  # pick a port, then take the server away
-        pass
-    delivery = _delivery(f"127.0.0.1:{port}", store, metrics, queue_size=3)
+    sink, port, delivery = _collector_away(store, metrics)
     T0, MIN = intervals.T0, intervals.MIN
     gone = (("namespace", "ml"), ("pod", "short-job"))
     store.record(T0 - MIN, T0, sums={"allocated": {gone: 2.0}}, gauges={})
@@ -198,10 +204,7 @@ def test_the_delivered_gauge_holds_at_the_oldest_snapshot_waiting_and_catches_up
     though it was merged into a newer snapshot; an interval without series waits for nothing;
     once the Collector is back it reaches the newest interval handed over."""
     metrics = SelfMetrics()
-    sink = MetricsSink()
-    with serve_sink(sink) as port:  # pick a port, then take the server away
-        pass
-    delivery = _delivery(f"127.0.0.1:{port}", store, metrics, queue_size=3)
+    sink, port, delivery = _collector_away(store, metrics)
     T0, MIN = intervals.T0, intervals.MIN
     for i in range(6):
         delivery.put(intervals.record(i))
