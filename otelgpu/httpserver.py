@@ -1,8 +1,9 @@
-"""One bounded HTTP/1.1 server for the OTLP/HTTP receiver and /metrics, on tornado, driven from
-synchronous code: TLS, mutual TLS, certificates rotated on disk and bearer tokens, with everything
-a client can hold bounded.
+"""One bounded HTTP/1.1 server for the OTLP/HTTP receiver and /metrics, on asyncio and h11 (the
+sans-I/O HTTP/1.1 state machine), driven from synchronous code: TLS, mutual TLS, certificates
+rotated on disk and bearer tokens, with everything a client can hold bounded, and every request
+whose request line arrived answered, as the Collector's own receiver (Go's net/http) answers it.
 
-tornado's event loop, on one background thread, does all the waiting (TLS handshakes, headers,
+asyncio's event loop, on one background thread, does all the waiting (TLS handshakes, headers,
 bodies, answers being taken), so a slow or idle client costs a socket and a few KiB, never a
 thread. The synchronous `handle` runs on a fixed pool of `workers` threads. The limits (`Limits`):
 
@@ -16,15 +17,19 @@ thread. The synchronous `handle` runs on a fixed pool of `workers` threads. The 
   `max_connections` such answers at a time; beyond, the newcomer is closed at once).
 - Header deadline, `header_timeout_s`: a connection waiting for a request (idle keep-alive, its
   TLS handshake, the whole header block) is closed that long after it began waiting:
-  `idle_timeout`. One deadline for all of it, not a timeout per recv: a byte a second does not
-  extend it (tornado's `idle_connection_timeout`).
-- Body deadline, `body_timeout_s`: the whole body must arrive within that long of its headers:
-  `read_timeout` (tornado's `body_timeout`).
+  `idle_timeout`; one whose request had begun to arrive is answered 408 first. One deadline for
+  all of it, not a timeout per recv: a byte a second does not extend it.
+- Body deadline, `body_timeout_s`: the whole body must arrive within that long of its headers,
+  or 408 and the connection closed: `read_timeout`.
 - Write deadline, `write_timeout_s`: an answer the client has not taken within that long closes
   the connection: `write_timeout`.
 - Sizes: a body needs a Content-Length of at most `max_body_bytes` (411 or 413 from the headers,
-  before any of it is read) or chunked transfer coding (tornado refuses it with 400 once its
-  chunks pass `max_body_bytes`); a header block over `max_header_bytes` closes the connection.
+  before any of it is read) or chunked transfer coding (413 once its chunks pass
+  `max_body_bytes`); a header block over `max_header_bytes` is answered 431.
+- Malformed HTTP (a request line, header or chunk h11 cannot parse, a body cut short by the
+  client's end of stream, a transfer coding other than chunked) is answered 400 (431, 501 where
+  h11 says so) and the connection closed: `malformed`. A client that ends its side of the
+  connection after its request (a half-close) still gets its answer.
 - Memory (`memory`, a receivers' MemoryLimiter): a request with a body reserves its Content-Length
   from its headers, a chunked one each chunk as it arrives, given back when its slot is; beyond
   the budget 503 with Retry-After (`memory_limit`, `bytes_in_flight`): from the headers, or for a
@@ -43,33 +48,29 @@ Every refusal or cut is reported to `refused(reason)` with the reasons above. A 
 from its headers (a refusal, or what `screen` answers) with a body following is answered, its body
 read and dropped for up to a second (closing on unread bytes resets the connection, which can
 destroy the answer before the client reads it), and the connection closed; without a body the
-connection stays open for the next request.
+connection stays open for the next request. Every answer the server writes without its handler
+(refusals, 408, malformed) closes the connection the same way.
 
 `stop(grace)` stops accepting, closes the connections waiting for a request, lets requests under
 way be answered for up to `grace` seconds and then closes the rest. A handler still running then
 cannot be interrupted: its worker thread (a daemon) finishes on its own and its answer is dropped.
-The subclass of tornado's HTTPServer uses its documented delegate interface (`handle_stream`,
-`start_request`, `on_close`) and reads `ssl_options` at each accept as tornado 6 does: hence the
-pin to tornado < 7, and the rotation tests that would notice a change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime
+import errno
+import http.client
 import logging
 import queue
-import ssl
+import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
-from tornado import gen, httputil, netutil
-from tornado.http1connection import HTTP1Connection, HTTP1ServerConnection
-from tornado.httpserver import HTTPServer
-from tornado.iostream import IOStream, StreamClosedError
+import h11
 
 from otelgpu.errors import RetryableError
 from otelgpu.receiver.memory import MemoryLimiter, Ticket
@@ -77,26 +78,13 @@ from otelgpu.tls import BearerTokens, ServerTLS
 
 log = logging.getLogger(__name__)
 
-
-class _ClientNoise(logging.Filter):
-    """tornado logs each client's failed TLS handshake (warning), malformed request or body cut at
-    its deadline (info): a line per client, which any scanner could turn into a flood. They go to
-    this module's logger at debug instead; tornado's errors stay as they are."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return True
-        log.debug("%s", record.getMessage())
-        return False
-
-
-logging.getLogger("tornado.general").addFilter(_ClientNoise())
-
 RETRY_AFTER_S = 1  # a slot frees as soon as one request is answered or one deadline passes
 SLOW_BODY_BYTES_PER_S = 64 * 1024  # a body slower than this may be cut to make room (any network sends faster)
 IDLE, READING, BUSY = "idle", "reading", "busy"  # a connection's state (see BoundedServer.connections)
-CLOSING = "closing"  # answered from its headers (a refusal), its body drained before the close
-_LINGER_S, _QUIET_S, _LINGER_BYTES = 1.0, 0.2, 1 << 20  # the drain of a refused request's body
+CLOSING = "closing"  # answered by the server itself, its client's bytes drained before the close
+_LINGER_S, _QUIET_S, _LINGER_BYTES = 1.0, 0.2, 1 << 20  # that drain
+_READ_BYTES = 64 * 1024  # one read from a socket
+_BACKLOG = 128
 
 
 @dataclass(frozen=True)
@@ -113,11 +101,32 @@ class Limits:
     max_header_bytes: int = 64 * 1024
 
 
+class Headers:
+    """A request's header fields, names case-insensitive: `headers.get("content-type")`. A field
+    sent more than once is its values joined with ", " (RFC 9110 section 5.3)."""
+
+    def __init__(self, fields: Iterable[tuple[Union[bytes, str], Union[bytes, str]]] = ()) -> None:
+        self._values: dict[str, str] = {}
+        for name, value in fields:
+            key = (name.decode("latin-1") if isinstance(name, bytes) else name).lower()
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+            self._values[key] = f"{self._values[key]}, {text}" if key in self._values else text
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._values.get(name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._values
+
+    def __getitem__(self, name: str) -> str:
+        return self._values[name.lower()]
+
+
 @dataclass
 class Request:
     method: str
     path: str  # without the query
-    headers: httputil.HTTPHeaders  # case-insensitive: headers.get("content-type")
+    headers: Headers
     body: bytes = b""
     peer: Any = None  # the client's address
     ticket: Optional[Ticket] = None  # the body's bytes reserved with the server's memory limiter
@@ -146,8 +155,8 @@ class BoundedServer:
     `screen(request)`, called on the loop when a request's headers arrive (its body empty, not yet
     read), may answer it at once (a refusal, or something quick and non-blocking such as a health
     check); None reads the body and hands the request to `handle` on a worker. `error(status,
-    message, request)` writes the body of the server's own refusals (401, 411, 413, 503, 500 when
-    `handle` raises); `request` is None for a connection refused before any request.
+    message, request)` writes the body of the server's own answers (400, 401, 408, 411, 413, 431,
+    501, 503, 500 when `handle` raises); `request` is None where no request could be read.
     `refused(reason)` is told of every refusal and cut, by reason. `host` "" or None: every
     interface, IPv4 and IPv6."""
 
@@ -171,7 +180,7 @@ class BoundedServer:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._server: Optional[_Server] = None
-        self._jobs: queue.SimpleQueue[Optional[_Exchange]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Optional[tuple[Request, asyncio.Future]]] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._stopped = False
 
@@ -179,7 +188,7 @@ class BoundedServer:
 
     def start(self) -> None:
         """Listen (an OSError if the address cannot be bound), then serve from a background thread."""
-        sockets = netutil.bind_sockets(self.port, self.host, backlog=128)
+        sockets = bind(self.host, self.port)
         self.port = sockets[0].getsockname()[1]
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(sockets, started), name=f"{self.name}-{self.port}",
@@ -210,9 +219,9 @@ class BoundedServer:
     def connections(self) -> dict[str, int]:
         """Open connections by state: `idle` (waiting for a request: keep-alive, TLS handshake or
         headers under way; the ones eviction may close), `reading` (a request's body arriving),
-        `busy` (its handler running or its answer being written), `closing` (answered from its
-        headers, a refusal, and drained before the close; evicted before any idle one)."""
-        return self._on_loop(lambda server: dict(Counter(conn.state for conn in server.open.values())), {})
+        `busy` (its handler running or its answer being written), `closing` (answered by the
+        server itself, a refusal, and drained before the close; evicted before any idle one)."""
+        return self._on_loop(lambda server: dict(Counter(conn.state for conn in server.open)), {})
 
     def under_way(self) -> int:
         """Requests holding a slot: bodies being read, waiting for a worker or being handled
@@ -235,34 +244,27 @@ class BoundedServer:
 
     def _work(self) -> None:
         """A worker: runs `handle` for the requests the loop hands over, the answer back to the loop."""
-        while (exchange := self._jobs.get()) is not None:
-            assert exchange.request is not None
+        while (job := self._jobs.get()) is not None:
+            request, answered = job
             try:
-                response = self.handle(exchange.request)
+                response = self.handle(request)
             except Exception:  # the server keeps serving
                 log.exception("%s: handler failed", self.name)
-                response = self.error(500, "internal error", exchange.request)
+                response = self.error(500, "internal error", request)
             try:
                 assert self._loop is not None
-                self._loop.call_soon_threadsafe(exchange.answered, response)
+                self._loop.call_soon_threadsafe(_settle, answered, response)
             except RuntimeError:
                 pass  # the loop is closed: the server stopped before this handler returned
 
     # ---- the loop thread ---------------------------------------------------------------------
 
-    def _run(self, sockets: list, started: concurrent.futures.Future) -> None:
+    def _run(self, sockets: list[socket.socket], started: concurrent.futures.Future) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-
-        async def listen() -> None:
-            lim = self.limits
-            self._server = _Server(self, idle_connection_timeout=lim.header_timeout_s,
-                                   body_timeout=lim.body_timeout_s, max_body_size=lim.max_body_bytes,
-                                   max_header_size=lim.max_header_bytes, decompress_request=False)
-            self._server.add_sockets(sockets)
-
         try:
-            loop.run_until_complete(listen())
+            self._server = _Server(self)
+            loop.run_until_complete(self._server.listen(sockets))
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
             for sock in sockets:
                 sock.close()
@@ -274,120 +276,370 @@ class BoundedServer:
         try:
             loop.run_forever()
         finally:
-            pending = asyncio.all_tasks(loop)  # drains of refused requests, answers being written
+            pending = asyncio.all_tasks(loop)  # connections still open, answers being written
             for task in pending:
                 task.cancel()
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
 
+def _settle(answered: asyncio.Future, response: Response) -> None:
+    if not answered.done():  # its connection's task was cancelled at stop
+        answered.set_result(response)
+
+
+def bind(host: Optional[str], port: int) -> list[socket.socket]:
+    """Listening sockets for `host` (None: every interface, IPv4 and IPv6, whichever the host has)
+    on `port`; port 0 takes a free port, the same one on every address."""
+    sockets: list[socket.socket] = []
+    failed: Optional[OSError] = None
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(socket.getaddrinfo(
+                host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)):
+            if port == 0 and sockets:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError as err:  # a family the kernel lacks (IPv6 switched off)
+                failed = failed or err
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # the IPv4 socket takes IPv4 clients
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+                sock.setblocking(False)
+                sock.listen(_BACKLOG)
+            except OSError as err:
+                sock.close()
+                if host is not None or err.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    raise
+                failed = failed or err
+                continue
+            sockets.append(sock)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    if not sockets:
+        raise failed or OSError(errno.EADDRNOTAVAIL, f"no address to listen on for {host!r}")
+    return sockets
+
+
+class _Expired(Exception):
+    """A deadline passed while waiting for the client."""
+
+
+class _TooLarge(Exception):
+    """A chunked body past max_body_bytes."""
+
+
 class _Conn:
     """An open connection: its state and since when (the loop's clock); `cut`: why the server
     closed it, once it did; `received`: the bytes of the body under way."""
 
-    __slots__ = ("stream", "state", "since", "cut", "received")
+    __slots__ = ("reader", "writer", "state", "since", "cut", "received")
 
-    def __init__(self, stream: IOStream, now: float) -> None:
-        self.stream, self.state, self.since, self.cut, self.received = stream, IDLE, now, "", 0
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, now: float) -> None:
+        self.reader, self.writer = reader, writer
+        self.state, self.since, self.cut, self.received = IDLE, now, "", 0
 
 
-class _Server(HTTPServer):
-    """tornado's HTTPServer, with the connection limit, TLS contexts taken at each accept, and
-    requests handed to `_Exchange`s. All of it runs on the loop thread."""
+class _Server:
+    """The connections of one BoundedServer, each served by a task of its own; all of it on the
+    loop thread."""
 
-    def initialize(self, owner: BoundedServer, **settings: Any) -> None:  # tornado's Configurable init
+    def __init__(self, owner: BoundedServer) -> None:
         self.owner = owner
-        self.open: dict[IOStream, _Conn] = {}
+        self.open: set[_Conn] = set()
         self.slots = 0  # requests holding a slot
         self.refusing = 0  # connections being answered 503 at the connection limit
         self.stopping = False
         self.drained = asyncio.Event()
-        super().initialize(self, **settings)  # its own delegate: start_request below
+        self.listeners: list[asyncio.AbstractServer] = []
 
-    @property  # type: ignore[override]
-    def ssl_options(self) -> Optional[ssl.SSLContext]:
-        """Read by tornado at each accept: the context current then (ServerTLS reloads rotated files)."""
-        return self.owner.tls.context() if self.owner.tls else None
-
-    @ssl_options.setter
-    def ssl_options(self, value: Any) -> None:
-        pass  # tornado's constructor sets it; the context always comes from owner.tls
+    async def listen(self, sockets: list[socket.socket]) -> None:
+        for sock in sockets:
+            self.listeners.append(await asyncio.start_server(self.serve, sock=sock, limit=_READ_BYTES,
+                                                             backlog=_BACKLOG))
 
     @property
     def clock(self) -> float:
         return asyncio.get_running_loop().time()
 
-    def handle_stream(self, stream: IOStream, address: Any) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection, from its accept to its close."""
         lim = self.owner.limits
+        writer.transport.set_write_buffer_limits(high=0)  # drain() returns once the kernel took it all
+        conn = _Conn(reader, writer, self.clock)
         if self.stopping:
-            stream.close()
+            writer.transport.abort()
             return
-        if len(self.open) >= lim.max_connections:
-            # A connection being closed after a refusal goes first: clients refused from their
-            # headers (no token, too large) must not keep the ones that send well out.
-            closing = [conn for conn in self.open.values() if conn.state == CLOSING]
-            waiting = closing or [conn for conn in self.open.values() if conn.state == IDLE]
-            slow = None if waiting else self.slowest_body()
-            if waiting:
-                self.cut(min(waiting, key=lambda conn: conn.since), "idle_evicted")
-            elif slow is not None:
-                self.cut(slow, "slow_evicted")
-            else:
-                self.owner.refused("connection_limit")
-                if self.refusing < lim.max_connections:
-                    self.refusing += 1
-                    asyncio.ensure_future(self._refuse(stream))
-                else:
-                    stream.close()
+        if len(self.open) >= lim.max_connections and not self.make_room():
+            self.owner.refused("connection_limit")
+            if self.refusing >= lim.max_connections:
+                writer.transport.abort()
                 return
-        self.open[stream] = _Conn(stream, self.clock)
-        super().handle_stream(stream, address)
-
-    async def _refuse(self, stream: IOStream) -> None:
+            self.refusing += 1
+            try:
+                await self.refuse(conn)
+            finally:
+                self.refusing -= 1
+            return
+        self.open.add(conn)
         try:
-            response = self.owner.error(503, "too many connections; retry later", None)
-            response.headers["Retry-After"] = str(RETRY_AFTER_S)
-            # the handshake of a TLS connection happens in this write: bounded as for any connection
-            await answer_and_close(stream, response, self.owner.limits.header_timeout_s)
+            await self.converse(conn)
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the client reset the connection, or its TLS failed
+        except asyncio.CancelledError:
+            pass  # the loop stopping; ended quietly (on 3.11 asyncio logs a connection task cancelled)
         finally:
-            self.refusing -= 1
+            self.let_go(conn)
+            if conn.cut:
+                writer.transport.abort()
+            else:
+                writer.close()
+
+    def let_go(self, conn: _Conn) -> None:
+        """`conn` no longer counts among the open connections."""
+        self.open.discard(conn)
+        if self.stopping and not self.open:
+            self.drained.set()
+
+    def make_room(self) -> bool:
+        """Close one connection for a newcomer at the connection limit; False where none may go.
+        A connection being closed after a refusal goes first (clients refused from their headers,
+        no token or too large, must not keep the ones that send well out), then the one waiting
+        longest for a request, then the slowest body under SLOW_BODY_BYTES_PER_S."""
+        closing = [conn for conn in self.open if conn.state == CLOSING]
+        waiting = closing or [conn for conn in self.open if conn.state == IDLE]
+        if waiting:
+            self.cut(min(waiting, key=lambda conn: conn.since), "idle_evicted")
+            return True
+        slow = self.slowest_body()
+        if slow is not None:
+            self.cut(slow, "slow_evicted")
+            return True
+        return False
+
+    async def refuse(self, conn: _Conn) -> None:
+        """A newcomer at the connection limit: 503 with Retry-After (its TLS handshake first)."""
+        response = self.unavailable("too many connections; retry later", None)
+        try:
+            async with asyncio.timeout_at(conn.since + self.owner.limits.header_timeout_s):
+                await self.handshake(conn)
+        except (TimeoutError, OSError):
+            conn.writer.transport.abort()
+            return
+        await answer_and_close(conn, response, self.owner.limits.write_timeout_s)
 
     def slowest_body(self) -> Optional[_Conn]:
         """The connection whose body arrives slowest, if slower than SLOW_BODY_BYTES_PER_S since
         its headers: a sender trickling its body must not keep the ones that send well out."""
         now = self.clock
-        rates = [(conn.received / max(now - conn.since, 1e-3), conn) for conn in self.open.values()
-                 if conn.state == READING]
+        rates = [(conn.received / max(now - conn.since, 1e-3), conn) for conn in self.open if conn.state == READING]
         rate, conn = min(rates, key=lambda rc: rc[0], default=(None, None))
         return conn if rate is not None and rate < SLOW_BODY_BYTES_PER_S else None
 
     def cut(self, conn: _Conn, reason: str) -> None:
         """Close `conn` from the server's side, reporting why (no report when `reason` is empty)."""
         conn.cut = reason or "stopping"
-        self.open.pop(conn.stream, None)
+        self.open.discard(conn)
         if reason:
             self.owner.refused(reason)
-        conn.stream.close()
+        conn.writer.transport.abort()  # its task sees the end of the stream and returns
 
-    def start_request(self, server_conn: object, request_conn: httputil.HTTPConnection) -> _Exchange:
-        stream = server_conn.stream  # type: ignore[attr-defined]
-        conn = self.open.get(stream) or _Conn(stream, self.clock)  # evicted before it began: reads fail
-        conn.state, conn.since = IDLE, self.clock
-        if self.stopping and conn.cut == "":
-            self.cut(conn, "")
-        return _Exchange(self, conn, request_conn)  # type: ignore[arg-type]
+    async def handshake(self, conn: _Conn) -> None:
+        """TLS, with the context of this moment (certificate files rotated on disk)."""
+        if self.owner.tls is not None:
+            # the header deadline around it ends it first; asyncio's own timeout only backs it up
+            await conn.writer.start_tls(self.owner.tls.context(),
+                                        ssl_handshake_timeout=2 * self.owner.limits.header_timeout_s + 1)
 
-    def on_close(self, server_conn: object) -> None:
-        super().on_close(server_conn)
-        assert isinstance(server_conn, HTTP1ServerConnection)
-        conn = self.open.pop(server_conn.stream, None)
-        # tornado closed it at the header deadline (its clock started after `since`), unless the
-        # client hung up first
-        if conn is not None and conn.state == IDLE and self.clock >= conn.since + self.owner.limits.header_timeout_s:
-            conn.cut = "idle_timeout"
+    async def converse(self, conn: _Conn) -> None:
+        """Requests, one after another while the connection is kept alive."""
+        lim = self.owner.limits
+        try:
+            async with asyncio.timeout_at(conn.since + lim.header_timeout_s):
+                await self.handshake(conn)
+        except TimeoutError:
             self.owner.refused("idle_timeout")
-        if self.stopping and not self.open:
-            self.drained.set()
+            return
+        parser = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_header_bytes)
+        while not conn.cut and not self.stopping:
+            try:
+                event = await self.next_event(conn, parser, conn.since + lim.header_timeout_s)
+            except _Expired:
+                self.owner.refused("idle_timeout")
+                if parser.trailing_data[0]:  # a request had begun to arrive
+                    await self.close_with(conn, 408, "request headers not received in time", None)
+                return
+            except h11.RemoteProtocolError as err:
+                await self.malformed(conn, err, None)
+                return
+            if not isinstance(event, h11.Request):
+                return  # the client closed the connection
+            if head_bytes(event) > lim.max_header_bytes:  # h11 bounds only a head still arriving
+                self.owner.refused("malformed")
+                await self.close_with(conn, 431, f"request header block exceeds {lim.max_header_bytes} bytes", None)
+                return
+            if not await self.exchange(conn, parser, event):
+                return
+            if parser.our_state is not h11.DONE or parser.their_state is not h11.DONE:
+                return  # Connection: close, either side
+            parser.start_next_cycle()
+            conn.state, conn.since = IDLE, self.clock
+
+    async def next_event(self, conn: _Conn, parser: h11.Connection, deadline: float) -> Any:
+        """h11's next event, reading from the client as it needs, by `deadline` (the loop's clock)."""
+        while (event := parser.next_event()) is h11.NEED_DATA:
+            if conn.cut:
+                return h11.ConnectionClosed()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    data = await conn.reader.read(_READ_BYTES)
+            except TimeoutError:
+                raise _Expired from None
+            parser.receive_data(data)  # b"": the client's end of the stream
+        return event
+
+    async def exchange(self, conn: _Conn, parser: h11.Connection, head: h11.Request) -> bool:
+        """One request: screened at its headers, its body gathered, handled on a worker, answered.
+        False when the connection is to be closed."""
+        lim = self.owner.limits
+        conn.state, conn.since, conn.received = READING, self.clock, 0
+        target = head.target.decode("latin-1")
+        request = Request(head.method.decode("latin-1"), target.split("?", 1)[0], Headers(head.headers),
+                          peer=conn.writer.get_extra_info("peername"))
+        answer = self.screen(request)
+        if answer is not None and body_follows(request.headers):
+            if request.method == "HEAD":
+                answer.body = b""
+            await self.close_with_response(conn, answer)
+            return False
+        slot = answer is None
+        if slot:
+            self.slots += 1
+            if parser.client_is_waiting_for_100_continue:
+                conn.writer.write(parser.send(h11.InformationalResponse(status_code=100, headers=[])))
+        try:
+            try:
+                over = await self.read_body(conn, parser, request)
+            except _Expired:
+                self.owner.refused("read_timeout")
+                await self.close_with(conn, 408, f"request body not received within {lim.body_timeout_s:g} s", request)
+                return False
+            except _TooLarge:
+                await self.close_with(conn, 413, f"body exceeds {lim.max_body_bytes} bytes", request)
+                return False
+            except h11.RemoteProtocolError as err:
+                await self.malformed(conn, err, request)
+                return False
+            if conn.cut:
+                return False
+            conn.state = BUSY
+            if over is not None:
+                answer = self.unavailable(str(over), request)
+            elif answer is None:
+                answer = await self.handled(conn, parser, request)
+        finally:
+            if slot:
+                self.slots -= 1
+            if request.ticket is not None:
+                request.ticket.release()
+        return await self.respond(conn, parser, request, answer)
+
+    async def handled(self, conn: _Conn, parser: h11.Connection, request: Request) -> Response:
+        """`handle(request)` on a worker. Meanwhile what the client pipelines is kept for the next
+        request, and the end of its stream lets the connection go from the open ones: a client
+        gone holds no connection place, and one that only half-closed still gets the answer."""
+        answered: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self.owner._jobs.put((request, answered))
+        watch = asyncio.ensure_future(self.watch(conn, parser))
+        try:
+            return await answered
+        finally:
+            watch.cancel()
+            await asyncio.wait([watch])  # its read ended before the next one begins
+
+    async def watch(self, conn: _Conn, parser: h11.Connection) -> None:
+        while len(parser.trailing_data[0]) <= self.owner.limits.max_header_bytes:  # then it waits its turn
+            data = await conn.reader.read(_READ_BYTES)
+            parser.receive_data(data)
+            if not data:
+                self.let_go(conn)
+                return
+
+    async def read_body(self, conn: _Conn, parser: h11.Connection, request: Request) -> Optional[RetryableError]:
+        """The request's body into `request.body`, by the body deadline. A chunked body reserves
+        its chunks as they arrive: past the memory budget the rest is read and dropped, and the
+        refusal returned."""
+        lim = self.owner.limits
+        deadline = conn.since + lim.body_timeout_s
+        is_chunked, ticket = chunked(request.headers), request.ticket
+        chunks: list[bytes] = []
+        over: Optional[RetryableError] = None
+        while isinstance(event := await self.next_event(conn, parser, deadline), h11.Data):
+            conn.received += len(event.data)
+            if is_chunked and conn.received > lim.max_body_bytes:
+                raise _TooLarge
+            if ticket is not None and is_chunked and over is None:
+                try:
+                    ticket.grow(len(event.data))
+                except RetryableError as err:
+                    over = err
+                    self.owner.refused(err.reason)
+                    ticket.release()
+                    chunks = []
+            if over is None:
+                chunks.append(event.data)
+        if isinstance(event, h11.ConnectionClosed):  # cut by the server meanwhile
+            return over
+        request.body = b"".join(chunks)
+        return over
+
+    async def respond(self, conn: _Conn, parser: h11.Connection, request: Request, response: Response) -> bool:
+        """Write the answer; a client that has not taken it by the write deadline is cut off.
+        False when the connection is gone."""
+        writer = conn.writer
+        if conn.cut or writer.transport.is_closing():
+            return False
+        conn.state = BUSY
+        headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-length", "connection")]
+        headers.append(("Content-Length", str(len(response.body))))
+        if self.stopping:
+            headers.append(("Connection", "close"))
+        try:
+            writer.write(parser.send(h11.Response(status_code=response.status, headers=headers,
+                                                  reason=http.client.responses.get(response.status, "Unknown"))))
+            if request.method != "HEAD" and response.body:
+                writer.writelines(parser.send_with_data_passthrough(h11.Data(data=response.body)) or [])
+            writer.write(parser.send(h11.EndOfMessage()))
+        except h11.LocalProtocolError:  # a handler's answer h11 cannot frame (a header it refuses)
+            log.exception("%s: answer to %s %s cannot be sent", self.owner.name, request.method, request.path)
+            await self.close_with(conn, 500, "internal error", request)
+            return False
+        try:
+            async with asyncio.timeout(self.owner.limits.write_timeout_s):
+                await writer.drain()
+        except TimeoutError:
+            self.cut(conn, "write_timeout")
+            return False
+        return not conn.cut
+
+    async def malformed(self, conn: _Conn, err: h11.RemoteProtocolError, request: Optional[Request]) -> None:
+        """HTTP h11 cannot read: answered as Go's net/http answers (400, or 431, 501 as h11 says)."""
+        if conn.cut:
+            return
+        self.owner.refused("malformed")
+        await self.close_with(conn, err.error_status_hint, str(err), request)
+
+    async def close_with(self, conn: _Conn, status: int, message: str, request: Optional[Request]) -> None:
+        await self.close_with_response(conn, self.owner.error(status, message, request))
+
+    async def close_with_response(self, conn: _Conn, response: Response) -> None:
+        conn.state, conn.since = CLOSING, self.clock
+        await answer_and_close(conn, response, self.owner.limits.write_timeout_s)
 
     def screen(self, request: Request) -> Optional[Response]:
         """An answer from the headers alone, or None to read the body (a slot then taken)."""
@@ -427,9 +679,10 @@ class _Server(HTTPServer):
         return response
 
     async def stop_serving(self, grace: float) -> None:
-        self.stop()  # closes the listening sockets
+        for listener in self.listeners:
+            listener.close()
         self.stopping = True
-        for conn in list(self.open.values()):
+        for conn in list(self.open):
             if conn.state == IDLE:
                 self.cut(conn, "")
         if self.open:
@@ -437,120 +690,8 @@ class _Server(HTTPServer):
                 await asyncio.wait_for(self.drained.wait(), grace)
             except TimeoutError:
                 pass
-        for conn in list(self.open.values()):
+        for conn in list(self.open):
             self.cut(conn, "")
-        try:
-            await asyncio.wait_for(self.close_all_connections(), 2)
-        except TimeoutError:
-            pass
-
-
-class _Exchange(httputil.HTTPMessageDelegate):
-    """One request on a connection: screened at its headers, its body gathered, handled on a
-    worker, answered."""
-
-    def __init__(self, server: _Server, conn: _Conn, request_conn: HTTP1Connection) -> None:
-        self.server, self.conn, self.rc = server, conn, request_conn
-        self.request: Optional[Request] = None
-        self.chunks: list[bytes] = []
-        self.early: Optional[Response] = None  # answered from the headers, no body: written at finish()
-        self.over: Optional[RetryableError] = None  # a chunked body past the memory budget: dropped, answered 503
-        self.slot = False
-        self.dispatched = False
-
-    def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> Optional[Any]:
-        self.conn.state, self.conn.since, self.conn.received = READING, self.server.clock, 0
-        self.request = Request(start_line.method, start_line.path.split("?", 1)[0], headers,
-                               peer=getattr(self.rc.context, "address", None))
-        answer = self.server.screen(self.request)
-        if answer is None:
-            self.slot = True
-            self.server.slots += 1
-            return None
-        if not body_follows(headers):
-            self.early = answer  # the connection stays open: nothing unread
-            return None
-        self.conn.state, self.conn.since = CLOSING, self.server.clock
-        if self.request.method == "HEAD":
-            answer.body = b""
-        # tornado awaits this before it would read the body; the stream is closed by then
-        return answer_and_close(self.conn.stream, answer, self.server.owner.limits.write_timeout_s)
-
-    def data_received(self, chunk: bytes) -> None:
-        self.conn.received += len(chunk)
-        ticket = self.request.ticket if self.request is not None else None
-        if ticket is not None and chunked(self.request.headers) and self.over is None:
-            try:
-                ticket.grow(len(chunk))
-            except RetryableError as err:
-                self.over = err
-                self.server.owner.refused(err.reason)
-                ticket.release()
-                self.chunks = []
-        if self.over is None:
-            self.chunks.append(chunk)
-
-    def finish(self) -> None:
-        self.conn.state = BUSY
-        if self.early is not None:
-            self._write(self.early)
-            return
-        assert self.request is not None
-        if self.over is not None:
-            self._release()
-            self._write(self.server.unavailable(str(self.over), self.request))
-            return
-        self.request.body = b"".join(self.chunks)
-        self.chunks = []
-        self.dispatched = True
-        self.server.owner._jobs.put(self)
-
-    def on_connection_close(self) -> None:
-        conn, lim = self.conn, self.server.owner.limits
-        # tornado closed it at the body deadline (its clock started after `since`), unless the
-        # client hung up first
-        if conn.state == READING and conn.cut == "" and self.server.clock >= conn.since + lim.body_timeout_s:
-            conn.cut = "read_timeout"
-            self.server.owner.refused("read_timeout")
-        if not self.dispatched:
-            self._release()
-
-    def answered(self, response: Response) -> None:
-        """On the loop, from the worker."""
-        self._release()
-        self._write(response)
-
-    def _release(self) -> None:
-        if self.slot:
-            self.slot = False
-            self.server.slots -= 1
-        if self.request is not None and self.request.ticket is not None:
-            self.request.ticket.release()
-
-    def _write(self, response: Response) -> None:
-        """Answer; a client that has not taken the answer by the write deadline is cut off."""
-        stream = self.conn.stream
-        if stream.closed():
-            return
-        assert self.request is not None
-        headers = httputil.HTTPHeaders(response.headers)
-        headers["Content-Length"] = str(len(response.body))
-        if self.server.stopping:
-            headers["Connection"] = "close"
-        start = httputil.ResponseStartLine("HTTP/1.1", response.status, httputil.responses.get(response.status, "Unknown"))
-        try:
-            written = self.rc.write_headers(start, headers, b"" if self.request.method == "HEAD" else response.body)
-            self.rc.finish()
-        except (StreamClosedError, httputil.HTTPOutputError):
-            return  # the client is gone
-        conn, server = self.conn, self.server
-
-        def expired() -> None:
-            if not written.done():
-                server.cut(conn, "write_timeout")
-
-        deadline = stream.io_loop.call_later(server.owner.limits.write_timeout_s, expired)
-        written.add_done_callback(lambda _: stream.io_loop.remove_timeout(deadline))
 
 
 def content_length(value: Optional[str]) -> Optional[int]:
@@ -559,38 +700,45 @@ def content_length(value: Optional[str]) -> Optional[int]:
     return int(value) if value and value.isascii() and value.isdigit() else None
 
 
-def chunked(headers: httputil.HTTPHeaders) -> bool:
-    """A chunked body (tornado reads it, refusing one over max_body_bytes or with a Content-Length too)."""
+def chunked(headers: Headers) -> bool:
+    """A chunked body (h11 refuses any other transfer coding)."""
     return headers.get("Transfer-Encoding", "").strip().lower() == "chunked"
 
 
-def body_follows(headers: httputil.HTTPHeaders) -> bool:
+def body_follows(headers: Headers) -> bool:
     return "Transfer-Encoding" in headers or headers.get("Content-Length", "0") != "0"
 
 
+def head_bytes(head: h11.Request) -> int:
+    """The size of a request's line and header fields as sent, within a few bytes a line."""
+    return len(head.method) + len(head.target) + 12 + sum(len(name) + len(value) + 4
+                                                           for name, value in head.headers.raw_items())
+
+
 def _raw(response: Response) -> bytes:
-    lines = [f"HTTP/1.1 {response.status} {httputil.responses.get(response.status, 'Unknown')}"]
+    lines = [f"HTTP/1.1 {response.status} {http.client.responses.get(response.status, 'Unknown')}"]
     lines += [f"{k}: {v}" for k, v in response.headers.items() if k.lower() not in ("content-length", "connection")]
     lines += [f"Content-Length: {len(response.body)}", "Connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1") + response.body
 
 
-async def answer_and_close(stream: IOStream, response: Response, timeout_s: float) -> None:
+async def answer_and_close(conn: _Conn, response: Response, timeout_s: float) -> None:
     """Write `response` with `Connection: close` (within `timeout_s`), take what the client still
     sends (up to 1 MiB, for up to a second, until it has been quiet for 0.2 s) so that the close
     does not meet unread bytes and reset the connection, then close it."""
+    loop = asyncio.get_running_loop()
     try:
-        await gen.with_timeout(datetime.timedelta(seconds=timeout_s), stream.write(_raw(response)),
-                               quiet_exceptions=(StreamClosedError,))
-        end, taken = stream.io_loop.time() + _LINGER_S, 0
-        while taken < _LINGER_BYTES:
-            wait = min(_QUIET_S, end - stream.io_loop.time())
-            if wait <= 0:
+        conn.writer.write(_raw(response))
+        async with asyncio.timeout(timeout_s):
+            await conn.writer.drain()
+        end, taken = loop.time() + _LINGER_S, 0
+        while taken < _LINGER_BYTES and not conn.cut:
+            async with asyncio.timeout(min(_QUIET_S, end - loop.time())):
+                data = await conn.reader.read(_READ_BYTES)
+            if not data:
                 break
-            taken += len(await gen.with_timeout(datetime.timedelta(seconds=wait),
-                                                stream.read_bytes(65536, partial=True),
-                                                quiet_exceptions=(StreamClosedError,)))
-    except (TimeoutError, StreamClosedError):
+            taken += len(data)
+    except (TimeoutError, OSError):
         pass  # quiet long enough, or gone
     finally:
-        stream.close()
+        conn.writer.close()

@@ -276,3 +276,42 @@ def test_a_backend_refusing_old_samples_loses_no_series(prometheus: PrometheusSe
     waste = sum(v for _, v in prometheus.query(
         'max_over_time(gpu_cost_waste_total{cluster="refusing", pod="serve", cost_model="request"}[3h])', end))
     assert waste == pytest.approx(0.7 * 12 * 1500 / 3600)
+
+
+@pytest.mark.slow
+def test_kill_9_while_a_refused_snapshot_is_carried_loses_no_series(prometheus: PrometheusServer,
+                                                                      tmp_path: Path) -> None:
+    """The refusing backend above, with the real `otelgpu serve` killed with `kill -9` while
+    refused snapshots are carried and the pod that ended in the refused hour is in no later
+    snapshot: the restarted process resends the carried values from its persisted queue, and
+    PromQL reads the same money as a run without the kill."""
+    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 7200
+    c = scenario()
+    c = Cluster(c.nodes, c.pods, t0=t0_s * NS)
+    write_now(prometheus)
+    end = c.t0 / NS + 7200
+    reference = in_process(c, config("reference", prometheus.write_url, queue_size=3), until_s=7200)
+    assert by_label(reference.metrics.export_snapshots_carried)["remote_write"] > 0
+
+    doc = config("killed", prometheus.write_url, queue_size=3, checkpoint={"directory": str(tmp_path / "state")})
+    first = Sidecar(tmp_path, doc, "first").start()
+    try:
+        first.export(*c.scrapes(60, 2400))  # 40 minutes, all of it in the refused hour; the pod ends at 25
+        first.wait_for("otelgpu_checkpoints_written_total", 7)
+        first.wait_for("otelgpu_export_snapshots_carried_total", 3)
+        first.kill()
+    finally:
+        first.close()
+    second = Sidecar(tmp_path, doc, "second").start()
+    try:
+        second.export(*c.scrapes(60, 7200, from_s=2400))
+        assert second.stop() == 0
+    finally:
+        second.close()
+    for metric, by in (("allocated", "cost_model, team"), ("waste", "cost_model, team"), ("idle", "cost_model")):
+        read = {cluster: {tuple(sorted(m.items())): v for m, v in prometheus.query(
+            f'sum by ({by}) (max_over_time(gpu_cost_{metric}_total{{cluster="{cluster}"}}[3h]))', end)}
+            for cluster in ("reference", "killed")}
+        assert read["reference"] and read["killed"] == pytest.approx(read["reference"], rel=1e-12), metric
+    (_, held), = prometheus.query('max_over_time(gpu_held_seconds_total{cluster="killed", pod="serve"}[3h])', end)
+    assert held == pytest.approx(1500)

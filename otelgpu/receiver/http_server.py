@@ -7,13 +7,15 @@ An unsupported Content-Type gets 400 (through errors.status_for, like every othe
 than 415: both tell the sender never to retry, and the status mapping stays in one place. Its error
 body is JSON, since the sender's format is unknown.
 
-Served by otelgpu.httpserver (tornado), which bounds what a client can hold: at most
+Served by otelgpu.httpserver (asyncio and h11), which bounds what a client can hold: at most
 `receiver.http.max_connections` connections (the one waiting longest for a request makes room, or
 else the one whose body arrives slowest if slower than 64 KiB/s, else 503 with Retry-After);
 `idle_timeout_seconds` to wait for a request (keep-alive, TLS handshake and the whole header
-block); `read_timeout_seconds` for the whole body after its headers, and as long again for the
-answer to be taken; each refusal and cut counted in `receiver_connections_refused{transport="http",
-reason}`. Requests are refused from their headers, before any body is read, without a valid bearer
+block; 408 where a request had begun); `read_timeout_seconds` for the whole body after its
+headers (408), and as long again for the answer to be taken; each refusal and cut counted in
+`receiver_connections_refused{transport="http", reason}`. HTTP that cannot be parsed is answered
+400 (431 for a header block over 64 KiB, 501 for a transfer coding other than chunked) and counted
+as requests{outcome="invalid"}; a client that half-closes after its request still gets its answer. Requests are refused from their headers, before any body is read, without a valid bearer
 token (`auth`: 401, counted as requests{outcome="unauthenticated"}), without a Content-Length or a
 chunked body (400), or beyond `max_body_bytes` (413) or the memory limiter's budget (503, see
 otelgpu/receiver/memory.py); bodies are limited after gunzip too (gzip is inflated with ISA-L; a
@@ -154,6 +156,8 @@ class HttpReceiver:
     def _refused(self, reason: str) -> None:
         if reason == "unauthenticated":
             self.metrics.requests.labels("http", "unauthenticated").inc()
+        elif reason == "malformed":  # HTTP the server could not parse, answered 400, 431 or 501
+            self.metrics.requests.labels("http", "invalid").inc()
         elif reason in _RETRY_LATER:
             refused(self.metrics, "http", reason)
         else:
