@@ -12,24 +12,30 @@ gzip as the Collector sends:
   up to `--outstanding` in flight), for `--seconds`, then the recovery until the queue is empty;
 - big requests: `--big` Exports of `--big-mib` MiB each (uncompressed) at once, three rounds;
 - malformed flood: `--clients` senders mixing bit flips, truncations and garbage (tests/fuzzing.py's
-  wire classes) with valid requests, one in two, for `--seconds`.
+  wire classes) with valid requests, one in two, for `--seconds`;
+- over OTLP/HTTP (its receiver switched on for this; the shipped pods take gRPC only): the big
+  requests again, POSTed at once, three rounds; then `--clients` senders mixing raw HTTP broken on
+  the way (tests/fuzzing.py's `broken_http`: cut, bytes changed, lengths that lie; each followed by
+  a half-close) with valid POSTs, one in two, for `--seconds`. `--no-http` leaves them out.
 
 Each request is a Collector batch of the fleet's dcgm-exporter and kube-state-metrics scrapes, with
 recent timestamps. The sidecar's VmRSS is sampled every 20 ms. Printed per phase: answers by kind,
 peak VmRSS and the ratio to the pod's limit; then the UNAVAILABLE answers the senders got against
 the refusals the sidecar counted (`otelgpu_requests_total{outcome="unavailable"}`, and by reason
-`otelgpu_receiver_connections_refused_total{transport="grpc"}`), and whether the sidecar is alive and answering.
+`otelgpu_receiver_connections_refused_total`), and whether the sidecar is alive and answering.
 
 Usage: python benchmarks/bench_overload.py [--mode gateway|node] [--nodes 100] [--seconds 20]
-       [--limit-mib auto] [--no-limiter]
+       [--limit-mib auto] [--no-limiter] [--no-http]
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import multiprocessing
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,11 +54,14 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
 
 import bench_footprint as bf  # noqa: E402 - the fleet, its scrapes, the sink, /proc readers
-from fuzzing import WIRE  # noqa: E402
+from fuzzing import WIRE, broken_http  # noqa: E402
 
 from otelgpu.demo import scrapes  # noqa: E402
 from otelgpu.demo.otlp import request  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
+
+
+RETRY_LATER = {"connection_limit", "concurrent_requests", "queue_full", "wal", "memory_limit", "bytes_in_flight"}
 
 
 class Rss:
@@ -204,6 +213,64 @@ def flood(port: int, bodies: list[bytes], clients: int, seconds: float) -> Count
     return closed_loop(port, mixed, clients, seconds)[0]
 
 
+def post(port: int, body: bytes) -> str:
+    """One OTLP/HTTP export on a connection of its own: its status, or the error that ended it."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf"})
+        response = conn.getresponse()
+        response.read()
+        return str(response.status)
+    except OSError as err:
+        return type(err).__name__
+    finally:
+        conn.close()
+
+
+def http_at_once(port: int, body: bytes, n: int) -> Counter:
+    with futures.ThreadPoolExecutor(n) as pool:
+        return Counter(pool.map(lambda _: post(port, body), range(n)))
+
+
+def raw_http(port: int, data: bytes) -> str:
+    """Raw bytes, then a half-close: the status of the first answer, or how the connection ended."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            answer = sock.recv(12)
+            while sock.recv(65536):
+                pass
+        return answer[9:12].decode() if answer.startswith(b"HTTP/1.1 ") else "no answer"
+    except OSError as err:
+        return type(err).__name__
+
+
+def http_flood(port: int, bodies: list[bytes], clients: int, seconds: float) -> Counter:
+    """Raw HTTP broken on the way mixed one in two with valid POSTs, from `clients` senders."""
+    rng = random.Random(2)
+    head = b"POST /v1/metrics HTTP/1.1\r\nHost: otelgpu\r\nContent-Type: application/x-protobuf\r\n"
+    broken = [broken_http(rng, head + f"Content-Length: {len(b)}\r\n\r\n".encode() + b) or b"x"
+              for b in bodies * (200 // len(bodies) + 1)][:200]
+    answers: Counter = Counter()
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def sender(i: int) -> None:
+        n = i
+        while time.monotonic() < stop:
+            got = "broken " + raw_http(port, broken[n % len(broken)]) if n % 2 else post(port, bodies[n % len(bodies)])
+            with lock:
+                answers[got] += 1
+            n += clients
+    threads = [threading.Thread(target=sender, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
 def drained(metrics_port: int, limit_s: float = 600) -> float:
     """Seconds until the sidecar's queue is empty and its interval count stands still."""
     began, last, steady = time.monotonic(), None, 0
@@ -220,8 +287,9 @@ def refusals_counted(metrics_port: int) -> tuple[float, dict[str, float]]:
     """The "retry later" answers the sidecar counted, in all and by reason."""
     m = bf.scrape_metrics(metrics_port)
     by_reason = {k.split('reason="')[1].split('"')[0]: v for k, v in m.items()
-                 if k.startswith("otelgpu_receiver_connections_refused_total") and 'transport="grpc"' in k}
-    return m.get('otelgpu_requests_total{outcome="unavailable",transport="grpc"}', 0), by_reason
+                 if k.startswith("otelgpu_receiver_connections_refused_total")
+                 and k.split('reason="')[1].split('"')[0] in RETRY_LATER}
+    return sum(v for k, v in m.items() if k.startswith('otelgpu_requests_total{outcome="unavailable"')), by_reason
 
 
 def main() -> None:
@@ -237,6 +305,7 @@ def main() -> None:
     ap.add_argument("--limit-mib", default="auto", help="the container memory the limiter takes its defaults from "
                     "(80 %% hard, 60 %% soft); auto: the pod's limit")
     ap.add_argument("--no-limiter", action="store_true", help="run without the memory limiter, to compare")
+    ap.add_argument("--no-http", action="store_true", help="leave out the OTLP/HTTP phases")
     args = ap.parse_args()
     limit_mib = bf.mib(bf.pod_resources(args.mode)["memory_limit"])
 
@@ -245,10 +314,11 @@ def main() -> None:
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(sink, server)
     sink_port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    grpc_port, metrics_port = bf.free_port(), bf.free_port()
+    grpc_port, metrics_port, http_port = bf.free_port(), bf.free_port(), bf.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         path = bf.sidecar_config(args.mode, Path(tmp), grpc_port, sink_port, metrics_port)
         config = yaml.safe_load(path.read_text())
+        config["receiver"]["http"] = {"enabled": not args.no_http, "endpoint": f"127.0.0.1:{http_port}"}
         pod = limit_mib if args.limit_mib == "auto" else float(args.limit_mib)
         # what the defaults give inside the pod, from its cgroup: 80 % hard, 20 % spike
         limiter = {"enabled": False} if args.no_limiter else {"limit_mib": int(pod * 0.8), "spike_limit_mib": int(pod * 0.2)}
@@ -256,11 +326,11 @@ def main() -> None:
         path.write_text(yaml.safe_dump(config))
         log = Path(tmp) / "log"
         with log.open("w") as stderr, bf.serving(path, server, stderr) as child:
-            run(args, child, grpc_port, metrics_port, limit_mib, log)
+            run(args, child, grpc_port, http_port, metrics_port, limit_mib, log)
 
 
-def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, metrics_port: int, limit_mib: float,
-        log: Path) -> None:
+def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, http_port: int, metrics_port: int,
+        limit_mib: float, log: Path) -> None:
     bf.wait_ready(child, metrics_port, lambda: log.read_text()[-3000:])
     nodes, ns_labels = bf.fleet(args.nodes if args.mode == "gateway" else 1, 0)
     bodies = payloads(nodes, ns_labels, 8)
@@ -274,7 +344,7 @@ def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, metri
 
     def phase(name: str, answers: Counter, extra: str = "") -> None:
         nonlocal unavailable
-        unavailable += answers["UNAVAILABLE"]
+        unavailable += answers["UNAVAILABLE"] + answers["503"] + answers["broken 503"]
         alive = child.poll() is None
         print(f"{name:<16} peak {rss.peak_mib():6.0f} MiB = {rss.peak_mib() / limit_mib:.2f} of the limit; "
               f"answers: {', '.join(f'{k} {v}' for k, v in answers.most_common())}{extra}"
@@ -300,11 +370,22 @@ def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, metri
     answers = flood(grpc_port, bodies, args.clients, args.seconds)
     drained(metrics_port)
     phase("malformed flood", answers)
+    if not args.no_http:
+        rss.reset()
+        answers = Counter()
+        for _ in range(3):
+            answers += http_at_once(http_port, big, args.big)
+        drained(metrics_port)
+        phase(f"HTTP {args.big} x {len(big) / 2**20:.0f} MiB", answers)
+        rss.reset()
+        answers = http_flood(http_port, bodies, args.clients, args.seconds)
+        drained(metrics_port)
+        phase("HTTP malformed", answers)
     counted, by_reason = refusals_counted(metrics_port)
     with channel(grpc_port) as ch:
         answering = ch.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)(b"", timeout=30)
     status = bf.proc_status(child.pid)
-    print(f"refusals: {unavailable} UNAVAILABLE answers, {counted:.0f} counted by the sidecar ("
+    print(f"refusals: {unavailable} UNAVAILABLE or 503 answers, {counted:.0f} counted by the sidecar ("
           + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_reason.items())) + ")")
     print(f"VmHWM {status['VmHWM'] / 1024:.0f} MiB = {status['VmHWM'] / 1024 / limit_mib:.2f} of the limit; "
           f"VmRSS at end {status['VmRSS'] / 1024:.0f} MiB; alive and answering: {answering == b''}")

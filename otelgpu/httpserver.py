@@ -515,7 +515,12 @@ class _Server:
         if answer is not None and body_follows(request.headers):
             if request.method == "HEAD":
                 answer.body = b""
-            await self.close_with_response(conn, answer)
+            # "retry later": its sender will send the body again, so it is read (and dropped) to
+            # its end, and the sender reads the answer whether or not it reads while it sends
+            length = content_length(request.headers.get("Content-Length"))
+            body = min(length, lim.max_body_bytes) if length is not None else lim.max_body_bytes
+            drain = max(body - len(parser.trailing_data[0]), 0) if answer.status == 503 else 0  # h11 has the rest
+            await self.close_with_response(conn, answer, drain)
             return False
         slot = answer is None
         if slot:
@@ -637,9 +642,12 @@ class _Server:
     async def close_with(self, conn: _Conn, status: int, message: str, request: Optional[Request]) -> None:
         await self.close_with_response(conn, self.owner.error(status, message, request))
 
-    async def close_with_response(self, conn: _Conn, response: Response) -> None:
+    async def close_with_response(self, conn: _Conn, response: Response, drain: int = 0) -> None:
+        """Answer and close; `drain`: the bytes of the request's body to read and drop first, by
+        the body deadline (else what the client still sends is taken as answer_and_close says)."""
         conn.state, conn.since = CLOSING, self.clock
-        await answer_and_close(conn, response, self.owner.limits.write_timeout_s)
+        lim = self.owner.limits
+        await answer_and_close(conn, response, lim.write_timeout_s, drain, lim.body_timeout_s)
 
     def screen(self, request: Request) -> Optional[Response]:
         """An answer from the headers alone, or None to read the body (a slot then taken)."""
@@ -722,18 +730,25 @@ def _raw(response: Response) -> bytes:
     return "\r\n".join(lines).encode("latin-1") + response.body
 
 
-async def answer_and_close(conn: _Conn, response: Response, timeout_s: float) -> None:
+async def answer_and_close(conn: _Conn, response: Response, timeout_s: float, drain: int = 0,
+                           drain_s: float = 0.0) -> None:
     """Write `response` with `Connection: close` (within `timeout_s`), take what the client still
-    sends (up to 1 MiB, for up to a second, until it has been quiet for 0.2 s) so that the close
-    does not meet unread bytes and reset the connection, then close it."""
+    sends so that the close does not meet unread bytes and reset the connection, then close it:
+    `drain` bytes within `drain_s` where given (a body the client will send whole), until it has
+    been quiet for a second (one that read the answer before sending its body sends none), else up
+    to 1 MiB, for up to a second, until it has been quiet for 0.2 s. What is taken is dropped."""
     loop = asyncio.get_running_loop()
     try:
         conn.writer.write(_raw(response))
         async with asyncio.timeout(timeout_s):
             await conn.writer.drain()
-        end, taken = loop.time() + _LINGER_S, 0
-        while taken < _LINGER_BYTES and not conn.cut:
-            async with asyncio.timeout(min(_QUIET_S, end - loop.time())):
+        if drain:
+            end, limit, quiet = loop.time() + drain_s, drain, _LINGER_S
+        else:
+            end, limit, quiet = loop.time() + _LINGER_S, _LINGER_BYTES, _QUIET_S
+        taken = 0
+        while taken < limit and not conn.cut:
+            async with asyncio.timeout(min(quiet, end - loop.time())):
                 data = await conn.reader.read(_READ_BYTES)
             if not data:
                 break

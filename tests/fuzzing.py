@@ -1,7 +1,8 @@
 """Mutators: one generator of hostile input per class, each `(rng, t, valid request) -> Hostile`
 for the valid scrape at time `t` that it is mixed into (see fuzz_traffic.py for the rules).
 
-STRUCTURED classes build OTLP messages; WIRE classes build bytes that go out as they are."""
+STRUCTURED classes build OTLP messages; WIRE classes build bytes that go out as they are;
+`broken_http` breaks a raw HTTP request."""
 
 from __future__ import annotations
 
@@ -298,3 +299,25 @@ def garbage(rng: random.Random, t: int, req: Req) -> Hostile:
 
 
 WIRE: dict[str, Generator] = {g.__name__: g for g in (bitflip, truncation, garbage)}
+
+
+def broken_http(rng: random.Random, data: bytes) -> bytes:
+    """A raw HTTP request `data` broken one of the ways requests get broken on the way: cut, a byte
+    changed, bytes inserted or removed, a header repeated, a Content-Length that lies."""
+    kind, at = rng.randrange(6), rng.randrange(len(data))
+    if kind == 0:
+        return data[:at]
+    if kind == 1:
+        return data[:at] + bytes([rng.randrange(256)]) + data[at + 1:]
+    if kind == 2:
+        return data[:at] + rng.randbytes(rng.randrange(1, 40)) + data[at:]
+    if kind == 3:
+        return data[:at] + data[at + rng.randrange(1, 200):]
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    if kind == 4:
+        line = rng.choice(lines[1:])
+        return b"\r\n".join(lines + [line]) + b"\r\n\r\n" + body
+    length = rng.choice([0, 1, len(body) - 1, len(body) + 1, len(body) * 2, 2**31, 10**20])
+    return b"\r\n".join(line if not line.startswith(b"Content-Length") else b"Content-Length: " + str(length).encode()
+                        for line in lines) + b"\r\n\r\n" + body

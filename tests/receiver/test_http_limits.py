@@ -296,3 +296,30 @@ def test_workers_stay_few_and_requests_beyond_the_queue_get_503(http_receiver, m
     gate.opened.set()
     eventually(lambda: receiver._server.under_way() == 0)  # places free as the held requests are handled
     assert gate.entered == limit and post(receiver, body) == 200
+
+
+def test_a_sender_that_writes_its_whole_body_before_reading_gets_the_503(http_receiver, make_ingest, metrics,
+                                                                          otel_request):
+    """Refused from its headers, "retry later": the body is read and dropped to its end, so a
+    client that reads nothing until it has sent everything (Python's http.client) gets the 503
+    instead of a connection reset by the close."""
+    gate = Gate(make_ingest())
+    receiver = http_receiver(gate, max_connections=2)
+    body = otel_request(VLLM).SerializeToString()
+    held = WORKERS + 2  # the workers, and one waiting request per allowed connection
+    for _ in range(held):
+        with connect(receiver) as s:
+            s.sendall(HEAD.replace(b"1000", str(len(body)).encode()) + b"\r\n" + body)
+            eventually(lambda: receiver.connections().get("busy") == 1)
+        eventually(lambda: receiver.connections() == {})
+    big = b"\x00" * (8 << 20)  # far more than the socket buffers and the 1 MiB taken after other refusals
+    for _ in range(3):
+        client = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=30)
+        client.request("POST", "/v1/metrics", big, {"Content-Type": "application/x-protobuf"})  # all of it, then read
+        response = client.getresponse()
+        assert response.status == 503 and response.getheader("Retry-After") == "1"
+        client.close()
+    assert refused(metrics, "concurrent_requests") == 3
+    gate.opened.set()
+    eventually(lambda: receiver._server.under_way() == 0)
+    assert gate.entered == held and post(receiver, body) == 200

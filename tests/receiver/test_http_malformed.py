@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import requests
+from fuzzing import broken_http
 from support import eventually
 
 from otelgpu.receiver.http_server import HttpReceiver
@@ -93,28 +94,6 @@ def test_requests_begun_and_not_finished_by_their_deadlines_get_408(http_receive
     assert by_label(refused)[("http", "idle_timeout")] == 2 and by_label(refused)[("http", "read_timeout")] == 1
 
 
-def mutate(rng: random.Random, data: bytes) -> bytes:
-    """One of the ways a request gets broken on the way: cut, a byte changed, bytes inserted or
-    removed, a header repeated, a length that lies."""
-    kind, at = rng.randrange(6), rng.randrange(len(data))
-    if kind == 0:
-        return data[:at]
-    if kind == 1:
-        return data[:at] + bytes([rng.randrange(256)]) + data[at + 1:]
-    if kind == 2:
-        return data[:at] + rng.randbytes(rng.randrange(1, 40)) + data[at:]
-    if kind == 3:
-        return data[:at] + data[at + rng.randrange(1, 200):]
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    if kind == 4:
-        line = rng.choice(lines[1:])
-        return b"\r\n".join(lines + [line]) + b"\r\n\r\n" + body
-    length = rng.choice([0, 1, len(body) - 1, len(body) + 1, len(body) * 2, 2**31, 10**20])
-    return b"\r\n".join(line if not line.startswith(b"Content-Length") else b"Content-Length: " + str(length).encode()
-                        for line in lines) + b"\r\n\r\n" + body
-
-
 def test_fuzzed_requests_are_all_answered_and_counted_while_valid_senders_lose_nothing(
         http_receiver, make_ingest, metrics, otel_request):
     ingest = make_ingest(queue_size=4096)
@@ -136,7 +115,7 @@ def test_fuzzed_requests_are_all_answered_and_counted_while_valid_senders_lose_n
     sender.start()
     try:
         for _ in range(400):
-            data = mutate(rng, valid)
+            data = broken_http(rng, valid)
             if not data:
                 continue
             got = statuses(exchange(receiver, data))
