@@ -3,7 +3,8 @@ otelgpu `kill -9`ed and away for --otelgpu-outage seconds while the Collector qu
 then the backlog replayed at the Collector's full queue speed; then Prometheus (AMP's stand-in)
 away for --backend-outage seconds behind the Collector's remote-write exporter. The shipped
 gateway configs (collector-config/gateway.yaml, k8s/gateway/otelgpu.yaml; endpoints, credentials,
-a 1 s scrape interval and 10 s intervals changed, as in tests/chain.py) and the fixtures' cluster.
+the sending queue's directory, a 1 s scrape interval and 10 s intervals changed, as in
+tests/chain.py) and the fixtures' cluster.
 
 Prints whether PromQL's money equals the figures of an undisturbed run (tests/chain.py's
 check_money), the points otelgpu took late, the Collector's drops, and otelgpu's and the

@@ -1,7 +1,8 @@
 """The production chain with the real Collector in it, for tests: the fixtures' cluster
 (tests/scrapecluster.py) discovered and scraped by the pinned Collector running a shipped config
-(only endpoints, credentials and the scrape interval rewritten: otelcol.shipped_config), the real
-`otelgpu serve` between its two pipelines, a real Prometheus behind its remote-write exporter.
+(only endpoints, credentials, the queue's directory and the scrape interval rewritten:
+otelcol.shipped_config), the real `otelgpu serve` between its two pipelines, a real Prometheus
+behind its remote-write exporter.
 
 `Chain.run(disturb)` plays the cluster's timeline (a pod starts, a scrape fails, a pod ends) with
 the test's disturbances at chosen moments, and `Chain.check_money` compares what PromQL reads back

@@ -55,7 +55,7 @@ def capture(workdir: Path) -> tuple[list[Scrape], dict[str, int]]:
                                     free_port(), "http://127.0.0.1:9/api/v1/write", telemetry, SCRAPE_INTERVAL)
     # Only the gpu pipeline: what reaches otelgpu. The cost and self pipelines stay out of it.
     config["service"]["pipelines"] = {"metrics/gpu": config["service"]["pipelines"]["metrics/gpu"]}
-    config["service"]["extensions"] = ["health_check"]
+    config["service"]["extensions"].remove("sigv4auth")
     for kind, name in (("receivers", "prometheus/self"), ("receivers", "otlp/cost"),
                        ("exporters", "prometheus_remote_write/amp"), ("extensions", "sigv4auth")):
         del config[kind][name]

@@ -75,8 +75,9 @@ def credentials_rewritten(text: str, service_account: Path) -> str:
 def shipped_config(mode: str, workdir: Path, api_url: str, otelgpu_endpoint: str, otelgpu_metrics: str,
                    cost_port: int, write_url: str, telemetry_port: int, scrape_interval: str = "1s") -> dict:
     """collector-config/<mode>.yaml with only what a test must change: endpoints (loopback ports,
-    the Kubernetes API through a kubeconfig, `write_url` for AMP), the service account files, and
-    the scrape interval (seconds instead of 30 s, so minutes of traffic take seconds)."""
+    the Kubernetes API through a kubeconfig, `write_url` for AMP), the service account files, the
+    sending queue's directory (the pod's volume: `workdir`/<extension>, kept across restarts of the
+    Collector), and the scrape interval (seconds instead of 30 s, so minutes of traffic take seconds)."""
     account = stand_in_service_account(workdir / "serviceaccount")
     text = credentials_rewritten((REPO / "collector-config" / f"{mode}.yaml").read_text(), account)
     doc = yaml.safe_load(text)
@@ -94,6 +95,9 @@ def shipped_config(mode: str, workdir: Path, api_url: str, otelgpu_endpoint: str
         for static in scrape.get("static_configs", []):
             static["targets"] = [{"127.0.0.1:9464": otelgpu_metrics, "127.0.0.1:8888": f"127.0.0.1:{telemetry_port}"}[t]
                                  for t in static["targets"]]
+    for name, extension in doc["extensions"].items():
+        if name.split("/")[0] == "file_storage":
+            extension["directory"] = extension["compaction"]["directory"] = str(workdir / name.replace("/", "-"))
     doc["receivers"]["otlp/cost"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{cost_port}"
     doc["exporters"]["otlp_grpc/otelgpu"]["endpoint"] = otelgpu_endpoint
     doc["exporters"]["prometheus_remote_write/amp"]["endpoint"] = write_url

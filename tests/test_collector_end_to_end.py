@@ -8,7 +8,8 @@ from what the cluster served; a pod starts, one ends and a scrape fails on the w
 
 What is rewritten in the shipped files for the test, and nothing else (otelcol.shipped_config):
 endpoints (loopback ports, the Kubernetes API through a kubeconfig, Prometheus for AMP), the
-service account files, and the scrape interval (1 s instead of 30 s). otelgpu runs the mode's
+service account files, the sending queue's directory (in the test's), and the scrape interval
+(1 s instead of 30 s). otelgpu runs the mode's
 otelgpu.yaml (k8s/<mode>/) with 10-second intervals and the test's prices (chain.otelgpu_config)."""
 
 from __future__ import annotations

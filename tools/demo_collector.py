@@ -8,9 +8,10 @@ Prometheus. Every address is on loopback.
     make demo-collector                  # runs until Ctrl-C; open the Prometheus URL it prints
     .venv/bin/python tools/demo_collector.py --minutes 3
 
-Only endpoints, credentials and the scrape interval (1 s) differ from the shipped configs;
-otelgpu closes 10-second intervals so the money moves while you watch. Needs Go (to build the
-Collector, about five minutes the first time) and Prometheus (Debian's `prometheus`)."""
+Only endpoints, credentials, the sending queue's directory and the scrape interval (1 s) differ
+from the shipped configs; otelgpu closes 10-second intervals so the money moves while you watch.
+Needs Go (to build the Collector, about five minutes the first time) and Prometheus (Debian's
+`prometheus`)."""
 
 from __future__ import annotations
 

@@ -165,6 +165,39 @@ def test_the_otelgpu_config_in_the_manifests_passes_the_serve_validator(mode, tm
     assert bare.returncode == 2 and "CLUSTER_NAME" in bare.stderr
 
 
+def _bytes(quantity: str) -> int:
+    """A Kubernetes quantity in Ki, Mi or Gi, in bytes."""
+    return int(quantity[:-2]) * {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}[quantity[-2:]]
+
+
+@pytest.mark.parametrize("mode,components", PODS, ids=IDS)
+def test_the_queue_to_otelgpu_is_on_a_volume_of_the_collectors_own_with_room_for_it(mode, components):
+    """otlp_grpc/otelgpu's sending queue is in a file_storage extension whose directory is a volume
+    mounted in the Collector's container only (an emptyDir outlives a restart of that container),
+    holding three times the file's max_size (the file, a compaction's copy beside it, a corrupt file
+    set aside at start): a pod whose emptyDir passes its sizeLimit is evicted, and the queue with it."""
+    p = pod(render(mode, components))
+    config = collector_config(p)
+    queue = config["exporters"]["otlp_grpc/otelgpu"]["sending_queue"]
+    storage = config["extensions"][queue["storage"]]
+    assert queue["storage"] in config["service"]["extensions"]
+    assert queue["sizer"] == "bytes" and 0 < queue["queue_size"] < storage["max_size"]
+    # The compacted copy replaces the file by a rename: on the same volume.
+    assert storage["directory"] == storage["compaction"]["directory"]
+    mounts = {m["mountPath"]: m["name"] for m in p.container("otel-collector")["volumeMounts"]}
+    name = mounts[storage["directory"]]
+    assert [c["name"] for c in p.containers() if any(m["name"] == name for m in c.get("volumeMounts", []))] == \
+        ["otel-collector"]
+    volume = next(v for v in p.spec["volumes"] if v["name"] == name)
+    if "persistentVolumeClaim" in volume:
+        claim = next(o for o in p.objects if o["kind"] == "PersistentVolumeClaim"
+                     and o["metadata"]["name"] == volume["persistentVolumeClaim"]["claimName"])
+        room = _bytes(claim["spec"]["resources"]["requests"]["storage"])
+    else:
+        room = _bytes(volume["emptyDir"]["sizeLimit"])
+    assert room >= 3 * storage["max_size"], (room, storage["max_size"])
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_node_mode_scrapes_and_watches_only_its_node(mode, tmp_path, monkeypatch):
     p = pod(render(mode))
