@@ -55,11 +55,12 @@ def cluster(tmp_path: Path) -> Iterator[GpuCluster]:
         c.close()
 
 
-def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int) -> dict:
-    """k8s/<mode>/otelgpu.yaml with 10-second intervals, the test's prices and loopback endpoints."""
+def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int, lateness_s: int = 8) -> dict:
+    """k8s/<mode>/otelgpu.yaml with 10-second intervals waiting `lateness_s` for late data, the
+    test's prices and loopback endpoints."""
     doc = yaml.safe_load((REPO / "k8s" / mode / "otelgpu.yaml").read_text())
     doc["cluster"]["name"] = ENV["CLUSTER_NAME"]
-    doc["attribution"].update(interval_seconds=DT, lateness_seconds=8)
+    doc["attribution"].update(interval_seconds=DT, lateness_seconds=lateness_s)
     doc["attribution"]["prices"] = {"gpu_hour_by_gpu_model": PRICE}
     doc["kubernetes"].update(auth="token", api_url=c.api.url, token="test-token")
     if mode == "node":
@@ -70,11 +71,12 @@ def otelgpu_config(mode: str, workdir: Path, c: GpuCluster, cost_port: int) -> d
 
 
 class Chain:
-    def __init__(self, workdir: Path, cluster: GpuCluster, prometheus: PrometheusServer, mode: str = "gateway") -> None:
+    def __init__(self, workdir: Path, cluster: GpuCluster, prometheus: PrometheusServer, mode: str = "gateway",
+                 lateness_s: int = 8) -> None:
         self.workdir, self.cluster, self.prometheus = workdir, cluster, prometheus
         self.cost_port, self.telemetry_port = free_port(), free_port()
         self.otelgpu = Sidecar(workdir, {}, name="otelgpu")
-        doc = otelgpu_config(mode, workdir, cluster, self.cost_port)
+        doc = otelgpu_config(mode, workdir, cluster, self.cost_port, lateness_s)
         doc["receiver"]["grpc"]["endpoint"] = f"127.0.0.1:{self.otelgpu.grpc_port}"
         doc["exporter"]["prometheus"]["endpoint"] = f"127.0.0.1:{self.otelgpu.metrics_port}"
         self.otelgpu.config.write_text(yaml.safe_dump(doc))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -164,6 +165,16 @@ class Collector:
         """The sum of one telemetry series' samples with these labels (0 when it has none)."""
         return sum(v for (n, ls), v in self.telemetry().items()
                    if n == name and all(dict(ls).get(k) == want for k, want in labels.items()))
+
+    def queue_loaded(self) -> Optional[dict]:
+        """What the newest start found in the persistent sending queue, as its log says ("Loaded queue
+        metadata": readIndex, writeIndex, itemsSize in points, bytesSize, dispatchedItems); None when
+        it found none."""
+        newest = self.log.read_text(errors="replace").split("Starting otelcol-otelgpu")[-1]
+        for line in newest.splitlines():
+            if "\tLoaded queue metadata\t" in line:
+                return json.loads(line.rsplit("\t", 1)[1])
+        return None
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM by PID: the Collector drains and stops."""

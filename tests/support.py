@@ -82,9 +82,10 @@ def feed(pipeline: Pipeline, *requests: ExportMetricsServiceRequest) -> None:
 
 
 class CollectorSink:
-    """A real in-process OTLP/gRPC MetricsService standing in for the Collector's otlp/cost receiver."""
+    """A real in-process OTLP/gRPC MetricsService standing in for the Collector's otlp/cost receiver
+    (or for otelgpu's receiver, before the Collector), on `port` of loopback (0: a free one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         import threading
         from concurrent import futures
 
@@ -103,7 +104,7 @@ class CollectorSink:
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.server.start()
         self.endpoint = f"127.0.0.1:{self.port}"
 
