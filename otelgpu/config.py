@@ -187,7 +187,7 @@ class HttpReceiverConfig:
 
 @dataclass(config=_STRICT)
 class MemoryLimiterConfig:
-    """The receivers' memory limits (otelgpu/receiver/memory.py), as the Collector's memory_limiter
+    """The receivers' memory limits (otelgpu/memory.py), as the Collector's memory_limiter
     sets them: `limit_mib` (hard) and `spike_limit_mib` (hard - spike = soft), or, when unset,
     `limit_percentage` and `spike_limit_percentage` of the container's memory limit (its cgroup's),
     else of the machine's memory. At or above the soft limit new requests are refused "retry later"

@@ -73,7 +73,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import h11
 
 from otelgpu.errors import RetryableError
-from otelgpu.receiver.memory import MemoryLimiter, Ticket
+from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.tls import BearerTokens, ServerTLS
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Ingest
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
-from otelgpu.receiver.memory import limiter_of
+from otelgpu.memory import limiter_of
 from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
 from otelgpu import telemetry

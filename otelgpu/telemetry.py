@@ -28,7 +28,7 @@ from prometheus_client.metrics import disable_created_metrics
 import otelgpu
 
 if TYPE_CHECKING:
-    from otelgpu.receiver.memory import MemoryLimiter
+    from otelgpu.memory import MemoryLimiter
 
 # Counters' `_created` series double the series count and no Collector exposes them.
 disable_created_metrics()
@@ -221,7 +221,7 @@ class SelfMetrics:
 
     def watch_memory(self, memory: "MemoryLimiter") -> None:
         """Publish a memory limiter's limits and the bytes it has reserved."""
-        from otelgpu.receiver.memory import NO_BUDGET
+        from otelgpu.memory import NO_BUDGET
 
         for limit, value in (("soft", memory.soft_bytes), ("hard", memory.hard_bytes),
                              ("inflight", memory.max_inflight_bytes)):

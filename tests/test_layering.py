@@ -16,9 +16,7 @@ STILL_UPWARD = {  # shared vocabulary still in a stage package; moved to the gro
     ("otelgpu.enrich.join", "otelgpu.attribution.fractions"),
     ("otelgpu.enrich.join", "otelgpu.attribution.prices"),
     ("otelgpu.enrich.join", "otelgpu.exporter.store"),
-    ("otelgpu.httpserver", "otelgpu.receiver.memory"),
     ("otelgpu.receiver.columnar", "otelgpu.attribution.engine"),
-    ("otelgpu.telemetry", "otelgpu.receiver.memory"),
 }
 STILL_CYCLES = [["otelgpu.enrich.facts", "otelgpu.enrich.factstate"]]
 

@@ -9,7 +9,7 @@ Every status comes from otelgpu.errors.status_for.
 
 Limits (`receiver.grpc`): `max_concurrent_requests` workers run Exports and `max_queued_requests`
 more may wait for one. Beyond that, or with the process at its memory limiter's soft limit
-(otelgpu/receiver/memory.py), an Export is refused at once, before its message is read, with
+(otelgpu/memory.py), an Export is refused at once, before its message is read, with
 UNAVAILABLE and RetryInfo. grpcio's own `maximum_concurrent_rpcs` is not set: its answer is a bare
 RESOURCE_EXHAUSTED, which the Collector drops for good, and which otelgpu could not count. Refusals
 run on threads of their own (grpcio's `experimental_thread_pool`), so they never wait behind busy
@@ -41,7 +41,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otelgpu.config import GrpcReceiverConfig, listen_address
 from otelgpu.errors import ConfigError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer, refused
-from otelgpu.receiver.memory import MemoryLimiter, cost
+from otelgpu.memory import MemoryLimiter, cost
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import BearerTokens, server_security
 

@@ -18,7 +18,7 @@ headers (408), and as long again for the answer to be taken; each refusal and cu
 as requests{outcome="invalid"}; a client that half-closes after its request still gets its answer. Requests are refused from their headers, before any body is read, without a valid bearer
 token (`auth`: 401, counted as requests{outcome="unauthenticated"}), without a Content-Length or a
 chunked body (400), or beyond `max_body_bytes` (413) or the memory limiter's budget (503, see
-otelgpu/receiver/memory.py); bodies are limited after gunzip too (gzip is inflated with ISA-L; a
+otelgpu/memory.py); bodies are limited after gunzip too (gzip is inflated with ISA-L; a
 body whose gzip trailer declares more than the limit is refused before any of it is inflated, and
 the declared size is reserved before it is). Requests are handled by a few worker threads,
 whatever the number of connections. `tls` gives TLS or mutual TLS, rotated files used for new
@@ -47,7 +47,7 @@ from otelgpu import httpserver
 from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, Request, answer, refused
-from otelgpu.receiver.memory import MemoryLimiter, Ticket, cost
+from otelgpu.memory import MemoryLimiter, Ticket, cost
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import server_security
 

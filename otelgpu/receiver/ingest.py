@@ -21,7 +21,7 @@ from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
-from otelgpu.receiver.memory import MemoryLimiter, Ticket
+from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.receiver.record import encode_batch
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.wal import Wal

@@ -13,7 +13,7 @@ from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Consumer, Ingest
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.memory import MemoryLimiter
+from otelgpu.memory import MemoryLimiter
 from otelgpu.telemetry import SelfMetrics
 
 from .helpers import otel_fixtures_dir

@@ -19,7 +19,7 @@ from support import eventually
 from otelgpu.config import MemoryLimiterConfig, parse_config
 from otelgpu.errors import RetryableError
 from otelgpu.receiver.grpc_server import SERVICE
-from otelgpu.receiver.memory import BYTES_IN_FLIGHT, MEMORY_LIMIT, MemoryLimiter, cost, limiter_of, resident_bytes
+from otelgpu.memory import BYTES_IN_FLIGHT, MEMORY_LIMIT, MemoryLimiter, cost, limiter_of, resident_bytes
 from otelgpu.telemetry import by_label, total
 
 from .helpers import DCGM1, KSM, drain_points
@@ -79,7 +79,7 @@ def test_the_soft_limit_is_the_resident_size_and_above_it_requests_go_one_at_a_t
 
 
 def test_limits_default_to_shares_of_the_container_and_can_be_set(monkeypatch):
-    from otelgpu.receiver import memory
+    from otelgpu import memory
 
     monkeypatch.setattr(memory, "container_memory", lambda: 1000 * MiB)
     default = limiter_of(MemoryLimiterConfig())
