@@ -24,7 +24,8 @@ from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodUse, Tokens
 from otelgpu.enrich.window import Interval
-from otelgpu.exporter.store import Attrs, Plan, with_attrs
+from otelgpu.core.attrs import Attrs, with_attrs
+from otelgpu.exporter.store import Plan
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics
 

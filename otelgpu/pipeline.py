@@ -32,7 +32,8 @@ from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
-from otelgpu.exporter.store import Attrs, CostStore, Points
+from otelgpu.core.attrs import Attrs
+from otelgpu.exporter.store import CostStore, Points
 from otelgpu.heap import collector_paused, give_back, page_out
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver

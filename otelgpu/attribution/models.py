@@ -31,7 +31,7 @@ from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request,
 from otelgpu.config import TAG_NAMES, AttributionConfig
 from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined, Names
 from otelgpu.enrich.timeline import group_ids
-from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
+from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)

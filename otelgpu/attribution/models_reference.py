@@ -17,7 +17,7 @@ from otelgpu.attribution.engine import Attribution, attribute_request, scad, sha
 from otelgpu.attribution.models import SUMS, CostModels, holder_activity, hybrid_allocation, priced, shared_idle
 from otelgpu.config import TAG_NAMES
 from otelgpu.enrich.join import Joined
-from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
+from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 
 Series = dict[str, dict[Attrs, float]]
 

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from otelgpu.config import TenantsConfig
 from otelgpu.enrich.usage import Tokens
-from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
+from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 
 # Attributes of a pod's allocated series that describe how a unit was held: the tenant series are
 # the pod's, whatever units it held.

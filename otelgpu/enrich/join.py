@@ -35,7 +35,7 @@ from otelgpu.enrich.sharing import HAMI, Sharing, model_memory_mib, release, sha
 from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
-from otelgpu.exporter.store import Attrs, attrs_of, with_attrs
+from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import GPU_RESOURCES, MIG_PREFIX, Metric, gpu_count_label
 

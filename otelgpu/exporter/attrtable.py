@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from otelgpu.exporter.columns import Attrs, pair
+from otelgpu.core.attrs import Attrs, pair
 
 _RECORD = struct.Struct("<III")  # id, payload bytes, CRC32 of id, length and payload
 COMPACT_FROM = 4096  # sets: below this a log is never rewritten

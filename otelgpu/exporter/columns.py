@@ -14,27 +14,8 @@ from typing import Callable, Collection, Iterator, Sequence, overload
 
 import numpy as np
 
+from otelgpu.core.attrs import Attrs
 from otelgpu.enrich.timeline import group_ids
-
-Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
-
-
-# Each (key, value) pair once: the sets of every series share their pairs instead of holding
-# copies (at 10,000 GPUs, some 17,000 distinct pairs where the sets would hold 1.1 million).
-# Bounded: past the bound it starts afresh, and pairs made before are merely not shared.
-_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
-PAIRS_KEPT = 65_536
-
-
-def pair(kv: tuple[str, str]) -> tuple[str, str]:
-    """The one tuple equal to `kv` (`kv` itself when it is new)."""
-    known = _PAIRS.get(kv)
-    if known is None:
-        if len(_PAIRS) >= PAIRS_KEPT:
-            _PAIRS.clear()
-        known = _PAIRS.setdefault(kv, kv)
-    return known
-
 
 @dataclass(frozen=True)
 class Point:

@@ -42,7 +42,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from otelgpu.config import OtlpExporterConfig
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
-from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
+from otelgpu.core.attrs import Attrs
+from otelgpu.exporter.store import MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import TokenFile, grpc_channel_credentials
 

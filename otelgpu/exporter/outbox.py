@@ -24,7 +24,8 @@ import numpy as np
 
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.attrtable import AttrTable
-from otelgpu.exporter.columns import Attrs, Points
+from otelgpu.core.attrs import Attrs
+from otelgpu.exporter.columns import Points
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import Point
 from otelgpu.telemetry import SelfMetrics

@@ -50,7 +50,8 @@ from otelgpu.config import RemoteWriteConfig
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
-from otelgpu.exporter.store import Attrs, MetricSpec, Point, Points
+from otelgpu.core.attrs import Attrs
+from otelgpu.exporter.store import MetricSpec, Point, Points
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import TokenFile, client_context
 

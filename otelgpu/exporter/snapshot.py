@@ -19,7 +19,8 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from otelgpu.exporter.columns import Attrs, Point, Points
+from otelgpu.core.attrs import Attrs
+from otelgpu.exporter.columns import Point, Points
 
 Key = tuple[str, Attrs]
 Snapshot = dict[Key, list[Point]]  # points of each series, in time order

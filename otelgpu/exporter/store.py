@@ -15,23 +15,10 @@ from typing import Iterable, Mapping, Optional
 import numpy as np
 
 from otelgpu.checkpoint import text_arrays, texts_of
-from otelgpu.exporter.columns import Attrs, Point, Points, pair
+from otelgpu.core.attrs import Attrs, pair
+from otelgpu.exporter.columns import Point, Points
 
-__all__ = ["Attrs", "CostStore", "MetricSpec", "Point", "Points", "attrs_of", "cost_metrics", "with_attrs"]
-
-
-def attrs_of(pairs: Mapping[str, str]) -> Attrs:
-    """A series' attributes as its key: sorted, empty values dropped."""
-    return tuple(sorted(pair(kv) for kv in pairs.items() if kv[1] != ""))
-
-
-def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
-    """`attrs` with the keys of `extra` added or replaced (`attrs_of({**dict(attrs), **extra})`).
-    The pairs `extra` leaves alone are the very tuples of `attrs`."""
-    if not extra:
-        return attrs
-    kept = [kv for kv in attrs if kv[0] not in extra and kv[1] != ""]
-    return tuple(sorted(kept + [pair(kv) for kv in extra.items() if kv[1] != ""]))
+__all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otelgpu.exporter.store import attrs_of, with_attrs
+from otelgpu.core.attrs import attrs_of, with_attrs
 
 keys = st.sampled_from(["a", "b", "team", "pod", "cost_model", "ü", ""])
 mappings = st.dictionaries(keys, st.text(max_size=3), max_size=6)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from otelgpu.exporter import snapshot
 from otelgpu.exporter.columns import Point, Points, merge
 from otelgpu.exporter.otlp import RequestWriter, build_requests
-from otelgpu.exporter.store import attrs_of, cost_metrics
+from otelgpu.core.attrs import attrs_of
+from otelgpu.exporter.store import cost_metrics
 
 SPECS = cost_metrics()
 series_attrs = st.sampled_from([attrs_of({"pod": p, "team": t}) for p in "abc" for t in ("x", "")])

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otelgpu.exporter.otlp import RequestWriter, build_requests
-from otelgpu.exporter.store import Point, attrs_of, cost_metrics
+from otelgpu.core.attrs import attrs_of
+from otelgpu.exporter.store import Point, cost_metrics
 
 SPECS = cost_metrics("EUR")
 text = st.text(min_size=1, max_size=12)

@@ -13,7 +13,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from otelgpu.config import PrometheusConfig, ServerAuthConfig, ServerTLSConfig
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, cost_registry, label_name
-from otelgpu.exporter.store import CostStore, attrs_of
+from otelgpu.core.attrs import attrs_of
+from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics, by_label
 
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelgpu.exporter.remote_write import MAX_LABELS, SeriesWriter, after, build_requests, build_series
-from otelgpu.exporter.store import Point, Points, attrs_of, cost_metrics
+from otelgpu.core.attrs import attrs_of
+from otelgpu.exporter.store import Point, Points, cost_metrics
 
 SPECS = cost_metrics()
 # Keys that the Prometheus translation maps onto one another or onto reserved names, that sort

@@ -1,0 +1,41 @@
+"""A series' attributes as its key: sorted (key, value) pairs, each pair one shared tuple.
+
+Every stage speaks of series this way: enrich tags holdings with them, the cost models key their
+sums by them, the store and the exporters write them."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
+
+
+# Each (key, value) pair once: the sets of every series share their pairs instead of holding
+# copies (at 10,000 GPUs, some 17,000 distinct pairs where the sets would hold 1.1 million).
+# Bounded: past the bound it starts afresh, and pairs made before are merely not shared.
+_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
+PAIRS_KEPT = 65_536
+
+
+def pair(kv: tuple[str, str]) -> tuple[str, str]:
+    """The one tuple equal to `kv` (`kv` itself when it is new)."""
+    known = _PAIRS.get(kv)
+    if known is None:
+        if len(_PAIRS) >= PAIRS_KEPT:
+            _PAIRS.clear()
+        known = _PAIRS.setdefault(kv, kv)
+    return known
+
+
+def attrs_of(pairs: Mapping[str, str]) -> Attrs:
+    """A series' attributes as its key: sorted, empty values dropped."""
+    return tuple(sorted(pair(kv) for kv in pairs.items() if kv[1] != ""))
+
+
+def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
+    """`attrs` with the keys of `extra` added or replaced (`attrs_of({**dict(attrs), **extra})`).
+    The pairs `extra` leaves alone are the very tuples of `attrs`."""
+    if not extra:
+        return attrs
+    kept = [kv for kv in attrs if kv[0] not in extra and kv[1] != ""]
+    return tuple(sorted(kept + [pair(kv) for kv in extra.items() if kv[1] != ""]))
