@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def warm_up() -> dict[str, str]:
-    """Per kernel, "cached", "compiled" or "interpreted" (see attribution.engine.how_loaded)."""
+    """Per kernel, "cached", "compiled" or "interpreted" (see otelgpu.core.jit.how_loaded)."""
     from otelgpu.attribution import engine
     from otelgpu.enrich import facts
     from otelgpu.exporter import otlp, remote_write

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from otelgpu.attribution.kernel import hybrid_kernel, request_kernel, scad_kernel, share_kernel
+from otelgpu.core.jit import how_loaded
 
 
 @dataclass
@@ -123,11 +124,3 @@ def warm_up() -> dict[str, str]:
     hybrid(np.array([0]), 1, np.array([1.0]), np.array([0.5]), np.array([True]), 0.5)
     scad(np.array([0]), np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2)), 60.0)
     return {name: how_loaded(k) for name, k in KERNELS.items()}
-
-
-def how_loaded(kernel) -> str:  # noqa: ANN001 - a numba dispatcher
-    """"cached", "compiled" or "interpreted": how a kernel that has run came to be."""
-    stats = getattr(kernel, "stats", None)  # none under NUMBA_DISABLE_JIT=1 (coverage runs)
-    if stats is None:
-        return "interpreted"
-    return "cached" if sum(stats.cache_hits.values()) and not sum(stats.cache_misses.values()) else "compiled"

@@ -10,10 +10,10 @@ GPU (inconsistent input), they are scaled down together so a GPU is never sold t
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from otelgpu.core.jit import kernel
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def request_kernel(gpu_price_hour, dt_s, row_gpu, row_f, row_share, row_measured, row_activity,
                    alloc, effective, waste, unmeasured, held_s, capacity, idle):  # pragma: no cover - jitted
     n_gpu = gpu_price_hour.shape[0]
@@ -52,7 +52,7 @@ def request_kernel(gpu_price_hour, dt_s, row_gpu, row_f, row_share, row_measured
             idle[g] = 0.0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def share_kernel(row_group, row_weight, group_amount, out_row, out_left):  # pragma: no cover - jitted
     """Hand each group's amount to its rows pro rata to their weights. A group whose rows weigh
     nothing keeps its amount (`out_left`); weights below zero count as zero."""
@@ -71,7 +71,7 @@ def share_kernel(row_group, row_weight, group_amount, out_row, out_left):  # pra
             out_row[i] = 0.0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def hybrid_kernel(row_node, n_node, alloc, use, measured, alpha, charge):  # pragma: no cover - jitted
     """charge = alpha * alloc + (1 - alpha) * pool * use / sum(use), per node, over the holders
     with an activity figure (`measured`); `pool` is their allocated total, so the node's charge
@@ -91,7 +91,7 @@ def hybrid_kernel(row_node, n_node, alloc, use, measured, alpha, charge):  # pra
             charge[i] = alloc[i]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def scad_kernel(pod_node, alloc_qty, capacity, rate_hour, hours, split, unused, idle):  # pragma: no cover - jitted
     """AWS Split Cost Allocation Data for one interval, resource by resource (columns).
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-from numba import njit
+from otelgpu.core.jit import kernel
 
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
@@ -333,7 +333,7 @@ def _pod(d: Mapping[str, Any]) -> PodFacts:
     return pod
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def last_of_each(rows: np.ndarray, metric: np.ndarray, value_bits: np.ndarray, stale: np.ndarray,
                  attr_off: np.ndarray, attr_key: np.ndarray, attr_val: np.ndarray) -> np.ndarray:
     """Per entry of `rows`, whether no later entry is the same row but for its timestamp (same
@@ -368,7 +368,7 @@ def last_of_each(rows: np.ndarray, metric: np.ndarray, value_bits: np.ndarray, s
     return keep
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _same_row(a, b, metric, value_bits, stale, attr_off, attr_key, attr_val):  # noqa: ANN001, ANN202
     if metric[a] != metric[b] or value_bits[a] != value_bits[b] or stale[a] != stale[b]:
         return False
@@ -397,8 +397,8 @@ def last_of_each_reference(rows: np.ndarray, batch: PointBatch) -> np.ndarray:
 
 
 def warm_up() -> str:
-    """Compile (or load from numba's cache) `last_of_each`; returns how (engine.how_loaded)."""
-    from otelgpu.attribution.engine import how_loaded
+    """Compile (or load from numba's cache) `last_of_each`; returns how (otelgpu.core.jit.how_loaded)."""
+    from otelgpu.core.jit import how_loaded
 
     one = np.zeros(1, np.int32)
     last_of_each(np.zeros(1, np.int64), np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1, bool),

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from numba import njit
+from otelgpu.core.jit import kernel
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -163,7 +163,7 @@ class RequestWriter:
         return len_field(2, head + len_field(data_field, points + tail))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start_ns: np.ndarray,
                  time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray, is_sum: bool) -> np.ndarray:
     """The data_points fields (NumberDataPoint, field 1) of one metric's points, as `_point` of
@@ -197,8 +197,8 @@ def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start
 
 
 def warm_up() -> str:
-    """Compile (or load from numba's cache) the writer's kernel; returns how (engine.how_loaded)."""
-    from otelgpu.attribution.engine import how_loaded
+    """Compile (or load from numba's cache) the writer's kernel; returns how (otelgpu.core.jit.how_loaded)."""
+    from otelgpu.core.jit import how_loaded
     from otelgpu.exporter.store import cost_metrics
 
     next(RequestWriter(cost_metrics(), "warm-up").requests([Point("allocated", (("team", "a"),), 1, 2, 1.0)]))

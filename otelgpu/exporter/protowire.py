@@ -4,7 +4,7 @@ out messages from columns); each writer is tested byte for byte against the prot
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from otelgpu.core.jit import kernel
 
 
 def varint(n: int) -> bytes:
@@ -28,7 +28,7 @@ def arena(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(blobs), np.uint8), offsets
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def put_varint(out: np.ndarray, at: int, n: int) -> int:
     while n > 0x7F:
         out[at] = (n & 0x7F) | 0x80
@@ -38,7 +38,7 @@ def put_varint(out: np.ndarray, at: int, n: int) -> int:
     return at + 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def put_fixed64(out: np.ndarray, at: int, tag: int, n: int) -> int:
     out[at] = tag
     for k in range(8):
@@ -46,7 +46,7 @@ def put_fixed64(out: np.ndarray, at: int, tag: int, n: int) -> int:
     return at + 9
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def varint_size(n: int) -> int:
     size = 1
     while n > 0x7F:

@@ -44,7 +44,7 @@ import cramjam
 import numpy as np
 import urllib3
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from numba import njit
+from otelgpu.core.jit import kernel
 
 from otelgpu.config import RemoteWriteConfig
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
@@ -280,14 +280,14 @@ def _label_arena(sets: list[_LabelSet]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return labels, offsets, offsets[:-1] + np.array([len(s.before) for s in sets], np.int64)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _sample_size(bits: int, ms: int) -> int:
     """A Sample's bytes: value (fixed64) when not 0.0, timestamp (varint) when not 0 (proto3 leaves
     zeros out)."""
     return (9 if bits != 0 else 0) + (1 + varint_size(ms) if ms != 0 else 0)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def write_series(labels: np.ndarray, label_offsets: np.ndarray, splits: np.ndarray, names: np.ndarray,
                  name_offsets: np.ndarray, series_lid: np.ndarray, series_name: np.ndarray, series: np.ndarray,
                  ms: np.ndarray, bits: np.ndarray) -> np.ndarray:
@@ -338,8 +338,8 @@ def write_series(labels: np.ndarray, label_offsets: np.ndarray, splits: np.ndarr
 
 
 def warm_up() -> str:
-    """Compile (or load from numba's cache) the writer's kernel; returns how (engine.how_loaded)."""
-    from otelgpu.attribution.engine import how_loaded
+    """Compile (or load from numba's cache) the writer's kernel; returns how (otelgpu.core.jit.how_loaded)."""
+    from otelgpu.core.jit import how_loaded
     from otelgpu.exporter.store import cost_metrics
 
     SeriesWriter(cost_metrics(), "warm-up", {}).requests([Point("allocated", (("team", "a"),), 1, 2, 1.0)], 0, 10)

@@ -446,10 +446,10 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
 
 def warm_up() -> str:
     """Compile (or load from numba's cache) the decoder's kernels with one small request; returns
-    how (see attribution.engine.how_loaded)."""
+    how (see otelgpu.core.jit.how_loaded)."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    from otelgpu.attribution.engine import how_loaded
+    from otelgpu.core.jit import how_loaded
 
     req = ExportMetricsServiceRequest()
     m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="DCGM_FI_DEV_GPU_UTIL")

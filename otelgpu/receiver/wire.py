@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from otelgpu.core.jit import kernel
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 OK, UNSURE = 0, 1
@@ -104,7 +104,7 @@ BEYOND = np.int64(2**63 - 1)  # a time past int64: ahead of any clock
 IGNORED, LIVENESS = -1, -2
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _varint(buf, i, end):  # noqa: ANN001, ANN202 - numba
     """(value, position after it); position -1 when the varint is truncated or longer than 10 bytes."""
     result = np.uint64(0)
@@ -121,7 +121,7 @@ def _varint(buf, i, end):  # noqa: ANN001, ANN202 - numba
     return np.uint64(0), -1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _fixed64(buf, i):  # noqa: ANN001, ANN202
     v = np.uint64(0)
     for k in range(8):
@@ -129,14 +129,14 @@ def _fixed64(buf, i):  # noqa: ANN001, ANN202
     return v
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _as_double(buf, i):  # noqa: ANN001, ANN202
     one = np.empty(1, np.uint64)
     one[0] = _fixed64(buf, i)
     return one.view(np.float64)[0]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _field(buf, i, end):  # noqa: ANN001, ANN202
     """The field at i: (number, wire type, content start, content end, next position); next -1
     when it is not one the kernels read with certainty (then the caller answers UNSURE)."""
@@ -174,7 +174,7 @@ def _field(buf, i, end):  # noqa: ANN001, ANN202
     return 0, 0, 0, 0, -1  # groups (3, 4) and the invalid wire types 6 and 7
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _wire_of(kind):  # noqa: ANN001, ANN202
     if kind == 1:
         return 0
@@ -185,7 +185,7 @@ def _wire_of(kind):  # noqa: ANN001, ANN202
     return 2
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _next_known(buf, i, end, kind, t):  # noqa: ANN001, ANN202
     """The field at i of a message of type t, as _field; number 0 for a field the schema does not
     know (to skip), next -1 also for a known field of another wire type."""
@@ -200,7 +200,7 @@ def _next_known(buf, i, end, kind, t):  # noqa: ANN001, ANN202
     return number, wire, a, b, nxt
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _count_points(buf, a, b):  # noqa: ANN001, ANN202
     """How many data points (fields numbered 1, of wire type 2) the Gauge, Sum, Histogram, ... at
     buf[a:b] holds, reading only its framing; -1 when the framing is broken."""
@@ -214,13 +214,13 @@ def _count_points(buf, a, b):  # noqa: ANN001, ANN202
     return n
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def hash_step(h, w):  # noqa: ANN001, ANN202
     h = (h ^ w) * np.uint64(0x9E3779B97F4A7C15)
     return h ^ (h >> np.uint64(29))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def hash_span(buf, a, b, h):  # noqa: ANN001, ANN201
     """Mix buf[a:b] into the hash h, eight bytes at a time."""
     i = a
@@ -236,7 +236,7 @@ def hash_span(buf, a, b, h):  # noqa: ANN001, ANN201
     return hash_step(h, w)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _same_bytes(buf, i, end, table, j):  # noqa: ANN001, ANN202
     """Whether buf[i:end] is table[j:j + end - i], eight bytes at a time."""
     while i + 8 <= end:
@@ -252,13 +252,13 @@ def _same_bytes(buf, i, end, table, j):  # noqa: ANN001, ANN202
     return True
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _is_piece(buf, i, end, p, pieces, piece_off):  # noqa: ANN001, ANN202
     """Whether buf[i:end] is piece p (one attribute field's bytes: pieces[piece_off[p]:piece_off[p+1]])."""
     return end - i == piece_off[p + 1] - piece_off[p] and _same_bytes(buf, i, end, pieces, piece_off[p])
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _same(buf, spans, n, set_pieces, a, b, pieces, piece_off):  # noqa: ANN001, ANN202
     """Whether the attribute fields buf[spans[k,0]:spans[k,1]], k < n, are, in order, the pieces
     set_pieces[a:b]."""
@@ -270,7 +270,7 @@ def _same(buf, spans, n, set_pieces, a, b, pieces, piece_off):  # noqa: ANN001, 
     return True
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def find_set(buf, spans, n, h, slots, set_hash, set_pieces, set_off, pieces, piece_off):  # noqa: ANN001, ANN201
     """The label set whose attribute fields are the n spans of buf, or -1. Set s is the pieces
     set_pieces[set_off[s]:set_off[s+1]]."""
@@ -285,7 +285,7 @@ def find_set(buf, spans, n, h, slots, set_hash, set_pieces, set_off, pieces, pie
         at = (at + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def enter_pieces(buf, a, b, seed, piece_slots, piece_hash, pieces, piece_off, n_pieces, out):  # noqa: ANN001, ANN201
     """The pieces of the NumberDataPoint at buf[a:b]: the id of each of its attribute fields (number
     7, each whole: tag, length and content), in order, written into `out`. A field no piece holds
@@ -322,7 +322,7 @@ def enter_pieces(buf, a, b, seed, piece_slots, piece_hash, pieces, piece_off, n_
     return n, n_pieces
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def place_set(slots, set_hash, s):  # noqa: ANN001, ANN201
     """Enter set s (its hash in set_hash[s]) in the open-addressing table `slots`."""
     mask = len(slots) - 1
@@ -332,14 +332,14 @@ def place_set(slots, set_hash, s):  # noqa: ANN001, ANN201
     slots[at] = s
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def place_sets(slots, set_hash, n):  # noqa: ANN001, ANN201
     """place_set for the sets 0..n-1 (a table built afresh)."""
     for s in range(n):
         place_set(slots, set_hash, s)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _metric_head(buf, a, b, kind):  # noqa: ANN001, ANN202
     """The Metric at buf[a:b]: (sure, name span, data field number (0 without data), data span).
     Not sure when the name or the data oneof comes twice (protobuf keeps the last)."""
@@ -360,7 +360,7 @@ def _metric_head(buf, a, b, kind):  # noqa: ANN001, ANN202
     return True, name_a, name_b, data_field, data_a, data_b
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _read_point(buf, a, b, kind, spans, max_attributes, seed):  # noqa: ANN001, ANN202
     """The NumberDataPoint at buf[a:b]: (sure, time, value, flags, attribute fields, their hash),
     the first max_attributes + 1 attribute fields' spans written into `spans`. Value is as_double,
@@ -400,7 +400,7 @@ def _read_point(buf, a, b, kind, spans, max_attributes, seed):  # noqa: ANN001, 
     return True, t, value, flags, nattr, h
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN202
     n = b - a
     for k in range(len(names_code)):
@@ -417,7 +417,7 @@ def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN2
     return IGNORED
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
          slots, set_hash, set_pieces, set_off, pieces, piece_off, seed, floor, horizon, max_attributes,
          p_metric, p_res, p_time, p_value, p_flags, p_set, p_hash, p_dp,
@@ -535,7 +535,7 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
 
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def find_sets(buf, dp, hashes, max_attributes, slots, set_hash, set_pieces, set_off, pieces, piece_off,  # noqa: ANN001, ANN201
               out):
     """find_set for the NumberDataPoints at the byte spans `dp` (their attribute hashes given)."""
