@@ -10,6 +10,7 @@ GPU (inconsistent input), they are scaled down together so a GPU is never sold t
 from __future__ import annotations
 
 import numpy as np
+
 from otelgpu.core.jit import kernel
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-from otelgpu.core.jit import kernel
 
+from otelgpu.core.jit import kernel
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm

@@ -23,7 +23,6 @@ import grpc
 import numpy as np
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from otelgpu.core.jit import kernel
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -40,6 +39,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.config import OtlpExporterConfig
+from otelgpu.core.jit import kernel
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.core.attrs import Attrs

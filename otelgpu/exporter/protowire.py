@@ -4,6 +4,7 @@ out messages from columns); each writer is tested byte for byte against the prot
 from __future__ import annotations
 
 import numpy as np
+
 from otelgpu.core.jit import kernel
 
 

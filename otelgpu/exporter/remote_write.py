@@ -44,9 +44,9 @@ import cramjam
 import numpy as np
 import urllib3
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from otelgpu.core.jit import kernel
 
 from otelgpu.config import RemoteWriteConfig
+from otelgpu.core.jit import kernel
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name

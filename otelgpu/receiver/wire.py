@@ -25,8 +25,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from otelgpu.core.jit import kernel
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otelgpu.core.jit import kernel
 
 OK, UNSURE = 0, 1
 
