@@ -21,8 +21,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from cluster import Cluster, Node, Pod, Unit  # noqa: E402
 from support import feed, make_config  # noqa: E402
 
-from otelgpu.enrich.facts import ClaimFacts, DraDevice, SliceFacts  # noqa: E402
 from otelgpu.enrich.join import Joiner  # noqa: E402
+from otelgpu.enrich.model import ClaimFacts, DraDevice, SliceFacts
 from otelgpu.pipeline import Pipeline  # noqa: E402
 
 A100 = "NVIDIA A100-SXM4-40GB"

@@ -19,12 +19,12 @@ import numpy as np
 from otelgpu.attribution.models import CostModels, Packed, Series, Split
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
 from otelgpu.config import TenantsConfig
-from otelgpu.enrich.facts import FactsView
+from otelgpu.core.attrs import Attrs, with_attrs
 from otelgpu.enrich.join import Joiner
+from otelgpu.enrich.model import FactsView
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodUse, Tokens
 from otelgpu.enrich.window import Interval
-from otelgpu.core.attrs import Attrs, with_attrs
 from otelgpu.exporter.store import Plan
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import SelfMetrics

@@ -19,29 +19,30 @@ from otelgpu.checkpoint import Checkpoint, Identity
 from otelgpu.commit import Committer
 from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config, DeliveryConfig
+from otelgpu.core.attrs import Attrs
 from otelgpu.enrich import sharing
-from otelgpu.enrich.facts import FactSource, FactsView, KsmFacts, MergedFacts
+from otelgpu.enrich.facts import KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
+from otelgpu.enrich.model import FactSource, FactsView
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.errors import ConfigError
-from otelgpu.kernels import warm_up
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
-from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.store import CostStore, Points
 from otelgpu.heap import collector_paused, give_back, page_out
+from otelgpu.kernels import warm_up
+from otelgpu.memory import limiter_of
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Ingest
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
-from otelgpu.memory import limiter_of
 from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
 from otelgpu import telemetry

@@ -1,5 +1,6 @@
 """Pod, namespace and node facts from kube-state-metrics series, latest value wins, and the view
-the join reads: those facts merged with the Kubernetes API's (enrich/kube).
+the join reads: those facts merged with the Kubernetes API's (enrich/kube; the facts' classes and
+their merge are in enrich/model.py, their checkpoint form in enrich/factstate.py).
 
 Facts are per Kubernetes object (a few per pod), not per GPU sample, so they live in small
 dicts keyed by name. A fact not refreshed within `ttl_ns` is forgotten; a deleted pod (its
@@ -11,133 +12,18 @@ them (`label_team`, `annotation_example_com_team`), whichever source they came f
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from otelgpu.core.jit import kernel
+from otelgpu.enrich import factstate
+from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
+                                  merge)
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm
 from otelgpu.receiver.wire import hash_step
-
-
-@dataclass
-class PodFacts:
-    uid: str = ""
-    node: str = ""
-    phase: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    requests: dict[tuple[str, str], float] = field(default_factory=dict)  # (container, resource) -> qty
-    owner_kind: str = ""  # the controlling owner reference
-    owner_name: str = ""
-    seen_ns: int = 0
-    annotations: dict[str, str] = field(default_factory=dict)
-    deleted: bool = False  # gone from the API, kept for the grace period: holds nothing new
-    created_ns: int = 0  # metadata.creationTimestamp (API facts only)
-    info_node: str = ""  # kube-state-metrics: the node kube_pod_info names, and
-    request_node: str = ""  # the one its resource requests name; `node` is the first, else the second
-    ended_ns: int = 0  # kube-state-metrics: when its series ended with staleness markers (0: reported)
-
-    def requested(self, resource: str) -> float:
-        return sum(v for (_, r), v in self.requests.items() if r == resource)
-
-
-@dataclass
-class NodeFacts:
-    labels: dict[str, str] = field(default_factory=dict)
-    capacity: dict[str, float] = field(default_factory=dict)
-    seen_ns: int = 0
-
-
-@dataclass
-class NamespaceFacts:
-    labels: dict[str, str] = field(default_factory=dict)
-    seen_ns: int = 0
-
-
-OwnerKey = tuple[str, str, str]  # (namespace, kind, name) of a ReplicaSet, Job or other owner
-DeviceKey = tuple[str, str, str]  # (driver, pool, device) of a DRA device
-
-
-@dataclass
-class ClaimFacts:
-    """A DRA ResourceClaim: the devices allocated to it and the pods (of its namespace) it is
-    reserved for, which use it."""
-
-    devices: tuple[DeviceKey, ...] = ()
-    pods: tuple[str, ...] = ()
-    seen_ns: int = 0
-
-
-@dataclass(frozen=True)
-class DraDevice:
-    """A GPU or MIG device a DRA driver publishes: its NVML UUID, and for a MIG device the UUID
-    of its GPU and its profile."""
-
-    uuid: str
-    parent_uuid: str = ""
-    profile: str = ""
-
-
-@dataclass
-class SliceFacts:
-    """A DRA ResourceSlice: the GPU devices of one node's pool."""
-
-    node: str = ""
-    devices: dict[DeviceKey, DraDevice] = field(default_factory=dict)
-    seen_ns: int = 0
-
-
-@dataclass
-class OwnerFacts:
-    kind: str  # the owner's own controlling owner ("" when it has none)
-    name: str
-    seen_ns: int = 0
-
-
-@dataclass
-class FactsView:
-    """What the join reads for one interval."""
-
-    pods: Mapping[tuple[str, str], PodFacts]
-    nodes: Mapping[str, NodeFacts]
-    namespaces: Mapping[str, NamespaceFacts]
-    owners: Mapping[OwnerKey, OwnerFacts]
-    previous: Mapping[tuple[str, str], PodFacts] = field(default_factory=dict)  # replaced under the same name
-    claims: Mapping[tuple[str, str], ClaimFacts] = field(default_factory=dict)  # DRA, (namespace, name)
-    slices: Mapping[str, SliceFacts] = field(default_factory=dict)  # DRA, by ResourceSlice name
-    ksm_reported_ns: int = 0  # the newest pod row kube-state-metrics reported (0: none)
-
-    def pod(self, key: tuple[str, str], start_ns: int = 0) -> PodFacts | None:
-        """The pod of that name alive at `start_ns`: a pod deleted and recreated under the same
-        name keeps its own facts for the intervals it began in."""
-        pod = self.pods.get(key)
-        if pod is not None and start_ns and pod.created_ns > start_ns:
-            return self.previous.get(key, pod)
-        return pod
-
-    def namespace_labels(self, namespace: str) -> dict[str, str]:
-        ns = self.namespaces.get(namespace)
-        return ns.labels if ns else {}
-
-
-def merge(ksm: FactsView, api: FactsView) -> FactsView:
-    """The Kubernetes API wins for every object it has (its labels are complete, where
-    kube-state-metrics carries only allowlisted keys); kube-state-metrics facts serve the objects
-    the API source does not have (not listed yet, forbidden, API unreachable since start). A pod's
-    end in kube-state-metrics (its staleness markers) holds for the API's pod of the same uid too:
-    the API may learn of the deletion late, or forget the pod after its grace while
-    kube-state-metrics' facts of it are still kept."""
-    pods = {**ksm.pods, **api.pods}
-    for key, pod in ksm.pods.items():
-        if pod.ended_ns and (listed := api.pods.get(key)) is not None and listed.uid in ("", pod.uid):
-            pods[key] = dataclasses.replace(listed, ended_ns=pod.ended_ns)
-    return FactsView(pods, {**ksm.nodes, **api.nodes},
-                     {**ksm.namespaces, **api.namespaces}, {**ksm.owners, **api.owners}, api.previous,
-                     api.claims, api.slices, ksm.ksm_reported_ns)
 
 
 _METRICS = {int(m): m for m in Metric}
@@ -285,7 +171,6 @@ class KsmFacts:
         encoded, self._encoded = self._encoded, None
         if encoded is not None and encoded[0] == self.version:
             return encoded[1]
-        from otelgpu.enrich import factstate  # it builds these classes: imported here, not in a cycle
 
         return factstate.encode(self.pods, self.nodes, self.namespaces, self.owners)
 
@@ -297,7 +182,6 @@ class KsmFacts:
     def restore(self, state: Mapping[str, Any]) -> None:
         """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then).
         Reads the arrays of `state()` and the JSON lists written before them."""
-        from otelgpu.enrich import factstate
 
         self.version += 1
         if state.get("version") == factstate.VERSION:
@@ -406,8 +290,6 @@ def warm_up() -> str:
     return how_loaded(last_of_each)
 
 
-class FactSource(Protocol):
-    def view(self, as_of_ns: int | None = None) -> FactsView: ...
 
 
 class MergedFacts:

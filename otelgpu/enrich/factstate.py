@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from otelgpu.checkpoint import text_arrays, texts_of
-from otelgpu.enrich.facts import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
+from otelgpu.enrich.model import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
 
 VERSION = 2
 POD_TEXT = ("uid", "node", "phase", "owner_kind", "owner_name", "info_node", "request_node")

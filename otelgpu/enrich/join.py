@@ -20,9 +20,10 @@ from otelgpu.attribution.engine import UnitRows
 from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import NodePrice, Pricer, gpu_model_key
 from otelgpu.config import TAG_NAMES
+from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.enrich.devices import DeviceMemory
-from otelgpu.enrich.facts import FactSource, FactsView, PodFacts
 from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, MIG_STRATEGY, TagResolver, Tags
+from otelgpu.enrich.model import FactSource, FactsView, PodFacts
 from otelgpu.enrich.nodes import (
     NodeInfo,
     gpu_count,
@@ -35,7 +36,6 @@ from otelgpu.enrich.sharing import HAMI, Sharing, model_memory_mib, release, sha
 from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
-from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import GPU_RESOURCES, MIG_PREFIX, Metric, gpu_count_label
 

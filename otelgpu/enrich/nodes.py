@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otelgpu.enrich import labels as L
-from otelgpu.enrich.facts import NodeFacts
+from otelgpu.enrich.model import NodeFacts
 from otelgpu.receiver.schema import MAX_GPUS_PER_NODE, MIG_PREFIX, gpu_count_label, replicas_label
 
 _CAPACITY_TYPES = {"on_demand": "on-demand", "on-demand": "on-demand", "spot": "spot", "reserved": "reserved",

@@ -28,8 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from otelgpu.enrich.facts import FactsView, PodFacts
 from otelgpu.enrich.labels import ksm_annotation_name, ksm_label_name
+from otelgpu.enrich.model import FactsView, PodFacts
 from otelgpu.receiver.schema import GPU_RESOURCES, MIG_PREFIX
 
 HAMI_ALLOCATED = ksm_annotation_name("hami.io/vgpu-devices-allocated")

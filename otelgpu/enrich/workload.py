@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
-from otelgpu.enrich.facts import OwnerFacts, OwnerKey, PodFacts
 from otelgpu.enrich.labels import POD_TEMPLATE_HASH
+from otelgpu.enrich.model import OwnerFacts, OwnerKey, PodFacts
 
 MAX_DEPTH = 4
 # A Deployment names its ReplicaSets `<deployment>-<pod-template-hash>`, the hash in the

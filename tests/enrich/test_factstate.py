@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelgpu import checkpoint
-from otelgpu.enrich.facts import KsmFacts, NamespaceFacts, NodeFacts, OwnerFacts, PodFacts
+from otelgpu.enrich.facts import KsmFacts
+from otelgpu.enrich.model import NamespaceFacts, NodeFacts, OwnerFacts, PodFacts
 from otelgpu.receiver.interner import Interner
 
 IDENTITY = checkpoint.Identity("c", "USD")

@@ -8,7 +8,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from otelgpu.enrich import labels as L
-from otelgpu.enrich.facts import NodeFacts
+from otelgpu.enrich.model import NodeFacts
 from otelgpu.enrich.nodes import gpu_count, node_info
 from otelgpu.receiver.decode import decode
 from otelgpu.receiver.interner import Interner

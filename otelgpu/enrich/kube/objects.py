@@ -13,8 +13,8 @@ from typing import Any, Collection, Mapping, Optional
 
 from kubernetes.utils.quantity import parse_quantity
 
-from otelgpu.enrich.facts import ClaimFacts, DraDevice, NamespaceFacts, NodeFacts, OwnerFacts, PodFacts, SliceFacts
 from otelgpu.enrich.labels import NODE_LABELS, ksm_annotation_name, ksm_label_name, ksm_resource_name
+from otelgpu.enrich.model import ClaimFacts, DraDevice, NamespaceFacts, NodeFacts, OwnerFacts, PodFacts, SliceFacts
 
 Obj = Mapping[str, Any]
 

@@ -21,12 +21,12 @@ from typing import Any, Callable, Optional
 from kubernetes import client
 
 from otelgpu.config import KubernetesConfig
-from otelgpu.enrich.facts import FactsView, OwnerKey, PodFacts
 from otelgpu.enrich.kube import objects as O
 from otelgpu.enrich.kube.client import api_client
 from otelgpu.enrich.kube.reflector import Reflector, WatchSpec, api_message, reason_of
 from otelgpu.enrich.kube.store import NS, RESOLVED_KINDS, ApiFacts
 from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.model import FactsView, OwnerKey, PodFacts
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)

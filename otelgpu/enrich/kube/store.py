@@ -17,7 +17,11 @@ import time
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from otelgpu.enrich import sharing
-from otelgpu.enrich.facts import (
+from otelgpu.enrich.kube import objects as O
+from otelgpu.enrich.kube.history import Timeline
+from otelgpu.enrich.kube.reflector import Obj
+from otelgpu.enrich.labels import TagResolver
+from otelgpu.enrich.model import (
     ClaimFacts,
     FactsView,
     NamespaceFacts,
@@ -27,10 +31,6 @@ from otelgpu.enrich.facts import (
     PodFacts,
     SliceFacts,
 )
-from otelgpu.enrich.kube import objects as O
-from otelgpu.enrich.kube.history import Timeline
-from otelgpu.enrich.kube.reflector import Obj
-from otelgpu.enrich.labels import TagResolver
 from otelgpu.telemetry import SelfMetrics
 
 NS = 1_000_000_000
