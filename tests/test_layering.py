@@ -5,7 +5,7 @@ and so does one listed that is gone (take it off the list)."""
 
 from __future__ import annotations
 
-from layering import LAYERS, cycles, graph, layer_of, modules, upward
+from layering import LAYERS, PACKAGE, cycles, graph, layer_of, modules, upward
 
 STILL_UPWARD = {  # shared vocabulary still in a stage package; moved to the ground floor one by one
     ("otelgpu.enrich.join", "otelgpu.attribution.engine"),
@@ -35,3 +35,14 @@ def test_the_reading_sees_an_upward_import_and_a_cycle():
              "otelgpu.enrich.a": {"otelgpu.enrich.b"}, "otelgpu.enrich.b": {"otelgpu.enrich.a"}}
     assert upward(edges) == {("otelgpu.receiver.columnar", "otelgpu.exporter.store")}
     assert cycles(edges) == [["otelgpu.enrich.a", "otelgpu.enrich.b"]]
+
+
+def test_the_module_map_names_every_module():
+    """docs/pipeline.md says what each module is for, under its layer's heading: a module added or
+    moved is added there too."""
+    text = (PACKAGE.parent / "docs" / "pipeline.md").read_text()
+    sections = {part.split("\n", 1)[0].strip(): part for part in text.split("\n### ")[1:]}
+    unnamed = [m for m, path in modules().items() if path.name != "__init__.py"
+               and not any(f"{before}{path.name}{after}" in sections.get(LAYERS[layer_of(m)][0], "")
+                           for before, after in (("`", "`"), ("/", "`"), ("(", "`")))]
+    assert unnamed == []
