@@ -121,32 +121,38 @@ def demo(variant: str) -> list[dict[str, str]]:
     return out
 
 
-def fleet(gpus: int = 10_000, minutes: int = 5) -> list[dict[str, str]]:
-    """`gpus` GPUs of the benchmark fleet (benchmarks/bench_scale.py's: whole, MIG and time-sliced;
-    dcgm-exporter's default counters every 30 s, kube-state-metrics, the kubelet every 60 s) with
-    the gateway's otelgpu.yaml, for `minutes` of data."""
-    import bench_footprint as bf
-    from bench_scale import nodes_for
-
+def fleet_config() -> dict[str, Any]:
+    """The gateway's otelgpu.yaml, without the Kubernetes API (facts from kube-state-metrics)."""
     config = yaml.safe_load((ROOT / "k8s" / "gateway" / "otelgpu.yaml").read_text())
     config["cluster"]["name"] = "fleet"  # ${env:CLUSTER_NAME} in the pod
     config["kubernetes"] = {"enabled": False}
-    pipeline = in_process(config)
+    return config
+
+
+def fleet_requests(gpus: int, minutes: int) -> Any:
+    """`gpus` GPUs of the benchmark fleet (benchmarks/bench_scale.py's: whole, MIG and time-sliced;
+    dcgm-exporter's default counters every 30 s, kube-state-metrics, the kubelet every 60 s), for
+    `minutes` of data, in requests of the Collector's batch size."""
+    import bench_footprint as bf
+    from bench_scale import nodes_for
+
+    nodes, ns_labels = bf.fleet(nodes_for(gpus), 0)
+    for k in range(minutes * 2):
+        elapsed = 30 * k + 30
+        t = DEMO_START_NS + elapsed * NS
+        targets = [scrapes.ksm(nodes, ns_labels, t)] + [bf.dcgm(n, t, (elapsed % 3600) / 3600) for n in nodes]
+        if k % 2:
+            targets += [scrapes.cadvisor(n, t, elapsed) for n in nodes]
+        yield from bf.batches(targets)
+
+
+def fleet(gpus: int = 10_000, minutes: int = 5) -> list[dict[str, str]]:
+    """The fleet's intervals with the gateway's otelgpu.yaml."""
+    pipeline = in_process(fleet_config())
     out: list[dict[str, str]] = []
     capturing(pipeline, out)
-    nodes, ns_labels = bf.fleet(nodes_for(gpus), 0)
-
-    def requests() -> Any:
-        for k in range(minutes * 2):
-            elapsed = 30 * k + 30
-            t = DEMO_START_NS + elapsed * NS
-            targets = [scrapes.ksm(nodes, ns_labels, t)] + [bf.dcgm(n, t, (elapsed % 3600) / 3600) for n in nodes]
-            if k % 2:
-                targets += [scrapes.cadvisor(n, t, elapsed) for n in nodes]
-            yield from bf.batches(targets)
-
     try:
-        feed(pipeline, requests())
+        feed(pipeline, fleet_requests(gpus, minutes))
     finally:
         pipeline.shutdown()
     return out
