@@ -67,3 +67,13 @@ def test_overload_benchmark_counts_every_refusal_and_keeps_the_sidecar_within_it
     assert len(re.findall(r"peak +\d+ MiB = \d\.\d\d of the limit", out)) == 6
     assert "no answer" not in out
     assert "alive and answering: True" in out
+
+
+def test_close_benchmark_reports_every_interval():
+    res = subprocess.run([sys.executable, "benchmarks/bench_close.py", "--gpus", "100", "--minutes", "3"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    closes = re.findall(r"interval \d+: +(\d+) MiB before its close, peak +(\d+) MiB during it", res.stdout)
+    assert len(closes) == 4  # 3 minutes of 1-minute intervals, the last one flushed
+    assert all(int(peak) >= int(before) > 0 for before, peak in closes)
+    assert re.search(r"largest ratio x\d\.\d\d, largest step -?\d+ MiB", res.stdout)
