@@ -29,9 +29,9 @@ import numpy as np
 
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.config import TAG_NAMES, AttributionConfig
-from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined, Names
-from otelgpu.enrich.timeline import group_ids
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.core.grouping import group_ids
+from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined, Names
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from otelgpu.core.grouping import group_ids
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.timeline import group_ids
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
 

@@ -21,6 +21,7 @@ from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
 from otelgpu.attribution.prices import NodePrice, Pricer, gpu_model_key
 from otelgpu.config import TAG_NAMES
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.core.grouping import group_ids
 from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, MIG_STRATEGY, TagResolver, Tags
 from otelgpu.enrich.model import FactSource, FactsView, PodFacts
@@ -33,7 +34,7 @@ from otelgpu.enrich.nodes import (
 )
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.sharing import HAMI, Sharing, model_memory_mib, release, sharing_of
-from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, group_ids, holdings
+from otelgpu.enrich.timeline import DARK, Holdings, dedupe, entities_of, holdings
 from otelgpu.enrich.usage import PodUse
 from otelgpu.enrich.workload import workload
 from otelgpu.receiver.interner import Interner

@@ -16,8 +16,8 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
+from otelgpu.core.grouping import group_ids
 from otelgpu.enrich.samples import Columns
-from otelgpu.enrich.timeline import group_ids
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric

@@ -29,8 +29,8 @@ from typing import Callable, ClassVar, Optional
 
 import numpy as np
 
+from otelgpu.core.grouping import group_ids
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.timeline import group_ids
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.receiver.decode import PointBatch, empty_batch
 from otelgpu.receiver.interner import Coded

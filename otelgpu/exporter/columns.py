@@ -15,7 +15,7 @@ from typing import Callable, Collection, Iterator, Sequence, overload
 import numpy as np
 
 from otelgpu.core.attrs import Attrs
-from otelgpu.enrich.timeline import group_ids
+from otelgpu.core.grouping import group_ids
 
 @dataclass(frozen=True)
 class Point:

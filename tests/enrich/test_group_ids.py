@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelgpu.enrich.timeline import group_ids, group_ids_reference
+from otelgpu.core.grouping import group_ids, group_ids_reference
 
 COLUMN_KINDS = {
     "code": lambda rng, n: rng.integers(-1, 6, n).astype(np.int32),  # interned strings, -1 for none

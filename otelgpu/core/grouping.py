@@ -1,0 +1,62 @@
+"""Ids of the distinct rows of a few integer columns: the grouping every stage does on columns
+(holders of a GPU, series of a snapshot, pods of a node), with one sort and no Python per row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of the distinct tuples of `cols` (row-wise) and the index of each tuple's first row.
+    Ids number the tuples in lexicographic order, as `np.unique(..., axis=0)` does
+    (`group_ids_reference`): the columns are packed into as few int64 keys as their ranges allow
+    and sorted once, instead of sorting rows as records."""
+    n = len(cols[0])
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keys = _packed(cols)
+    order = np.argsort(keys[0]) if len(keys) == 1 else np.lexsort(keys[::-1])
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for k in keys:
+        ordered = k[order]
+        change[1:] |= ordered[1:] != ordered[:-1]
+    starts = np.flatnonzero(change)
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.cumsum(change) - 1
+    return inverse, np.minimum.reduceat(order, starts).astype(np.int64)
+
+
+def group_ids_reference(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`group_ids` the plain way: numpy's unique rows."""
+    if not len(cols[0]):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keys = np.stack([c.astype(np.int64) for c in cols], axis=1)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), first.astype(np.int64)
+
+
+def _packed(cols: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    """The columns as mixed-radix int64 keys, the first column most significant: comparing the
+    keys in order compares the rows lexicographically."""
+    keys: list[np.ndarray] = []
+    key, room = None, 1
+    for c in cols:
+        c = c.astype(np.int64, copy=False)
+        lo, hi = int(c.min()), int(c.max())
+        span = hi - lo + 1
+        if span >= 1 << 62:  # a column of its own, as it is
+            if key is not None:
+                keys.append(key)
+            keys.append(c)
+            key, room = None, 1
+            continue
+        if key is not None and room * span >= 1 << 62:
+            keys.append(key)
+            key, room = None, 1
+        shifted = c - lo if lo else c
+        key = shifted.copy() if key is None else key * span + shifted
+        room *= span
+    if key is not None:
+        keys.append(key)
+    return keys
