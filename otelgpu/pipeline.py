@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import numpy as np
 
-from otelgpu.attribution.fractions import MigProfiles
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.checkpoint import Checkpoint, Identity
@@ -20,6 +19,7 @@ from otelgpu.commit import Committer
 from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config, DeliveryConfig
 from otelgpu.core.attrs import Attrs
+from otelgpu.core.mig import MigProfiles
 from otelgpu.enrich import sharing
 from otelgpu.enrich.facts import KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner

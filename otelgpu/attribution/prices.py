@@ -11,30 +11,16 @@ The source used travels with the price so every cost series can say where its pr
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Optional
 
-import yaml
-
 from otelgpu.config import PricesConfig, load_prices_file
+from otelgpu.core.catalog import InstanceType, gpu_model_key, load_catalog
 from otelgpu.errors import ConfigError
 
 SCAD_WEIGHTS = (9.0, 0.9, 0.1)  # GPU, vCPU, GB of memory on accelerated instances
 SCAD_WEIGHTS_CPU = (0.0, 9.0, 1.0)  # instances without accelerators
 OPENCOST_BASE = (0.95, 0.031611, 0.004237)  # $/GPU-h, $/vCPU-h, $/GiB-h
-
-
-@dataclass(frozen=True)
-class InstanceType:
-    name: str
-    gpus: int
-    gpu_model: str
-    vcpus: float
-    memory_gib: float
-    usd_per_hour: float
 
 
 @dataclass(frozen=True)
@@ -87,26 +73,6 @@ class NodePrice:
         gpu = self.per_gpu("scad")
         source = gpu.source if gpu.source == "none" else gpu.source + ";gpu_only"
         return (gpu.per_gpu_hour, 0.0, 0.0), source
-
-
-def load_catalog(path: Optional[str] = None) -> dict[str, InstanceType]:
-    if path is None:
-        text = resources.files("otelgpu.attribution").joinpath("data/aws_gpu_instances.yaml").read_text()
-    else:
-        text = Path(path).read_text(encoding="utf-8")
-    doc = yaml.safe_load(text)
-    return {
-        e["instance_type"]: InstanceType(e["instance_type"], int(e["gpus"]), e.get("gpu_model", ""),
-                                         float(e["vcpus"]), float(e["memory_gib"]), float(e["on_demand_usd_per_hour"]))
-        for e in doc["instances"]
-        if e.get("on_demand_usd_per_hour") is not None
-    }
-
-
-def gpu_model_key(name: str) -> str:
-    """A GPU model's name whatever its spelling: DCGM's `NVIDIA H100 80GB HBM3` and GFD's
-    `NVIDIA-H100-80GB-HBM3` are one model."""
-    return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 
 
 def gpu_share_of_instance(convention: str, price: float, gpus: int, vcpus: float, memory_gib: float) -> float:

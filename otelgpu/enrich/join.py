@@ -17,11 +17,12 @@ from typing import Generic, Hashable, Iterator, TypeVar
 import numpy as np
 
 from otelgpu.attribution.engine import UnitRows
-from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
-from otelgpu.attribution.prices import NodePrice, Pricer, gpu_model_key
+from otelgpu.attribution.prices import NodePrice, Pricer
 from otelgpu.config import TAG_NAMES
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.core.catalog import gpu_model_key
 from otelgpu.core.grouping import group_ids
+from otelgpu.core.mig import MigProfiles, normalise_per_gpu
 from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.labels import GPU_COUNT as GPU_COUNT_LABEL, MIG_STRATEGY, TagResolver, Tags
 from otelgpu.enrich.model import FactSource, FactsView, PodFacts

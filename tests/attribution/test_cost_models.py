@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cluster import Cluster, Node, Pod, Unit
-from otelgpu.attribution.prices import load_catalog
+from otelgpu.core.catalog import load_catalog
 from otelgpu.telemetry import by_label, total
 from support import feed, make_config, offline_pipeline
 

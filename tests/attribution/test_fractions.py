@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from otelgpu.attribution.fractions import MigProfiles, normalise_per_gpu
+from otelgpu.core.mig import MigProfiles, normalise_per_gpu
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -21,7 +21,7 @@ def mig() -> MigProfiles:
 
 @pytest.fixture(scope="module")
 def doc() -> dict:
-    return yaml.safe_load(resources.files("otelgpu.attribution").joinpath("data/mig_profiles.yaml").read_text())
+    return yaml.safe_load(resources.files("otelgpu.core").joinpath("data/mig_profiles.yaml").read_text())
 
 
 @pytest.mark.parametrize("profile,c", [("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 3), ("4g.40gb", 4), ("7g.80gb", 7)])
@@ -176,7 +176,7 @@ def test_non_mig_gpus_resolve_to_no_family(mig, model) -> None:
 
 def test_catalog_gpu_models_resolve_consistently(mig) -> None:
     """The shipped AWS catalog's MIG-capable models land on the family with the right memory size."""
-    from otelgpu.attribution.prices import load_catalog
+    from otelgpu.core.catalog import load_catalog
 
     cat = load_catalog()
     want = {"p4d.24xlarge": "A100-40GB", "p4de.24xlarge": "A100-80GB", "p5.48xlarge": "H100-80GB",

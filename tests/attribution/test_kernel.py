@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, validate
-from otelgpu.attribution.fractions import MigProfiles
 from otelgpu.attribution.reference import attribute_request_reference
+from otelgpu.core.mig import MigProfiles
 
 OUTPUTS = ("alloc", "effective", "waste", "unmeasured", "held_s", "capacity", "idle")
 FRACTIONS = (1.0, 1 / 7, 2 / 7, 3 / 7, 4 / 7, 1 / 2, 1 / 4, 1 / 3, 1 / 8, 0.0)

@@ -7,8 +7,9 @@ from importlib import resources
 import pytest
 import yaml
 
-from otelgpu.attribution.prices import GpuPrice, InstanceType, Pricer, gpu_share_of_instance, load_catalog
+from otelgpu.attribution.prices import GpuPrice, Pricer, gpu_share_of_instance
 from otelgpu.config import PricesConfig
+from otelgpu.core.catalog import InstanceType, load_catalog
 
 P4D = dict(gpus=8, vcpus=96.0, memory_gib=1152.0)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -16,7 +17,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture(scope="module")
 def raw() -> dict:
-    return yaml.safe_load(resources.files("otelgpu.attribution").joinpath("data/aws_gpu_instances.yaml").read_text())
+    return yaml.safe_load(resources.files("otelgpu.core").joinpath("data/aws_gpu_instances.yaml").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""Unit fractions: how much of one physical GPU a whole GPU, MIG instance or replica stands for.
+"""MIG profiles as hardware data: how much of one physical GPU a MIG instance stands for.
 
-The MIG profile tables are data (data/mig_profiles.yaml, with their source); see
-docs/cost-model.md section 4 for the `compute` and `max` rules.
+The profile tables are data (data/mig_profiles.yaml, with their source); see docs/cost-model.md
+section 4 for the `compute` and `max` rules.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from typing import Optional
 import numpy as np
 import yaml
 
+from otelgpu.core.catalog import gpu_model_key
+
 _PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 
 
 @dataclass(frozen=True)
@@ -38,17 +36,17 @@ class MigProfiles:
     @classmethod
     def load(cls, text: Optional[str] = None) -> "MigProfiles":
         if text is None:
-            text = resources.files("otelgpu.attribution").joinpath("data/mig_profiles.yaml").read_text()
+            text = resources.files("otelgpu.core").joinpath("data/mig_profiles.yaml").read_text()
         doc = yaml.safe_load(text)
         return cls([
-            MigFamily(g["family"], tuple(_norm(m) for m in g["match"]), int(g["compute_slices"]),
+            MigFamily(g["family"], tuple(gpu_model_key(m) for m in g["match"]), int(g["compute_slices"]),
                       int(g["memory_slices"]), {p: (int(c), int(m)) for p, (c, m) in g["profiles"].items()})
             for g in doc["gpus"]
         ])
 
     @lru_cache(maxsize=256)
     def family_for(self, model_name: str) -> Optional[MigFamily]:
-        name = _norm(model_name)  # DCGM "NVIDIA H100 80GB HBM3" and GFD "NVIDIA-H100-80GB-HBM3" alike
+        name = gpu_model_key(model_name)  # DCGM "NVIDIA H100 80GB HBM3" and GFD "NVIDIA-H100-80GB-HBM3" alike
         return next((f for f in self.families if any(m in name for m in f.match)), None)
 
     def slices(self, model_name: str, profile: str) -> Optional[tuple[int, int, int, int]]:
