@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from otelgpu.config import DeliveryConfig
+from otelgpu.core.backoff import Backoff
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult
 from otelgpu.exporter.columns import Point, Points, last_of_each, merge, restamped
@@ -68,7 +69,7 @@ class Delivery:
         self.sender = sender
         self.config = config
         self.metrics = metrics
-        self._random = random
+        self._retry = Backoff(config.backoff_initial_seconds, config.backoff_max_seconds, 0.5, random)  # 50-150 %
         self._interval_ns = int(interval_s * 1e9)
         self._outbox = Outbox(directory, sender.name, metrics) if directory is not None else None
         self._queue: deque[_Entry] = deque()
@@ -262,15 +263,7 @@ class Delivery:
                 self._cond.wait(left)
         return True
 
-    def _backoff(self, attempt: int, result: SendResult) -> float:
-        c = self.config
-        if result.retry_after is not None:  # the server knows best; only absurd delays are cut
-            return min(max(result.retry_after, 0.0), MAX_SERVER_DELAY_S)
-        base = min(c.backoff_initial_seconds * 2 ** min(attempt - 1, 30), c.backoff_max_seconds)
-        return base * (0.5 + self._random())  # jitter: 50 % to 150 % of the step
-
     def _run(self) -> None:
-        attempt = 0
         while True:
             with self._cond:
                 while not self._sendable() and self._deadline is None:
@@ -290,7 +283,7 @@ class Delivery:
                 if result.ok or not result.retryable:
                     if self._queue and self._queue[0] is head:  # close() may have given up on it
                         self._queue.popleft()
-                    attempt = 0
+                    self._retry.reset()
                 if result.ok:
                     self.metrics.exports.labels(self.name).inc()
                     self.metrics.exporter_sent_points.labels(self.name).inc(len(points))
@@ -299,11 +292,11 @@ class Delivery:
                     log.error("%s export refused (%s): each series' last value goes again with the next snapshot, "
                               "stamped at its time: %s", self.name, result.reason, result.detail)
                 else:
-                    attempt += 1
-                    delay = self._backoff(attempt, result)
-                    if attempt == 1 or attempt % 10 == 0:
+                    told = result.retry_after  # the server knows best; only absurd delays are cut
+                    delay = self._retry.next(None if told is None else min(max(told, 0.0), MAX_SERVER_DELAY_S))
+                    if self._retry.attempt == 1 or self._retry.attempt % 10 == 0:
                         log.warning("%s export failed (%s: %s), attempt %d, retrying in %.1f s", self.name,
-                                    result.reason, result.detail, attempt, delay)
+                                    result.reason, result.detail, self._retry.attempt, delay)
                 if not result.ok:
                     self.metrics.export_failures.labels(self.name, result.reason or "unknown").inc()
                     self.metrics.exporter_send_failed_points.labels(self.name).inc(len(points))

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from otelgpu.config import KubernetesConfig
+from otelgpu.core.backoff import Backoff
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -38,21 +39,6 @@ class Store(Protocol):
     def replace(self, resource: str, objects: Iterable[Obj]) -> None: ...
     def upsert(self, resource: str, obj: Obj) -> None: ...
     def delete(self, resource: str, obj: Obj) -> None: ...
-
-
-class Backoff:
-    """Exponential backoff with +/-20 % jitter, capped; reset after a success."""
-
-    def __init__(self, initial: float, maximum: float, rng: Callable[[], float] = random.random) -> None:
-        self.initial, self.maximum, self.rng, self.attempt = initial, maximum, rng, 0
-
-    def next(self) -> float:
-        delay = min(self.initial * 2 ** self.attempt, self.maximum) * (0.8 + 0.4 * self.rng())
-        self.attempt = min(self.attempt + 1, 32)
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 def reason_of(exc: BaseException) -> str:
@@ -89,7 +75,7 @@ class Reflector:
     def __init__(self, spec: WatchSpec, store: Store, cfg: KubernetesConfig, metrics: SelfMetrics,
                  stop: threading.Event, rng: Callable[[], float] = random.random) -> None:
         self.spec, self.store, self.cfg, self.metrics, self.stop = spec, store, cfg, metrics, stop
-        self.backoff = Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, rng)
+        self.backoff = Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, 0.2, rng)  # +/-20 %
         self.rng = rng
         self._resp: Any = None
         self.version: Optional[str] = None  # where the next watch starts; None: list first
