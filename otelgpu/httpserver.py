@@ -444,7 +444,7 @@ class _Server:
     def cut(self, conn: _Conn, reason: str) -> None:
         """Close `conn` from the server's side, reporting why (no report when `reason` is empty)."""
         conn.cut = reason or "stopping"
-        self.open.discard(conn)
+        self.let_go(conn)
         if reason:
             self.owner.refused(reason)
         conn.writer.transport.abort()  # its task sees the end of the stream and returns
