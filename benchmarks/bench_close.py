@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from capture import fleet_config, fleet_requests, in_process  # noqa: E402
+from capture import feed, fleet_config, fleet_requests, in_process  # noqa: E402
 
 from otelgpu.pipeline import Pipeline  # noqa: E402
 
@@ -103,12 +103,7 @@ def main() -> None:
     closes = Closes(pipeline)
     began = rss_kib()
     try:
-        for raw in requests_from(child):
-            pipeline.ingest.consume(raw)
-            while (batch := pipeline.ingest.get(timeout=0)) is not None:
-                pipeline.process(batch)
-                pipeline.ingest.task_done()
-        pipeline.close_due(flush=True)
+        feed(pipeline, requests_from(child))
     finally:
         closes.stop()
         pipeline.shutdown()

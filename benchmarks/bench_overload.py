@@ -360,27 +360,20 @@ def run(args: argparse.Namespace, child: subprocess.Popen, grpc_port: int, http_
     answers = overload(grpc_port, len(nodes), 3 * rate, args.seconds, args.outstanding, args.processes)
     recovery = drained(metrics_port)
     phase("3x overload", answers, f"; recovered {recovery:.1f} s after")
-    rss.reset()
-    answers = Counter()
-    for _ in range(3):
-        answers += at_once(grpc_port, big, args.big)
-    drained(metrics_port)
-    phase(f"{args.big} x {len(big) / 2**20:.0f} MiB", answers)
-    rss.reset()
-    answers = flood(grpc_port, bodies, args.clients, args.seconds)
-    drained(metrics_port)
-    phase("malformed flood", answers)
+    transports = [("", grpc_port, at_once, flood, "malformed flood")]
     if not args.no_http:
+        transports.append(("HTTP ", http_port, http_at_once, http_flood, "HTTP malformed"))
+    for prefix, port, all_at_once, hostile, hostile_name in transports:
         rss.reset()
         answers = Counter()
         for _ in range(3):
-            answers += http_at_once(http_port, big, args.big)
+            answers += all_at_once(port, big, args.big)
         drained(metrics_port)
-        phase(f"HTTP {args.big} x {len(big) / 2**20:.0f} MiB", answers)
+        phase(f"{prefix}{args.big} x {len(big) / 2**20:.0f} MiB", answers)
         rss.reset()
-        answers = http_flood(http_port, bodies, args.clients, args.seconds)
+        answers = hostile(port, bodies, args.clients, args.seconds)
         drained(metrics_port)
-        phase("HTTP malformed", answers)
+        phase(hostile_name, answers)
     counted, by_reason = refusals_counted(metrics_port)
     with channel(grpc_port) as ch:
         answering = ch.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)(b"", timeout=30)

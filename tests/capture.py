@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from otelgpu.config import parse_config  # noqa: E402
-from otelgpu.demo import scenario, scrapes  # noqa: E402
-from otelgpu.demo.otlp import request  # noqa: E402
+from otelgpu.demo import scrapes  # noqa: E402
+from otelgpu.demo.run import scrape_requests  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
 from otelgpu.pipeline import Pipeline  # noqa: E402
 
@@ -94,31 +94,25 @@ def feed(pipeline: Pipeline, requests: Any) -> None:
     pipeline.close_due(flush=True)
 
 
-def demo_requests(start_ns: int, hours: int) -> Any:
-    """The demo cluster scraped every minute, as `otelgpu demo` sends it."""
-    nodes, ns_labels = scenario.build()
-    for k in range(hours * 60):
-        t = start_ns + (30 + 60 * k) * NS
-        hour = ((t - start_ns) / NS % 3600) / 3600
-        elapsed = (t - start_ns) / NS
-        yield request(scrapes.ksm(nodes, ns_labels, t), *(scrapes.dcgm(n, t, hour) for n in nodes),
-                      *(scrapes.cadvisor(n, t, elapsed) for n in nodes),
-                      *(rm for n in nodes for rm in scrapes.vllm(n, t, elapsed)))
-
-
 DEMO_START_NS = 1_790_000_000 * NS // (3600 * NS) * 3600 * NS  # a fixed hour: the digests do not move with the clock
 
 
-def demo(variant: str) -> list[dict[str, str]]:
-    base = yaml.safe_load(resources.files("otelgpu.demo").joinpath("config.yaml").read_text())
-    pipeline = in_process(merged(base, VARIANTS[variant]))
+def captured(doc: dict[str, Any], requests: Any) -> list[dict[str, str]]:
+    """Each interval's digests of a pipeline of `doc` fed `requests`."""
+    pipeline = in_process(doc)
     out: list[dict[str, str]] = []
     capturing(pipeline, out)
     try:
-        feed(pipeline, demo_requests(DEMO_START_NS, DEMO_HOURS))
+        feed(pipeline, requests)
     finally:
         pipeline.shutdown()
     return out
+
+
+def demo(variant: str) -> list[dict[str, str]]:
+    """The demo cluster (`otelgpu demo`'s scrapes) under one variant of its configuration."""
+    base = yaml.safe_load(resources.files("otelgpu.demo").joinpath("config.yaml").read_text())
+    return captured(merged(base, VARIANTS[variant]), scrape_requests(DEMO_START_NS, DEMO_HOURS * 3600))
 
 
 def fleet_config() -> dict[str, Any]:
@@ -148,14 +142,7 @@ def fleet_requests(gpus: int, minutes: int) -> Any:
 
 def fleet(gpus: int = 10_000, minutes: int = 5) -> list[dict[str, str]]:
     """The fleet's intervals with the gateway's otelgpu.yaml."""
-    pipeline = in_process(fleet_config())
-    out: list[dict[str, str]] = []
-    capturing(pipeline, out)
-    try:
-        feed(pipeline, fleet_requests(gpus, minutes))
-    finally:
-        pipeline.shutdown()
-    return out
+    return captured(fleet_config(), fleet_requests(gpus, minutes))
 
 
 def differences(want: list[dict[str, str]], got: list[dict[str, str]]) -> list[str]:

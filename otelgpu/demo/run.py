@@ -7,11 +7,12 @@ import sys
 import time
 from dataclasses import replace
 from importlib import resources
-from typing import TextIO
+from typing import Iterator, TextIO
 
 import grpc
 import yaml
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otelgpu.config import Config, PrometheusConfig, parse_config
 from otelgpu.demo import scenario, scrapes
@@ -38,20 +39,27 @@ def _free(port: int) -> bool:
     return True
 
 
-def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: bool = True) -> None:
-    """Scrape the demo cluster every minute from start_ns for `seconds`, through a real gRPC client
+def scrape_requests(start_ns: int, seconds: int,
+                    kube_state_metrics: bool = True) -> Iterator[ExportMetricsServiceRequest]:
+    """The demo cluster scraped every minute from start_ns for `seconds`, one request per scrape
     (without kube-state-metrics when the sidecar takes pod facts from the Kubernetes API)."""
     nodes, ns_labels = scenario.build()
+    for k in range(seconds // SCRAPE_S):
+        t = start_ns + (30 + SCRAPE_S * k) * NS
+        hour = ((t - start_ns) / NS % 3600) / 3600
+        ksm = [scrapes.ksm(nodes, ns_labels, t)] if kube_state_metrics else []
+        elapsed = (t - start_ns) / NS
+        yield request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
+                      *(scrapes.cadvisor(n, t, elapsed) for n in nodes),
+                      *(rm for n in nodes for rm in scrapes.vllm(n, t, elapsed)))
+
+
+def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: bool = True) -> None:
+    """`scrape_requests` sent to the sidecar through a real gRPC client."""
     with grpc.insecure_channel(f"127.0.0.1:{pipeline.grpc.port}", compression=grpc.Compression.Gzip) as channel:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(channel)
-        for k in range(seconds // SCRAPE_S):
-            t = start_ns + (30 + SCRAPE_S * k) * NS
-            hour = ((t - start_ns) / NS % 3600) / 3600
-            ksm = [scrapes.ksm(nodes, ns_labels, t)] if kube_state_metrics else []
-            elapsed = (t - start_ns) / NS
-            send(stub, request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
-                                *(scrapes.cadvisor(n, t, elapsed) for n in nodes),
-                                *(rm for n in nodes for rm in scrapes.vllm(n, t, elapsed))))
+        for req in scrape_requests(start_ns, seconds, kube_state_metrics):
+            send(stub, req)
 
 
 def report(pipeline: Pipeline, out: TextIO) -> None:
