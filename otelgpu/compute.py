@@ -17,6 +17,8 @@ from typing import Mapping, Optional
 import numpy as np
 
 from otelgpu.attribution.models import CostModels, Packed, Series, Split
+from otelgpu.attribution.prices import Pricer
+from otelgpu.attribution.pricing import priced
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
 from otelgpu.config import TenantsConfig
 from otelgpu.core.attrs import Attrs, with_attrs
@@ -40,7 +42,7 @@ class Costs:
     unpriced_gpus: int = 0
     gpus_without_device_data: int = 0
     plan: Optional[Plan] = None  # where the store adds the sums, looked up ahead of the close
-    fraction_problems: dict[str, int] = field(default_factory=dict)  # Joined.fraction_problems
+    fraction_problems: dict[str, int] = field(default_factory=dict)  # Holdings.fraction_problems
 
     def packed(self) -> "Costs":
         """The same costs with each series as two columns (`Packed`): what waits for the close
@@ -50,9 +52,9 @@ class Costs:
 
 
 class IntervalCosts:
-    def __init__(self, joiner: Joiner, models: CostModels, strings: Interner, metrics: SelfMetrics,
+    def __init__(self, joiner: Joiner, pricer: Pricer, models: CostModels, strings: Interner, metrics: SelfMetrics,
                  tenants: Optional[TenantsConfig] = None) -> None:
-        self.joiner, self.models, self.s, self.metrics = joiner, models, strings, metrics
+        self.joiner, self.pricer, self.models, self.s, self.metrics = joiner, pricer, models, strings, metrics
         self.tenants = tenants  # splitting serving pods' cost among their tenants, when enabled
 
     def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]],
@@ -84,10 +86,11 @@ class IntervalCosts:
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
              only_node: Optional[str], split: Optional[Split] = None) -> Costs:
-        joined = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
-        sums, gauges = self.models.attribute(joined, interval.seconds, split)
-        return Costs(sums, gauges, joined.unpriced_gpus, joined.gpus_without_device_data,
-                     fraction_problems=joined.fraction_problems)
+        held = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
+        costed = priced(held, self.pricer)
+        sums, gauges = self.models.attribute(costed, interval.seconds, split)
+        return Costs(sums, gauges, costed.unpriced_gpus, held.gpus_without_device_data,
+                     fraction_problems=held.fraction_problems)
 
     def _per_node(self, interval: Interval, use, facts: FactsView,  # noqa: ANN001
                   split: Optional[Split] = None) -> Costs:
@@ -113,9 +116,10 @@ class IntervalCosts:
         bare = Samples(s.metric, s.time_ns, np.full(len(s), np.nan), s.stale, s.node, s.uuid, s.gi, s.profile,
                        s.model, none, none, none, none, none)
         try:
-            joined = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True,
-                                      facts=facts)
-            sums, _ = self.models.attribute(joined, interval.seconds)
+            held = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True,
+                                    facts=facts)
+            costed = priced(held, self.pricer)
+            sums, _ = self.models.attribute(costed, interval.seconds)
         except Exception:  # noqa: BLE001
             log.exception("node %s: not even its capacity could be costed in the interval ending %d",
                           name, interval.end_ns)
@@ -124,7 +128,7 @@ class IntervalCosts:
             return None
         error = {"error": "processing"}
         marked = {m: {with_attrs(a, error): v for a, v in series.items()} for m, series in sums.items()}
-        return Costs(marked, {}, joined.unpriced_gpus, joined.gpus_without_device_data)
+        return Costs(marked, {}, costed.unpriced_gpus, held.gpus_without_device_data)
 
 
 def _add(total: Costs, part: Costs) -> None:

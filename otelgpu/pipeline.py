@@ -25,6 +25,7 @@ from otelgpu.enrich.facts import KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
 from otelgpu.enrich.model import FactSource, FactsView
+from otelgpu.enrich.reported import Hardware
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
@@ -131,11 +132,14 @@ class Pipeline:
 
             self.kube = kube_source.KubeSource(config.kubernetes, tags, self.metrics)
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
-        self.joiner = Joiner(self.strings, source, tags, MigProfiles.load(),
-                             self.pricer, a.mig_fraction_rule, pod_resources=self.models.needs_pods(),
-                             cpu_only_nodes=a.scad.cpu_only_nodes,
+        pricer = self.pricer
+        hardware = Hardware(pricer.catalog, MigProfiles.load(), a.mig_fraction_rule)
+        self.joiner = Joiner(self.strings, source, tags, hardware,
+                             pod_resources=self.models.needs_pods(),
+                             cpu_only=(lambda info: pricer.prices_instance(info.instance_type, info.capacity_type))
+                             if a.scad.cpu_only_nodes else None,
                              device_memory_ns=remembered_ns)
-        self.costs = IntervalCosts(self.joiner, self.models, self.strings, self.metrics, self.tenants)
+        self.costs = IntervalCosts(self.joiner, self.pricer, self.models, self.strings, self.metrics, self.tenants)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
         directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None

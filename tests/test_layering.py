@@ -1,17 +1,9 @@
 """No module imports a layer above its own (tests/layering.py: ground, receiver, enrich,
-attribution, exporter, readers, assembly), and no modules import each other round. The imports
-that still do are listed here, each to be taken out; the list may only shrink: a new one fails,
-and so does one listed that is gone (take it off the list)."""
+attribution, exporter, readers, assembly), and no modules import each other round."""
 
 from __future__ import annotations
 
 from layering import LAYERS, PACKAGE, cycles, graph, layer_of, modules, upward
-
-STILL_UPWARD = {  # shared vocabulary still in a stage package; moved to the ground floor one by one
-    ("otelgpu.enrich.join", "otelgpu.attribution.engine"),
-    ("otelgpu.enrich.join", "otelgpu.attribution.prices"),
-}
-STILL_CYCLES: list[list[str]] = []
 
 
 def test_every_module_has_a_layer():
@@ -19,14 +11,12 @@ def test_every_module_has_a_layer():
         assert 0 <= layer_of(module) < len(LAYERS), module
 
 
-def test_no_import_goes_up_a_layer_but_those_still_listed():
-    up = upward(graph())
-    assert up - STILL_UPWARD == set(), "imports up a layer (move what they need down to the ground floor)"
-    assert STILL_UPWARD - up == set(), "gone: take them off STILL_UPWARD"
+def test_no_import_goes_up_a_layer():
+    assert upward(graph()) == set(), "imports up a layer (move what they share down to the ground floor)"
 
 
-def test_no_modules_import_each_other_but_those_still_listed():
-    assert cycles(graph()) == STILL_CYCLES
+def test_no_modules_import_each_other():
+    assert cycles(graph()) == []
 
 
 def test_the_reading_sees_an_upward_import_and_a_cycle():

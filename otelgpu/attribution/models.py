@@ -28,10 +28,11 @@ from typing import Callable, Iterator, Mapping, Optional
 import numpy as np
 
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
+from otelgpu.attribution.pricing import Priced
 from otelgpu.config import TAG_NAMES, AttributionConfig
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
-from otelgpu.core.grouping import group_ids
-from otelgpu.enrich.join import ACTIVE, NOBODY, POD_UNKNOWN, Joined, Names
+from otelgpu.core.grouping import Numbering, group_ids
+from otelgpu.enrich.holdings import ACTIVE, NOBODY, POD_UNKNOWN
 from otelgpu.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,8 @@ class _Sums:
 
     def __init__(self, sets: list[Attrs], extended: "_Extended") -> None:
         self._joined = sets
-        self._added: Names[Attrs] = Names()
-        self.extras: Names[Attrs] = Names(())
+        self._added: Numbering[Attrs] = Numbering()
+        self.extras: Numbering[Attrs] = Numbering(())
         self._with = extended
         self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in SUMS}
 
@@ -156,21 +157,22 @@ class CostModels:
     def needs_pods(self) -> bool:
         return "scad" in self.config.cost_models
 
-    def attribute(self, j: Joined, dt: float, split: Optional[Split] = None) -> tuple[Series, Series]:
+    def attribute(self, priced: Priced, dt: float, split: Optional[Split] = None) -> tuple[Series, Series]:
         """Sums and gauges of one interval. `split`, given what the holders are charged (the
         allocated and unused series, with every attribute: a pod's included, whatever
         `series.detail` drops), gives the `tenant_cost` series (attribution/tenants.py); they are
         then reduced as the others."""
         self._with.tick()
-        out = _Sums(j.sets, self._with)
-        base = attribute_request(j.rows, dt)
-        out.add("held", j.row_set, 0, base.held_s)
-        gpus = np.bincount(j.gpu_node, minlength=len(j.nodes)).astype(np.float64)
-        node_set = np.array([out.set(node.attrs) for node in j.nodes], np.int64)  # each node's capacity series
+        held = priced.held
+        out = _Sums(held.sets, self._with)
+        base = attribute_request(priced.rows, dt)
+        out.add("held", held.row_set, 0, base.held_s)
+        gpus = np.bincount(held.gpu_node, minlength=len(priced.nodes)).astype(np.float64)
+        node_set = np.array([out.set(node.attrs) for node in priced.nodes], np.int64)  # each node's capacity series
         out.add("provisioned", node_set, 0, gpus * dt, where=gpus > 0)
         for model in self.config.cost_models:
-            self._model(model, j, dt, base, node_set, out)
-        self._unattributed(j, base, out)
+            self._model(model, priced, dt, base, node_set, out)
+        self._unattributed(priced, base, out)
         sums = out.series(self._merged)
         if split is not None and "allocated" in sums:
             full = out.series(Packed.columns, CHARGED) if self.dropped else sums
@@ -187,7 +189,7 @@ class CostModels:
                 tenants = {}
             if tenants:
                 sums["tenant_cost"] = self.reduce(tenants)
-        return sums, self._gauges(j, base)
+        return sums, self._gauges(priced, base)
 
     def reduce(self, series: Mapping[Attrs, float]) -> Mapping[Attrs, float]:
         """Series without the attributes `series.detail` and `series.drop_attributes` drop, those
@@ -205,48 +207,50 @@ class CostModels:
         into = np.array([index.setdefault(self._project(a), len(index)) for a in attrs], np.int64)
         return Packed.columns([self._with(a, ()) for a in index], np.bincount(into, weights=values, minlength=len(index)))
 
-    def _model(self, model: str, j: Joined, dt: float, base: Attribution, node_set: np.ndarray, out: _Sums) -> None:
-        cfg, n_node = self.config, len(j.nodes)
+    def _model(self, model: str, priced: Priced, dt: float, base: Attribution, node_set: np.ndarray,
+               out: _Sums) -> None:
+        cfg, n_node, held = self.config, len(priced.nodes), priced.held
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
-        row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
-        att, node_source, rates = priced(model, j, base, dt)
+        row_node = held.gpu_node[priced.rows.row_gpu] if len(priced.rows.row_gpu) else np.zeros(0, np.int64)
+        att, node_source, rates = model_attribution(model, priced, base, dt)
         extra = np.array([out.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)],
                          np.int64)
         row_extra = extra[row_node]
         alloc = att.alloc
         if model == "hybrid":
-            alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(j, row_node, att))
+            alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(priced, row_node, att))
         else:
-            out.add("effective", j.row_set, row_extra, att.effective)
-            out.add("waste", j.row_set, row_extra, att.waste)
-            out.add("unmeasured", j.row_set, row_extra, att.unmeasured)
-        out.add("allocated", j.row_set, row_extra, alloc)
-        capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
-        gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc,
-                         j.row_set, row_extra)
+            out.add("effective", held.row_set, row_extra, att.effective)
+            out.add("waste", held.row_set, row_extra, att.waste)
+            out.add("unmeasured", held.row_set, row_extra, att.unmeasured)
+        out.add("allocated", held.row_set, row_extra, alloc)
+        capacity = np.bincount(held.gpu_node, weights=att.capacity, minlength=n_node)
+        gpu_idle = _Idle(np.bincount(held.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc,
+                         held.row_set, row_extra)
         idles = [(gpu_idle, capacity, extra)]
         if model == "scad":
             # SCAD hands each resource's unused capacity to the pods on the node that hold it.
             unused, gpu_idle.amount = share(row_node, alloc, gpu_idle.amount)
-            out.add("unused", j.row_set, row_extra, unused)
-            idles += self._scad_cpu_memory(j, dt, rates, node_source, common, out)
-        has_gpus = np.array([node.gpus > 0 for node in j.nodes], bool)
+            out.add("unused", held.row_set, row_extra, unused)
+            idles += self._scad_cpu_memory(priced, dt, rates, node_source, common, out)
+        has_gpus = np.array([node.gpus > 0 for node in priced.nodes], bool)
         for idle, cap, node_extra in idles:
             out.add("capacity", node_set, node_extra, cap, where=(cap != 0) | has_gpus)
-            self._idle_policy(idle, j, node_set, node_extra, has_gpus, out)
+            self._idle_policy(idle, priced, node_set, node_extra, has_gpus, out)
 
     @staticmethod
-    def _holder_activity(j: Joined, row_node: np.ndarray, att: Attribution) -> np.ndarray:
+    def _holder_activity(priced: Priced, row_node: np.ndarray, att: Attribution) -> np.ndarray:
         """Each holder's activity (its effective over its measured allocation, all its units on the
         node together), spread over its rows by allocated cost, so the rows of one holder weigh
         a_p in total whatever the size of the holding. A row of no pod is a holder of its own set."""
-        holder = j.set_holder[j.row_set]
-        who = np.where(holder != NOBODY, holder, len(j.holders) + j.row_set)
+        held = priced.held
+        holder = held.set_holder[held.row_set]
+        who = np.where(holder != NOBODY, holder, len(held.holders) + held.row_set)
         group, first = group_ids(row_node, who)
         return holder_activity(group, len(first), att)
 
-    def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, out: _Sums) -> list:  # noqa: ANN001
-        p = j.pods
+    def _scad_cpu_memory(self, priced: Priced, dt: float, rates, node_source, common, out: _Sums) -> list:  # noqa: ANN001
+        p = priced.held.pods
         cpu = np.where(np.isnan(p.cpu_used), p.cpu_request, np.maximum(p.cpu_request, p.cpu_used))
         memory = np.where(np.isnan(p.memory_used_gib), p.memory_request_gib,
                           np.maximum(p.memory_request_gib, p.memory_used_gib))
@@ -257,25 +261,25 @@ class CostModels:
                 fallbacks = int(np.count_nonzero(by_requests[:, x] & (reserved > 0)))
                 if fallbacks:
                     self.metrics.scad_request_fallbacks.labels(resource).inc(fallbacks)
-        cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
+        cap = np.array([[n.vcpus, n.memory_gib] for n in priced.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
         split = scad(p.node, qty, cap, rate, dt)
         hours = dt / 3600.0
         result = []
         for x, resource in enumerate(("cpu", "memory")):
-            extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(j.nodes))]
+            extra = [dict(common, resource=resource, price_source=node_source[n]) for n in range(len(priced.nodes))]
             node_extra = np.array([out.extra(e) for e in extra], np.int64)
             by_basis = np.array([[out.extra(dict(e, activity_basis=b)) for b in ("requests", "usage")] for e in extra],
                                 np.int64).reshape(-1, 2)
             pod_extra = by_basis[p.node, np.where(by_requests[:, x], 0, 1)]
-            held = qty[:, x] > 0
-            out.add("allocated", p.set, pod_extra, split.split[:, x], where=held)
-            out.add("unused", p.set, pod_extra, split.unused[:, x], where=held)
+            holds = qty[:, x] > 0
+            out.add("allocated", p.set, pod_extra, split.split[:, x], where=holds)
+            out.add("unused", p.set, pod_extra, split.unused[:, x], where=holds)
             idle = _Idle(split.idle[:, x].copy(), p.node, split.split[:, x], p.set, pod_extra)
             result.append((idle, cap[:, x] * rate[:, x] * hours, node_extra))
         return result
 
-    def _idle_policy(self, idle: _Idle, j: Joined, node_set: np.ndarray, node_extra: np.ndarray,
+    def _idle_policy(self, idle: _Idle, priced: Priced, node_set: np.ndarray, node_extra: np.ndarray,
                      has_gpus: np.ndarray, out: _Sums) -> None:
         policy = self.config.idle
         amount = idle.amount
@@ -285,18 +289,19 @@ class CostModels:
         booked = ~((amount <= 0) & ~has_gpus)
         if policy.policy == "platform":
             platform = dict(self.platform, attribution="idle")
-            sets = np.array([out.set(with_attrs(node.attrs, platform)) for node in j.nodes], np.int64)
+            sets = np.array([out.set(with_attrs(node.attrs, platform)) for node in priced.nodes], np.int64)
             out.add("unused", sets, node_extra, amount, where=booked)
         else:
             out.add("idle", node_set, node_extra, amount, where=booked)
 
-    def _gauges(self, j: Joined, base: Attribution) -> Series:
+    def _gauges(self, priced: Priced, base: Attribution) -> Series:
         gauges: Series = {"activity": {}, "tag_coverage": {}}
+        held = priced.held
         # Activity of each series (merged series: weighted by their cost).
-        distinct, first, inverse = np.unique(j.row_set, return_index=True, return_inverse=True)
+        distinct, first, inverse = np.unique(held.row_set, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         index: dict[Attrs, int] = {}
-        into = np.array([index.setdefault(self._project(j.sets[s]), len(index)) for s in distinct[order].tolist()],
+        into = np.array([index.setdefault(self._project(held.sets[s]), len(index)) for s in distinct[order].tolist()],
                         np.int64)
         row_series = np.zeros(len(distinct), np.int64)
         row_series[order] = into
@@ -306,14 +311,14 @@ class CostModels:
         keys = [self._with(a, ()) for a in index]  # the objects of the last interval: the store knows them
         gauges["activity"] = {attrs: e / m for attrs, e, m in zip(keys, effective.tolist(), measured.tolist()) if m > 0}
         # Tag coverage per cluster and per namespace.
-        found = j.set_found[j.row_set]
+        found = held.set_found[held.row_set]
         everything = found.all(axis=1)
-        namespace = j.set_namespace[j.row_set]
+        namespace = held.set_namespace[held.row_set]
         by_namespace = np.argsort(namespace, kind="stable")  # each namespace's rows, in row order
-        bounds = np.searchsorted(namespace[by_namespace], np.arange(len(j.namespaces) + 1))
+        bounds = np.searchsorted(namespace[by_namespace], np.arange(len(held.namespaces) + 1))
         scopes: list[tuple[Attrs, np.ndarray]] = [((), np.arange(len(namespace)))]
         if "namespace" not in self.dropped:
-            names = sorted((name, k) for k, name in enumerate(j.namespaces) if name)
+            names = sorted((name, k) for k, name in enumerate(held.namespaces) if name)
             scopes += [((("namespace", name),), by_namespace[bounds[k]:bounds[k + 1]]) for name, k in names]
         coverage = gauges["tag_coverage"]
         for scope, rows in scopes:
@@ -327,40 +332,43 @@ class CostModels:
         return gauges
 
     @staticmethod
-    def _unattributed(j: Joined, base: Attribution, out: _Sums) -> None:
+    def _unattributed(priced: Priced, base: Attribution, out: _Sums) -> None:
         """Allocated GPU cost (request allocation) not tied to all five tags, by reason: no pod on
         a busy device, a pod no source knows, or a known pod missing a tag."""
-        reason = np.where(j.set_attribution == ACTIVE, 0, np.where(j.set_attribution == POD_UNKNOWN, 1,
-                                                                    np.where(j.set_found.all(axis=1), -1, 2)))
-        row_reason = reason[j.row_set]
+        held = priced.held
+        reason = np.where(held.set_attribution == ACTIVE, 0, np.where(held.set_attribution == POD_UNKNOWN, 1,
+                                                                    np.where(held.set_found.all(axis=1), -1, 2)))
+        row_reason = reason[held.row_set]
         rows = np.flatnonzero((base.alloc > 0) & (row_reason >= 0))
         if not len(rows):
             return
-        sets = j.row_set[rows]
-        key, first = group_ids(j.set_namespace[sets], j.set_node[sets], row_reason[rows])
-        keyed = np.array([out.set(attrs_of({"namespace": j.namespaces[j.set_namespace[s]],
-                                             "node": j.nodes[j.set_node[s]].name, "reason": REASONS[reason[s]]}))
+        sets = held.row_set[rows]
+        key, first = group_ids(held.set_namespace[sets], held.set_node[sets], row_reason[rows])
+        keyed = np.array([out.set(attrs_of({"namespace": held.namespaces[held.set_namespace[s]],
+                                             "node": priced.nodes[held.set_node[s]].name, "reason": REASONS[reason[s]]}))
                           for s in sets[first].tolist()], np.int64)
         out.add("unattributed", keyed[key], 0, base.alloc[rows])
 
 
-def priced(model: str, j: Joined, base: Attribution, dt: float) -> tuple[Attribution, list[str], Optional[list]]:
+def model_attribution(model: str, priced: Priced, base: Attribution,
+                      dt: float) -> tuple[Attribution, list[str], Optional[list]]:
     """The model's attribution of the join's rows (`base`, the request model's, where the model
     prices GPUs the same way), each node's price source, and SCAD's rates per node (scad only)."""
     rates = None
     if model == "scad":
-        rates = [node.price.scad_rates() for node in j.nodes]
+        rates = [node.price.scad_rates() for node in priced.nodes]
         node_price = np.array([r[0][0] for r in rates])
         node_source = [r[1] for r in rates]
     else:
-        convention = "opencost" if model == "opencost" else j.split
-        per_gpu = [node.price.per_gpu(convention) for node in j.nodes]
+        convention = "opencost" if model == "opencost" else priced.split
+        per_gpu = [node.price.per_gpu(convention) for node in priced.nodes]
         node_price = np.array([p.per_gpu_hour for p in per_gpu])
         node_source = [p.source for p in per_gpu]
-    if model in ("request", "hybrid") or not len(j.gpu_node):
+    gpu_node = priced.held.gpu_node
+    if model in ("request", "hybrid") or not len(gpu_node):
         return base, node_source, rates
-    rows = j.rows
-    return attribute_request(UnitRows(node_price[j.gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
+    rows = priced.rows
+    return attribute_request(UnitRows(node_price[gpu_node], rows.row_gpu, rows.row_f, rows.row_share,
                                       rows.row_measured, rows.row_activity), dt), node_source, rates
 
 

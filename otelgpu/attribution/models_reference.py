@@ -14,9 +14,10 @@ from typing import Mapping
 import numpy as np
 
 from otelgpu.attribution.engine import Attribution, attribute_request, scad, share
-from otelgpu.attribution.models import SUMS, CostModels, holder_activity, hybrid_allocation, priced, shared_idle
+from otelgpu.attribution.models import (SUMS, CostModels, holder_activity, hybrid_allocation, model_attribution,
+                                        shared_idle)
+from otelgpu.attribution.pricing import Priced
 from otelgpu.config import TAG_NAMES
-from otelgpu.enrich.join import Joined
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 
 Series = dict[str, dict[Attrs, float]]
@@ -35,20 +36,20 @@ class _Idle:
 class CostModelsReference(CostModels):
     """`CostModels`' configuration, its sums and gauges computed series by series."""
 
-    def attribute(self, j: Joined, dt: float) -> tuple[Series, Series]:
+    def attribute(self, priced: Priced, dt: float) -> tuple[Series, Series]:
         """Sums and gauges of one interval."""
         sums: Series = {m: defaultdict(float) for m in SUMS}
         self._with.tick()
-        base = attribute_request(j.rows, dt)
-        for i, attrs in enumerate(j.row_attrs):
+        base = attribute_request(priced.rows, dt)
+        for i, attrs in enumerate(priced.held.row_attrs):
             sums["held"][attrs] += float(base.held_s[i])
-        for n, gpus in enumerate(np.bincount(j.gpu_node, minlength=len(j.nodes)).tolist()):
+        for n, gpus in enumerate(np.bincount(priced.held.gpu_node, minlength=len(priced.nodes)).tolist()):
             if gpus:
-                sums["provisioned"][self._with(j.nodes[n].attrs, ())] += gpus * dt
+                sums["provisioned"][self._with(priced.nodes[n].attrs, ())] += gpus * dt
         for model in self.config.cost_models:
-            self._model(model, j, dt, base, sums)
-        self._unattributed(j, base, sums)
-        gauges = self._gauges(j, base)
+            self._model(model, priced, dt, base, sums)
+        self._unattributed(priced, base, sums)
+        gauges = self._gauges(priced, base)
         return {k: self._projected(v) for k, v in sums.items() if v}, gauges
 
     def _projected(self, series: Mapping[Attrs, float]) -> dict[Attrs, float]:
@@ -60,16 +61,16 @@ class CostModelsReference(CostModels):
             out[self._project(attrs)] += value
         return dict(out)
 
-    def _model(self, model: str, j: Joined, dt: float, base: Attribution, sums: Series) -> None:
-        cfg, n_node = self.config, len(j.nodes)
+    def _model(self, model: str, priced: Priced, dt: float, base: Attribution, sums: Series) -> None:
+        cfg, n_node = self.config, len(priced.nodes)
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
-        row_node = j.gpu_node[j.rows.row_gpu] if len(j.rows.row_gpu) else np.zeros(0, np.int64)
-        att, node_source, rates = priced(model, j, base, dt)
+        row_node = priced.held.gpu_node[priced.rows.row_gpu] if len(priced.rows.row_gpu) else np.zeros(0, np.int64)
+        att, node_source, rates = model_attribution(model, priced, base, dt)
         extra = [self._with.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
-        row_attrs = [self._with(a, extra[n]) for a, n in zip(j.row_attrs, row_node.tolist())]
+        row_attrs = [self._with(a, extra[n]) for a, n in zip(priced.held.row_attrs, row_node.tolist())]
         alloc = att.alloc
         if model == "hybrid":
-            alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(j, row_node, att))
+            alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(priced, row_node, att))
         else:
             for i, attrs in enumerate(row_attrs):
                 sums["effective"][attrs] += float(att.effective[i])
@@ -77,35 +78,36 @@ class CostModelsReference(CostModels):
                 sums["unmeasured"][attrs] += float(att.unmeasured[i])
         for i, attrs in enumerate(row_attrs):
             sums["allocated"][attrs] += float(alloc[i])
-        node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
-        capacity = np.bincount(j.gpu_node, weights=att.capacity, minlength=n_node)
-        gpu_idle = _Idle(np.bincount(j.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc, row_attrs)
+        node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(priced.nodes)]
+        capacity = np.bincount(priced.held.gpu_node, weights=att.capacity, minlength=n_node)
+        gpu_idle = _Idle(np.bincount(priced.held.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc,
+                         row_attrs)
         idles = [("gpu", gpu_idle, capacity, node_attrs)]
         if model == "scad":
             # SCAD hands each resource's unused capacity to the pods on the node that hold it.
             unused, gpu_idle.amount = share(row_node, alloc, gpu_idle.amount)
             for i, attrs in enumerate(row_attrs):
                 sums["unused"][attrs] += float(unused[i])
-            idles += self._scad_cpu_memory(j, dt, rates, node_source, common, sums)
+            idles += self._scad_cpu_memory(priced, dt, rates, node_source, common, sums)
         for resource, idle, cap, attrs_of_node in idles:
             for n in range(n_node):
-                if cap[n] or j.nodes[n].gpus:
+                if cap[n] or priced.nodes[n].gpus:
                     sums["capacity"][attrs_of_node[n]] += float(cap[n])
-            self._idle_policy(idle, j, attrs_of_node, sums)
+            self._idle_policy(idle, priced, attrs_of_node, sums)
 
     @staticmethod
-    def _holder_activity(j: Joined, row_node: np.ndarray, att: Attribution) -> np.ndarray:
+    def _holder_activity(priced: Priced, row_node: np.ndarray, att: Attribution) -> np.ndarray:
         """Each holder's activity (its effective over its measured allocation, all its units on the
         node together), spread over its rows by allocated cost, so the rows of one holder weigh
         a_p in total whatever the size of the holding."""
         codes: dict[tuple, int] = {}
         holder = np.array([codes.setdefault((int(row_node[i]), d["namespace"], d["pod"]) if d.get("pod")
                                             else (int(row_node[i]), attrs), len(codes))
-                           for i, attrs in enumerate(j.row_attrs) for d in (dict(attrs),)], dtype=np.int64)
+                           for i, attrs in enumerate(priced.held.row_attrs) for d in (dict(attrs),)], dtype=np.int64)
         return holder_activity(holder, len(codes), att)
 
-    def _scad_cpu_memory(self, j: Joined, dt: float, rates, node_source, common, sums: Series) -> list:
-        pods = j.pod_rows()
+    def _scad_cpu_memory(self, priced: Priced, dt: float, rates, node_source, common, sums: Series) -> list:
+        pods = priced.held.pod_rows()
         pod_node = np.array([p.node for p in pods], dtype=np.int64)
         qty = np.zeros((len(pods), 2))
         basis = []
@@ -119,27 +121,27 @@ class CostModelsReference(CostModels):
                 for resource, b, reserved in zip(("cpu", "memory"), basis[-1], (p.cpu_request, p.memory_request_gib)):
                     if b == "requests" and reserved > 0:
                         self.metrics.scad_request_fallbacks.labels(resource).inc()
-        cap = np.array([[n.vcpus, n.memory_gib] for n in j.nodes]).reshape(-1, 2)
+        cap = np.array([[n.vcpus, n.memory_gib] for n in priced.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
         out = scad(pod_node, qty, cap, rate, dt)
         hours = dt / 3600.0
         result = []
         for x, resource in enumerate(("cpu", "memory")):
             extra = [self._with.extra(dict(common, resource=resource, price_source=node_source[n]))
-                     for n in range(len(j.nodes))]
+                     for n in range(len(priced.nodes))]
             pod_extra = {(n, b): self._with.extra(dict(extra[n], activity_basis=b))
-                         for n in range(len(j.nodes)) for b in ("requests", "usage")}
+                         for n in range(len(priced.nodes)) for b in ("requests", "usage")}
             attrs = [self._with(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
             for i, a in enumerate(attrs):
                 if qty[i, x] > 0:
                     sums["allocated"][a] += float(out.split[i, x])
                     sums["unused"][a] += float(out.unused[i, x])
-            node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(j.nodes)]
+            node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(priced.nodes)]
             idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
             result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
         return result
 
-    def _idle_policy(self, idle: _Idle, j: Joined, node_attrs: list[Attrs], sums: Series) -> None:
+    def _idle_policy(self, idle: _Idle, priced: Priced, node_attrs: list[Attrs], sums: Series) -> None:
         policy = self.config.idle
         amount = idle.amount
         if policy.policy == "share":
@@ -147,7 +149,7 @@ class CostModelsReference(CostModels):
             for i, attrs in enumerate(idle.row_attrs):
                 if to_rows[i]:
                     sums["unused"][attrs] += float(to_rows[i])
-        for n, node in enumerate(j.nodes):
+        for n, node in enumerate(priced.nodes):
             if amount[n] <= 0 and not node.gpus:
                 continue
             if policy.policy == "platform":
@@ -156,18 +158,18 @@ class CostModelsReference(CostModels):
             else:
                 sums["idle"][node_attrs[n]] += float(amount[n])
 
-    def _gauges(self, j: Joined, base: Attribution) -> Series:
+    def _gauges(self, priced: Priced, base: Attribution) -> Series:
         gauges: Series = {"activity": {}, "tag_coverage": {}}
         measured_alloc: dict[Attrs, float] = defaultdict(float)
         effective: dict[Attrs, float] = defaultdict(float)
-        for i, attrs in enumerate(j.row_attrs):  # activity of merged series: weighted by their cost
+        for i, attrs in enumerate(priced.held.row_attrs):  # activity of merged series: weighted by their cost
             measured_alloc[self._project(attrs)] += float(base.alloc[i] - base.unmeasured[i])
             effective[self._project(attrs)] += float(base.effective[i])
         for attrs, m in measured_alloc.items():
             if m > 0:
                 gauges["activity"][attrs] = effective[attrs] / m
-        found = np.array(j.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
-        namespaces = np.array([dict(a).get("namespace", "") for a in j.row_attrs], dtype=object)
+        found = np.array(priced.held.row_tags_found, dtype=bool).reshape(-1, len(TAG_NAMES))
+        namespaces = np.array([dict(a).get("namespace", "") for a in priced.held.row_attrs], dtype=object)
         scopes: list[tuple[Attrs, np.ndarray]] = [((), np.ones(len(namespaces), dtype=bool))]
         if "namespace" not in self.dropped:
             scopes += [((("namespace", ns),), namespaces == ns) for ns in sorted(set(namespaces) - {""})]
@@ -182,15 +184,15 @@ class CostModelsReference(CostModels):
         return gauges
 
     @staticmethod
-    def _unattributed(j: Joined, base: Attribution, sums: Series) -> None:
+    def _unattributed(priced: Priced, base: Attribution, sums: Series) -> None:
         """Allocated GPU cost (request allocation) not tied to all five tags, by reason: no pod on
         a busy device, a pod no source knows, or a known pod missing a tag."""
-        for i, attrs in enumerate(j.row_attrs):
+        for i, attrs in enumerate(priced.held.row_attrs):
             if base.alloc[i] <= 0:
                 continue
             a = dict(attrs)
             reason = {"active_without_pod": "no_pod", "pod_unknown": "pod_unknown"}.get(a.get("attribution", ""))
-            if reason is None and not all(j.row_tags_found[i]):
+            if reason is None and not all(priced.held.row_tags_found[i]):
                 reason = "tag_missing"
             if reason is not None:
                 key = attrs_of({"namespace": a.get("namespace", ""), "node": a.get("node", ""), "reason": reason})

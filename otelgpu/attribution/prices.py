@@ -180,6 +180,11 @@ class Pricer:
             memory_gib=known.memory_gib if known else memory_gib,
         )
 
+    def prices_instance(self, instance_type: str, capacity_type: str) -> bool:
+        """Whether the type's whole instance has a price (configured, or in the catalog): the
+        nodes without GPUs that scad costs are those."""
+        return self.node_price(instance_type, (), capacity_type, 0).instance_hour is not None
+
     def gpu_hour(self, instance_type: str, gpu_models: tuple[str, ...], gpus: int,
                  vcpus: float = 0.0, memory_gib: float = 0.0, capacity_type: str = "on-demand") -> GpuPrice:
         """Per-GPU price by the configured split convention (`instance_price_split`)."""

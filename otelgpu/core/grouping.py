@@ -1,9 +1,35 @@
 """Ids of the distinct rows of a few integer columns: the grouping every stage does on columns
-(holders of a GPU, series of a snapshot, pods of a node), with one sort and no Python per row."""
+(holders of a GPU, series of a snapshot, pods of a node), with one sort and no Python per row;
+and `Numbering`, distinct values numbered as they are met (holders, profiles, attribute sets)."""
 
 from __future__ import annotations
 
+from typing import Generic, Hashable, TypeVar
+
 import numpy as np
+
+T = TypeVar("T", bound=Hashable)
+
+
+class Numbering(Generic[T]):
+    """Distinct values numbered in the order they were first met: `index(value)` is the number,
+    `values[number]` the value."""
+
+    def __init__(self, *first: T) -> None:
+        self.values: list[T] = []
+        self._index: dict[T, int] = {}
+        for value in first:
+            self.index(value)
+
+    def index(self, value: T) -> int:
+        i = self._index.get(value)
+        if i is None:
+            i = self._index[value] = len(self.values)
+            self.values.append(value)
+        return i
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,8 +29,9 @@ def dedupe(s: Samples) -> Samples:
 
 
 @dataclass
-class Holdings:
-    """One row per (entity, holder). Holder NONE means the entity showed no pod."""
+class Tenures:
+    """One row per (entity, holder): how long the holder held the entity in the interval, and how
+    active it was. Holder NONE means the entity showed no pod; DARK, that it showed nothing."""
 
     entity: np.ndarray  # entity id
     holder_ns: np.ndarray  # namespace code or NONE
@@ -85,7 +86,7 @@ def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.nda
     return (nxt - begin) / 1e9, row_step, st_ent
 
 
-def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Holdings:
+def tenures(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Tenures:
     """`shared[e]` marks time-sliced entities: several holders at once, activity per pod.
 
     For shared entities `act_integral` integrates the holder's share of device time (its own
@@ -133,7 +134,7 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
     _, vfirst = group_ids(hold[vg], s.vgpu[rows][vg])
     replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
 
-    held = Holdings(
+    out = Tenures(
         entity=r_ent[hold_first], holder_ns=r_ns[hold_first], holder_pod=r_pod[hold_first],
         held_s=np.bincount(pair_hold, weights=pair_dur, minlength=n_hold),
         act_s=np.bincount(pair_hold, weights=np.where(measured, pair_dur, 0.0), minlength=n_hold),
@@ -141,10 +142,10 @@ def holdings(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: i
         replicas=replicas,
         per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
     )
-    return _with_dark(held, dur, row_step, step_ent, live)
+    return _with_dark(out, dur, row_step, step_ent, live)
 
 
-def _with_dark(h: Holdings, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray, live: np.ndarray) -> Holdings:
+def _with_dark(h: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray, live: np.ndarray) -> Tenures:
     """Steps in which an entity has no live series at all (only staleness markers: a failed
     scrape) become one DARK holding per entity: time someone may well have held it, unmeasured."""
     step_live = np.zeros(len(dur), dtype=bool)
@@ -155,7 +156,7 @@ def _with_dark(h: Holdings, dur: np.ndarray, row_step: np.ndarray, step_ent: np.
     ents, inverse = np.unique(step_ent[dark], return_inverse=True)
     n = len(ents)
     zeros, marks = np.zeros(n), np.full(n, DARK, dtype=h.holder_ns.dtype)
-    return Holdings(
+    return Tenures(
         np.concatenate([h.entity, ents.astype(h.entity.dtype)]), np.concatenate([h.holder_ns, marks]),
         np.concatenate([h.holder_pod, marks]),
         np.concatenate([h.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n)]),

@@ -1,0 +1,102 @@
+"""The attribute sets of one interval's cost series: a holding's (its holder's tags, namespace,
+pod and workload, its node's attributes, how it is held) and a node's capacity series'. Each
+holder's attributes are worked out once per interval, and each distinct set is listed once with
+what the cost models read of it (enrich/holdings.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from otelgpu.config import TAG_NAMES
+from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.core.grouping import Numbering
+from otelgpu.enrich.holdings import ATTRIBUTIONS, BASES, FRACTION, KINDS
+from otelgpu.enrich.labels import TagResolver, Tags
+from otelgpu.enrich.model import PodFacts
+from otelgpu.enrich.nodes import NodeInfo
+from otelgpu.enrich.scope import PodKey, Scope
+from otelgpu.enrich.workload import workload
+
+
+def node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:
+    return attrs_of({"capacity_type": info.capacity_type, "gpu_model": model,
+                     "instance_type": info.instance_type, "node": name})
+
+
+class SeriesAttributes:
+    """The distinct attribute sets of one interval, numbered as they are met, with what the cost
+    models read of each: which tags the holder's labels gave, the holder, its namespace, its
+    attribution and its node."""
+
+    def __init__(self, scope: Scope, tags: TagResolver) -> None:
+        self.scope, self.tags = scope, tags
+        self.sets: Numbering[Attrs] = Numbering()
+        self.found: list[tuple[bool, ...]] = []
+        self.holder: list[int] = []
+        self.namespace: list[int] = []
+        self.attribution: list[int] = []
+        self.node: list[int] = []
+        self.namespaces: Numbering[str] = Numbering("")
+        self.node_sets: Numbering[Attrs] = Numbering()  # the attributes of each node and GPU model
+        self._holders: dict[tuple[int, int, int], tuple[Attrs, tuple[bool, ...], int]] = {}
+
+    def holding(self, holder: int, attribution: int, node_set: int, node: int, kind: int, profile: int,
+                basis: int) -> int:
+        """The set of a holding: a holder's units of one kind and profile on one node."""
+        attrs, found, attribution = self._holder(holder, attribution, node_set)
+        named = self.scope.profiles.values[profile]
+        attrs = with_attrs(attrs, {"unit_kind": KINDS[kind], "mig_profile": "" if kind == FRACTION else named,
+                                   "fraction_basis": named if kind == FRACTION else "",
+                                   "activity_basis": BASES[basis]})
+        return self._add(attrs, found, holder, attribution, node)
+
+    def pod(self, holder: int, attribution: int, node_set: int, node: int) -> int:
+        """The set of a pod's row (scad's CPU and memory)."""
+        attrs, found, attribution = self._holder(holder, attribution, node_set)
+        return self._add(attrs, found, holder, attribution, node)
+
+    def _add(self, attrs: Attrs, found: tuple[bool, ...], holder: int, attribution: int, node: int) -> int:
+        i = self.sets.index(attrs)
+        if i == len(self.found):  # new: what the models read of it
+            self.found.append(found)
+            self.holder.append(holder)
+            self.namespace.append(self.namespaces.index(self.scope.holders.values[holder][0]))
+            self.attribution.append(attribution)
+            self.node.append(node)
+        return i
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """found [set, tag], holder, namespace, attribution, node: per set."""
+        return (np.array(self.found, bool).reshape(-1, len(TAG_NAMES)), np.array(self.holder, np.int64),
+                np.array(self.namespace, np.int64), np.array(self.attribution, np.int8), np.array(self.node, np.int64))
+
+    def _holder(self, holder: int, attribution: int, node_set: int) -> tuple[Attrs, tuple[bool, ...], int]:
+        """The holder's attributes, which tags its labels gave, and its attribution (`pod_unknown`
+        for a pod no source knows); worked out once per interval for each holder, attribution and
+        node (a pod holds several units, and it is a GPU holder and a pod row), so the sets of
+        its rows share their pairs."""
+        key = (holder, attribution, node_set)
+        known = self._holders.get(key)
+        if known is None:
+            attrs, found, final = self._holder_attrs(self.scope.holders.values[holder], ATTRIBUTIONS[attribution],
+                                                     self.node_sets.values[node_set])
+            known = self._holders[key] = (attrs_of(attrs), found, ATTRIBUTIONS.index(final))
+        return known
+
+    def _holder_attrs(self, holder: PodKey, attribution: str,
+                      node: Attrs) -> tuple[dict[str, str], tuple[bool, ...], str]:
+        pod = self.scope.pod(holder)
+        tags = self._tags(holder, pod)
+        attrs = dict(zip(TAG_NAMES, tags.values))
+        if attribution == "pod" and pod is None:
+            attribution = "pod_unknown"
+        kind, name = workload(holder[0], holder[1], pod, self.scope.facts.owners)
+        attrs.update(dict(node), namespace=holder[0], pod=holder[1], attribution=attribution,
+                     workload_kind=kind, workload_name=name)
+        return attrs, tags.from_labels, attribution
+
+    def _tags(self, holder: PodKey, pod: PodFacts | None) -> Tags:
+        if holder == ("", ""):
+            return self.tags.resolve({}, {})
+        return self.tags.resolve(pod.labels if pod else {}, self.scope.facts.namespace_labels(holder[0]),
+                                 pod.annotations if pod else None, holder[0])
