@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-import numpy as np
-
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.checkpoint import Checkpoint, Identity
@@ -20,7 +18,9 @@ from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config, DeliveryConfig
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.mig import MigProfiles
+from otelgpu.core.state import States, Undo
 from otelgpu.enrich import sharing
+from otelgpu.enrich.devices import DeviceMemory
 from otelgpu.enrich.facts import KsmFacts, MergedFacts
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("otelgpu")
 
-_NO_FACTS = {"pods": [], "nodes": [], "namespaces": [], "owners": []}
 FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgotten
 # The string interner is compacted once it holds this many strings and twice what the last
 # compaction kept: amortised, each string is copied a bounded number of times.
@@ -74,7 +73,7 @@ class _Ahead:
     api: Optional[FactsView]  # the Kubernetes API's facts as of the interval's end
     costs: Optional[Costs]
     counts: list[tuple]  # its self-metrics, counted if it is used
-    undo: list[Callable[[], None]]
+    undo: Optional[Undo]  # puts back what computing it changed
 
 
 def interval_summary(sums: Mapping[str, Mapping[Attrs, float]], seconds: float, platform_idle: bool = False
@@ -97,11 +96,25 @@ def _clock(ns: int) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ns / NS))
 
 
+def _upgraded(document: dict) -> dict:
+    """A checkpoint document in today's layout: the store's entry is required; the windows'
+    closed time was the store's last interval end, and token counters had an entry of their own."""
+    if "store" not in document:
+        raise KeyError("store")
+    out = dict(document)
+    windows = dict(out.get("windows") or {})
+    windows.setdefault("closed_ns", int(out["store"]["last_time_ns"]))
+    out["windows"] = windows
+    if isinstance(out.get("usage"), list):
+        out["usage"] = {"cpu": out["usage"], "tokens": out.get("tokens", [])}
+    return out
+
+
 def _put_back(a: _Ahead) -> None:
     """Undo what computing `a` changed, last change first; its costs are forgotten."""
-    for undo in reversed(a.undo):
-        undo()
-    a.costs, a.undo = None, []
+    if a.undo is not None:
+        a.undo()
+    a.costs, a.undo = None, None
 
 
 class Pipeline:
@@ -134,17 +147,19 @@ class Pipeline:
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
         pricer = self.pricer
         hardware = Hardware(pricer.catalog, MigProfiles.load(), a.mig_fraction_rule)
-        self.joiner = Joiner(self.strings, source, tags, hardware,
+        self.devices = DeviceMemory(self.strings, remembered_ns)
+        self.joiner = Joiner(self.strings, source, tags, hardware, self.devices,
                              pod_resources=self.models.needs_pods(),
                              cpu_only=(lambda info: pricer.prices_instance(info.instance_type, info.capacity_type))
-                             if a.scad.cpu_only_nodes else None,
-                             device_memory_ns=remembered_ns)
+                             if a.scad.cpu_only_nodes else None)
         self.costs = IntervalCosts(self.joiner, self.pricer, self.models, self.strings, self.metrics, self.tenants)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
         directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
         self.checkpoint = (Checkpoint(directory, Identity(config.cluster.name, a.currency), self.metrics)
                            if directory else None)
+        # What the worker keeps from one interval to the next, in the order it restores.
+        self.states = States([self.store, self.tag_values, self.facts, self.usage, self.devices, self.windows])
         log_from = self._restore() if directory else None
         self.wal = Wal(directory / "wal", self.metrics) if directory else None
         self.deliveries = self._deliveries(directory)
@@ -214,7 +229,7 @@ class Pipeline:
             replay_from = tuple(int(x) for x in wal.get("replay_from", (0, 0)))
             processed = tuple(int(x) for x in wal.get("processed", (0, 0)))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            self._restore_state({"store": {"last_time_ns": 0, "attrs": [], "sums": []}, "facts": _NO_FACTS})
+            self.states.restore({})  # each part afresh
             self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
             self._set_log_aside()
             return None
@@ -231,13 +246,7 @@ class Pipeline:
             log.error("write-ahead log %s set aside with the checkpoint, moved to %s", logdir, aside)
 
     def _restore_state(self, state: dict) -> None:
-        self.store.restore(state["store"])
-        self.tag_values.restore(state.get("tag_values", {}))
-        if "facts" in state:
-            self.facts.restore(state["facts"])
-        self.usage.restore(state.get("usage", []), state.get("tokens", []))
-        self.joiner.devices.restore(state.get("devices", []))
-        self.windows.resume_after(self.store.last_time_ns, int((state.get("windows") or {}).get("watermark_ns", 0)))
+        self.states.restore(_upgraded(state))
         self.metrics.watermark.set(self.windows.watermark_ns / NS)
         for gauge in (self.metrics.interval_closed, self.metrics.interval_checkpointed):
             gauge.set(self.store.last_time_ns / NS)  # the checkpoint's last interval
@@ -260,9 +269,7 @@ class Pipeline:
             log.info("replayed %d write-ahead log records (%d points) from %s", records, points, start)
 
     def _checkpoint_state(self) -> dict:
-        return {"store": self.store.state(), "tag_values": self.tag_values.state(), "facts": self.facts.state(),
-                "usage": self.usage.state(), "tokens": self.usage.token_state(), "devices": self.joiner.devices.state(),
-                "windows": {"watermark_ns": self.windows.watermark_ns},
+        return {**self.states.state(),
                 "wal": {"replay_from": list(self._replay_from()), "processed": list(self._processed or (0, 0))}}
 
     def _replay_from(self) -> Position:
@@ -336,13 +343,7 @@ class Pipeline:
         queued batches and the open intervals still refer to. Runs in the one thread that
         processes batches, between two of them; receivers wait meanwhile to queue theirs."""
         before = len(self.strings)
-        with self.ingest.paused() as waiting:
-            arrays = self.windows.codes() + [a for b in waiting for a in b.codes()]
-            table = self.strings.compact(np.concatenate(arrays) if arrays else np.zeros(0, np.int32))
-            for b in waiting:
-                b.remap(table)
-            self.windows.remap(table)
-        self._strings_kept = len(self.strings)
+        self._strings_kept = self.ingest.compact_strings([self.windows])
         self.metrics.interner_compactions.inc()
         log.info("string table compacted: %d strings kept of %d", self._strings_kept, before)
 
@@ -388,7 +389,7 @@ class Pipeline:
             return False  # once per interval: one that was redone closes the plain way
         self._drop_ahead()
         interval = self.windows.peek(index)
-        undo = [self.facts.mark(), self.usage.mark(), self.joiner.devices.mark(), self.tag_values.mark()]
+        undo = self.states.mark()
         api = self.kube.view(interval.end_ns) if self.kube else None
         began = time.monotonic()
         with self.metrics.held() as counts, collector_paused():
@@ -431,7 +432,7 @@ class Pipeline:
             return None
         self.metrics.apply(a.counts)
         self.metrics.intervals_ahead.labels("used").inc()
-        costs, a.costs, a.undo = a.costs, None, []
+        costs, a.costs, a.undo = a.costs, None, None
         return a.index, costs
 
     def _drop_ahead(self, outcome: Optional[str] = None) -> None:
@@ -455,9 +456,7 @@ class Pipeline:
         for reason, pods in costs.fraction_problems.items():
             self.metrics.gpu_fractions_unheld.labels(reason).inc(pods)
         self.metrics.intervals_computed.inc()
-        self.facts.expire(interval.end_ns)
-        self.tag_values.tick()
-        self.usage.expire(interval.end_ns)
+        self.states.expire(interval.end_ns)
         for callback in self.on_interval:
             callback(interval)
         return snapshot

@@ -178,7 +178,7 @@ def test_the_engines_of_one_pod_are_series_of_their_own(order):
 def test_tokens_served_while_the_scrapes_were_away_for_hours_count_and_restarts_keep_them():
     """A counter series is forgotten after a day without points, not after the ten minutes a CPU
     rate may span: tokens served while the scrapes (or otelgpu) were away are counted; the
-    checkpoint's token state comes back, and an older checkpoint's CPU rows still load."""
+    checkpoint's token state comes back with its CPU rows."""
     strings = Interner()
     ns, pod, model, tenant, engine = (strings.code(x) for x in ("team-a", "vllm-0", LLAMA, "acme", "0"))
 
@@ -191,10 +191,10 @@ def test_tokens_served_while_the_scrapes_were_away_for_hours_count_and_restarts_
     tracker.use_and_tokens(point(0, 1000.0), 0, 60 * 10**9)
     tracker.expire(4 * 3600 * 10**9)  # four hours on
     again = UsageTracker(strings)
-    again.restore([["ml", "train", "main", "/kubepods/x", 5, 1.0]], tracker.token_state())  # through a checkpoint
+    again.restore({"cpu": [["ml", "train", "main", "/kubepods/x", 5, 1.0]], "tokens": tracker.state()["tokens"]})
     _, tokens = again.use_and_tokens(point(4 * 3600, 500000.0), 4 * 3600 * 10**9 - 60 * 10**9, 4 * 3600 * 10**9)
     assert tokens == {("team-a", "vllm-0"): {(LLAMA, "acme"): [499000.0, 0.0]}}
-    assert again.state() == [["ml", "train", "main", "/kubepods/x", 5, 1.0]]
+    assert again.state()["cpu"] == [["ml", "train", "main", "/kubepods/x", 5, 1.0]]
 
 
 # --- the split itself, on any input --------------------------------------------------------------------------

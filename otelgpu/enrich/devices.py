@@ -33,6 +33,8 @@ class _Node:
 
 
 class DeviceMemory:
+    key = "devices"  # its checkpoint entry (core/state.py)
+
     def __init__(self, strings: Interner, memory_ns: int) -> None:
         self.s, self.memory_ns = strings, memory_ns
         self._nodes: dict[str, _Node] = {}
@@ -106,9 +108,12 @@ class DeviceMemory:
     def last_holder(self, node: str, uuid: str, gi: str) -> tuple[str, str] | None:
         return self._holders.get((node, uuid, gi))
 
+    def expire(self, end_ns: int) -> None:
+        """Nothing: `fill` forgets the nodes not seen for longer than it remembers them."""
+
     def state(self) -> list[list]:
         return [[name, n.seen_ns, n.entities] for name, n in self._nodes.items()]  # JSON writes tuples as arrays
 
-    def restore(self, state: list[list]) -> None:
+    def restore(self, state: list[list] | None) -> None:
         self._nodes = {str(name): _Node(int(seen), [tuple(map(str, e)) for e in ents])  # type: ignore[misc]
-                       for name, seen, ents in state}
+                       for name, seen, ents in state or ()}

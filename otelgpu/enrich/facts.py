@@ -33,6 +33,8 @@ APPLY_CHUNK = 4096  # rows whose labels are turned into Python lists at once
 
 
 class KsmFacts:
+    key = "facts"  # its checkpoint entry (core/state.py)
+
     def __init__(self, strings: Interner, ttl_ns: int) -> None:
         self._s = strings
         self.ttl_ns = ttl_ns
@@ -179,10 +181,11 @@ class KsmFacts:
         then has the facts ready), kept only while the facts do not change."""
         self._encoded = (self.version, self.state())
 
-    def restore(self, state: Mapping[str, Any]) -> None:
+    def restore(self, state: Mapping[str, Any] | None) -> None:
         """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then).
-        Reads the arrays of `state()` and the JSON lists written before them."""
-
+        Reads the arrays of `state()` and the JSON lists written before them; None: no facts."""
+        if state is None:
+            state = {"pods": [], "nodes": [], "namespaces": [], "owners": []}
         self.version += 1
         if state.get("version") == factstate.VERSION:
             self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)

@@ -37,14 +37,14 @@ from otelgpu.receiver.interner import Interner
 
 
 class Joiner:
-    """`pod_resources`: list the pods on costed nodes (scad); `cpu_only`: which nodes without GPUs
+    """`devices`: the GPUs each node had, remembered between intervals (the dark ones' holders);
+    `pod_resources`: list the pods on costed nodes (scad); `cpu_only`: which nodes without GPUs
     scad costs as well (None: none)."""
 
-    def __init__(self, strings: Interner, facts: FactSource, tags: TagResolver, hardware: Hardware, *,
-                 pod_resources: bool = False, cpu_only: Callable[[NodeInfo], bool] | None = None,
-                 device_memory_ns: int = 600 * 10**9) -> None:
-        self.strings, self.source, self.tags, self.hardware = strings, facts, tags, hardware
-        self.devices = DeviceMemory(strings, device_memory_ns)
+    def __init__(self, strings: Interner, facts: FactSource, tags: TagResolver, hardware: Hardware,
+                 devices: DeviceMemory, *, pod_resources: bool = False,
+                 cpu_only: Callable[[NodeInfo], bool] | None = None) -> None:
+        self.strings, self.source, self.tags, self.hardware, self.devices = strings, facts, tags, hardware, devices
         self.pod_resources, self.cpu_only = pod_resources, cpu_only
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,

@@ -79,6 +79,8 @@ class TagValues:
     are gone) gives its place back, so the sets follow the cluster instead of its whole history.
     Each capped value is counted once while it is remembered."""
 
+    key = "tag_values"  # its checkpoint entry (core/state.py)
+
     def __init__(self, config: TagValuesConfig, metrics: SelfMetrics | None = None, release_after: int = 10) -> None:
         self.config = config
         self.metrics = metrics
@@ -127,7 +129,7 @@ class TagValues:
         if self.metrics is not None:
             self.metrics.tag_values_capped.labels(tag, reason).inc()
 
-    def tick(self) -> None:
+    def expire(self, end_ns: int = 0) -> None:
         """One interval closed: release what no namespace used in the last `release_after`."""
         self.generation += 1
         oldest = self.generation - self.release_after
@@ -158,7 +160,8 @@ class TagValues:
         to the overflow value and releases them on the same interval."""
         return {"generation": self.generation, "uses": self._uses}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict | None) -> None:
+        state = state or {}
         if "uses" not in state:  # an older checkpoint: {tag: [values]}, used now
             state = {"generation": 0, "uses": {t: {str(v): {"": 0} for v in values} for t, values in state.items()}}
         self.generation = int(state.get("generation", 0))

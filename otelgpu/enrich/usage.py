@@ -12,7 +12,7 @@ would count the same use twice or belong to nobody.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -54,6 +54,8 @@ class UsageTracker:
     close the CPU counters into rates. Counters are differenced only when their interval closes
     (sorted by time, against the series' last point of the previous interval), so neither the
     order nor the batching of input changes a rate."""
+
+    key = "usage"  # its checkpoint entry (core/state.py)
 
     def __init__(self, strings: Interner, tenant_labels: tuple[str, ...] = (), reserved: frozenset[str] = frozenset()
                  ) -> None:
@@ -208,17 +210,15 @@ class UsageTracker:
         for key in [k for k, (t, _) in self._last.items() if t < (cpu if len(k) == 4 else tokens)]:
             del self._last[key]
 
-    def state(self) -> list[list]:
-        """CPU series' last points (the checkpoint's `usage`, as before token counters)."""
-        return [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 4]
+    def state(self) -> dict[str, list[list]]:
+        """The last points of the CPU series (`cpu`) and of the token series (`tokens`)."""
+        return {"cpu": [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 4],
+                "tokens": [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 6]}
 
-    def token_state(self) -> list[list]:
-        """Token series' last points (the checkpoint's `tokens`)."""
-        return [[*key, t, v] for key, (t, v) in self._last.items() if len(key) == 6]
-
-    def restore(self, state: Sequence[list], tokens: Sequence[list] = ()) -> None:
-        self._last = {(str(a), str(b), str(c), str(d)): (int(t), float(v)) for a, b, c, d, t, v in state}
-        for kind, ns, pod, model, tenant, engine, t, v in tokens:
+    def restore(self, state: Mapping[str, Sequence[list]] | None) -> None:
+        state = state or {}
+        self._last = {(str(a), str(b), str(c), str(d)): (int(t), float(v)) for a, b, c, d, t, v in state.get("cpu", ())}
+        for kind, ns, pod, model, tenant, engine, t, v in state.get("tokens", ()):
             self._last[(int(kind), str(ns), str(pod), str(model), str(tenant), str(engine))] = (int(t), float(v))
 
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import numpy as np
 
 from otelgpu.core.grouping import group_ids
+from otelgpu.core.state import nothing_to_undo
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.receiver.decode import PointBatch, empty_batch
@@ -111,6 +112,8 @@ class _Open:
 
 
 class Windows:
+    key = "windows"  # its checkpoint entry (core/state.py)
+
     def __init__(self, interval_s: int, lateness_s: int, max_gap_intervals: int = 10,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.dt_ns = interval_s * NS
@@ -120,6 +123,7 @@ class Windows:
         self.clock = clock  # the receive clock, in seconds
         self.watermark_ns = 0
         self.closed_through = -1  # highest interval index already closed
+        self.closed_ns = 0  # the time through which intervals count as closed (a checkpoint's, or the last close's end)
         self.skipped = 0  # intervals of long gaps not computed
         self._sources = _Sources()  # scrape target -> newest timestamp, last heard
         self._open: dict[int, _Open] = {}
@@ -181,6 +185,7 @@ class Windows:
         for i in ready:
             out.append(self._interval(i, self._open.pop(i, _Open()), light=i in light))
             self.closed_through = max(self.closed_through, i)
+            self.closed_ns = max(self.closed_ns, (i + 1) * self.dt_ns)
         return out
 
     def due_indices(self, flush: bool = False) -> list[int]:
@@ -259,7 +264,24 @@ class Windows:
         """Continue a run whose intervals were counted up to `time_ns` (a checkpoint): intervals
         starting before it count as closed, their samples as late."""
         self.closed_through = max(self.closed_through, -(-time_ns // self.dt_ns) - 1)
+        self.closed_ns = max(self.closed_ns, time_ns)
         self.watermark_ns = max(self.watermark_ns, time_ns, watermark_ns)
+
+    def state(self) -> dict[str, int]:
+        return {"watermark_ns": self.watermark_ns, "closed_ns": self.closed_ns}
+
+    def restore(self, state: Mapping[str, Any] | None) -> None:
+        """Continue after a checkpoint's intervals (`resume_after`); None: nothing closed yet."""
+        self.closed_through, self.closed_ns, self.watermark_ns = -1, 0, 0
+        if state is not None:
+            self.resume_after(int(state["closed_ns"]), int(state.get("watermark_ns", 0)))
+
+    def mark(self) -> Callable[[], None]:
+        """Nothing to put back: computing an interval ahead only reads the windows."""
+        return nothing_to_undo
+
+    def expire(self, end_ns: int) -> None:
+        """Nothing: an interval's parts go with its close."""
 
     @property
     def open_intervals(self) -> int:

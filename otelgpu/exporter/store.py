@@ -16,6 +16,7 @@ import numpy as np
 
 from otelgpu.checkpoint import text_arrays, texts_of
 from otelgpu.core.attrs import Attrs, pair
+from otelgpu.core.state import Undo, nothing_to_undo
 from otelgpu.exporter.columns import Point, Points
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
@@ -98,6 +99,8 @@ class CostStore:
     `keep_ended` keeps ended sums' final values for `totals()` (run reports such as the demo's);
     exporters never see them again.
     """
+
+    key = "store"  # its checkpoint entry (core/state.py)
 
     def __init__(self, currency: str = "USD", end_after_intervals: int = 2, keep_ended: bool = False) -> None:
         self.specs = cost_metrics(currency)
@@ -305,6 +308,13 @@ class CostStore:
 
     # Checkpoint state: the sums and the last interval end, all a restart needs to continue them.
 
+    def mark(self) -> Undo:
+        """Nothing to put back: an interval computed ahead is recorded only at its close."""
+        return nothing_to_undo
+
+    def expire(self, end_ns: int) -> None:
+        """Nothing: `record` ends the sums that stopped."""
+
     def state(self) -> dict:
         """The live sums as columns (oldest first) over a table of their attribute sets, all as
         arrays: the table is the sets' string ids (key, value, key, value, ...) cut at `set_ends`
@@ -318,11 +328,14 @@ class CostStore:
                     "columns": {"metric": self._metric[rows], "attrs": aset.reshape(-1).astype(np.uint32),
                                 "start_ns": self._start[rows], "value": self._value[rows], "quiet": self._quiet[rows]}}
 
-    def restore(self, state: Mapping) -> None:
+    def restore(self, state: Mapping | None) -> None:
         """Continue from `state()` of an earlier run (same currency); also reads the layouts of
         earlier versions: the attribute sets as lists of pairs (`attrs`), the columns as lists with
         metric names, or a row per series (`sums`: metric, attribute set, start, time, value, quiet).
-        Raises ValueError or KeyError/TypeError on a malformed state; the store is unchanged then."""
+        Raises ValueError or KeyError/TypeError on a malformed state; the store is unchanged then.
+        None: no series."""
+        if state is None:
+            state = {"last_time_ns": 0, "attrs": [], "sums": []}
         table = (_AttrSets.read_table(**state["table"]) if "table" in state
                  else [tuple((str(k), str(v)) for k, v in a) for a in state["attrs"]])
         if "columns" in state:

@@ -7,7 +7,9 @@ import logging
 import queue
 import threading
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple, Optional, Protocol, Union
+from typing import Iterator, NamedTuple, Optional, Protocol, Sequence, Union
+
+import numpy as np
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -19,7 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
 from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
-from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.interner import HoldsCodes, Interner
 from otelgpu.receiver.limits import Limits
 from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.receiver.record import encode_batch
@@ -154,10 +156,25 @@ class Ingest:
                 self._disk_failed(exc)
         return True
 
+    def compact_strings(self, holders: Sequence[HoldsCodes]) -> int:
+        """Forget the strings that neither the queued batches nor `holders` (what the consumer
+        keeps of earlier batches) refer to, and rewrite every code that stays. The string table is
+        this stage's: its receivers intern, and none queues meanwhile (a request decoded with the
+        old codes is decoded again). Run by the consumer, between two batches. Returns the strings
+        kept."""
+        with self._paused() as waiting:
+            arrays = [a for h in holders for a in h.codes()] + [a for b in waiting for a in b.codes()]
+            table = self.strings.compact(np.concatenate(arrays) if arrays else np.zeros(0, np.int32))
+            for b in waiting:
+                b.remap(table)
+            for h in holders:
+                h.remap(table)
+        return len(self.strings)
+
     @contextmanager
-    def paused(self) -> Iterator[list[PointBatch]]:
-        """Nothing is queued while inside; yields the batches waiting in the queue (to compact the
-        interner: only the consumer takes batches out, so they stay while it is inside)."""
+    def _paused(self) -> Iterator[list[PointBatch]]:
+        """Nothing is queued while inside; yields the batches waiting in the queue (only the
+        consumer takes batches out, so they stay while it is inside)."""
         with self._order:
             with self._queue.mutex:
                 waiting = list(self._queue.queue)

@@ -2,15 +2,24 @@
 
 The table is compacted once it has grown well past what is in use (pods, label values and nodes
 that are gone): the single consumer of decoded batches keeps only the codes that queued batches
-and open intervals still hold, renumbers them and rewrites those arrays (`compact`). `epoch`
+and open intervals still hold, renumbers them and rewrites those arrays (`compact`, run by
+`Ingest.compact_strings`, the table's one owner). `epoch`
 counts compactions, so a batch decoded across one is recognised and decoded again."""
 
 from __future__ import annotations
 
 import threading
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
+
+
+class HoldsCodes(Protocol):
+    """What keeps arrays of codes beyond a batch (the open intervals): a compaction rewrites them."""
+
+    def codes(self) -> list[np.ndarray]: ...
+
+    def remap(self, table: np.ndarray) -> None: ...
 
 
 class Coded:

@@ -37,10 +37,10 @@ def test_values_no_pod_uses_any_more_give_their_place_back():
     assert v("team", "a", "ml") == "a" and v("team", "b", "ml") == "b"
     assert v("team", "c", "ml") == "other"
     for _ in range(3):
-        v.tick()
+        v.expire()
         v("team", "a", "ml")  # a is still in use, b is gone
     assert v("team", "c", "ml") == "other"
-    v.tick()  # b unused for more than 3 intervals
+    v.expire()  # b unused for more than 3 intervals
     assert v("team", "c", "ml") == "c"
     assert v("team", "b", "ml") == "other"
 
@@ -48,7 +48,7 @@ def test_values_no_pod_uses_any_more_give_their_place_back():
 def test_the_state_survives_a_restart_and_older_checkpoints_load():
     v = values(max_distinct=2, per_namespace=2)
     v("team", "a", "ml"), v("team", "b", "web")
-    v.tick()
+    v.expire()
     restored = values(max_distinct=2, per_namespace=2)
     restored.restore(json.loads(json.dumps(v.state())))
     assert restored.generation == 1

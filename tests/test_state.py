@@ -1,0 +1,142 @@
+"""One lifecycle for the state the worker keeps (core/state.py): every part the pipeline registers
+keeps the protocol, comes back whole through a checkpoint, starts afresh from nothing, and the
+checkpoint document is exactly the parts' entries; a document of the layout written before the
+lifecycle (token counters beside the CPU ones, no closed time for the windows) continues."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from capture import DEMO_START_NS, merged
+
+from otelgpu.checkpoint import FILE, Identity, decode, encode
+from otelgpu.config import parse_config
+from otelgpu.core.state import States, Stateful
+from otelgpu.demo.run import scrape_requests
+from otelgpu.pipeline import Pipeline
+
+
+def demo(directory: Path | None = None) -> Pipeline:
+    """The demo's configuration (scad, tenants: every part has state), fed in this process, with a
+    checkpoint in `directory` if given."""
+    doc = yaml.safe_load(resources.files("otelgpu.demo").joinpath("config.yaml").read_text())
+    doc = merged(doc, {"receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False},
+                                    "max_point_age_seconds": 0}, "exporter": {"prometheus": {"enabled": False}}})
+    doc["exporter"] = {"prometheus": doc["exporter"]["prometheus"]}
+    doc["checkpoint"] = {"directory": str(directory)} if directory else {}
+    return Pipeline(parse_config(doc), serve_receivers=False, keep_ended=True)
+
+
+def fed(pipeline: Pipeline, seconds: int = 1800) -> Pipeline:
+    """Fed the demo's scrapes until its watermark passes `seconds` into the hour."""
+    for req in scrape_requests(DEMO_START_NS, 3600):
+        pipeline.ingest.consume(req)
+        while (batch := pipeline.ingest.get(timeout=0)) is not None:
+            pipeline.process(batch)
+            pipeline.ingest.task_done()
+        if pipeline.windows.watermark_ns >= DEMO_START_NS + seconds * 10**9:
+            break
+    return pipeline
+
+
+IDENTITY = Identity("demo", "USD")
+
+
+def through_checkpoint(state: Any) -> Any:
+    return decode(encode(IDENTITY, {"x": state}, 0), IDENTITY)["x"]
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def running() -> Pipeline:
+    return fed(demo())
+
+
+def test_every_part_keeps_the_protocol_and_the_document_is_their_entries(running: Pipeline) -> None:
+    parts = running.states.parts
+    assert [p.key for p in parts] == ["store", "tag_values", "facts", "usage", "devices", "windows"]
+    assert all(isinstance(p, Stateful) for p in parts)
+    assert set(running._checkpoint_state()) == {p.key for p in parts} | {"wal"}
+
+
+@pytest.mark.parametrize("key", ["store", "tag_values", "facts", "usage", "devices", "windows"])
+def test_each_part_comes_back_whole_through_a_checkpoint_and_afresh_from_nothing(running: Pipeline,
+                                                                                  key: str) -> None:
+    part = next(p for p in running.states.parts if p.key == key)
+    state = part.state()
+    fresh = next(p for p in demo().states.parts if p.key == key)
+    empty = fresh.state()
+    assert not same(state, empty), f"{key}: the fed pipeline should have something to keep"
+    fresh.restore(through_checkpoint(state))
+    assert same(fresh.state(), state)
+    fresh.restore(None)
+    assert same(fresh.state(), empty)
+
+
+def test_undo_puts_every_part_back_and_expiry_reaches_every_part() -> None:
+    order: list[str] = []
+
+    class Part:
+        def __init__(self, key: str) -> None:
+            self.key, self.value = key, 0
+
+        def state(self) -> int:
+            return self.value
+
+        def restore(self, state: int | None) -> None:
+            self.value = state or 0
+
+        def mark(self):  # noqa: ANN201
+            kept = self.value
+
+            def undo() -> None:
+                order.append(self.key)
+                self.value = kept
+
+            return undo
+
+        def expire(self, end_ns: int) -> None:
+            self.value = -end_ns
+
+    a, b = Part("a"), Part("b")
+    states = States([a, b])
+    states.restore({"a": 3})
+    assert states.state() == {"a": 3, "b": 0}
+    undo = states.mark()
+    a.value, b.value = 7, 8
+    undo()
+    assert states.state() == {"a": 3, "b": 0} and order == ["b", "a"]  # last part first
+    states.expire(5)
+    assert states.state() == {"a": -5, "b": -5}
+    with pytest.raises(ValueError, match="share a checkpoint key"):
+        States([a, Part("a")])
+
+
+def test_a_checkpoint_of_the_layout_before_the_lifecycle_continues(tmp_path: Path) -> None:
+    first = fed(demo(tmp_path))
+    now = first._checkpoint_state()
+    assert now["usage"]["cpu"] and now["usage"]["tokens"], "the demo has both kinds of counters"
+    old = {**now, "usage": now["usage"]["cpu"], "tokens": now["usage"]["tokens"],
+           "windows": {"watermark_ns": now["windows"]["watermark_ns"]}}
+    first.shutdown()
+    (tmp_path / FILE).write_bytes(encode(IDENTITY, old, 0))
+    second = demo(tmp_path)
+    assert second.checkpoint is not None and not list(tmp_path.glob("*.rejected*"))
+    assert same(second.usage.state(), now["usage"])
+    assert second.windows.closed_ns == now["store"]["last_time_ns"] == now["windows"]["closed_ns"]
+    assert second.store.last_time_ns == now["store"]["last_time_ns"]
+    second.shutdown()
