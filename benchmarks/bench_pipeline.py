@@ -17,12 +17,12 @@ from numba import njit
 
 from otelgpu.attribution.engine import (UnitRows, attribute_request, hybrid_kernel, request_kernel, scad,
                                         scad_kernel, share_kernel, warm_up)
-from otelgpu.attribution.reference import attribute_request_reference, scad_reference
+from otelgpu.attribution.engine_reference import attribute_request_reference, scad_reference
 from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
-from otelgpu.receiver.decode import decode
+from otelgpu.receiver.decode import decode_reference
 from otelgpu.telemetry import total
 
 COLLECTOR_BUDGET = 10_000 / 0.60  # points per second of a whole core, from the Collector's CI budget
@@ -53,7 +53,7 @@ def main() -> None:
     p = Pipeline(_config(), serve_receivers=False)
     warm_up()
     start = time.process_time()
-    batches = [decode(r, p.strings, p.ingest.limits) for r in reqs]
+    batches = [decode_reference(r, p.strings, p.ingest.limits) for r in reqs]
     decode_s = time.process_time() - start
     points = sum(len(b) + b.ignored for b in batches)
     start = time.process_time()

@@ -129,75 +129,98 @@ def _number(x: float) -> str:
 
 
 def _alerts(c: AlertsConfig) -> dict[str, Any]:
-    def burn(long: str, short: str, rate: float) -> str:
-        return (f"(team:gpu_cost_usd_per_hour:rate{long} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})\n"
-                f"and on (team)\n"
-                f"(team:gpu_cost_usd_per_hour:rate{short} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})")
+    """The alerting rules: the teams' budgets, the cost data's health, the sidecar's."""
+    return {"name": "otelgpu-alerts", "rules": _budget_alerts(c) + _data_alerts(c) + _sidecar_alerts(c)}
 
-    def alert(name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict[str, Any]:
-        return {"alert": name, "expr": expr, "for": duration, "labels": {"severity": severity},
-                "annotations": {"summary": summary, "description": description,
-                                "runbook_url": f"{c.runbooks}#{name.lower()}"}}
 
-    model, job = c.cost_model, c.job
-    failures, exports = f'otelgpu_export_failures_total{{job="{job}"}}', f'otelgpu_exports_total{{job="{job}"}}'
-    return {"name": "otelgpu-alerts", "rules": [
-        alert("GPUCostBudgetBurnFast", burn("1h", "5m", c.page_burn_rate), "2m", "page",
+def _burn(long: str, short: str, rate: float) -> str:
+    """A team charged more than `rate` times its budget's hourly rate over both windows."""
+    return (f"(team:gpu_cost_usd_per_hour:rate{long} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})\n"
+            f"and on (team)\n"
+            f"(team:gpu_cost_usd_per_hour:rate{short} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})")
+
+
+def _alert(c: AlertsConfig, name: str, expr: str, duration: str, severity: str, summary: str,
+           description: str) -> dict[str, Any]:
+    return {"alert": name, "expr": expr, "for": duration, "labels": {"severity": severity},
+            "annotations": {"summary": summary, "description": description,
+                            "runbook_url": f"{c.runbooks}#{name.lower()}"}}
+
+
+def _budget_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
+    model = c.cost_model
+    return [
+        _alert(c, "GPUCostBudgetBurnFast", _burn("1h", "5m", c.page_burn_rate), "2m", "page",
               "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
               f"Over the last hour and the last 5 minutes, team {{{{ $labels.team }}}} was charged more than "
               f"{c.page_burn_rate:g} times its planned hourly rate (its 30-day budget over 720 h), {model} model."),
-        alert("GPUCostBudgetBurnSlow", burn("6h", "30m", c.warn_burn_rate), "15m", "warning",
+        _alert(c, "GPUCostBudgetBurnSlow", _burn("6h", "30m", c.warn_burn_rate), "15m", "warning",
               "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
               f"Over the last 6 hours and the last 30 minutes, team {{{{ $labels.team }}}} was charged more than "
               f"{c.warn_burn_rate:g} times its planned hourly rate, {model} model."),
-        alert("GPUCostBudgetExhaustedWithin24h",
+        _alert(c, "GPUCostBudgetExhaustedWithin24h",
               "team:gpu_cost_budget_usd:30d - on (team) last_over_time(team:gpu_cost_usd:increase30d[20m])\n"
               "< on (team) 24 * team:gpu_cost_usd_per_hour:rate6h", "10m", "page",
               "Team {{ $labels.team }}'s GPU budget runs out within 24 hours",
               "At its rate over the last 6 hours, team {{ $labels.team }} spends what is left of its 30-day "
               "budget (team:gpu_cost_budget_usd:30d - team:gpu_cost_usd:increase30d) within a day."),
-        alert("GPUCostTagCoverageLow", f'gpu_cost_tag_coverage_ratio{{tag="all", namespace=""}} < {c.tag_coverage_min:g}',
+    ]
+
+
+def _data_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
+    """Cost the tags, the device data or the prices leave incomplete, and capacity left idle."""
+    model, job = c.cost_model, c.job
+    return [
+        _alert(c, "GPUCostTagCoverageLow", f'gpu_cost_tag_coverage_ratio{{tag="all", namespace=""}} < {c.tag_coverage_min:g}',
               "1h", "warning", "Only {{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU cost carries all five tags",
               "Pods without team, project, environment, model or cost center labels (or namespace labels) are "
               "billed to the defaults. gpu_cost_unattributed_total says which namespaces."),
-        alert("GPUCostUnattributedHigh",
+        _alert(c, "GPUCostUnattributedHigh",
               "sum by (cluster) (rate(gpu_cost_unattributed_total[1h]))\n"
               '/ sum by (cluster) (rate(gpu_cost_allocated_total{cost_model="request"}[1h]))\n'
               f"> {c.unattributed_max:g}", "1h", "warning",
               "{{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU cost is unattributed",
               "Allocated GPU cost that no pod, an unknown pod or a pod missing a tag holds: gpu_cost_unattributed_total "
               "by reason and namespace."),
-        alert("GPUNodeCostedWithoutDeviceData",
+        _alert(c, "GPUNodeCostedWithoutDeviceData",
               f'increase(otelgpu_gpu_seconds_without_device_data_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
               "Cluster {{ $labels.cluster }} has GPU nodes costed without DCGM data",
               "GPUs that kube-state-metrics counts got no dcgm-exporter series: their cost is booked on requests, "
               "activity unmeasured. The exporter is down, not scraped, or the node lost GPUs."),
-        alert("GPUCostUnpriced", f'increase(otelgpu_unpriced_gpu_seconds_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
+        _alert(c, "GPUCostUnpriced", f'increase(otelgpu_unpriced_gpu_seconds_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
               "Cluster {{ $labels.cluster }} has GPUs without a price: their cost is missing",
               "No price for an instance type or GPU model: add it to prices.file or the catalog."),
-        alert("GPUIdleShareHigh",
+        _alert(c, "GPUIdleShareHigh",
               f'sum by (cluster) (increase(gpu_cost_idle_total{{cost_model="{model}", resource="gpu"}}[6h])\n'
               f'  or increase(gpu_cost_unused_total{{cost_model="{model}", resource="gpu", attribution="idle"}}[6h]))\n'
               f'/ sum by (cluster) (increase(gpu_cost_capacity_total{{cost_model="{model}", resource="gpu"}}[6h]))\n'
               f"> {c.idle_share_max:g}", "1h", "warning",
               "{{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU capacity was idle over 6 h",
               "GPU capacity nobody held: scale the node groups down, or move work onto fewer nodes."),
-        alert("OtelgpuDown", f'up{{job="{job}"}} == 0', "5m", "page",
+    ]
+
+
+def _sidecar_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
+    """otelgpu down, its series missing, its deliveries failing, lagging, refused or given up."""
+    job = c.job
+    failures, exports = f'otelgpu_export_failures_total{{job="{job}"}}', f'otelgpu_exports_total{{job="{job}"}}'
+    return [
+        _alert(c, "OtelgpuDown", f'up{{job="{job}"}} == 0', "5m", "page",
               "otelgpu in cluster {{ $labels.cluster }} is down",
               "The Collector cannot scrape otelgpu's /metrics: the sidecar is not running or not ready. Costs are "
               "computed again from its checkpoint and write-ahead log when it is back."),
-        alert("OtelgpuCostSeriesMissing",
+        _alert(c, "OtelgpuCostSeriesMissing",
               "count by (cluster) (count_over_time(gpu_cost_capacity_total[3h]))\n"
               "unless count by (cluster) (count_over_time(gpu_cost_capacity_total[20m]))\n"
               f'unless on (cluster) max by (cluster) (otelgpu_series_active{{job="{job}"}}) == 0', "0m", "page",
               "No GPU cost from cluster {{ $labels.cluster }} for 20 minutes",
               "Cost series stopped arriving: otelgpu, its Collector or the remote write to the workspace."),
-        alert("OtelgpuExportFailing",
+        _alert(c, "OtelgpuExportFailing",
               _counted(failures, "15m", "cluster, instance, exporter") + "\nunless on (cluster, instance, exporter)\n"
               + _counted(exports, "15m", "cluster, instance, exporter"),
               "5m", "warning", "otelgpu in cluster {{ $labels.cluster }} cannot deliver over {{ $labels.exporter }}",
               "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_exporter_queue_size)."),
-        alert("OtelgpuDeliveryLagging",
+        _alert(c, "OtelgpuDeliveryLagging",
               f'otelgpu_interval_closed_timestamp_seconds{{job="{job}"}}\n'
               "- ignoring (exporter) group_right\n"
               f'otelgpu_exporter_delivered_timestamp_seconds{{job="{job}"}}\n'
@@ -208,20 +231,20 @@ def _alerts(c: AlertsConfig) -> dict[str, Any]:
               "delivered over {{ $labels.exporter }}: the exporter fails or is too slow, or the checkpoint cannot be "
               "written (nothing is released then). otelgpu_interval_checkpointed_timestamp_seconds and "
               "otelgpu_export_failures_total say which."),
-        alert("OtelgpuSnapshotsRefused",
+        _alert(c, "OtelgpuSnapshotsRefused",
               _counted(f'otelgpu_export_snapshots_carried_total{{job="{job}"}}', "1h", "cluster, instance, exporter"),
               "0m", "warning", "The backend behind {{ $labels.exporter }} refused cost snapshots from cluster "
               "{{ $labels.cluster }}",
               "Snapshots refused for good (samples older than the backend's window, label limits): each series' "
               "last value went with the next snapshot, so no total is lost, but the refused samples' place in "
               "time is; a refusal that repeats means nothing is delivered (OtelgpuExportFailing then fires too)."),
-        alert("OtelgpuSnapshotsDropped",
+        _alert(c, "OtelgpuSnapshotsDropped",
               _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",
               "Snapshots given up (reason {{ $labels.reason }}): undelivered at a stop with no checkpoint "
               "directory to keep them; their cost is in the next snapshot of each series still live, but the "
               "last totals of series that ended are lost."),
-    ]}
+    ]
 
 
 class _Dumper(yaml.SafeDumper):

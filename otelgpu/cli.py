@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TextIO
+from typing import Callable, TextIO
 
 from otelgpu.config import load_config, load_prices_file
 from otelgpu.errors import ConfigError
@@ -205,6 +205,19 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "serve": lambda a: _serve(a.config), "warm-up": lambda a: _warm_up(), "rules": _rules, "report": _report,
+        "nvml": _nvml, "check-config": _check_config, "demo": _demo}
+    try:
+        return commands[args.command](args)
+    except ConfigError as err:
+        print(f"otelgpu: {err}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="otelgpu", description="GPU cost attribution sidecar")
     parser.add_argument("--version", action="version", version=f"otelgpu {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--budgets", help="YAML: team budgets (USD per 30 days) and alert thresholds")
     rules.add_argument("--prometheusrule", action="store_true", help="as a Prometheus Operator PrometheusRule")
     rules.add_argument("--namespace", default="monitoring", help="the PrometheusRule's namespace")
+    _report_parser(sub)
+    _nvml_parser(sub)
+    return parser
+
+
+def _report_parser(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
     report = sub.add_parser("report", help="showback of a period from the cost series in Prometheus or AMP")
     report.add_argument("--prometheus", required=True,
                         help="server URL (AMP: https://aps-workspaces.REGION.amazonaws.com/workspaces/WS)")
@@ -243,43 +262,35 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--service-name", default="Amazon Elastic Compute Cloud",
                         help="FOCUS: the provider's service the nodes are (ServiceName)")
     report.add_argument("--billing-account", help="FOCUS: BillingAccountId (default: the cluster's name)")
-    _nvml_parser(sub)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if args.command == "serve":
-            return _serve(args.config)
-        if args.command == "warm-up":
-            return _warm_up()
-        if args.command == "rules":
-            from otelgpu import alerts
 
-            settings = alerts.load_alerts_config(args.budgets)
-            given = " ".join(a for a in (f"--budgets {args.budgets}" if args.budgets else "",
-                                         "--prometheusrule" if args.prometheusrule else "",
-                                         f"--namespace {args.namespace}" if args.namespace != "monitoring" else "") if a)
-            given = f" {given}" if given else ""
-            sys.stdout.write(alerts.prometheus_rule(settings, namespace=args.namespace, args=given)
-                             if args.prometheusrule else alerts.rule_file(settings, args=given))
-            return 0
-        if args.command == "report":
-            return _report(args)
-        if args.command == "nvml":
-            return _nvml(args)
-        if args.command == "check-config":
-            config = load_config(args.config)
-            prices = config.attribution.prices
-            if prices.file:  # the sidecar reads it at the first interval: check it now too
-                load_prices_file(prices.file, prices)
-            print(f"{args.config}: ok")
-            return 0
-        from otelgpu.demo.run import run_demo
 
-        run_demo(keep_running=args.keep_running, metrics_port=args.metrics_port)
-        return 0
-    except ConfigError as err:
-        print(f"otelgpu: {err}", file=sys.stderr)
-        return 2
+def _rules(args: argparse.Namespace) -> int:
+    from otelgpu import alerts
+
+    settings = alerts.load_alerts_config(args.budgets)
+    given = " ".join(a for a in (f"--budgets {args.budgets}" if args.budgets else "",
+                                 "--prometheusrule" if args.prometheusrule else "",
+                                 f"--namespace {args.namespace}" if args.namespace != "monitoring" else "") if a)
+    given = f" {given}" if given else ""
+    sys.stdout.write(alerts.prometheus_rule(settings, namespace=args.namespace, args=given)
+                     if args.prometheusrule else alerts.rule_file(settings, args=given))
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    prices = config.attribution.prices
+    if prices.file:  # the sidecar reads it at the first interval: check it now too
+        load_prices_file(prices.file, prices)
+    print(f"{args.config}: ok")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from otelgpu.demo.run import run_demo
+
+    run_demo(keep_running=args.keep_running, metrics_port=args.metrics_port)
+    return 0
 
 
 if __name__ == "__main__":

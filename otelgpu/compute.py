@@ -54,7 +54,7 @@ class Costs:
 class IntervalCosts:
     def __init__(self, joiner: Joiner, pricer: Pricer, models: CostModels, strings: Interner, metrics: SelfMetrics,
                  tenants: Optional[TenantsConfig] = None) -> None:
-        self.joiner, self.pricer, self.models, self.s, self.metrics = joiner, pricer, models, strings, metrics
+        self.joiner, self.pricer, self.models, self.strings, self.metrics = joiner, pricer, models, strings, metrics
         self.tenants = tenants  # splitting serving pods' cost among their tenants, when enabled
 
     def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]],
@@ -94,11 +94,11 @@ class IntervalCosts:
 
     def _per_node(self, interval: Interval, use, facts: FactsView,  # noqa: ANN001
                   split: Optional[Split] = None) -> Costs:
-        s = interval.samples
-        names = {self.s.string(int(c)) for c in np.unique(s.node) if c >= 0} | set(facts.nodes)
+        samples = interval.samples
+        names = {self.strings.string(int(c)) for c in np.unique(samples.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})
         for name in sorted(names):
-            mine = s.take(np.flatnonzero(s.node == self.s.find(name)))
+            mine = samples.take(np.flatnonzero(samples.node == self.strings.find(name)))
             try:
                 part = self._one(interval, mine, use, facts, name, split)
             except Exception:  # noqa: BLE001
@@ -110,11 +110,12 @@ class IntervalCosts:
             _add(total, part)
         return total
 
-    def _capacity_only(self, interval: Interval, s: Samples, name: str, facts: FactsView) -> Optional[Costs]:
+    def _capacity_only(self, interval: Interval, samples: Samples, name: str,
+                       facts: FactsView) -> Optional[Costs]:
         """The node's GPUs as nobody's (its samples without holders or activity), marked."""
-        none = np.full(len(s), -1, dtype=np.int32)
-        bare = Samples(s.metric, s.time_ns, np.full(len(s), np.nan), s.stale, s.node, s.uuid, s.gi, s.profile,
-                       s.model, none, none, none, none, none)
+        none = np.full(len(samples), -1, dtype=np.int32)
+        bare = replace(samples, value=np.full(len(samples), np.nan), namespace=none, pod=none, container=none,
+                       pod_uid=none, vgpu=none)
         try:
             held = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True,
                                     facts=facts)
@@ -123,7 +124,7 @@ class IntervalCosts:
         except Exception:  # noqa: BLE001
             log.exception("node %s: not even its capacity could be costed in the interval ending %d",
                           name, interval.end_ns)
-            gpus = len({(int(u), int(g)) for u, g in zip(s.uuid, s.gi)})
+            gpus = len({(int(u), int(g)) for u, g in zip(samples.uuid, samples.gi)})
             self.metrics.gpu_seconds_lost.inc(gpus * interval.seconds)
             return None
         error = {"error": "processing"}

@@ -121,18 +121,45 @@ class Pipeline:
     """`keep_ended`: ended series still count in `store.totals()` (run reports: the demo, tests)."""
 
     def __init__(self, config: Config, *, serve_receivers: bool = True, keep_ended: bool = False) -> None:
-        from prometheus_client import CollectorRegistry
-
         self.config = config
-        a = config.attribution
-        self.strings = Interner()
+        self.strings = Interner()  # the receivers' (Ingest.compact_strings), read by every stage
         self.metrics = SelfMetrics()
+        tags = self._stages(config, keep_ended)
+        self.on_interval: list[Callable[[Interval], None]] = []
+        directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
+        self.checkpoint = (Checkpoint(directory, Identity(config.cluster.name, config.attribution.currency),
+                                      self.metrics) if directory else None)
+        # What the worker keeps from one interval to the next, in the order it restores.
+        self.states = States([self.store, self.tag_values, self.facts, self.usage, self.devices, self.windows])
+        log_from = self._restore() if directory else None
+        self.wal = Wal(directory / "wal", self.metrics) if directory else None
+        self.deliveries = self._deliveries(directory)
+        self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
+        self.ingest = self._ingest(config, tags)
+        self._processed: Optional[Position] = None  # log position through which batches are processed
+        self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
+        self._skipped_reported = 0
+        self._points_logged = (0, 0, 0)  # received, rejected, late at the last interval's log line
+        self._strings_kept = 0  # strings the last compaction kept
+        for delivery in self.deliveries:
+            delivery.recover(self.store.last_time_ns)  # committed snapshots again; uncommitted ones dropped
+        if log_from is not None:
+            self._replay(*log_from)
+        self._serving(config, serve_receivers)
+        self.ready = False
+        self._stop = threading.Event()
+        self._worker: Optional[threading.Thread] = None
+
+    def _stages(self, config: Config, keep_ended: bool) -> TagResolver:
+        """Enrich (facts, windows, usage, tag values, the Kubernetes API, device memory, the join),
+        attribution (prices, cost models) and the cost store. Returns the tag rules."""
+        a = config.attribution
         remembered_ns = max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS  # facts and devices not reported
         self.facts = KsmFacts(self.strings, ttl_ns=remembered_ns)
         self.windows = Windows(a.interval_seconds, a.lateness_seconds, max_gap_intervals=FACT_TTL_INTERVALS)
         self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
                                  dropped=config.series.dropped)
-        self.pricer = Pricer(a.prices)
+        self.pricer = pricer = Pricer(a.prices)
         self.pricer_version = 0  # price files applied since start
         self.tenants = config.tenants if config.tenants.enabled else None
         self.usage = UsageTracker(self.strings, self.tenants.labels if self.tenants else (),
@@ -145,7 +172,6 @@ class Pipeline:
 
             self.kube = kube_source.KubeSource(config.kubernetes, tags, self.metrics)
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
-        pricer = self.pricer
         hardware = Hardware(pricer.catalog, MigProfiles.load(), a.mig_fraction_rule)
         self.devices = DeviceMemory(self.strings, remembered_ns)
         self.joiner = Joiner(self.strings, source, tags, hardware, self.devices,
@@ -154,33 +180,24 @@ class Pipeline:
                              if a.scad.cpu_only_nodes else None)
         self.costs = IntervalCosts(self.joiner, self.pricer, self.models, self.strings, self.metrics, self.tenants)
         self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
-        self.on_interval: list[Callable[[Interval], None]] = []
-        directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
-        self.checkpoint = (Checkpoint(directory, Identity(config.cluster.name, a.currency), self.metrics)
-                           if directory else None)
-        # What the worker keeps from one interval to the next, in the order it restores.
-        self.states = States([self.store, self.tag_values, self.facts, self.usage, self.devices, self.windows])
-        log_from = self._restore() if directory else None
-        self.wal = Wal(directory / "wal", self.metrics) if directory else None
-        self.deliveries = self._deliveries(directory)
-        self.committer = Committer(self.deliveries, self.checkpoint, self.wal, self.metrics)
+        return tags
+
+    def _ingest(self, config: Config, tags: TagResolver) -> Ingest:
+        """The receivers' queue, its memory limit, and the label keys it keeps (those the tag rules,
+        sharing and tenants read)."""
         wanted = wanted_keys(tags.pod_label_keys | tags.namespace_label_keys | tags.annotation_keys | NODE_LABELS
                              | sharing.ANNOTATION_KEYS | sharing.LABEL_KEYS
                              | set(self.tenants.labels if self.tenants else ()))
         self.memory = limiter_of(config.receiver.memory_limiter, config.receiver.retry_after_seconds)
         self.metrics.watch_memory(self.memory)
-        self.ingest = Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
-                             self.metrics, Limits.of(config.receiver, wanted, config.sources, sharing.KEY_PREFIXES),
-                             self.wal, self.memory)
-        self._processed: Optional[Position] = None  # log position through which batches are processed
-        self._ahead: Optional[_Ahead] = None  # the interval that closes next, computed ahead
-        self._skipped_reported = 0
-        self._points_logged = (0, 0, 0)  # received, rejected, late at the last interval's log line
-        self._strings_kept = 0  # strings the last compaction kept
-        for delivery in self.deliveries:
-            delivery.recover(self.store.last_time_ns)  # committed snapshots again; uncommitted ones dropped
-        if log_from is not None:
-            self._replay(*log_from)
+        return Ingest(self.strings, config.receiver.queue_size, config.receiver.retry_after_seconds,
+                      self.metrics, Limits.of(config.receiver, wanted, config.sources, sharing.KEY_PREFIXES),
+                      self.wal, self.memory)
+
+    def _serving(self, config: Config, serve_receivers: bool) -> None:
+        """/metrics (the cost series and otelgpu's own) and the OTLP receivers."""
+        from prometheus_client import CollectorRegistry
+
         self.registry = CollectorRegistry(auto_describe=True)
         collector = CostCollector(self.store, self.metrics, config.cluster.name, config.exporter.prometheus.cost_series)
         self.registry.register(collector)
@@ -191,9 +208,6 @@ class Pipeline:
         self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics, self.memory) if serve_receivers else None
         self.http = (HttpReceiver(r.http, self.ingest, self.metrics, r.grpc.max_recv_msg_size_mib * 2**20, self.memory)
                      if serve_receivers and r.http.enabled else None)
-        self.ready = False
-        self._stop = threading.Event()
-        self._worker: Optional[threading.Thread] = None
 
     def _deliveries(self, directory: Optional[Path]) -> list[Delivery]:
         """One delivery queue per exporter, persisted under the checkpoint directory if there is one."""
@@ -349,7 +363,7 @@ class Pipeline:
 
     def close_due(self, flush: bool = False) -> int:
         ahead = self._ahead_for(self.windows.due_indices(flush)) if self._ahead_pending() else None
-        closed = self.windows.due(flush=flush, light=frozenset([ahead[0]]) if ahead else frozenset())
+        closed = self.windows.due(flush=flush, computed=frozenset([ahead[0]]) if ahead else frozenset())
         if self.windows.skipped > self._skipped_reported:
             n = self.windows.skipped - self._skipped_reported
             self._skipped_reported = self.windows.skipped
@@ -417,7 +431,7 @@ class Pipeline:
 
     def _ahead_for(self, closing: list[int]) -> Optional[tuple[int, Costs]]:
         """(index, costs) of the interval computed ahead if it is the first of `closing` and
-        nothing it was computed from changed: it then closes light (its parts never built). If it
+        nothing it was computed from changed: it then closes bare (its parts never built). If it
         is not the first (an earlier interval opened late, before the first close) or something
         changed, everything its computation changed is put back first."""
         a = self._ahead
@@ -444,7 +458,7 @@ class Pipeline:
                 self.metrics.intervals_ahead.labels(outcome).inc()
 
     def _close(self, interval: Interval, costs: Optional[Costs] = None) -> Points:
-        """`costs`: the interval's, computed ahead (it closed light)."""
+        """`costs`: the interval's, computed ahead (it closed bare)."""
         self._reload_prices()  # at each close, computed ahead or not: prices as of the close
         if costs is None:
             costs = self._compute(interval)

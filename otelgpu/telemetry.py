@@ -54,169 +54,183 @@ class SelfMetrics:
     def __init__(self, instance: Optional[str] = None) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
 
-        def counter(name: str, doc: str, *labels: str) -> HeldCounter:
-            return HeldCounter(name, doc, labels, namespace="otelgpu", registry=r)
-
-        def gauge(name: str, doc: str, *labels: str) -> Gauge:
-            return Gauge(name, doc, labels, namespace="otelgpu", registry=r)
-
         ProcessCollector(namespace="otelgpu", registry=r)  # CPU seconds, resident memory, start time
         Info("target", "The service exposing these series", registry=r).info({
             "service_name": "otelgpu", "service_version": otelgpu.__version__,
             "service_instance_id": instance or socket.gethostname()})
+        self._receivers()
+        self._points()
+        self._progress()
+        self._intervals()
+        self._exporters()
+        self._durability()
+        self._kube()
 
-        # The receivers, in the Collector's terms
-        self.receiver_accepted_points = counter(
+    def _counter(self, name: str, doc: str, *labels: str) -> HeldCounter:
+        return HeldCounter(name, doc, labels, namespace="otelgpu", registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(name, doc, labels, namespace="otelgpu", registry=self.registry)
+
+    def _receivers(self) -> None:
+        """The receivers, in the Collector's terms."""
+        self.receiver_accepted_points = self._counter(
             "receiver_accepted_metric_points", "Data points the receiver took into the pipeline (consumed, "
             "ignored or later found late), by receiver and transport", "receiver", "transport")
-        self.receiver_refused_points = counter(
+        self.receiver_refused_points = self._counter(
             "receiver_refused_metric_points", "Data points the receiver refused in a partial success (the reasons "
             "are in otelgpu_points_rejected_total), by receiver and transport; requests refused whole are "
             "counted by otelgpu_requests_total", "receiver", "transport")
-        self.requests = counter("requests", "Export requests received, by transport and outcome",
+        self.requests = self._counter("requests", "Export requests received, by transport and outcome",
                                 "transport", "outcome")
-        self.receiver_connections_refused = counter(
+        self.receiver_connections_refused = self._counter(
             "receiver_connections_refused", "Connections (HTTP) or Exports (gRPC) the receivers refused or cut off, "
             "by transport and reason (connection_limit, idle_evicted, idle_timeout, read_timeout, write_timeout, "
             "concurrent_requests)", "transport", "reason")
-        self.receiver_memory_limit = gauge(
+        self.receiver_memory_limit = self._gauge(
             "receiver_memory_limit_bytes", "The receivers' memory limits: resident size at which new requests are "
             "refused (soft) and garbage is collected too (hard); bytes requests in flight may reserve (inflight)",
             "limit")
-        self.receiver_inflight = gauge(
+        self.receiver_inflight = self._gauge(
             "receiver_inflight_bytes", "Bytes reserved by requests in flight: received, being decoded, or decoded "
             "and queued")
-        self.tls_reload_errors = counter(
+        self.tls_reload_errors = self._counter(
             "tls_reload_errors", "Changed certificate files a server could not use (the certificate loaded "
             "before is kept), by server", "server")
 
-        # What became of the points
-        self.points_received = counter("points_received", "Data points of consumed metrics accepted")
-        self.points_ignored = counter("points_ignored", "Data points of metrics otelgpu does not consume")
-        self.points_late = counter("points_late", "Accepted points whose interval had already closed")
-        self.points_rejected = counter("points_rejected", "Data points rejected, by reason", "reason")
-        self.requests_decoded_by_reference = counter(
+    def _points(self) -> None:
+        """What became of the points."""
+        self.points_received = self._counter("points_received", "Data points of consumed metrics accepted")
+        self.points_ignored = self._counter("points_ignored", "Data points of metrics otelgpu does not consume")
+        self.points_late = self._counter("points_late", "Accepted points whose interval had already closed")
+        self.points_rejected = self._counter("points_rejected", "Data points rejected, by reason", "reason")
+        self.requests_decoded_by_reference = self._counter(
             "requests_decoded_by_reference",
             "Requests decoded by protobuf instead of the columnar decoder: malformed, or written unusually")
 
-        # How far the money has come, in data time (unix seconds): each stage's lag behind the last
-        self.watermark = gauge(
+    def _progress(self) -> None:
+        """How far the money has come, in data time (unix seconds): each stage's lag behind the last."""
+        self.watermark = self._gauge(
             "watermark_timestamp_seconds", "Data time the scrape targets have reached (the median of their newest "
             "timestamps): an interval closes once it passes the interval's end plus the lateness")
-        self.interval_closed = gauge(
+        self.interval_closed = self._gauge(
             "interval_closed_timestamp_seconds", "End of the newest interval closed (computed, its snapshot handed "
             "to the exporters)")
-        self.interval_checkpointed = gauge(
+        self.interval_checkpointed = self._gauge(
             "interval_checkpointed_timestamp_seconds", "End of the newest interval in the checkpoint (0 without "
             "checkpoint.directory)")
-        self.exporter_delivered = gauge(
+        self.exporter_delivered = self._gauge(
             "exporter_delivered_timestamp_seconds", "Data time through which an exporter has delivered every "
             "interval: the start of the oldest snapshot waiting in its queue, else the end of the newest interval "
             "closed, by exporter", "exporter")
 
-        # Intervals and their costs
-        self.intervals_computed = counter("intervals_computed", "Attribution intervals computed")
-        self.intervals_skipped = counter(
+    def _intervals(self) -> None:
+        """Intervals and their costs."""
+        self.intervals_computed = self._counter("intervals_computed", "Attribution intervals computed")
+        self.intervals_skipped = self._counter(
             "intervals_skipped", "Intervals not computed because no data came for longer than the facts are kept")
-        self.intervals_ahead = counter(
+        self.intervals_ahead = self._counter(
             "intervals_ahead", "Intervals computed ahead of their close, once every scrape target had sent data "
             "past their end, by outcome: used at the close; redone (late data, facts, prices or Kubernetes API "
             "facts changed before the close); failed (computed at the close instead)", "outcome")
-        self.interval_errors = counter(
+        self.interval_errors = self._counter(
             "interval_errors", "Intervals (whole) and nodes (node) whose computation failed and fell back "
             "(see the log)", "scope")
-        self.work_seconds = counter(
+        self.work_seconds = self._counter(
             "work_seconds", "Wall seconds spent taking intervals out, by step: ahead (computed before the close, "
             "used or not), close (facts, join, attribution, cost series), commit (staging and checkpoint), "
             "send:<exporter> (delivery attempts)", "step")
-        self.unpriced_gpu_seconds = counter("unpriced_gpu_seconds", "GPU-seconds for which no price was found")
-        self.gpu_seconds_without_device_data = counter(
+        self.unpriced_gpu_seconds = self._counter("unpriced_gpu_seconds", "GPU-seconds for which no price was found")
+        self.gpu_seconds_without_device_data = self._counter(
             "gpu_seconds_without_device_data",
             "GPU-seconds of nodes known only from kube-state-metrics (no DCGM series in the interval)")
-        self.gpu_fractions_unheld = counter(
+        self.gpu_fractions_unheld = self._counter(
             "gpu_fractions_unheld", "Pod-intervals of pods that HAMi or KAI Scheduler granted part of a GPU, or that "
             "reserve one, whose grant could not be placed on a GPU (they hold nothing for it), by reason", "reason")
-        self.gpu_seconds_lost = counter(
+        self.gpu_seconds_lost = self._counter(
             "gpu_seconds_lost", "GPU-seconds of nodes whose costs could not be computed at all (see the log)")
-        self.scad_request_fallbacks = counter(
+        self.scad_request_fallbacks = self._counter(
             "scad_request_fallbacks",
             "Pod-intervals scad charged on requests because no usage was scraped, by resource", "resource")
-        self.tag_values_capped = counter(
+        self.tag_values_capped = self._counter(
             "tag_values_capped", "Tag values cut to max_length (reason=length) or replaced by the overflow value "
             "(reason=distinct), by tag", "tag", "reason")
-        self.price_reloads = counter("price_reloads", "Price file changes applied")
-        self.price_reload_failures = counter(
+        self.price_reloads = self._counter("price_reloads", "Price file changes applied")
+        self.price_reload_failures = self._counter(
             "price_reload_failures", "Price file changes refused (the previous prices stay in force)")
-        self.series_ended = counter("series_ended", "Cost series ended with a NO_RECORDED_VALUE point (holder gone)")
-        self.series_active = gauge("series_active", "Live cost series in the store")
-        self.interner_compactions = counter(
+        self.series_ended = self._counter("series_ended", "Cost series ended with a NO_RECORDED_VALUE point (holder gone)")
+        self.series_active = self._gauge("series_active", "Live cost series in the store")
+        self.interner_compactions = self._counter(
             "interner_compactions", "String table compactions: label strings of pods, values and nodes gone released")
 
-        # The exporters, in the Collector's terms, then in their own
-        self.exporter_sent_points = counter(
+    def _exporters(self) -> None:
+        """The exporters, in the Collector's terms, then in their own."""
+        self.exporter_sent_points = self._counter(
             "exporter_sent_metric_points", "Cost points delivered, by exporter", "exporter")
-        self.exporter_send_failed_points = counter(
+        self.exporter_send_failed_points = self._counter(
             "exporter_send_failed_metric_points", "Cost points of failed delivery attempts (retried unless "
             "otelgpu_export_snapshots_dropped_total says otherwise), by exporter", "exporter")
-        self.exporter_queue_size = gauge(
+        self.exporter_queue_size = self._gauge(
             "exporter_queue_size", "Snapshots waiting to be delivered, by exporter", "exporter")
-        self.exporter_queue_capacity = gauge(
+        self.exporter_queue_capacity = self._gauge(
             "exporter_queue_capacity", "Snapshots an exporter's queue holds before it merges the oldest",
             "exporter")
-        self.exports = counter("exports", "Cost snapshots delivered, by exporter", "exporter")
-        self.export_failures = counter(
+        self.exports = self._counter("exports", "Cost snapshots delivered, by exporter", "exporter")
+        self.export_failures = self._counter(
             "export_failures", "Failed delivery attempts, by exporter and reason", "exporter", "reason")
-        self.export_snapshots_dropped = counter(
+        self.export_snapshots_dropped = self._counter(
             "export_snapshots_dropped", "Snapshots given up (refused for good, or left at the shutdown deadline)",
             "exporter", "reason")
-        self.export_points_undeliverable = counter(
+        self.export_points_undeliverable = self._counter(
             "export_points_undeliverable", "Points of the snapshots given up", "exporter", "reason")
-        self.export_points_rejected = counter(
+        self.export_points_rejected = self._counter(
             "export_points_rejected", "Points the receiver refused in a partial success", "exporter")
-        self.export_series_rejected = counter(
+        self.export_series_rejected = self._counter(
             "export_series_rejected", "Series an exporter left out (e.g. over 70 labels)", "exporter", "reason")
-        self.export_snapshots_carried = counter(
+        self.export_snapshots_carried = self._counter(
             "export_snapshots_carried", "Snapshots refused for good (a backend's window for old samples, say) whose "
             "series' last values and end markers went into the next snapshot, stamped at its time", "exporter")
-        self.export_snapshots_merged = counter(
+        self.export_snapshots_merged = self._counter(
             "export_snapshots_merged", "Snapshots merged because the export queue was full (resolution lost, "
             "no cost)", "exporter")
-        self.export_snapshots_recovered = counter(
+        self.export_snapshots_recovered = self._counter(
             "export_snapshots_recovered", "Undelivered snapshots found in the export queue's directory at start "
             "and queued again", "exporter")
-        self.export_snapshots_persisted = counter(
+        self.export_snapshots_persisted = self._counter(
             "export_snapshots_persisted", "Snapshots not delivered by the shutdown deadline, left on disk for the "
             "next start", "exporter")
-        self.export_outbox_errors = counter(
+        self.export_outbox_errors = self._counter(
             "export_outbox_errors", "Persisted export queue problems, by exporter and reason (corrupt, "
             "incompatible: a snapshot file set aside at start; corrupt_progress; attribute_log_cut; write; "
             "delete; read)", "exporter", "reason")
 
-        # Durability
-        self.checkpoints_written = counter("checkpoints_written", "Checkpoints written")
-        self.checkpoint_errors = counter(
+    def _durability(self) -> None:
+        """Durability."""
+        self.checkpoints_written = self._counter("checkpoints_written", "Checkpoints written")
+        self.checkpoint_errors = self._counter(
             "checkpoint_errors", "Checkpoints that could not be written or read, by reason", "reason")
-        self.wal_fsyncs = counter("wal_fsyncs", "Write-ahead log group commits (one fsync each)")
-        self.wal_records_replayed = counter("wal_records_replayed", "Write-ahead log records replayed at start")
-        self.wal_segments_removed = counter(
+        self.wal_fsyncs = self._counter("wal_fsyncs", "Write-ahead log group commits (one fsync each)")
+        self.wal_records_replayed = self._counter("wal_records_replayed", "Write-ahead log records replayed at start")
+        self.wal_segments_removed = self._counter(
             "wal_segments_removed", "Write-ahead log segments removed once a checkpoint covered them")
-        self.wal_errors = counter(
+        self.wal_errors = self._counter(
             "wal_errors", "Write-ahead log writes that failed (requests answered 'retry later'), by error", "error")
-        self.wal_corruptions = counter(
+        self.wal_corruptions = self._counter(
             "wal_corruptions", "Torn or corrupt write-ahead log records found at replay, by where (tail: the "
             "crash's last write)", "where")
 
-        # The Kubernetes API
-        self.kube_events = counter(
+    def _kube(self) -> None:
+        """The Kubernetes API."""
+        self.kube_events = self._counter(
             "kube_watch_events", "Kubernetes API watch events applied, by resource and type", "resource", "type")
-        self.kube_lists = counter(
+        self.kube_lists = self._counter(
             "kube_lists", "Kubernetes API full lists, by resource and why (initial; gone: the watch was too far "
             "behind, 410)", "resource", "reason")
-        self.kube_errors = counter(
+        self.kube_errors = self._counter(
             "kube_errors", "Kubernetes API errors, by resource, verb and reason (forbidden, unauthorized, "
             "not_found, connection, timeout, server_error, invalid)", "resource", "verb", "reason")
-        self.kube_objects = gauge("kube_objects", "Kubernetes objects held from the API, by resource", "resource")
-        self.kube_synced = gauge(
+        self.kube_objects = self._gauge("kube_objects", "Kubernetes objects held from the API, by resource", "resource")
+        self.kube_synced = self._gauge(
             "kube_synced", "1 once the resource is listed and watched, 0 while it is not", "resource")
 
     def watch_memory(self, memory: "MemoryLimiter") -> None:

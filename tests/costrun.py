@@ -61,10 +61,10 @@ def remote_write(write_url: str, series: dict[tuple[tuple[str, str], ...], list[
 
     import cramjam
 
-    from otelgpu.exporter.remote_write import build_requests
+    from otelgpu.exporter.remote_write import requests_reference
 
     ms = {labels: [(int(t * 1000), v) for t, v in samples] for labels, samples in series.items()}
-    for request in build_requests(ms, 10_000):
+    for request in requests_reference(ms, 10_000):
         body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
         post = urllib.request.Request(write_url, data=body, method="POST", headers={
             "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",

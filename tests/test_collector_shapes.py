@@ -20,7 +20,7 @@ from support import feed
 from otelgpu.config import parse_config
 from otelgpu.pipeline import Pipeline
 from otelgpu.receiver.interner import Interner
-from otelgpu.receiver.decode import decode
+from otelgpu.receiver.decode import decode_reference
 from otelgpu.receiver.schema import Metric
 from otelgpu.telemetry import by_label
 
@@ -113,7 +113,7 @@ def check_decoded(by_name: dict[str, ExportMetricsServiceRequest]) -> None:
         rows, rejected, _, sources = both.same(req.SerializeToString(), now=now)
         assert rejected == {}, (name, rejected)
         assert rows, name
-        batch = decode(req, strings := Interner(), limits, now_ns=now)
+        batch = decode_reference(req, strings := Interner(), limits, now_ns=now)
         if name == "otlp_dcgm_scrape_failed.json":
             active = batch.metric == int(Metric.GR_ENGINE_ACTIVE)
             assert active.sum() == 9 and batch.stale[active].all() and all(math.isnan(v) for v in batch.value[active])

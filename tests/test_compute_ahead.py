@@ -160,7 +160,7 @@ def test_an_interval_is_computed_ahead_once_all_its_targets_are_past_its_end() -
     assert total(p.metrics.intervals_computed) == 0
     feed(p, c.scrape(90))  # the watermark passes 60 + 30: [0, 60) closes with what was computed
     assert total(p.metrics.intervals_computed) == 1 and by_label(p.metrics.intervals_ahead) == {"used": 1}
-    assert built == [0]  # it closed light: its samples were not unpacked again
+    assert built == [0]  # it closed bare: its samples were not unpacked again
     second = (c.t0 + 60 * NS) // (INTERVAL_S * NS)  # [60, 120)
     assert p.windows.due_indices(flush=True) == [second] and total(p.metrics.intervals_computed) == 1  # asking closes nothing
     plain = pipeline(False)

@@ -35,3 +35,13 @@ def test_the_module_map_names_every_module():
                and not any(f"{before}{path.name}{after}" in sections.get(LAYERS[layer_of(m)][0], "")
                            for before, after in (("`", "`"), ("/", "`"), ("(", "`")))]
     assert unnamed == []
+
+
+def test_the_readme_layout_names_every_top_level_module():
+    """README's Layout names each module and package directly under otelgpu/."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme[readme.index("- Layout:"):]
+    layout = layout[:layout.index("\n- ") if "\n- " in layout else len(layout)]
+    top = sorted(p.name + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
+                 if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists()))
+    assert [name for name in top if f"`{name}`" not in layout] == []

@@ -22,7 +22,7 @@ from support import eventually, feed
 from otelgpu.alerts import AlertsConfig, rule_groups
 from otelgpu.config import parse_config
 from otelgpu.enrich.window import NS
-from otelgpu.exporter.remote_write import build_requests
+from otelgpu.exporter.remote_write import requests_reference
 from otelgpu.pipeline import Pipeline
 from otelgpu.report.promql import PromClient
 from otelgpu.report import focus
@@ -229,7 +229,7 @@ def test_the_recording_rules_read_the_series_remote_write_delivers(prometheus: P
 def write_now(prom: PrometheusServer) -> None:
     """One sample of another series at the present, as any other writer of the same workspace
     leaves: Prometheus then refuses samples over an hour older (its head's window) as out of bounds."""
-    (request,) = build_requests({(("__name__", "other_writer"),): [(prom.now_ms(), 1.0)]}, 10)
+    (request,) = requests_reference({(("__name__", "other_writer"),): [(prom.now_ms(), 1.0)]}, 10)
     body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
     post = urllib.request.Request(prom.write_url, data=body, headers={
         "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from support import otlp_fixture
 
-from otelgpu.receiver.decode import decode
+from otelgpu.receiver.decode import decode_reference
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.record import RecordError, decode_batch, encode_batch
 from otelgpu.telemetry import SelfMetrics, by_label, total
@@ -100,7 +100,7 @@ def test_segments_before_the_checkpoint_position_are_removed(tmp_path: Path) -> 
 def test_a_batch_record_replays_to_the_same_rows_in_another_process(fixture: str) -> None:
     here, there = Interner(), Interner()
     there.code("something else first")  # another process's codes differ
-    batch = decode(otlp_fixture(fixture), here)
+    batch = decode_reference(otlp_fixture(fixture), here)
     back = decode_batch(encode_batch(batch, here), there)
     for name in ("metric", "time_ns", "stale", "attr_off"):
         assert np.array_equal(getattr(back, name), getattr(batch, name)), name
@@ -112,7 +112,7 @@ def test_a_batch_record_replays_to_the_same_rows_in_another_process(fixture: str
 
 def test_a_damaged_record_is_refused_not_misread() -> None:
     strings = Interner()
-    data = encode_batch(decode(otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"), strings), strings)
+    data = encode_batch(decode_reference(otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"), strings), strings)
     for bad in (data[:-1], data + b"\0", b"\x09" + data[1:], data[:40]):
         with pytest.raises(RecordError):
             decode_batch(bad, Interner())

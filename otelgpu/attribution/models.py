@@ -97,11 +97,11 @@ class _Sums:
     the order they are first named; a series' value is the sum of its increments in the order
     they were added (as `models_reference` adds them one by one)."""
 
-    def __init__(self, sets: list[Attrs], extended: "_Extended") -> None:
+    def __init__(self, sets: list[Attrs], extender: "_Extender") -> None:
         self._joined = sets
         self._added: Numbering[Attrs] = Numbering()
         self.extras: Numbering[Attrs] = Numbering(())
-        self._with = extended
+        self._with = extender
         self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in SUMS}
 
     def set(self, attrs: Attrs) -> int:
@@ -152,7 +152,7 @@ class CostModels:
         self.metrics = metrics
         self.dropped = dropped  # attributes the series do not keep (`series.detail`, `series.drop_attributes`)
         self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
-        self._with = _Extended()
+        self._with = _Extender()
 
     def needs_pods(self) -> bool:
         return "scad" in self.config.cost_models
@@ -406,7 +406,7 @@ def shared_idle(scope: str, row_node: np.ndarray, row_weight: np.ndarray,
     return share(row_node, row_weight, amount)
 
 
-class _Extended:
+class _Extender:
     """`with_attrs`, remembered from one interval to the next (what this interval and the last one
     used). The same holders on the same nodes get the same sets interval after interval, and
     handing back the very tuple of the last interval lets the store find the series by the

@@ -36,14 +36,14 @@ class DeviceMemory:
     key = "devices"  # its checkpoint entry (core/state.py)
 
     def __init__(self, strings: Interner, memory_ns: int) -> None:
-        self.s, self.memory_ns = strings, memory_ns
+        self.strings, self.memory_ns = strings, memory_ns
         self._nodes: dict[str, _Node] = {}
         self._holders: dict[Key, tuple[str, str]] = {}  # the pod that held each entity last
 
     def fill(self, s: Samples, start_ns: int, end_ns: int, known_nodes: set[str]) -> Samples:
         """`s` plus one staleness marker at `start_ns` for each entity of each remembered node
         that sent nothing this interval; remembers what `s` shows."""
-        st, code = self.s.string, self.s.code
+        st, code = self.strings.string, self.strings.code
         present = {st(int(c)) for c in np.unique(s.node)}
         self._remember(s, present, end_ns)
         rows: list[tuple[int, ...]] = []
@@ -68,7 +68,7 @@ class DeviceMemory:
     def _remember(self, s: Samples, present: set[str], end_ns: int) -> None:
         """The entities each node shows (in the order first seen) and who held each one last;
         strings are looked up column-wise, with code -1 reading "" (the table's extra last entry)."""
-        text = np.array(self.s.strings() + [""], dtype=object)
+        text = np.array(self.strings.strings() + [""], dtype=object)
         live = np.flatnonzero(~s.stale)  # a node with only staleness markers still has what it had
         _, first = group_ids(s.node[live], s.uuid[live], s.gi[live])
         rows = live[first]

@@ -36,7 +36,7 @@ class KsmFacts:
     key = "facts"  # its checkpoint entry (core/state.py)
 
     def __init__(self, strings: Interner, ttl_ns: int) -> None:
-        self._s = strings
+        self._strings = strings
         self.ttl_ns = ttl_ns
         self.pods: dict[tuple[str, str], PodFacts] = {}
         self.namespaces: dict[str, NamespaceFacts] = {}
@@ -64,7 +64,7 @@ class KsmFacts:
         return used
 
     def _apply_rows(self, rows: PointBatch) -> None:
-        s = self._s.strings()
+        s = self._strings.strings()
         for first in range(0, len(rows), APPLY_CHUNK):  # a chunk at a time: its lists are all that is built
             last = min(first + APPLY_CHUNK, len(rows))
             lo, hi = int(rows.attr_off[first]), int(rows.attr_off[last])
@@ -78,30 +78,37 @@ class KsmFacts:
 
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
         if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
-            node = self.nodes.setdefault(attrs["node"], NodeFacts())
-            if stale or t < node.seen_ns:
-                return
-            node.seen_ns = t
-            if metric == Metric.NODE_LABELS:
-                node.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
-            else:
-                node.capacity[attrs["resource"]] = value
-            return
-        if metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
-            name = attrs["replicaset"] if metric == Metric.REPLICASET_OWNER else attrs["job_name"]
-            owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""  # "<none>": known to have none
-            kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
-            known = self.owners.get((attrs["namespace"], kind, name))
-            if not stale and (known is None or t >= known.seen_ns) \
-                    and (not owner or attrs.get("owner_is_controller", "true") == "true"):
-                self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "", t)
-            return
-        if metric == Metric.NAMESPACE_LABELS:
+            self._apply_node(metric, attrs, value, stale, t)
+        elif metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
+            self._apply_owner(metric, attrs, stale, t)
+        elif metric == Metric.NAMESPACE_LABELS:
             ns = self.namespaces.setdefault(attrs["namespace"], NamespaceFacts())
             if not stale and t >= ns.seen_ns:
                 ns.seen_ns = t
                 ns.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+        else:
+            self._apply_pod(metric, attrs, value, stale, t)
+
+    def _apply_node(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
+        node = self.nodes.setdefault(attrs["node"], NodeFacts())
+        if stale or t < node.seen_ns:
             return
+        node.seen_ns = t
+        if metric == Metric.NODE_LABELS:
+            node.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+        else:
+            node.capacity[attrs["resource"]] = value
+
+    def _apply_owner(self, metric: Metric, attrs: dict[str, str], stale: bool, t: int) -> None:
+        name = attrs["replicaset"] if metric == Metric.REPLICASET_OWNER else attrs["job_name"]
+        owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""  # "<none>": known to have none
+        kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
+        known = self.owners.get((attrs["namespace"], kind, name))
+        if not stale and (known is None or t >= known.seen_ns) \
+                and (not owner or attrs.get("owner_is_controller", "true") == "true"):
+            self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "", t)
+
+    def _apply_pod(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
         key = (attrs["namespace"], attrs["pod"])
         pod = self.pods.get(key)
         if pod is None:

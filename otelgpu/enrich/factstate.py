@@ -44,6 +44,36 @@ def _rows(flat: list[int], width: int) -> np.ndarray:
 def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFacts],
            namespaces: Mapping[str, NamespaceFacts], owners: Mapping[OwnerKey, OwnerFacts]) -> dict[str, Any]:
     t = _Texts()
+    pod_arrays = _encode_pods(t, pods)
+    node_labels, capacity, amounts = [], [], []
+    for i, node in enumerate(nodes.values()):
+        for k, v in node.labels.items():
+            node_labels += (i, t(k), t(v))
+        for resource, q in node.capacity.items():
+            capacity += (i, t(resource))
+            amounts.append(q)
+    ns_labels: list[int] = []
+    for i, ns in enumerate(namespaces.values()):
+        for k, v in ns.labels.items():
+            ns_labels += (i, t(k), t(v))
+    owner_text = [t(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
+    return {
+        "version": VERSION,
+        "pods": pod_arrays,
+        "nodes": {"name": np.array([t(n) for n in nodes], np.int64),
+                  "seen_ns": np.array([n.seen_ns for n in nodes.values()], np.int64),
+                  "labels": _rows(node_labels, 3), "capacity": _rows(capacity, 2),
+                  "amount": np.array(amounts, np.float64)},
+        "namespaces": {"name": np.array([t(n) for n in namespaces], np.int64),
+                       "seen_ns": np.array([n.seen_ns for n in namespaces.values()], np.int64),
+                       "labels": _rows(ns_labels, 3)},
+        "owners": {"text": _rows(owner_text, 5),
+                   "seen_ns": np.array([o.seen_ns for o in owners.values()], np.int64)},
+        "strings": t.arrays(),  # last: every string above is in it
+    }
+
+
+def _encode_pods(t: _Texts, pods: Mapping[tuple[str, str], PodFacts]) -> dict[str, np.ndarray]:
     keys: list[int] = []
     text: list[int] = []
     numbers: list[int] = []
@@ -66,67 +96,69 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
         for (container, resource), q in p.requests.items():
             requests += (i, t(container), t(resource))
             quantities.append(q)
-    node_labels: list[int] = []
-    capacity: list[int] = []
-    amounts: list[float] = []
-    for i, node in enumerate(nodes.values()):
-        for k, v in node.labels.items():
-            node_labels += (i, t(k), t(v))
-        for resource, q in node.capacity.items():
-            capacity += (i, t(resource))
-            amounts.append(q)
-    ns_labels: list[int] = []
-    for i, ns in enumerate(namespaces.values()):
-        for k, v in ns.labels.items():
-            ns_labels += (i, t(k), t(v))
-    owner_text = [t(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
-    return {
-        "version": VERSION,
-        "pods": {"key": _rows(keys, 2), "text": _rows(text, len(POD_TEXT)),
-                 "ns": _rows(numbers, 2), "ended": np.array(ended, np.int64), "deleted": np.array(deleted, bool),
-                 "labels": _rows(labels, 3), "annotations": _rows(annotations, 3),
-                 "requests": _rows(requests, 3), "quantity": np.array(quantities, np.float64)},
-        "nodes": {"name": np.array([t(n) for n in nodes], np.int64),
-                  "seen_ns": np.array([n.seen_ns for n in nodes.values()], np.int64),
-                  "labels": _rows(node_labels, 3), "capacity": _rows(capacity, 2),
-                  "amount": np.array(amounts, np.float64)},
-        "namespaces": {"name": np.array([t(n) for n in namespaces], np.int64),
-                       "seen_ns": np.array([n.seen_ns for n in namespaces.values()], np.int64),
-                       "labels": _rows(ns_labels, 3)},
-        "owners": {"text": _rows(owner_text, 5),
-                   "seen_ns": np.array([o.seen_ns for o in owners.values()], np.int64)},
-        "strings": t.arrays(),  # last: every string above is in it
-    }
+    return {"key": _rows(keys, 2), "text": _rows(text, len(POD_TEXT)),
+            "ns": _rows(numbers, 2), "ended": np.array(ended, np.int64), "deleted": np.array(deleted, bool),
+            "labels": _rows(labels, 3), "annotations": _rows(annotations, 3),
+            "requests": _rows(requests, 3), "quantity": np.array(quantities, np.float64)}
 
 
-def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
-    """(pods, nodes, namespaces, owners) of `encode`'s output; ValueError, KeyError or TypeError
-    when the arrays do not fit together."""
-    words = texts_of(state["strings"]["utf8"], state["strings"]["ends"])
-    n_words = len(words)
+class _Table:
+    """A state's string table, and its arrays read with their shapes checked."""
 
+    def __init__(self, strings: Mapping[str, Any]) -> None:
+        self.words = texts_of(strings["utf8"], strings["ends"])
+
+    @staticmethod
     def ids(a: Any, width: int, n: int | None = None) -> list:
         a = np.asarray(a)
         if a.dtype.kind not in "iu" or a.ndim != 2 or a.shape[1] != width or (n is not None and a.shape[0] != n):
             raise ValueError(f"facts state: an id table of shape {a.shape} ({a.dtype}), expected (n, {width})")
         return a.tolist()
 
+    @staticmethod
     def column(a: Any, n: int | None, kind: str) -> list:
         a = np.asarray(a)
         if a.ndim != 1 or (n is not None and a.shape[0] != n) or a.dtype.kind not in kind:
             raise ValueError(f"facts state: a column of shape {a.shape} ({a.dtype}) where {n} were expected")
         return a.tolist()
 
-    def word(i: int) -> str:
-        if not 0 <= i < n_words:
-            raise ValueError(f"facts state: string id {i} is not in the table of {n_words}")
-        return words[i]
+    def word(self, i: int) -> str:
+        if not 0 <= i < len(self.words):
+            raise ValueError(f"facts state: string id {i} is not in the table of {len(self.words)}")
+        return self.words[i]
 
-    def attach(rows: list, objects: list, mapping: str) -> None:  # (object, key, value) rows into a dict field
+    def attach(self, rows: list, objects: list, mapping: str) -> None:
+        """(object, key, value) rows into a dict field of the objects."""
         for o, k, v in rows:
-            getattr(_at(objects, o), mapping)[word(k)] = word(v)
+            getattr(_at(objects, o), mapping)[self.word(k)] = self.word(v)
 
-    p = state["pods"]
+
+def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
+    """(pods, nodes, namespaces, owners) of `encode`'s output; ValueError, KeyError or TypeError
+    when the arrays do not fit together."""
+    table = _Table(state["strings"])
+    word, ids, column = table.word, table.ids, table.column
+    pods = _decode_pods(table, state["pods"])
+    d = state["nodes"]
+    names = [word(i) for i in column(d["name"], None, "iu")]
+    nodes = [NodeFacts(seen_ns=s) for s in column(d["seen_ns"], len(names), "iu")]
+    table.attach(ids(d["labels"], 3), nodes, "labels")
+    capacity = ids(d["capacity"], 2)
+    for (o, r), q in zip(capacity, column(d["amount"], len(capacity), "f")):
+        _at(nodes, o).capacity[word(r)] = float(q)
+    s = state["namespaces"]
+    ns_names = [word(i) for i in column(s["name"], None, "iu")]
+    namespaces = [NamespaceFacts(seen_ns=seen) for seen in column(s["seen_ns"], len(ns_names), "iu")]
+    table.attach(ids(s["labels"], 3), namespaces, "labels")
+    o = state["owners"]
+    owner_rows = [list(map(word, row)) for row in ids(o["text"], 5)]
+    owners = {(a, b, c): OwnerFacts(kind, name, seen)
+              for (a, b, c, kind, name), seen in zip(owner_rows, column(o["seen_ns"], len(owner_rows), "iu"))}
+    return pods, dict(zip(names, nodes)), dict(zip(ns_names, namespaces)), owners
+
+
+def _decode_pods(table: _Table, p: Mapping[str, Any]) -> dict[tuple[str, str], PodFacts]:
+    word, ids, column = table.word, table.ids, table.column
     keys = [(word(a), word(b)) for a, b in ids(p["key"], 2)]
     n = len(keys)
     ended = column(p["ended"], n, "iu") if "ended" in p else [0] * n  # not in checkpoints written before it
@@ -134,27 +166,12 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
                      ended_ns=end)
             for row, (seen, created), gone, end in zip(ids(p["text"], len(POD_TEXT), n), ids(p["ns"], 2, n),
                                                        column(p["deleted"], n, "b"), ended)]
-    attach(ids(p["labels"], 3), pods, "labels")
-    attach(ids(p["annotations"], 3), pods, "annotations")
+    table.attach(ids(p["labels"], 3), pods, "labels")
+    table.attach(ids(p["annotations"], 3), pods, "annotations")
     requests = ids(p["requests"], 3)
     for (o, c, r), q in zip(requests, column(p["quantity"], len(requests), "f")):
         _at(pods, o).requests[(word(c), word(r))] = float(q)
-    d = state["nodes"]
-    names = [word(i) for i in column(d["name"], None, "iu")]
-    nodes = [NodeFacts(seen_ns=s) for s in column(d["seen_ns"], len(names), "iu")]
-    attach(ids(d["labels"], 3), nodes, "labels")
-    capacity = ids(d["capacity"], 2)
-    for (o, r), q in zip(capacity, column(d["amount"], len(capacity), "f")):
-        _at(nodes, o).capacity[word(r)] = float(q)
-    s = state["namespaces"]
-    ns_names = [word(i) for i in column(s["name"], None, "iu")]
-    namespaces = [NamespaceFacts(seen_ns=seen) for seen in column(s["seen_ns"], len(ns_names), "iu")]
-    attach(ids(s["labels"], 3), namespaces, "labels")
-    o = state["owners"]
-    owner_rows = [list(map(word, row)) for row in ids(o["text"], 5)]
-    owners = {(a, b, c): OwnerFacts(kind, name, seen)
-              for (a, b, c, kind, name), seen in zip(owner_rows, column(o["seen_ns"], len(owner_rows), "iu"))}
-    return dict(zip(keys, pods)), dict(zip(names, nodes)), dict(zip(ns_names, namespaces)), owners
+    return dict(zip(keys, pods))
 
 
 def _at(objects: list, i: int) -> Any:

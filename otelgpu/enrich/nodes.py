@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otelgpu.enrich import labels as L
+from otelgpu.enrich import labels
 from otelgpu.enrich.model import NodeFacts
 from otelgpu.receiver.schema import MAX_GPUS_PER_NODE, MIG_PREFIX, gpu_count_label, replicas_label
 
@@ -29,16 +29,16 @@ def node_info(facts: NodeFacts | None) -> NodeInfo:
     if facts is None:
         return NodeInfo("", "unknown", "", 1, "none", "mixed", 0.0, 0.0, False)
     lab = facts.labels
-    raw_cap = (lab.get(L.EKS_CAPACITY_TYPE) or lab.get(L.KARPENTER_CAPACITY_TYPE) or "").lower()
-    replicas = replicas_label(lab.get(L.GPU_REPLICAS, "1")) or 1
-    sharing = lab.get(L.GPU_SHARING, "") or ("time-slicing" if replicas > 1 else "none")
+    raw_cap = (lab.get(labels.EKS_CAPACITY_TYPE) or lab.get(labels.KARPENTER_CAPACITY_TYPE) or "").lower()
+    replicas = replicas_label(lab.get(labels.GPU_REPLICAS, "1")) or 1
+    sharing = lab.get(labels.GPU_SHARING, "") or ("time-slicing" if replicas > 1 else "none")
     return NodeInfo(
-        instance_type=lab.get(L.INSTANCE_TYPE) or lab.get(L.INSTANCE_TYPE_BETA) or "",
+        instance_type=lab.get(labels.INSTANCE_TYPE) or lab.get(labels.INSTANCE_TYPE_BETA) or "",
         capacity_type=_CAPACITY_TYPES.get(raw_cap, "unknown"),
-        gpu_product=lab.get(L.GPU_PRODUCT, ""),
+        gpu_product=lab.get(labels.GPU_PRODUCT, ""),
         replicas=replicas,
         sharing=sharing,
-        mig_strategy=lab.get(L.MIG_STRATEGY, "") or "mixed",
+        mig_strategy=lab.get(labels.MIG_STRATEGY, "") or "mixed",
         vcpus=facts.capacity.get("cpu", 0.0),
         memory_gib=facts.capacity.get("memory", 0.0) / 2**30,
         known=True,
@@ -60,7 +60,7 @@ def gpu_count(facts: NodeFacts, info: NodeInfo) -> int:
     """Physical GPUs of a node: GFD's nvidia.com/gpu.count, else the advertised nvidia.com/gpu
     capacity over the time-slicing replicas (MIG nodes without the label cannot be counted). Labels
     from the Kubernetes API are not validated at decode: an absurd count is no count."""
-    count = gpu_count_label(facts.labels.get(L.GPU_COUNT, ""))
+    count = gpu_count_label(facts.labels.get(labels.GPU_COUNT, ""))
     if count is not None:
         return count
     if any(r.startswith(MIG_PREFIX) for r in facts.capacity):

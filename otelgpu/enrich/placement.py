@@ -76,20 +76,8 @@ def unheld_rows(scope: Scope, units: Reported, devices: DeviceMemory, taken: Con
     """Place kube-state-metrics claims on unheld units; book active unheld units; the rest is
     idle. `taken`: the (node, GPU UUID)s that grants or DRA claims give out (they take no
     request: they are theirs); `sharing`: the pods that hold through grants."""
-    st = scope.string
     held, entities = units.tenures, units.entities
-    shown = set(scope.holders.values)  # the pods DCGM shows holding a unit
-    # Where dcgm-exporter maps devices to pods on a node, it is the authority there: a pod it
-    # does not show holds nothing (it ended, or has not started). Claims fill in only on nodes
-    # whose exporter maps no pods at all (pod mapping off or broken).
-    mapped = {st(c) for c in np.unique(entities.node[held.entity[held.holder_pod >= 0]]).tolist()}
-    claims: dict[tuple[str, str], list[PodKey]] = {}  # (node, resource) -> pods, one per unit
-    dark_claims: dict[tuple[str, str], list[PodKey]] = {}  # the same for time DCGM went dark
-    for node, key, resource, qty in scope.gpu_requests(sharing):
-        if node not in mapped:
-            claims.setdefault((node, resource), []).extend([key] * qty)
-        if key not in shown:
-            dark_claims.setdefault((node, resource), []).extend([key] * qty)
+    claims, dark_claims = _requests(scope, units, sharing)
     # Unheld replicas are idle: claims on shared GPUs are not placed (no unit identity).
     i = np.flatnonzero((held.holder_pod < 0) & ~units.shared[held.entity])
     e = held.entity[i]
@@ -104,31 +92,59 @@ def unheld_rows(scope: Scope, units: Reported, devices: DeviceMemory, taken: Con
     parts = [Rows.of(units.gpu[e[fast]], units.fraction[e[fast]], share[fast], held.measured_share[i[fast]],
                      mean[fast], NOBODY, units.kind[e[fast]], units.profile[e[fast]], ACTIVE, DEVICE)]
     at = [fast]
-    placed: list[tuple] = []
-    for x in np.flatnonzero(slow).tolist():
-        u = int(e[x])
-        node, uuid, prof = st(int(entities.node[u])), st(int(entities.uuid[u])), scope.profiles.values[units.profile[u]]
-        single = units.node_infos[units.node[u]].mig_strategy == "single"
-        resource = mig_resource(prof) if units.kind[u] == MIG and not single else "nvidia_com_gpu"
-        # A GPU that grants or DRA claims give out takes no request: it is theirs.
-        is_taken = units.kind[u] == GPU and (node, uuid) in taken
-        if held.holder_pod[i[x]] == DARK:
-            holder = _dark_holder(scope, devices, node, uuid, st(int(entities.gi[u])),
-                                  None if is_taken else dark_claims.get((node, resource)))
-            if holder is not None:
-                placed.append((x, u, 0.0, np.nan, scope.holders.index(holder), KSM_REQUEST, UNMEASURED))
-            continue
-        queue = None if is_taken else claims.get((node, resource))
-        if queue:
-            placed.append((x, u, 0.0, np.nan, scope.holders.index(queue.pop(0)), KSM_REQUEST, UNMEASURED))
-        elif active[x]:
-            placed.append((x, u, held.measured_share[i[x]], mean[x], NOBODY, ACTIVE, DEVICE))
+    placed = [_placed(scope, units, devices, taken, claims, dark_claims, int(e[x]), int(i[x]), bool(active[x]), x,
+                      mean[x]) for x in np.flatnonzero(slow).tolist()]
+    placed = [row for row in placed if row is not None]
     if placed:
         x, u, measured, activity, holder, attribution, basis = (np.array(c) for c in zip(*placed))
         parts.append(Rows.of(units.gpu[u], units.fraction[u], share[x], measured, activity, holder, units.kind[u],
                              units.profile[u], attribution, basis))
         at.append(x)
     return Rows.concat(parts).take(np.argsort(np.concatenate(at), kind="stable"))
+
+
+Queues = dict[tuple[str, str], list[PodKey]]  # (node, resource) -> pods, one per unit requested
+
+
+def _requests(scope: Scope, units: Reported, sharing: Container[PodKey]) -> tuple[Queues, Queues]:
+    """The Running pods' GPU requests, as queues per node and resource: those that may be placed
+    on units DCGM shows nobody on, and those that may hold units while DCGM is dark."""
+    held = units.tenures
+    shown = set(scope.holders.values)  # the pods DCGM shows holding a unit
+    # Where dcgm-exporter maps devices to pods on a node, it is the authority there: a pod it
+    # does not show holds nothing (it ended, or has not started). Claims fill in only on nodes
+    # whose exporter maps no pods at all (pod mapping off or broken).
+    mapped = {scope.string(c) for c in np.unique(units.entities.node[held.entity[held.holder_pod >= 0]]).tolist()}
+    claims: Queues = {}
+    dark_claims: Queues = {}  # the same for time DCGM went dark
+    for node, key, resource, qty in scope.gpu_requests(sharing):
+        if node not in mapped:
+            claims.setdefault((node, resource), []).extend([key] * qty)
+        if key not in shown:
+            dark_claims.setdefault((node, resource), []).extend([key] * qty)
+    return claims, dark_claims
+
+
+def _placed(scope: Scope, units: Reported, devices: DeviceMemory, taken: Container[tuple[str, str]], claims: Queues,
+            dark_claims: Queues, u: int, tenure: int, active: bool, x: int, mean: float) -> tuple | None:
+    """The row of unheld unit `u` (tenure `tenure`, row `x`): a claim's pod or a dark unit's
+    holder (`ksm_request`, unmeasured), else nobody where it is active; None: idle."""
+    st, entities, held = scope.string, units.entities, units.tenures
+    node, uuid, prof = st(int(entities.node[u])), st(int(entities.uuid[u])), scope.profiles.values[units.profile[u]]
+    single = units.node_infos[units.node[u]].mig_strategy == "single"
+    resource = mig_resource(prof) if units.kind[u] == MIG and not single else "nvidia_com_gpu"
+    # A GPU that grants or DRA claims give out takes no request: it is theirs.
+    is_taken = units.kind[u] == GPU and (node, uuid) in taken
+    if held.holder_pod[tenure] == DARK:
+        holder = _dark_holder(scope, devices, node, uuid, st(int(entities.gi[u])),
+                              None if is_taken else dark_claims.get((node, resource)))
+        return None if holder is None else (x, u, 0.0, np.nan, scope.holders.index(holder), KSM_REQUEST, UNMEASURED)
+    queue = None if is_taken else claims.get((node, resource))
+    if queue:
+        return x, u, 0.0, np.nan, scope.holders.index(queue.pop(0)), KSM_REQUEST, UNMEASURED
+    if active:
+        return x, u, held.measured_share[tenure], mean, NOBODY, ACTIVE, DEVICE
+    return None
 
 
 def _dark_holder(scope: Scope, devices: DeviceMemory, node: str, uuid: str, gi: str,

@@ -146,52 +146,64 @@ def sharing_of(facts: FactsView, holds: Callable[[PodKey, PodFacts], bool]) -> S
         if not holds(key, pod):
             continue
         if key[0] in RESERVATION_NAMESPACES and pod.annotations.get(KAI_RESERVED_GPU):
-            uuid, group = pod.annotations[KAI_RESERVED_GPU].strip(), pod.labels.get(KAI_GROUP, "")
-            out.pods.add(key)  # it holds its GPU for others: never charged itself
-            out.reservations.add(key)
-            if _UUID.match(uuid) and group:
-                groups[(pod.node, group)] = uuid
-            else:
-                out.problems["reservation without GPU UUID or group"] += 1
-            continue
-        hami = pod.annotations.get(HAMI_ALLOCATED)
-        if hami:
-            if "[" in hami:  # MIG mode: `GPU-<uuid>[<template>-<index>]`, a MIG instance HAMi made
-                out.problems["HAMi MIG-mode grant (priced by its GPU request)"] += 1
-                continue
-            try:
-                devices = hami_devices(hami)
-            except ValueError:
-                out.problems["malformed hami.io/vgpu-devices-allocated"] += 1
-                continue
-            out.pods.add(key)
-            for uuid, memory, cores in devices:
-                out.claims.setdefault((pod.node, uuid), []).append(
-                    Claim(key, pod.node, uuid, HAMI, cores / 100 if cores > 0 else None, memory or None))
-            continue
-        if pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY) or _nv_requests(pod):
+            _add_reservation(out, groups, key, pod)
+        elif pod.annotations.get(HAMI_ALLOCATED):
+            _add_hami(out, key, pod)
+        elif pod.annotations.get(KAI_FRACTION) or pod.annotations.get(KAI_MEMORY) or _nv_requests(pod):
             kai.append((key, pod))
-    for key, pod in kai:
-        if any(r in GPU_RESOURCES or r.startswith(MIG_PREFIX) for _, r in pod.requests):
-            # KAI's fraction pods request no GPU: one that does holds what it requests
-            out.problems["KAI grant on a pod that requests GPUs"] += 1
-            continue
-        try:
-            compute, memory, devices = _kai_request(pod)
-        except ValueError:
-            out.problems["malformed gpu-fraction, gpu-memory or gpu-fraction-num-devices"] += 1
-            continue
-        named = [g for g in (pod.labels.get(KAI_GROUP, ""), *_kai_groups(pod)) if g]
-        uuids = list(dict.fromkeys(u for g in named if (u := groups.get((pod.node, g))) is not None))
-        if not uuids:
-            out.problems["fraction pod without a reservation pod on its node"] += 1
-        elif len(uuids) < devices:
-            out.problems["KAI fraction of several GPUs without a reservation pod for each"] += 1
-        else:
-            out.pods.add(key)
-            for uuid in uuids[:devices]:
-                out.claims.setdefault((pod.node, uuid), []).append(Claim(key, pod.node, uuid, KAI, compute, memory))
+    for key, pod in kai:  # once every reservation pod's GPU is known
+        _add_kai(out, groups, key, pod)
     return out
+
+
+def _add_reservation(out: Sharing, groups: dict[tuple[str, str], str], key: PodKey, pod: PodFacts) -> None:
+    """A KAI reservation pod: it holds its GPU for the fraction pods of its group, and is never
+    charged itself."""
+    uuid, group = pod.annotations[KAI_RESERVED_GPU].strip(), pod.labels.get(KAI_GROUP, "")
+    out.pods.add(key)
+    out.reservations.add(key)
+    if _UUID.match(uuid) and group:
+        groups[(pod.node, group)] = uuid
+    else:
+        out.problems["reservation without GPU UUID or group"] += 1
+
+
+def _add_hami(out: Sharing, key: PodKey, pod: PodFacts) -> None:
+    hami = pod.annotations[HAMI_ALLOCATED]
+    if "[" in hami:  # MIG mode: `GPU-<uuid>[<template>-<index>]`, a MIG instance HAMi made
+        out.problems["HAMi MIG-mode grant (priced by its GPU request)"] += 1
+        return
+    try:
+        devices = hami_devices(hami)
+    except ValueError:
+        out.problems["malformed hami.io/vgpu-devices-allocated"] += 1
+        return
+    out.pods.add(key)
+    for uuid, memory, cores in devices:
+        out.claims.setdefault((pod.node, uuid), []).append(
+            Claim(key, pod.node, uuid, HAMI, cores / 100 if cores > 0 else None, memory or None))
+
+
+def _add_kai(out: Sharing, groups: dict[tuple[str, str], str], key: PodKey, pod: PodFacts) -> None:
+    if any(r in GPU_RESOURCES or r.startswith(MIG_PREFIX) for _, r in pod.requests):
+        # KAI's fraction pods request no GPU: one that does holds what it requests
+        out.problems["KAI grant on a pod that requests GPUs"] += 1
+        return
+    try:
+        compute, memory, devices = _kai_request(pod)
+    except ValueError:
+        out.problems["malformed gpu-fraction, gpu-memory or gpu-fraction-num-devices"] += 1
+        return
+    named = [g for g in (pod.labels.get(KAI_GROUP, ""), *_kai_groups(pod)) if g]
+    uuids = list(dict.fromkeys(u for g in named if (u := groups.get((pod.node, g))) is not None))
+    if not uuids:
+        out.problems["fraction pod without a reservation pod on its node"] += 1
+    elif len(uuids) < devices:
+        out.problems["KAI fraction of several GPUs without a reservation pod for each"] += 1
+    else:
+        out.pods.add(key)
+        for uuid in uuids[:devices]:
+            out.claims.setdefault((pod.node, uuid), []).append(Claim(key, pod.node, uuid, KAI, compute, memory))
 
 
 def _nv_requests(pod: PodFacts) -> list[str]:

@@ -110,23 +110,8 @@ def tenures(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: in
     pair_dur = dur[pair_step]
     pair_is_pod = r_pod[pair_first] >= 0
 
-    # Device activity per step: DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it, else GPU_UTIL/100.
-    metric = s.metric[rows]
-    is_gr = metric == Metric.GR_ENGINE_ACTIVE
-    is_util = metric == Metric.GPU_UTIL
-    ent_has_gr = np.zeros(int(ent.max()) + 1 if len(ent) else 0, dtype=bool)
-    ent_has_gr[r_ent[is_gr]] = True
-    value = np.where(is_util, s.value[rows] / 100.0, s.value[rows])
-    own = s.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
-    dev = (is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own
-    step_act = _mean_by(r_step[dev], value[dev], len(dur))
-    pod_act = _mean_by(pair[is_util & own], value[is_util & own], n_pair, reduce_sum=True)
-
-    holders_in_step = np.bincount(pair_step, weights=pair_is_pod, minlength=len(dur))
-    act = step_act[pair_step]
     pair_shared = shared[r_ent[pair_first]] & pair_is_pod
-    split = act / np.maximum(holders_in_step[pair_step], 1)
-    act = np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act)
+    act, pod_act = _pair_activity(s, rows, r_ent, r_step, pair, n_pair, pair_step, pair_is_pod, pair_shared, len(dur))
     measured = ~np.isnan(act)
 
     # Replicas held on shared devices: distinct vgpu indices per holding.
@@ -143,6 +128,29 @@ def tenures(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: in
         per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
     )
     return _with_dark(out, dur, row_step, step_ent, live)
+
+
+def _pair_activity(s: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
+                   n_pair: int, pair_step: np.ndarray, pair_is_pod: np.ndarray, pair_shared: np.ndarray,
+                   n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per (holding, step) pair: its activity, and the holder's own per-process activity (NaN
+    where none). Device activity is DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it, else
+    GPU_UTIL/100; on a shared entity a holder's activity is its own series', else the device's
+    split equally among the holders present."""
+    metric = s.metric[rows]
+    is_gr = metric == Metric.GR_ENGINE_ACTIVE
+    is_util = metric == Metric.GPU_UTIL
+    ent_has_gr = np.zeros(int(r_ent.max()) + 1 if len(r_ent) else 0, dtype=bool)
+    ent_has_gr[r_ent[is_gr]] = True
+    value = np.where(is_util, s.value[rows] / 100.0, s.value[rows])
+    own = s.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
+    dev = (is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own
+    step_act = _mean_by(r_step[dev], value[dev], n_steps)
+    pod_act = _mean_by(pair[is_util & own], value[is_util & own], n_pair, reduce_sum=True)
+    holders_in_step = np.bincount(pair_step, weights=pair_is_pod, minlength=n_steps)
+    act = step_act[pair_step]
+    split = act / np.maximum(holders_in_step[pair_step], 1)
+    return np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act), pod_act
 
 
 def _with_dark(h: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray, live: np.ndarray) -> Tenures:

@@ -59,7 +59,7 @@ class UsageTracker:
 
     def __init__(self, strings: Interner, tenant_labels: tuple[str, ...] = (), reserved: frozenset[str] = frozenset()
                  ) -> None:
-        self.s = strings
+        self.strings = strings
         self.tenant_labels = tenant_labels  # the labels naming a token series' tenant, first present wins
         self.reserved = reserved  # tenant values a label may not claim (they name otelgpu's own buckets)
         # counter series (`_key`) -> (time_ns, counter), by strings: codes are not kept across
@@ -71,7 +71,7 @@ class UsageTracker:
                     phases: bool = False) -> PodSamples:
         """With `use`, phases and cAdvisor use (scad); with `phases`, the phases alone (how long a
         GPU grant's pod ran); with `tokens`, vLLM's token counters."""
-        s = self.s
+        s = self.strings
         running = (batch.metric == Metric.POD_PHASE) & ~batch.stale
         if (use or phases) and running.any():
             running &= batch.column(s.find("phase")) == s.code("Running")
@@ -129,7 +129,7 @@ class UsageTracker:
             return out
         sid, first = group_ids(p.kind, p.namespace, p.pod, p.container, p.series)  # engines added up
         total = np.bincount(sid, weights=p.value)
-        st = self.s.string
+        st = self.strings.string
         for g, i in enumerate(first.tolist()):
             ns, pod = st(int(p.namespace[i])), st(int(p.pod[i]))
             tenant = st(int(p.series[i])) if p.series[i] >= 0 else ns
@@ -184,7 +184,7 @@ class UsageTracker:
     def _key(self, p: PodSamples, i: int) -> tuple:
         """A counter series' identity, by strings: (namespace, pod, container, cgroup id) for CPU,
         (kind, namespace, pod, model, tenant, engine) for tokens (-1: "")."""
-        st = self.s.string
+        st = self.strings.string
 
         def text(code: int) -> str:
             return st(code) if code >= 0 else ""

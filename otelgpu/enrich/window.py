@@ -171,19 +171,19 @@ class Windows:
             k = len(newest) - 1 - len(newest) // 2  # the upper median: sorted newest first, the middle one
             self.watermark_ns = int(np.partition(newest, k)[k])
 
-    def due(self, flush: bool = False, light: frozenset[int] = frozenset()) -> list[Interval]:
+    def due(self, flush: bool = False, computed: frozenset[int] = frozenset()) -> list[Interval]:
         """Intervals whose end plus lateness the watermark has passed, and, once an interval has
         closed, the empty intervals after each one (at most `max_gap` in a row; longer gaps are
         skipped and counted in `skipped`). Flushing (a stop) also closes the intervals the cluster
         has begun: up to the newest timestamp of a target no more than an interval plus the
         lateness ahead of the watermark (a target scraped more often than the rest). Intervals only
-        targets further ahead have reached stay open (see `ahead`). Intervals in `light` (already
+        targets further ahead have reached stay open (see `ahead`). Intervals in `computed` (already
         computed) close without their parts: no samples, pod samples or facts are built."""
         ready, skipped = self._ready(flush)
         self.skipped += skipped
         out = []
         for i in ready:
-            out.append(self._interval(i, self._open.pop(i, _Open()), light=i in light))
+            out.append(self._interval(i, self._open.pop(i, _Open()), bare=i in computed))
             self.closed_through = max(self.closed_through, i)
             self.closed_ns = max(self.closed_ns, (i + 1) * self.dt_ns)
         return out
@@ -207,8 +207,9 @@ class Windows:
                 skipped += max(b - stop, 0)
         return sorted(ready), skipped
 
-    def _interval(self, i: int, slot: _Open, light: bool = False) -> Interval:
-        if light:
+    def _interval(self, i: int, slot: _Open, bare: bool = False) -> Interval:
+        """Interval `i` of `slot`'s parts; `bare`: without them (computed already)."""
+        if bare:
             return Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns, Samples.empty(), PodSamples.empty(),
                             empty_batch(), slot.version)
         facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()

@@ -5,7 +5,7 @@ drops delta sums), gauges, and `NO_RECORDED_VALUE` on a series' last point, whic
 model cannot express and which the Collector's prometheusremotewrite exporter turns into a stale
 marker. They are written as bytes by `RequestWriter`: each series' attributes encoded once and
 kept while the series lives, each point its start, time and value packed beside them, and the
-request, scope and metric headers encoded once. `build_requests` builds the same requests with the
+request, scope and metric headers encoded once. `requests_reference` builds the same requests with the
 protobuf messages, the readable reference: both give the same bytes (tests/exporter/test_otlp_bytes.py).
 
 One `send()` is one attempt; the delivery queue (`delivery.py`) retries. Failures are classified as
@@ -62,7 +62,7 @@ def _kv(key: str, value: str) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], cluster: str,
+def requests_reference(points: Sequence[Point], specs: Mapping[str, MetricSpec], cluster: str,
                    max_points: int = MAX_POINTS_PER_REQUEST, instance: str = "") -> Iterator[ExportMetricsServiceRequest]:
     """The points as OTLP requests of at most `max_points` points, one Metric per spec and
     request, in spec order (stable requests for tests and goldens). `instance` (a per-node
@@ -99,7 +99,7 @@ def build_requests(points: Sequence[Point], specs: Mapping[str, MetricSpec], clu
 
 
 class RequestWriter:
-    """`build_requests` as protobuf bytes, with no message object per point: each (key, value)
+    """`requests_reference` as protobuf bytes, with no message object per point: each (key, value)
     pair is encoded once and kept (a set's bytes are its pairs' bytes laid end to end, so what is
     kept grows with the distinct pairs, some 17,000 at 10,000 GPUs, not with the series), the points
     of each metric are written by one kernel call from the snapshot's columns, and the request,
@@ -107,7 +107,7 @@ class RequestWriter:
 
     def __init__(self, specs: Mapping[str, MetricSpec], cluster: str, instance: str = "") -> None:
         self.specs = specs
-        first = next(build_requests([Point(next(iter(specs)), (), 1, 1, 0.0)], specs, cluster, instance=instance))
+        first = next(requests_reference([Point(next(iter(specs)), (), 1, 1, 0.0)], specs, cluster, instance=instance))
         rm = first.resource_metrics[0]
         self._resource = len_field(1, rm.resource.SerializeToString())
         self._scope = len_field(1, rm.scope_metrics[0].scope.SerializeToString())

@@ -3,7 +3,7 @@ Prometheus (or any remote-write receiver), for clusters with no Collector to go 
 
 A request is a snappy *block*-compressed protobuf `WriteRequest`. The message classes are built at
 import from a descriptor written here (field numbers of prometheus/prompb `types.proto` and
-`remote.proto`), with no generated files to keep in sync. `build_series` and `build_requests` are
+`remote.proto`), with no generated files to keep in sync. `series_reference` and `requests_reference` are
 the readable encoding through the protobuf library; `SeriesWriter`, which sends, gives the same
 bytes from the snapshot's columns: each series' label bytes cached while it lasts, the series
 ordered by ranks of their label sets, the samples written by one kernel call per request. Series
@@ -96,7 +96,7 @@ Sample, Label, TimeSeries, WriteRequest = (_CLASSES[n] for n in ("Sample", "Labe
 Labels = tuple[tuple[str, str], ...]  # sorted by name
 
 
-def build_series(points: Sequence[Point], specs: Mapping[str, MetricSpec], cluster: str,
+def series_reference(points: Sequence[Point], specs: Mapping[str, MetricSpec], cluster: str,
                  external_labels: Mapping[str, str]) -> tuple[dict[Labels, list[tuple[int, float]]], Counter[str]]:
     """The points as series, sorted by labels, each with its (ms timestamp, value) samples in time
     order, and the count of series left out by reason. Labels: `__name__`, the attributes under
@@ -148,7 +148,7 @@ def after(series: Mapping[Labels, list[tuple[int, float]]], done: int) -> dict[L
     return out
 
 
-def build_requests(series: Mapping[Labels, list[tuple[int, float]]], max_samples: int) -> Iterator[Any]:
+def requests_reference(series: Mapping[Labels, list[tuple[int, float]]], max_samples: int) -> Iterator[Any]:
     """WriteRequests of at most `max_samples` samples, in series order. A series that does not fit
     is split, its earlier samples in the earlier request."""
     request, room = WriteRequest(), max_samples
@@ -204,7 +204,7 @@ def _ranks(keys: list[bytes]) -> np.ndarray:
 
 
 class SeriesWriter:
-    """`build_requests(after(build_series(...)))` serialized, from the snapshot's columns."""
+    """`requests_reference(after(series_reference(...)))` serialized, from the snapshot's columns."""
 
     def __init__(self, specs: Mapping[str, MetricSpec], cluster: str, external_labels: Mapping[str, str]) -> None:
         self.specs, self.cluster, self.external_labels = specs, cluster, dict(external_labels)
@@ -228,17 +228,7 @@ class SeriesWriter:
         rows = np.flatnonzero(known)
         if not len(rows):
             return [], rejected
-        used = np.unique(p.aset[rows])
-        distinct: dict[Labels, int] = {}
-        sets: list[_LabelSet] = []
-        lid = np.zeros(len(p.attrs), np.int64)
-        for a in used.tolist():
-            attrs = p.attrs[a]
-            ls = self._sets.get(attrs) or cached.get(attrs) or _LabelSet(attrs, self.cluster, self.external_labels)
-            self._sets[attrs] = ls
-            lid[a] = distinct.setdefault(ls.labels, len(distinct))
-            if lid[a] == len(sets):
-                sets.append(ls)
+        sets, lid = self._label_sets(p, rows, cached)
         row_lid = lid[p.aset[rows]]
         prefix, suffix = _ranks([s.prefix_key for s in sets]), _ranks([s.suffix_key for s in sets])
         n_names, n_sets = len(self._name_rank), len(sets)
@@ -269,6 +259,22 @@ class SeriesWriter:
                                 series_name, series[lo:hi], ms[lo:hi].view(np.uint64), bits[lo:hi])
             out.append((hi - lo, body.tobytes()))
         return out, rejected
+
+    def _label_sets(self, p: Points, rows: np.ndarray,
+                    cached: dict[Attrs, _LabelSet]) -> tuple[list[_LabelSet], np.ndarray]:
+        """The distinct label sets of `rows`' attribute sets (those of the last snapshot kept), and
+        per attribute set its label set's index."""
+        distinct: dict[Labels, int] = {}
+        sets: list[_LabelSet] = []
+        lid = np.zeros(len(p.attrs), np.int64)
+        for a in np.unique(p.aset[rows]).tolist():
+            attrs = p.attrs[a]
+            ls = self._sets.get(attrs) or cached.get(attrs) or _LabelSet(attrs, self.cluster, self.external_labels)
+            self._sets[attrs] = ls
+            lid[a] = distinct.setdefault(ls.labels, len(distinct))
+            if lid[a] == len(sets):
+                sets.append(ls)
+        return sets, lid
 
 
 _STALE_BITS = np.float64(STALE_NAN).view(np.int64)

@@ -380,40 +380,15 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     # Points of a kind their scrape target may not send: refused whatever else is wrong with them.
     kind, untrusted = KIND_OF_METRIC[metric], c["untrusted"]
     if untrusted.any():
-        for bit, n in zip(*np.unique(kind[untrusted], return_counts=True)):
-            rejected[untrusted_reason(int(bit))] += int(n)
-        if trust is not None:
-            for r in np.unique(c["p_res"][untrusted]).tolist():
-                trust.refused(resources[r][3], int(np.bitwise_or.reduce(kind[untrusted & (c["p_res"] == r)])),
-                              resources[r][2])
+        _refused(rejected, trust, resources, kind, untrusted, c["p_res"])
     # Points that belong to their scrape target's pod, from a target that names none.
     res_ns = np.array([r[4] for r in resources], np.int32)
     own = _OWN_POD[metric] & ~untrusted
     homeless = own & (res_ns[c["p_res"]] < 0)
     for m, n in zip(*np.unique(metric[homeless], return_counts=True)):
         rejected[own_pod_problem(METRIC_NAME[int(m)])] += int(n)
-    known = sets >= 0
-    shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
-    # The checks every usable point passes, over whole columns; a point failing one is judged below.
-    ok = known & (t != 0) & (t <= horizon) & (t >= floor)
-    if len(shapes):
-        ok &= shape_ok[shape, metric]
-        q = shape_q[shape]
-        with np.errstate(invalid="ignore"):
-            in_range = np.isfinite(value) & (_LO[metric] <= value) & (value <= _HI[metric])
-            quantity = (q[:, 0] <= value) & (value <= q[:, 1]) & ((q[:, 2] == 0) | (value == np.floor(value)))
-        ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
-    ok &= ~untrusted & ~homeless
-    for i in np.flatnonzero(~ok & ~untrusted & ~homeless).tolist():
-        name, m = METRIC_NAME[int(metric[i])], int(metric[i])
-        s = int(sets[i])
-        label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
-        reason = (time_problem(name, int(t[i]), floor, horizon)
-                  or point_problem(name, m, label, bool(stale[i]), float(value[i])))
-        if reason:
-            rejected[reason] += 1
-        else:
-            ok[i] = True
+    ok = _checked(metric, t, value, sets, stale, ~untrusted & ~homeless, floor, horizon, set_shape, shapes,
+                  shape_ok, shape_q, rejected)
     for m, which in zip(*np.nonzero(c["wrong"])):
         kind = wire.WHICH[which] or "no data"
         rejected[f"{METRIC_NAME[int(m)]} arrived as {kind}, expected gauge or sum"] += int(c["wrong"][m, which])
@@ -433,15 +408,61 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     mine = np.flatnonzero(own[rows])
     if len(mine):  # their own pod, whatever the points say
         batch = batch.with_labels(mine, own_keys, np.stack([res_ns[res[mine]], res_pod[res[mine]]], axis=1))
-    # Only the cost sources' clocks move the watermark: `up` of a target trusted with none of their
-    # kinds, and points of other kinds, are left out.
-    newest = np.where(np.array([r[3] for r in resources], np.int64) & CLOCK != 0, c["r_live"], 0)
+    _clocks(batch, resources, c["r_live"], res, times)
+    return batch, rows
+
+
+def _refused(rejected: Counter[str], trust: Optional[SourceTrust], resources: list[tuple[int, int, str, int, int]],
+             kind: np.ndarray, untrusted: np.ndarray, point_res: np.ndarray) -> None:
+    """Count the points of a kind their scrape target may not send, and tell the trust rules."""
+    for bit, n in zip(*np.unique(kind[untrusted], return_counts=True)):
+        rejected[untrusted_reason(int(bit))] += int(n)
+    if trust is not None:
+        for r in np.unique(point_res[untrusted]).tolist():
+            trust.refused(resources[r][3], int(np.bitwise_or.reduce(kind[untrusted & (point_res == r)])),
+                          resources[r][2])
+
+
+def _checked(metric: np.ndarray, t: np.ndarray, value: np.ndarray, sets: np.ndarray, stale: np.ndarray,
+             judged: np.ndarray, floor: int, horizon: int, set_shape: np.ndarray, shapes: list[LabelShape],
+             shape_ok: np.ndarray, shape_q: np.ndarray, rejected: Counter[str]) -> np.ndarray:
+    """Which of the `judged` points are usable. The checks every usable point passes run over
+    whole columns; a point failing one is judged alone, and counted by its reason."""
+    known = sets >= 0
+    shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
+    ok = known & (t != 0) & (t <= horizon) & (t >= floor)
+    if len(shapes):
+        ok &= shape_ok[shape, metric]
+        q = shape_q[shape]
+        with np.errstate(invalid="ignore"):
+            in_range = np.isfinite(value) & (_LO[metric] <= value) & (value <= _HI[metric])
+            quantity = (q[:, 0] <= value) & (value <= q[:, 1]) & ((q[:, 2] == 0) | (value == np.floor(value)))
+        ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
+    ok &= judged
+    for i in np.flatnonzero(~ok & judged).tolist():
+        name, m = METRIC_NAME[int(metric[i])], int(metric[i])
+        s = int(sets[i])
+        label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
+        reason = (time_problem(name, int(t[i]), floor, horizon)
+                  or point_problem(name, m, label, bool(stale[i]), float(value[i])))
+        if reason:
+            rejected[reason] += 1
+        else:
+            ok[i] = True
+    return ok
+
+
+def _clocks(batch: PointBatch, resources: list[tuple[int, int, str, int, int]], live: np.ndarray, res: np.ndarray,
+            times: np.ndarray) -> None:
+    """Each source's newest timestamp into `batch.sources`. Only the cost sources' clocks move the
+    watermark: `up` of a target trusted with none of their kinds, and points of other kinds, are
+    left out."""
+    newest = np.where(np.array([r[3] for r in resources], np.int64) & CLOCK != 0, live, 0)
     clocked = (KIND_OF_METRIC[batch.metric] & CLOCK) != 0
     np.maximum.at(newest, res[clocked], times[clocked])
     for r in np.flatnonzero(newest).tolist():
         src = resources[r][2]
         batch.sources[src] = max(batch.sources.get(src, 0), int(newest[r]))
-    return batch, rows
 
 
 def warm_up() -> str:

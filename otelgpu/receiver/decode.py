@@ -15,7 +15,7 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -195,79 +195,101 @@ class _Columns:
                           arr(self.attr_val, np.int32), rejected, ignored, sources)
 
 
-def decode(request: ExportMetricsServiceRequest, strings: Interner, limits: Optional[Limits] = None,
-           now_ns: Optional[int] = None) -> PointBatch:
-    """`now_ns` is the receive clock the timestamps are checked against (default: now)."""
-    lim = limits or Limits()
+def decode_reference(request: ExportMetricsServiceRequest, strings: Interner, limits: Optional[Limits] = None,
+                     now_ns: Optional[int] = None) -> PointBatch:
+    """The reference decoder, read with protobuf: the columnar decoder's yardstick, and what
+    production falls back on where protobuf must read the bytes. `now_ns` is the receive clock the
+    timestamps are checked against (default: now)."""
     epoch = strings.epoch
     now = time.time_ns() if now_ns is None else now_ns
-    horizon = now + lim.max_future_ns
-    floor = now - lim.max_age_ns if lim.max_age_ns else 1
-    cols, rejected, ignored = _Columns(), Counter[str](), 0
-    sources: dict[str, int] = {}
-    code = strings.code
-    trust = lim.trust
-    keys = _RESOURCE_KEYS | trust.keys if trust is not None else _RESOURCE_KEYS
+    decoding = _Decoding(strings, limits or Limits(), now)
     for rm in request.resource_metrics:
-        res = {kv.key: _any_value_str(kv.value) for kv in rm.resource.attributes if kv.key in keys}
+        decoding.resource(rm)
+    batch = decoding.cols.batch(decoding.rejected, decoding.ignored, decoding.sources)
+    batch.epoch = epoch
+    return batch
+
+
+class _Decoding:
+    """One request's points as columns, what was rejected by reason, and each source's clock."""
+
+    def __init__(self, strings: Interner, limits: Limits, now_ns: int) -> None:
+        self.code, self.lim = strings.code, limits
+        self.horizon = now_ns + limits.max_future_ns
+        self.floor = now_ns - limits.max_age_ns if limits.max_age_ns else 1
+        self.cols, self.rejected, self.ignored = _Columns(), Counter[str](), 0
+        self.sources: dict[str, int] = {}
+        self.keys = _RESOURCE_KEYS | limits.trust.keys if limits.trust is not None else _RESOURCE_KEYS
+
+    def resource(self, rm: Any) -> None:
+        lim, code = self.lim, self.code
+        res = {kv.key: _any_value_str(kv.value) for kv in rm.resource.attributes if kv.key in self.keys}
         node = code(res["k8s.node.name"]) if 0 < len(res.get("k8s.node.name", "")) <= lim.max_label_bytes else -1
         res_pod = code(res["k8s.pod.name"]) if 0 < len(res.get("k8s.pod.name", "")) <= lim.max_label_bytes else -1
-        allowed = trust.bits(res) if trust is not None else EVERY
+        allowed = lim.trust.bits(res) if lim.trust is not None else EVERY
         mine = own_pod(res, lim)
         newest = 0
         for sm in rm.scope_metrics:
             for m in sm.metrics:
-                which = m.WhichOneof("data")
-                mcode = KNOWN_METRICS.get(m.name)
-                points = getattr(m, which).data_points if which in ("gauge", "sum") else ()
-                if mcode is None:
-                    ignored += len(points) if which in ("gauge", "sum") else 1
-                    if m.name == LIVENESS_METRIC and allowed & CLOCK:  # only the cost sources' clocks count
-                        newest = max([newest] + [p.time_unix_nano for p in points if floor <= p.time_unix_nano <= horizon])
-                    continue
-                name = METRIC_NAME[mcode]  # in reasons: one name per metric, whichever it arrived under
-                if which not in ("gauge", "sum"):
-                    n = len(getattr(m, which).data_points) if which else 0
-                    rejected[f"{name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
-                    continue
-                kind = int(KIND_OF_METRIC[mcode])
-                if not allowed & kind:
-                    if points:
-                        rejected[untrusted_reason(kind)] += len(points)
-                        trust.refused(allowed, kind, source_of(res))  # type: ignore[union-attr]
-                    continue
-                if mcode in OWN_POD_METRICS and mine is None:
-                    if points:
-                        rejected[own_pod_problem(name)] += len(points)
-                    continue
-                scale = TO_STORED_UNIT.get(m.name, 1.0)
-                for p in points:
-                    stale = bool(p.flags & NO_RECORDED_VALUE)
-                    value = math.nan if stale else _value(p) * scale
-                    reason, labels = _check(name, mcode, p, value, lim, floor, horizon)
-                    if reason:
-                        rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
-                        continue
-                    if mcode in OWN_POD_METRICS:  # its own pod, whatever the point says
-                        labels = [kv for kv in labels if kv[0] not in OWN_POD_KEYS] + list(zip(OWN_POD_KEYS, mine))
-                    for k, v in labels:
-                        cols.attr_key.append(code(k))
-                        cols.attr_val.append(code(v))
-                    cols.metric.append(mcode)
-                    cols.stale.append(stale)
-                    cols.time_ns.append(p.time_unix_nano)
-                    cols.value.append(value)
-                    cols.res_node.append(node)
-                    cols.res_pod.append(res_pod)
-                    cols.attr_off.append(len(cols.attr_key))
-                    if kind & CLOCK:
-                        newest = max(newest, p.time_unix_nano)
+                newest = max(newest, self._metric(m, res, allowed, mine, node, res_pod))
         if newest:
             src = source_of(res)
-            sources[src] = max(sources.get(src, 0), newest)
-    batch = cols.batch(rejected, ignored, sources)
-    batch.epoch = epoch
-    return batch
+            self.sources[src] = max(self.sources.get(src, 0), newest)
+
+    def _metric(self, m: Any, res: dict[str, str], allowed: int, mine: Any, node: int, res_pod: int) -> int:
+        """Take one metric's points; returns the newest timestamp of those that keep the source's clock."""
+        which = m.WhichOneof("data")
+        mcode = KNOWN_METRICS.get(m.name)
+        points = getattr(m, which).data_points if which in ("gauge", "sum") else ()
+        if mcode is None:
+            self.ignored += len(points) if which in ("gauge", "sum") else 1
+            if m.name == LIVENESS_METRIC and allowed & CLOCK:  # only the cost sources' clocks count
+                return max([0] + [p.time_unix_nano for p in points if self.floor <= p.time_unix_nano <= self.horizon])
+            return 0
+        name = METRIC_NAME[mcode]  # in reasons: one name per metric, whichever it arrived under
+        if which not in ("gauge", "sum"):
+            n = len(getattr(m, which).data_points) if which else 0
+            self.rejected[f"{name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
+            return 0
+        kind = int(KIND_OF_METRIC[mcode])
+        if not allowed & kind:
+            if points:
+                self.rejected[untrusted_reason(kind)] += len(points)
+                self.lim.trust.refused(allowed, kind, source_of(res))  # type: ignore[union-attr]
+            return 0
+        if mcode in OWN_POD_METRICS and mine is None:
+            if points:
+                self.rejected[own_pod_problem(name)] += len(points)
+            return 0
+        scale = TO_STORED_UNIT.get(m.name, 1.0)
+        newest = 0
+        for p in points:
+            if self._point(name, mcode, p, scale, mine, node, res_pod) and kind & CLOCK:
+                newest = max(newest, p.time_unix_nano)
+        return newest
+
+    def _point(self, name: str, mcode: int, p: Any, scale: float, mine: Any, node: int, res_pod: int) -> bool:
+        """Take one point, or count why not; whether it was taken."""
+        stale = bool(p.flags & NO_RECORDED_VALUE)
+        value = math.nan if stale else _value(p) * scale
+        reason, labels = _check(name, mcode, p, value, self.lim, self.floor, self.horizon)
+        if reason:
+            self.rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
+            return False
+        if mcode in OWN_POD_METRICS:  # its own pod, whatever the point says
+            labels = [kv for kv in labels if kv[0] not in OWN_POD_KEYS] + list(zip(OWN_POD_KEYS, mine))
+        cols, code = self.cols, self.code
+        for k, v in labels:
+            cols.attr_key.append(code(k))
+            cols.attr_val.append(code(v))
+        cols.metric.append(mcode)
+        cols.stale.append(stale)
+        cols.time_ns.append(p.time_unix_nano)
+        cols.value.append(value)
+        cols.res_node.append(node)
+        cols.res_pod.append(res_pod)
+        cols.attr_off.append(len(cols.attr_key))
+        return True
 
 
 def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint

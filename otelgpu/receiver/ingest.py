@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
 from otelgpu.receiver.columnar import ColumnarDecoder
-from otelgpu.receiver.decode import PointBatch, decode, describe_rejections
+from otelgpu.receiver.decode import PointBatch, decode_reference, describe_rejections
 from otelgpu.receiver.interner import HoldsCodes, Interner
 from otelgpu.receiver.limits import Limits
 from otelgpu.memory import MemoryLimiter, Ticket
@@ -130,7 +130,7 @@ class Ingest:
                 request = ExportMetricsServiceRequest.FromString(raw)
             except DecodeError as exc:
                 raise PermanentError(f"undecodable ExportMetricsServiceRequest: {exc}") from None
-            batch = decode(request, self.strings, self.limits)
+            batch = decode_reference(request, self.strings, self.limits)
         return batch
 
     def _enqueue(self, batch: PointBatch) -> bool:

@@ -27,7 +27,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable, Optional, TextIO
+from typing import Iterable, Iterator, Optional, TextIO
 
 from otelgpu.config import TAG_NAMES
 from otelgpu.report.promql import Labels, PromClient
@@ -132,64 +132,77 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
             cost_model: str = "request", matchers: Optional[Labels] = None, lookback_s: int = LOOKBACK_S) -> Dataset:
     """The origins of each charge period (`step_s` seconds) from `start` to `end` under
     `cost_model`, each with its charges, from the series that match `matchers` (a cluster, say)."""
-    bounds = periods(start, end, step_s)
-    matchers = dict(matchers or {})
-    money = {**matchers, "cost_model": cost_model}
-
-    def read(name: str, selection: Labels) -> list[list[tuple[Labels, float]]]:
-        periods = increases_by_period(client, name, selection, bounds, lookback_s)
-        kept = [[(labels, v) for labels, v in series if math.isfinite(v)] for series in periods]
-        dropped[0] += sum(len(a) - len(b) for a, b in zip(periods, kept))
-        return kept
-
-    origins: dict[tuple[int, str, str], Origin] = {}
+    reading = _Reading(client, periods(start, end, step_s), dict(matchers or {}), cost_model, lookback_s)
+    origins = reading.origins()
     warnings: list[str] = []
-    dropped = [0]  # increases that are not numbers (NaN, infinite): left out, and said so
+    if reading.dropped:
+        warnings.append(f"{reading.dropped} series-periods whose increase is not a number were left out")
+    merged = _balanced(origins)
+    if merged:
+        warnings.append(f"{merged} node-periods cut inside a delivery outage were merged with the next ones, up "
+                        "to where their charges add up to their capacity (ChargePeriodStart and End say so)")
+    kept = _settled(origins, warnings)
+    kept.sort(key=lambda o: (o.start, o.cluster, o.node))
+    return Dataset(cost_model, kept, warnings)
 
-    def origin(k: int, labels: Labels) -> Origin:
+
+class _Reading:
+    """The increases of each cost series per charge period, gathered into one origin per period,
+    cluster and node."""
+
+    def __init__(self, client: PromClient, bounds: list[float], matchers: Labels, cost_model: str,
+                 lookback_s: int) -> None:
+        self.client, self.bounds, self.lookback_s = client, bounds, lookback_s
+        self.matchers, self.money = matchers, {**matchers, "cost_model": cost_model}
+        self.found: dict[tuple[int, str, str], Origin] = {}
+        self.dropped = 0  # increases that are not numbers (NaN, infinite): left out, and said so
+
+    def origins(self) -> dict[tuple[int, str, str], Origin]:
+        for k, labels, value in self._read(NAMES["capacity"], self.money):
+            self._origin(k, labels).capacity += value
+        for k, labels, value in self._read(NAMES["idle"], self.money):
+            self._origin(k, labels).charge("idle", {}).parts[(labels.get("resource", "gpu"), "idle")] += value
+        for metric, part in (("allocated", "held"), ("unused", "unused")):
+            for k, labels, value in self._read(NAMES[metric], self.money):
+                c = self._origin(k, labels).charge(_kind(labels), _holder(labels))
+                c.parts[(labels.get("resource", "gpu"), part)] += value
+        for metric, attr in (("effective", "used"), ("waste", "waste"), ("unmeasured", "unmeasured")):
+            for k, labels, value in self._read(NAMES[metric], self.money):
+                c = self._origin(k, labels).charge(_kind(labels), _holder(labels))
+                setattr(c, attr, getattr(c, attr) + value)
+        for k, labels, value in self._read(HELD, self.matchers):  # the same under every model
+            o = self.found.get((k, labels.get("cluster", ""), labels.get("node", "")))
+            if o is not None:
+                o.charge(_kind(labels), _holder(labels)).gpu_seconds += value
+        for k, labels, value in self._read(PROVISIONED, self.matchers):
+            o = self.found.get((k, labels.get("cluster", ""), labels.get("node", "")))
+            if o is not None:
+                o.gpu_seconds += value
+        return self.found
+
+    def _read(self, name: str, selection: Labels) -> Iterator[tuple[int, Labels, float]]:
+        """(period, labels, increase) of each series of `name`, period by period."""
+        by_period = increases_by_period(self.client, name, selection, self.bounds, self.lookback_s)
+        for k, series in enumerate(by_period):
+            kept = [(labels, v) for labels, v in series if math.isfinite(v)]
+            self.dropped += len(series) - len(kept)
+            yield from ((k, labels, v) for labels, v in kept)
+
+    def _origin(self, k: int, labels: Labels) -> Origin:
         where = (k, labels.get("cluster", ""), labels.get("node", ""))
-        if where not in origins:
-            origins[where] = Origin(bounds[k], bounds[k + 1], where[1], where[2], {})
-        o = origins[where]
+        if where not in self.found:
+            self.found[where] = Origin(self.bounds[k], self.bounds[k + 1], where[1], where[2], {})
+        o = self.found[where]
         for name in ("instance_type", "capacity_type", "gpu_model", "idle_policy", "price_source"):
             if labels.get(name) and not o.labels.get(name):
                 o.labels[name] = labels[name]
         return o
 
-    for k, series in enumerate(read(NAMES["capacity"], money)):
-        for labels, value in series:
-            origin(k, labels).capacity += value
-    for k, series in enumerate(read(NAMES["idle"], money)):
-        for labels, value in series:
-            origin(k, labels).charge("idle", {}).parts[(labels.get("resource", "gpu"), "idle")] += value
-    for metric, part in (("allocated", "held"), ("unused", "unused")):
-        for k, series in enumerate(read(NAMES[metric], money)):
-            for labels, value in series:
-                c = origin(k, labels).charge(_kind(labels), _holder(labels))
-                c.parts[(labels.get("resource", "gpu"), part)] += value
-    for metric, attr in (("effective", "used"), ("waste", "waste"), ("unmeasured", "unmeasured")):
-        for k, series in enumerate(read(NAMES[metric], money)):
-            for labels, value in series:
-                c = origin(k, labels).charge(_kind(labels), _holder(labels))
-                setattr(c, attr, getattr(c, attr) + value)
-    for k, series in enumerate(read(HELD, matchers)):  # the same under every model
-        for labels, value in series:
-            o = origins.get((k, labels.get("cluster", ""), labels.get("node", "")))
-            if o is not None:
-                o.charge(_kind(labels), _holder(labels)).gpu_seconds += value
-    for k, series in enumerate(read(PROVISIONED, matchers)):
-        for labels, value in series:
-            o = origins.get((k, labels.get("cluster", ""), labels.get("node", "")))
-            if o is not None:
-                o.gpu_seconds += value
 
-    if dropped[0]:
-        warnings.append(f"{dropped[0]} series-periods whose increase is not a number were left out")
-    merged = _balanced(origins)
+def _settled(origins: dict[tuple[int, str, str], Origin], warnings: list[str]) -> list[Origin]:
+    """The origins with a cost, each with what its series leave of its capacity written as
+    `unaccounted`; what was left out or does not add up, said in `warnings`."""
     kept, unpriced, short, gaps = [], 0, 0, 0
-    if merged:
-        warnings.append(f"{merged} node-periods cut inside a delivery outage were merged with the next ones, up "
-                        "to where their charges add up to their capacity (ChargePeriodStart and End say so)")
     for o in origins.values():
         if o.cost <= 0:
             unpriced += 1  # nothing to split (unpriced, or a node that came and went)
@@ -210,8 +223,7 @@ def collect(client: PromClient, start: float, end: float, step_s: int = GRANULAR
     if short:
         warnings.append(f"{short} node-periods whose charges exceed the capacity series (capacity series missing): "
                         "the origin is taken as the charges' sum")
-    kept.sort(key=lambda o: (o.start, o.cluster, o.node))
-    return Dataset(cost_model, kept, warnings)
+    return kept
 
 
 MAX_MERGED = 48  # periods one merge may span: an outage longer than that stays apart, its gaps unaccounted

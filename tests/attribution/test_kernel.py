@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, validate
-from otelgpu.attribution.reference import attribute_request_reference
+from otelgpu.attribution.engine_reference import attribute_request_reference
 from otelgpu.core.mig import MigProfiles
 
 OUTPUTS = ("alloc", "effective", "waste", "unmeasured", "held_s", "capacity", "idle")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from otelgpu.attribution.engine import hybrid, scad, share
-from otelgpu.attribution.reference import hybrid_reference, scad_reference, share_reference
+from otelgpu.attribution.engine_reference import hybrid_reference, scad_reference, share_reference
 
 
 @pytest.mark.parametrize("seed", range(100))

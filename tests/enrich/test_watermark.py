@@ -9,7 +9,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.window import NS, Windows
-from otelgpu.receiver.decode import PointBatch, decode
+from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import Interner
 
 DT, LATE = 300, 60
@@ -34,7 +34,7 @@ def facts(t: int, *sources: str) -> PointBatch:
         p = rm.scope_metrics.add().metrics.add(name="kube_pod_info").gauge.data_points.add(time_unix_nano=t, as_double=1)
         p.attributes.extend([KeyValue(key="namespace", value=AnyValue(string_value="ml")),
                              KeyValue(key="pod", value=AnyValue(string_value=src))])
-    return decode(req, Interner(), now_ns=t)
+    return decode_reference(req, Interner(), now_ns=t)
 
 
 def add(w: Windows, batch: PointBatch) -> list[int]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from otelgpu.exporter import snapshot
 from otelgpu.exporter.columns import Point, Points, merge
-from otelgpu.exporter.otlp import RequestWriter, build_requests
+from otelgpu.exporter.otlp import RequestWriter, requests_reference
 from otelgpu.core.attrs import attrs_of
 from otelgpu.exporter.store import cost_metrics
 
@@ -66,7 +66,7 @@ def test_points_that_use_part_of_their_tables_write_the_reference_requests(first
     both = Points.concat([Points.of(first), Points.of(second)])
     part = both[len(first):]
     assert len(part.attrs) >= len({p.attrs for p in second})
-    want = [r.SerializeToString() for r in build_requests(second, SPECS, "c", 3)]
+    want = [r.SerializeToString() for r in requests_reference(second, SPECS, "c", 3)]
     assert list(RequestWriter(SPECS, "c").requests(part, 3)) == want
 
 

@@ -1,5 +1,5 @@
 """The OTLP export requests written as bytes (RequestWriter: cached attribute bytes, one pack per
-point) are byte for byte the requests the protobuf messages give (build_requests, the reference),
+point) are byte for byte the requests the protobuf messages give (requests_reference, the reference),
 for any snapshot, in any split, and again from the cache on the next snapshot."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.exporter.otlp import RequestWriter, build_requests
+from otelgpu.exporter.otlp import RequestWriter, requests_reference
 from otelgpu.core.attrs import attrs_of
 from otelgpu.exporter.store import Point, cost_metrics
 
@@ -37,7 +37,7 @@ def test_written_bytes_are_the_reference_messages_bytes(first, second, max_point
     writer = RequestWriter(SPECS, "prod-eu", instance)
     met: set = set()
     for snapshot in (first, second, first):  # the second and third reuse the encoded pairs
-        expected = [r.SerializeToString() for r in build_requests(snapshot, SPECS, "prod-eu", max_points, instance)]
+        expected = [r.SerializeToString() for r in requests_reference(snapshot, SPECS, "prod-eu", max_points, instance)]
         assert list(writer.requests(snapshot, max_points)) == expected
         met |= {kv for p in snapshot for kv in p.attrs}
         assert set(writer._pairs) == met  # each pair met, once
@@ -48,7 +48,7 @@ def test_past_its_bound_the_writer_starts_afresh_and_writes_the_same_bytes(monke
     writer = RequestWriter(SPECS, "c")
     for n in range(6):
         snapshot = [Point("allocated", attrs_of({"pod": f"p{n}", "team": f"t{k}"}), 1, 2, 1.0) for k in range(3)]
-        expected = [r.SerializeToString() for r in build_requests(snapshot, SPECS, "c")]
+        expected = [r.SerializeToString() for r in requests_reference(snapshot, SPECS, "c")]
         assert list(writer.requests(snapshot)) == expected
         assert len(writer._pairs) <= 3 + 2  # cleared when full; a set's missing pairs are added at once
 

@@ -15,7 +15,7 @@ from support import eventually
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.columns import Point
 from otelgpu.exporter.delivery import Delivery
-from otelgpu.exporter.otlp import MAX_POINTS_PER_REQUEST, NO_RECORDED_VALUE, OtlpSender, build_requests
+from otelgpu.exporter.otlp import MAX_POINTS_PER_REQUEST, NO_RECORDED_VALUE, OtlpSender, requests_reference
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics, by_label
 
@@ -279,7 +279,7 @@ def test_a_per_node_sidecar_names_its_node_as_the_instance(store: CostStore, int
     """Per-node sidecars each write their own resource (the Collector turns service.instance.id
     into the `instance` label and a target_info series of its own), never one shared by all."""
     intervals.record(0)
-    (request,) = build_requests(store.points(), store.specs, "prod-eu", instance="ip-10-0-1-1.ec2.internal")
+    (request,) = requests_reference(store.points(), store.specs, "prod-eu", instance="ip-10-0-1-1.ec2.internal")
     resource = {kv.key: kv.value.string_value for kv in request.resource_metrics[0].resource.attributes}
     assert resource == {"k8s.cluster.name": "prod-eu", "service.name": "otelgpu",
                         "service.instance.id": "ip-10-0-1-1.ec2.internal"}

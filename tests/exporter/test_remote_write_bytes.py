@@ -1,5 +1,5 @@
 """The remote-write writer that sends (`SeriesWriter`, columns and a kernel) against the readable
-encoding through the protobuf library (`build_series`, `after`, `build_requests`): the same bytes,
+encoding through the protobuf library (`series_reference`, `after`, `requests_reference`): the same bytes,
 request by request, and the same series left out, on any snapshot and any resume point."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelgpu.exporter.remote_write import MAX_LABELS, SeriesWriter, after, build_requests, build_series
+from otelgpu.exporter.remote_write import MAX_LABELS, SeriesWriter, after, requests_reference, series_reference
 from otelgpu.core.attrs import attrs_of
 from otelgpu.exporter.store import Point, Points, cost_metrics
 
@@ -33,9 +33,9 @@ def points(draw) -> Point:  # noqa: ANN001
 
 
 def reference(snapshot: list[Point], done: int, max_samples: int, external: dict[str, str]):  # noqa: ANN201
-    series, rejected = build_series(snapshot, SPECS, "prod", external)
+    series, rejected = series_reference(snapshot, SPECS, "prod", external)
     return [(sum(len(ts.samples) for ts in r.timeseries), r.SerializeToString())
-            for r in build_requests(after(series, done), max_samples)], rejected
+            for r in requests_reference(after(series, done), max_samples)], rejected
 
 
 @settings(max_examples=300, deadline=None)

@@ -19,7 +19,7 @@ from otelgpu.nvml.podresources import PodResourcesClient
 from otelgpu.nvml.procpods import ProcessPods
 from otelgpu.nvml.reader import NvmlReader, Reading, Snapshot
 from otelgpu.nvml.series import METRICS, points
-from otelgpu.receiver.decode import decode
+from otelgpu.receiver.decode import decode_reference
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
 from otelgpu.receiver.schema import DCGM_FIELDS, STORED_UNIT
@@ -111,7 +111,7 @@ def test_the_sidecars_decoder_takes_the_exported_points_as_dcgm_data(devices, st
     resource = {kv.key: kv.value.string_value for kv in received.request.resource_metrics[0].resource.attributes}
     assert resource["service.name"] == "otelgpu-nvml" and resource["service.instance.id"] == "gpu-node-1"
     strings = Interner()
-    batch = decode(received.request, strings, Limits(trust=SourceTrust(SourcesConfig())))
+    batch = decode_reference(received.request, strings, Limits(trust=SourceTrust(SourcesConfig())))
     assert not batch.rejected and len(batch) == exported == 9  # GI 11: 4 series (no util); GPU 1: 5
     assert batch.sources  # its timestamps move the interval clock, as a dcgm-exporter target's do
     s = dcgm_samples(batch, strings)

@@ -26,7 +26,7 @@ from fuzzing import STRUCTURED, WIRE
 from otelgpu.enrich.window import NS
 from otelgpu.receiver import wire
 from otelgpu.receiver.columnar import ColumnarDecoder
-from otelgpu.receiver.decode import PointBatch, decode
+from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
 from otelgpu.receiver.schema import DCGM_METRICS, KNOWN_METRICS, MAX_BYTES, MAX_CORES, MAX_GPU_UNITS, METRIC_NAME
@@ -57,7 +57,7 @@ def reference(raw: bytes, limits: Limits, now: int) -> Optional[tuple]:
     except DecodeError:
         return None
     strings = Interner()
-    return as_strings(decode(request, strings, limits, now_ns=now), strings)
+    return as_strings(decode_reference(request, strings, limits, now_ns=now), strings)
 
 
 class Both:

@@ -10,7 +10,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from otelgpu.enrich import labels as L
 from otelgpu.enrich.model import NodeFacts
 from otelgpu.enrich.nodes import gpu_count, node_info
-from otelgpu.receiver.decode import decode
+from otelgpu.receiver.decode import decode_reference
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import LABEL_CHECKS, MAX_GPUS_PER_NODE
 
@@ -31,7 +31,7 @@ def request(metric: str, *label_sets: dict[str, str], value: float = 1.0) -> Exp
 
 def outcome(metric: str, bad: dict[str, str], good: dict[str, str], value: float = 1.0) -> tuple[int, str]:
     """(points kept, the one rejection reason) of `bad` sent between two copies of `good`."""
-    batch = decode(request(metric, good, bad, good, value=value), Interner(), now_ns=T)
+    batch = decode_reference(request(metric, good, bad, good, value=value), Interner(), now_ns=T)
     assert batch.rejected_count == 1, batch.rejected
     return len(batch), next(iter(batch.rejected))
 
@@ -89,5 +89,5 @@ def test_node_labels_from_the_api_are_bounded_too():
 def test_empty_tag_labels_are_not_names_and_do_not_reject():
     """kube-state-metrics writes a Kubernetes label with an empty value as label_x="": a tag
     without a value, not a broken point."""
-    batch = decode(request("kube_pod_labels", {"namespace": "ml", "pod": "a", "label_team": ""}), Interner(), now_ns=T)
+    batch = decode_reference(request("kube_pod_labels", {"namespace": "ml", "pod": "a", "label_team": ""}), Interner(), now_ns=T)
     assert len(batch) == 1 and not batch.rejected

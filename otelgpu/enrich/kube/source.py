@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from kubernetes import client
 
 from otelgpu.config import KubernetesConfig
-from otelgpu.enrich.kube import objects as O
+from otelgpu.enrich.kube import objects
 from otelgpu.enrich.kube.client import api_client
 from otelgpu.enrich.kube.reflector import Reflector, WatchSpec, api_message, reason_of
 from otelgpu.enrich.kube.store import NS, RESOLVED_KINDS, ApiFacts
@@ -104,8 +104,8 @@ class OwnerResolver:
                           "(or set kubernetes.resolve_owners: false); using the owner's name meanwhile.",
                           resource, api_message(exc), resource)
             return
-        created = O.timestamp_ns(O.meta(obj).get("creationTimestamp"))
-        self.facts.set_owner(key, O.owner_facts(obj, int(self.clock() * NS)), created)
+        created = objects.timestamp_ns(objects.meta(obj).get("creationTimestamp"))
+        self.facts.set_owner(key, objects.owner_facts(obj, int(self.clock() * NS)), created)
 
 
 class KubeSource:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from otelgpu.enrich import sharing
-from otelgpu.enrich.kube import objects as O
+from otelgpu.enrich.kube import objects
 from otelgpu.enrich.kube.history import Timeline
 from otelgpu.enrich.kube.reflector import Obj
 from otelgpu.enrich.labels import TagResolver
@@ -73,37 +73,37 @@ class ApiFacts:
         self.on_pod: Optional[Callable[[str, PodFacts], None]] = None  # owner resolution hook
 
     def _pod(self, obj: Obj, now_ns: int) -> tuple[PodKey, PodFacts]:
-        m = O.meta(obj)
-        pod = O.pod_facts(obj, self.tags.pod_label_keys | sharing.LABEL_KEYS, self.tags.annotation_keys
+        m = objects.meta(obj)
+        pod = objects.pod_facts(obj, self.tags.pod_label_keys | sharing.LABEL_KEYS, self.tags.annotation_keys
                           | sharing.ANNOTATION_KEYS, now_ns, sharing.LABEL_PREFIXES, sharing.ANNOTATION_PREFIXES)
         return (m.get("namespace", ""), m.get("name", "")), pod
 
     def _named(self, resource: str, obj: Obj, now_ns: int) -> tuple[Any, Any, int]:
         """(key, facts, creation ns) of a node, namespace, ResourceClaim or ResourceSlice."""
-        m = O.meta(obj)
+        m = objects.meta(obj)
         if resource == "nodes":
-            facts: Any = O.node_facts(obj, now_ns)
+            facts: Any = objects.node_facts(obj, now_ns)
         elif resource == "resourceclaims":
-            facts = O.claim_facts(obj, now_ns)
+            facts = objects.claim_facts(obj, now_ns)
         elif resource == "resourceslices":
-            facts = O.slice_facts(obj, now_ns)
+            facts = objects.slice_facts(obj, now_ns)
         else:
-            facts = O.namespace_facts(obj, self.tags.namespace_label_keys, now_ns)
-        return _key(resource, m), facts, O.timestamp_ns(m.get("creationTimestamp"))
+            facts = objects.namespace_facts(obj, self.tags.namespace_label_keys, now_ns)
+        return _key(resource, m), facts, objects.timestamp_ns(m.get("creationTimestamp"))
 
     def _table(self, resource: str) -> Timeline[Any, Any]:
         return {"nodes": self.nodes, "resourceclaims": self.claims, "resourceslices": self.slices}.get(
             resource, self.namespaces)
 
-    def replace(self, resource: str, objects: Iterable[Obj]) -> None:
-        self._replace(resource, objects)
+    def replace(self, resource: str, items: Iterable[Obj]) -> None:
+        self._replace(resource, items)
         self.publish()
 
-    def _replace(self, resource: str, objects: Iterable[Obj]) -> None:
+    def _replace(self, resource: str, items: Iterable[Obj]) -> None:
         now = self.clock()
         now_ns = int(now * NS)
         if resource == "pods":
-            fresh = dict(self._pod(o, now_ns) for o in objects)
+            fresh = dict(self._pod(o, now_ns) for o in items)
             with self._lock:
                 for key, pod in list(self.pods.latest.items()):
                     if key not in fresh:  # deleted while the watch was down
@@ -112,7 +112,7 @@ class ApiFacts:
                     self._put_pod(key, pod, now)
             self._resolve(fresh)
             return
-        named = [self._named(resource, o, now_ns) for o in objects]
+        named = [self._named(resource, o, now_ns) for o in items]
         table = self._table(resource)
         with self._lock:
             listed = {name for name, _, _ in named}
@@ -136,7 +136,7 @@ class ApiFacts:
         self.publish()
 
     def delete(self, resource: str, obj: Obj) -> None:
-        m, now = O.meta(obj), self.clock()
+        m, now = objects.meta(obj), self.clock()
         with self._lock:
             if resource == "pods":
                 key = (m.get("namespace", ""), m.get("name", ""))

@@ -1,4 +1,4 @@
-"""The `request` model written the obvious way, one row at a time: the yardstick for the kernel."""
+"""The checked kernels of engine.py written the obvious way, one row at a time: their yardstick."""
 
 from __future__ import annotations
 
