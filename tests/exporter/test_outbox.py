@@ -18,6 +18,7 @@ from support import eventually
 from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.attrtable import AttrTable
+from otelgpu.exporter.columns import Points, merge
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
@@ -249,7 +250,11 @@ def test_shutdown_leaves_undelivered_snapshots_for_the_next_start(otlp_sink, sto
     assert received_rows(otlp_sink, store.specs) == [as_sent(s, store.specs) for s in snaps]
 
 
-def test_a_failed_write_raises_and_queues_nothing(otlp_sink, store, intervals, tmp_path) -> None:
+def test_a_snapshot_the_disk_refuses_waits_in_memory_unsendable_until_it_is_written(otlp_sink, store, intervals,
+                                                                                      tmp_path) -> None:
+    """The one queue keeps a snapshot the disk refused, unpersisted: it cannot be released (its
+    interval is not committed), it is written at the next try once the disk takes writes, and
+    staged again (the pipeline recomputes an uncommitted interval) it replaces itself."""
     directory = tmp_path / "otlp"
     metrics = SelfMetrics()
     delivery = _delivery(otlp_sink.endpoint, store, metrics, directory)
@@ -259,10 +264,13 @@ def test_a_failed_write_raises_and_queues_nothing(otlp_sink, store, intervals, t
     end = intervals.T0 + intervals.MIN
     with pytest.raises(OSError):
         delivery.stage(first, end)
-    assert delivery.depth == 0 and by_label(metrics.export_outbox_errors)[("otlp", "write")] == 1
+    assert delivery.depth == 1 and by_label(metrics.export_outbox_errors)[("otlp", "write")] == 1
+    delivery.release(end)  # not persisted: not released
+    assert not delivery.persist() and delivery.wait_idle(1) and not otlp_sink.received
 
     directory.unlink()
     directory.mkdir()
+    assert delivery.persist() and _snaps(directory) == [f"{end:020d}.snap"]
     delivery.stage(first, end)  # the pipeline stages the uncommitted interval again
     delivery.stage(first, end)  # and again: the same end replaces what was staged
     assert delivery.depth == 1 and _snaps(directory) == [f"{end:020d}.snap"]
@@ -301,3 +309,42 @@ def test_a_refused_snapshot_stays_on_disk_until_the_next_one_carries_it(otlp_sin
     (delivered,) = received_rows(otlp_sink, store.specs)
     assert delivered == as_sent(second, store.specs)  # every series in both: the newer values win
     assert restarted.close() == 0
+
+
+def test_a_disk_that_stays_broken_bounds_the_one_queue_and_loses_no_cost(otlp_sink, store, intervals,
+                                                                        tmp_path) -> None:
+    """Snapshots the disk refuses wait in the exporter's one queue, in memory, merged past its
+    bound like the rest (newest value per series): a disk that stays broken does not grow memory,
+    and once it takes writes again every series' total arrives."""
+    directory = tmp_path / "otlp"
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics, directory, queue_size=2)
+    shutil.rmtree(directory)
+    directory.write_bytes(b"")  # a file where the directory was: every write fails
+    snaps = [intervals.record(i) for i in range(4)]
+    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(4)]
+    for points, end in zip(snaps, ends):
+        with pytest.raises(OSError):
+            delivery.stage(points, end)
+    assert delivery.depth == 2 and by_label(metrics.export_snapshots_merged)["otlp"] == 2
+
+    directory.unlink()
+    directory.mkdir()
+    assert delivery.persist() and _snaps(directory) == [f"{e:020d}.snap" for e in ends[2:]]
+    delivery.release(ends[3])
+    assert delivery.wait_idle(10) and delivery.close() == 0
+    first = merge(merge(Points.of(snaps[0]), Points.of(snaps[1])), Points.of(snaps[2]))
+    assert received_rows(otlp_sink, store.specs) == [as_sent(first, store.specs), as_sent(snaps[3], store.specs)]
+
+
+def test_a_stop_shuts_the_retry_down_first_and_flushes_the_queue_once(store, intervals, tmp_path) -> None:
+    """The Collector's order: at a stop no backoff is waited out and nothing is retried; the queue
+    is sent once, stopping at the first failure, and what is left stays on disk for the next start."""
+    metrics = SelfMetrics()
+    delivery = _delivery(_dead_endpoint(), store, metrics, tmp_path, backoff_initial_seconds=120,
+                         backoff_max_seconds=120, shutdown_timeout_seconds=300)
+    for i in range(2):
+        delivery.put(intervals.record(i))
+    assert delivery.close() == 2
+    assert sum(by_label(metrics.export_failures).values()) == 1  # one attempt, then the retry was shut down
+    assert by_label(metrics.export_snapshots_persisted)["otlp"] == 2 and len(_snaps(tmp_path)) == 2
