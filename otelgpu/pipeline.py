@@ -326,7 +326,7 @@ class Pipeline:
                 self.process(batch)
             except Exception:  # a bad batch must not stop attribution of the next ones
                 log.exception("batch processing failed")
-                self.metrics.points_rejected.labels("internal error while processing").inc(len(batch))
+                self.metrics.points_rejected.labels("", "internal_error").inc(len(batch))
             finally:
                 self.ingest.task_done()
             if not self.ingest.depth and self.config.attribution.compute_ahead:

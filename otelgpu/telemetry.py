@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import Counter as Tally
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Optional, Union
+from enum import Enum
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Union
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector
 from prometheus_client.metrics import disable_created_metrics
@@ -103,7 +105,9 @@ class SelfMetrics:
         self.points_received = self._counter("points_received", "Data points of consumed metrics accepted")
         self.points_ignored = self._counter("points_ignored", "Data points of metrics otelgpu does not consume")
         self.points_late = self._counter("points_late", "Accepted points whose interval had already closed")
-        self.points_rejected = self._counter("points_rejected", "Data points rejected, by reason", "reason")
+        self.points_rejected = self._counter(
+            "points_rejected", "Data points rejected, by metric (\"\" where not one metric's) and reason (a short "
+            "code: receiver/rejection.py)", "metric", "reason")
         self.requests_decoded_by_reference = self._counter(
             "requests_decoded_by_reference",
             "Requests decoded by protobuf instead of the columnar decoder: malformed, or written unusually")
@@ -258,6 +262,108 @@ class SelfMetrics:
     def apply(pending: list[tuple[HeldCounter, float]]) -> None:
         for counter, amount in pending:
             counter.inc(amount)
+
+
+class RequestOutcome(str, Enum):
+    """How an export request was answered: `requests{outcome}`."""
+
+    OK = "ok"
+    PARTIAL = "partial"  # taken, some points refused (partial_success)
+    INVALID = "invalid"  # never again: malformed, too large (400, 413, 431, 501, 408; INVALID_ARGUMENT)
+    UNAVAILABLE = "unavailable"  # retry later (503; UNAVAILABLE)
+    UNAUTHENTICATED = "unauthenticated"  # no valid bearer token (401; UNAUTHENTICATED)
+    ERROR = "error"  # unexpected (500; INTERNAL)
+
+
+class ReceiverTelemetry:
+    """One OTLP receiver transport's self-metrics (`receiver="otlp"`, `transport`), bound once."""
+
+    def __init__(self, metrics: SelfMetrics, transport: str) -> None:
+        self.transport, self._metrics = transport, metrics
+        self.accepted_points = metrics.receiver_accepted_points.labels("otlp", transport)
+        self.refused_points = metrics.receiver_refused_points.labels("otlp", transport)
+        self._requests = {o: metrics.requests.labels(transport, o.value) for o in RequestOutcome}
+
+    def request(self, outcome: RequestOutcome) -> None:
+        self._requests[RequestOutcome(outcome)].inc()
+
+    def refused(self, reason: str) -> None:
+        """A request or connection refused "retry later", by reason (queue_full, memory_limit, ...)."""
+        self._metrics.receiver_connections_refused.labels(self.transport, reason).inc()
+
+
+class ExportResult(Protocol):
+    """What an export operation records of its result (exporter/sending.py's SendResult)."""
+
+    ok: bool
+    reason: str
+
+
+class ExportOperation:
+    """One attempt to deliver `items` points (`ExporterTelemetry.export_operation`)."""
+
+    def __init__(self, telemetry: "ExporterTelemetry", items: int) -> None:
+        self._telemetry, self.items = telemetry, items
+        self.recorded = False
+
+    def finished(self, result: ExportResult) -> None:
+        """Record how it went: the snapshot and its points delivered, or the failure by reason and
+        the points it failed to send."""
+        t, self.recorded = self._telemetry, True
+        if result.ok:
+            t.exports.inc()
+            t.sent_points.inc(self.items)
+        else:
+            t.failed(result.reason or "unknown", self.items)
+
+
+class ExporterTelemetry:
+    """One exporter's self-metrics, its `exporter` label bound once (as the Collector binds its
+    component's attributes); reasons are short fixed codes."""
+
+    def __init__(self, metrics: SelfMetrics, exporter: str) -> None:
+        self.exporter, self._metrics = exporter, metrics
+        self.queue_size = metrics.exporter_queue_size.labels(exporter)
+        self.queue_capacity = metrics.exporter_queue_capacity.labels(exporter)
+        self.delivered_through = metrics.exporter_delivered.labels(exporter)
+        self.exports = metrics.exports.labels(exporter)
+        self.sent_points = metrics.exporter_sent_points.labels(exporter)
+        self.send_failed_points = metrics.exporter_send_failed_points.labels(exporter)
+        self.points_rejected = metrics.export_points_rejected.labels(exporter)
+        self.snapshots_merged = metrics.export_snapshots_merged.labels(exporter)
+        self.snapshots_carried = metrics.export_snapshots_carried.labels(exporter)
+        self.snapshots_recovered = metrics.export_snapshots_recovered.labels(exporter)
+        self.snapshots_persisted = metrics.export_snapshots_persisted.labels(exporter)
+        self.send_seconds = metrics.work_seconds.labels(f"send:{exporter}")
+
+    def outbox_error(self, reason: str) -> None:
+        """corrupt, incompatible, corrupt_progress, attribute_log_cut, write, delete, read."""
+        self._metrics.export_outbox_errors.labels(self.exporter, reason).inc()
+
+    def series_rejected(self, reason: str, n: int) -> None:
+        self._metrics.export_series_rejected.labels(self.exporter, reason).inc(n)
+
+    def gave_up(self, reason: str, points: int) -> None:
+        """A snapshot given up (`shutdown`: undelivered at a stop with no directory to keep it)."""
+        self._metrics.export_snapshots_dropped.labels(self.exporter, reason).inc()
+        self._metrics.export_points_undeliverable.labels(self.exporter, reason).inc(points)
+
+    def failed(self, reason: str, points: int) -> None:
+        self._metrics.export_failures.labels(self.exporter, reason).inc()
+        self.send_failed_points.inc(points)
+
+    @contextmanager
+    def export_operation(self, items: int) -> Iterator[ExportOperation]:
+        """Around one attempt to deliver `items` points: its time, and what `finished` records
+        (a block left without it, by an exception, is a failure)."""
+        operation = ExportOperation(self, items)
+        began = time.monotonic()
+        try:
+            yield operation
+        finally:
+            self.send_seconds.inc(time.monotonic() - began)
+            if not operation.recorded:
+                self.failed("unknown", items)
 
 
 def by_label(metric: Union[Counter, Gauge]) -> Tally[Key]:

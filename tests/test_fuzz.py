@@ -74,7 +74,7 @@ class Outcome:
     def check_counted(self, metrics: SelfMetrics) -> None:
         """Every rejection the senders were told of is in the self-metrics, under a reason."""
         rejected = by_label(metrics.points_rejected)
-        if sum(rejected.values()) != self.rejected or "" in rejected:
+        if sum(rejected.values()) != self.rejected or any(not reason for _, reason in rejected):
             self.note("miscounted", f"points_rejected counts {dict(rejected)}, "
                                     f"the senders were told {self.rejected}")
 
@@ -179,7 +179,7 @@ def run_served(sends: list[Send], t0: int, sink: CollectorSink | None = None) ->
         except Exception as exc:  # noqa: BLE001
             out.note("raised", f"shutdown raised {exc!r}")
     out.check_points(p.store.points(), t0)
-    if by_label(p.metrics.points_rejected).get("internal error while processing"):
+    if by_label(p.metrics.points_rejected).get(("", "internal_error")):
         out.note("raised", "the pipeline raised while processing a batch (see the log)")
     else:
         out.check_counted(p.metrics)

@@ -208,8 +208,8 @@ def debug() -> Board:
           unit="percentunit", w=24, h=8)
     b.add(timeseries.Panel, "Points received and rejected", "Per second, by reason.",
           [(f"sum by (cluster) (rate(otelgpu_points_received_total{{{SELF}}}[$__rate_interval]))", "{{cluster}} received"),
-           (f"sum by (cluster, reason) (rate(otelgpu_points_rejected_total{{{SELF}}}[$__rate_interval]))",
-            "{{cluster}} rejected {{reason}}"),
+           (f"sum by (cluster, metric, reason) (rate(otelgpu_points_rejected_total{{{SELF}}}[$__rate_interval]))",
+            "{{cluster}} rejected {{metric}} {{reason}}"),
            (f"sum by (cluster) (rate(otelgpu_points_late_total{{{SELF}}}[$__rate_interval]))", "{{cluster}} late")],
           unit="none", w=12, h=8)
     b.add(timeseries.Panel, "Work per interval", "Seconds spent per step, per interval.",

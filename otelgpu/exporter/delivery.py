@@ -21,7 +21,7 @@ from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.queue import Entry, SnapshotQueue
 from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult
 from otelgpu.heap import give_back
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
 
 __all__ = ["DELIVERED", "Delivery", "Progress", "SendResult", "Sender"]
 
@@ -81,8 +81,9 @@ class Delivery:
         self.sender = sender
         self.config = config
         self.metrics = metrics
+        self.telemetry = ExporterTelemetry(metrics, sender.name)
         outbox = Outbox(directory, sender.name, metrics) if directory is not None else None
-        self.queue = SnapshotQueue(sender.name, sender.specs, config.queue_size, metrics, int(interval_s * 1e9), outbox,
+        self.queue = SnapshotQueue(self.telemetry, sender.specs, config.queue_size, int(interval_s * 1e9), outbox,
                                    self._start)
         self._cond = self.queue.cond
         backoff = Backoff(config.backoff_initial_seconds, config.backoff_max_seconds, 0.5, random)  # 50-150 %
@@ -158,7 +159,6 @@ class Delivery:
                 head = self.queue.head()
             result = self._send(head)
             with self._cond:
-                self.queue.sent(head, result)
                 if result.ok or not result.retryable:
                     self.retry.backoff.reset()
                 elif not self._retried(result):
@@ -168,21 +168,17 @@ class Delivery:
                 give_back()
 
     def _send(self, head: Entry) -> SendResult:
-        points = head.snapshot
-        began = time.monotonic()
-        result = self.sender.send(points, head.progress)
-        self.metrics.work_seconds.labels(f"send:{self.name}").inc(time.monotonic() - began)
-        if result.ok and self.queue.outbox is not None:
-            self.queue.outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
-        if result.ok:
-            self.metrics.exports.labels(self.name).inc()
-            self.metrics.exporter_sent_points.labels(self.name).inc(len(points))
-        else:
-            self.metrics.export_failures.labels(self.name, result.reason or "unknown").inc()
-            self.metrics.exporter_send_failed_points.labels(self.name).inc(len(points))
-            if not result.retryable:
-                log.error("%s export refused (%s): each series' last value goes again with the next snapshot, "
-                          "stamped at its time: %s", self.name, result.reason, result.detail)
+        """One attempt at the head snapshot, and the queue told how it went."""
+        with self.telemetry.export_operation(len(head.snapshot)) as operation:
+            result = self.sender.send(head.snapshot, head.progress)
+            if result.ok and self.queue.outbox is not None:
+                self.queue.outbox.delete(head.end_ns)  # still in flight: nothing merges it meanwhile
+            with self._cond:  # counted as the queue learns of it: waiting for the queue sees the counts
+                operation.finished(result)
+                self.queue.sent(head, result)
+        if not result.ok and not result.retryable:
+            log.error("%s export refused (%s): each series' last value goes again with the next snapshot, "
+                      "stamped at its time: %s", self.name, result.reason, result.detail)
         return result
 
     def _retried(self, result: SendResult) -> bool:
@@ -198,10 +194,6 @@ class Delivery:
 
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
-
-    def _give_up(self, points: Sequence[Point], reason: str) -> None:
-        self.metrics.export_snapshots_dropped.labels(self.name, reason).inc()
-        self.metrics.export_points_undeliverable.labels(self.name, reason).inc(len(points))
 
     def finish_by(self, deadline: float) -> None:
         """Begin the stop, in the Collector's order: the retry is shut down first, so the queue
@@ -224,12 +216,12 @@ class Delivery:
         with self._cond:
             left, carry = self.queue.take_all()
             if self.queue.outbox is not None:
-                self.metrics.export_snapshots_persisted.labels(self.name).inc(len(left))
+                self.telemetry.snapshots_persisted.inc(len(left))
             else:
                 for e in left:
-                    self._give_up(e.snapshot, "shutdown")
+                    self.telemetry.gave_up("shutdown", len(e.snapshot))
                 if carry is not None:  # with a directory, the refused files stay for the next start
-                    self._give_up(carry, "shutdown")
+                    self.telemetry.gave_up("shutdown", len(carry))
         if left and self.queue.outbox is not None:
             log.warning("%s: %d snapshot(s) not delivered before the shutdown deadline stay in %s for the next start",
                         self.name, len(left), self.queue.outbox.directory)

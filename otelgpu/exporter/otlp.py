@@ -44,7 +44,7 @@ from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.store import MetricSpec, Point, Points
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
 from otelgpu.tls import TokenFile, grpc_channel_credentials
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class OtlpSender:
                  cluster: str, instance: str = "") -> None:
         self._config = config
         self.specs = specs
-        self._metrics = metrics
+        self._telemetry = ExporterTelemetry(metrics, self.name)
         # gRPC rejects metadata keys with upper-case letters ("Authorization" fails the call).
         self._headers = tuple((k.lower(), v) for k, v in config.headers.items())
         self._token = TokenFile(config.bearer_token_file, "exporter.otlp") if config.bearer_token_file else None
@@ -287,7 +287,7 @@ class OtlpSender:
     def _answered(self, response: ExportMetricsServiceResponse) -> None:
         rejected = response.partial_success.rejected_data_points
         if rejected:  # accepted in part: never resent (the receiver would refuse them again)
-            self._metrics.export_points_rejected.labels(self.name).inc(rejected)
+            self._telemetry.points_rejected.inc(rejected)
             log.error("the OTLP receiver refused %d cost points: %s", rejected, response.partial_success.error_message)
 
     def close(self) -> None:

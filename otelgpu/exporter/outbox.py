@@ -28,7 +28,7 @@ from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.columns import Points
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import Point
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Outbox:
     def __init__(self, directory: str | Path, exporter: str, metrics: SelfMetrics) -> None:
         self.directory = Path(directory)
         self.exporter = exporter
-        self.metrics = metrics
+        self.telemetry = ExporterTelemetry(metrics, exporter)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -188,7 +188,7 @@ class Outbox:
         self._error(reason, f"snapshot {path} not sent ({reason}): {message}; {where}")
 
     def _error(self, reason: str, message: str) -> None:
-        self.metrics.export_outbox_errors.labels(self.exporter, reason).inc()
+        self.telemetry.outbox_error(reason)
         log.error("%s export queue: %s", self.exporter, message)
 
     def _write(self, path: Path, data: bytes) -> None:

@@ -29,7 +29,7 @@ from otelgpu.exporter.columns import Point, Points, last_of_each, merge, restamp
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import Progress, SendResult
 from otelgpu.exporter.store import MetricSpec
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ExporterTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,9 @@ class Entry:
 
 
 class SnapshotQueue:
-    def __init__(self, name: str, specs: Mapping[str, MetricSpec], size: int, metrics: SelfMetrics,
-                 interval_ns: int, outbox: Optional[Outbox], on_sendable: Callable[[], None]) -> None:
-        self.name, self.size, self.metrics, self.outbox = name, size, metrics, outbox
+    def __init__(self, telemetry: ExporterTelemetry, specs: Mapping[str, MetricSpec], size: int, interval_ns: int,
+                 outbox: Optional[Outbox], on_sendable: Callable[[], None]) -> None:
+        self.name, self.size, self.telemetry, self.outbox = telemetry.exporter, size, telemetry, outbox
         self._sums = [key for key, spec in specs.items() if spec.kind == "sum"]
         self._interval_ns = interval_ns
         self._on_sendable = on_sendable  # under the lock, whenever a snapshot may be sent
@@ -58,8 +58,8 @@ class SnapshotQueue:
         self._carry_ends: list[int] = []  # their files, deleted once the carry is in another one's
         self._newest_released = -1  # interval ends must increase: file names sort in interval order
         self._released_through = 0  # every interval ending by then was handed over, empty ones included
-        metrics.exporter_queue_capacity.labels(name).set(size)
-        metrics.exporter_queue_size.labels(name).set(0)
+        telemetry.queue_capacity.set(size)
+        telemetry.queue_size.set(0)
 
     def recover(self, committed_ns: int) -> int:
         """At start, before anything is added: queue the directory's snapshots that end at or
@@ -77,7 +77,7 @@ class SnapshotQueue:
                 self._entries.append(Entry(r.end_ns, r.points, self._progress(r.end_ns, r.done), True, True, start))
                 self._newest_released = r.end_ns
             self._released_through = committed_ns
-            self.metrics.export_snapshots_recovered.labels(self.name).inc(len(found))
+            self.telemetry.snapshots_recovered.inc(len(found))
             self._changed()
         if found or uncommitted:
             log.info("%s: %d undelivered snapshot(s) recovered from %s, %d uncommitted one(s) deleted",
@@ -119,7 +119,7 @@ class SnapshotQueue:
                 try:
                     self.outbox.write(e.end_ns, e.snapshot)
                 except OSError as exc:
-                    self.metrics.export_outbox_errors.labels(self.name, "write").inc()
+                    self.telemetry.outbox_error("write")
                     log.error("%s: snapshot ending %d not persisted: %s", self.name, e.end_ns, exc)
                     return False
                 e.persisted = True
@@ -145,7 +145,7 @@ class SnapshotQueue:
             try:
                 outbox.save_progress(end_ns, n)
             except OSError as exc:
-                self.metrics.export_outbox_errors.labels(self.name, "write").inc()
+                self.telemetry.outbox_error("write")
                 log.error("%s: progress of snapshot %d not persisted (a restart resends its part): %s",
                           self.name, end_ns, exc)
         return Progress(done, persist)
@@ -171,7 +171,7 @@ class SnapshotQueue:
             last = last_of_each(head.snapshot, self._sums)
             self._carry = last if self._carry is None else last_of_each(merge(self._carry, last), self._sums)
             self._carry_ends.append(head.end_ns)
-            self.metrics.export_snapshots_carried.labels(self.name).inc()
+            self.telemetry.snapshots_carried.inc()
         self._changed()
 
     def __len__(self) -> int:
@@ -181,7 +181,7 @@ class SnapshotQueue:
         """Empty the queue (a stop): what was left, and the carry not placed."""
         left, carry = list(self._entries), self._carry
         self._entries.clear()
-        self.metrics.exporter_queue_size.labels(self.name).set(0)
+        self.telemetry.queue_size.set(0)
         return left, carry
 
     def _changed(self) -> None:
@@ -191,10 +191,10 @@ class SnapshotQueue:
         self._bound()
         if self.sendable():
             self._on_sendable()
-        self.metrics.exporter_queue_size.labels(self.name).set(len(self._entries))
+        self.telemetry.queue_size.set(len(self._entries))
         through = self._entries[0].from_ns if self._entries else self._released_through
         if through > 0:  # nothing handed over yet: no figure
-            self.metrics.exporter_delivered.labels(self.name).set(through / 1e9)
+            self.telemetry.delivered_through.set(through / 1e9)
         self.cond.notify_all()
 
     def _mergeable(self, i: int) -> bool:
@@ -221,13 +221,13 @@ class SnapshotQueue:
                 try:
                     self.outbox.write(q[i + 1].end_ns, merged, absorbed=(q[i].end_ns,))
                 except OSError as exc:
-                    self.metrics.export_outbox_errors.labels(self.name, "write").inc()
+                    self.telemetry.outbox_error("write")
                     log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
                     return
                 self.outbox.delete(q[i].end_ns)
             q[i + 1].snapshot, q[i + 1].from_ns = merged, q[i].from_ns
             del q[i]
-            self.metrics.export_snapshots_merged.labels(self.name).inc()
+            self.telemetry.snapshots_merged.inc()
 
     def _place_carry(self) -> None:
         """Merge the carry into the oldest released snapshot nothing was sent of, stamped at its
@@ -244,7 +244,7 @@ class SnapshotQueue:
             try:
                 self.outbox.write(target.end_ns, merged, absorbed=tuple(self._carry_ends))
             except OSError as exc:
-                self.metrics.export_outbox_errors.labels(self.name, "write").inc()
+                self.telemetry.outbox_error("write")
                 log.error("%s: carried points not persisted, kept for the next snapshot: %s", self.name, exc)
                 return
             for end_ns in self._carry_ends:

@@ -52,7 +52,7 @@ from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.prometheus import label_name
 from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.store import MetricSpec, Point, Points
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
 from otelgpu.tls import TokenFile, client_context
 
 log = logging.getLogger(__name__)
@@ -389,7 +389,7 @@ class RemoteWriteSender:
         self._config = config
         self.specs = specs
         self._cluster = cluster
-        self._metrics = metrics
+        self._telemetry = ExporterTelemetry(metrics, self.name) if metrics is not None else None
         self.rejected_series: Counter[str] = Counter()
         self._logged: set[str] = set()
         self._writer = SeriesWriter(specs, cluster, config.external_labels)
@@ -444,8 +444,8 @@ class RemoteWriteSender:
     def _count_rejected(self, rejected: Counter[str]) -> None:
         for reason, n in rejected.items():
             self.rejected_series[reason] += n
-            if self._metrics is not None:
-                self._metrics.export_series_rejected.labels(self.name, reason).inc(n)
+            if self._telemetry is not None:
+                self._telemetry.series_rejected(reason, n)
             if reason not in self._logged:
                 self._logged.add(reason)
                 log.error("remote write: left out %d series (%s): AMP takes at most %d labels per series, "

@@ -49,9 +49,11 @@ from otelgpu.receiver.decode import (
     source_of,
     time_problem,
     wanted_labels,
+    wrong_type,
 )
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits
+from otelgpu.receiver.rejection import Rejection
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, SourceTrust, untrusted_reason
 from otelgpu.receiver.schema import (
     KNOWN_METRICS,
@@ -376,7 +378,7 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     of `namespace` and `pod`, which points of OWN_POD_METRICS take from their resource."""
     metric, t, value, sets = c["p_metric"].astype(np.int64), c["p_time"], c["p_value"], c["p_set"]
     stale = (c["p_flags"] & NO_RECORDED_VALUE) != 0
-    rejected: Counter[str] = Counter()
+    rejected: Counter[Rejection] = Counter()
     # Points of a kind their scrape target may not send: refused whatever else is wrong with them.
     kind, untrusted = KIND_OF_METRIC[metric], c["untrusted"]
     if untrusted.any():
@@ -390,8 +392,7 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     ok = _checked(metric, t, value, sets, stale, ~untrusted & ~homeless, floor, horizon, set_shape, shapes,
                   shape_ok, shape_q, rejected)
     for m, which in zip(*np.nonzero(c["wrong"])):
-        kind = wire.WHICH[which] or "no data"
-        rejected[f"{METRIC_NAME[int(m)]} arrived as {kind}, expected gauge or sum"] += int(c["wrong"][m, which])
+        rejected[wrong_type(METRIC_NAME[int(m)], wire.WHICH[which])] += int(c["wrong"][m, which])
 
     rows = np.flatnonzero(ok)
     res = c["p_res"][rows]
@@ -412,7 +413,7 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     return batch, rows
 
 
-def _refused(rejected: Counter[str], trust: Optional[SourceTrust], resources: list[tuple[int, int, str, int, int]],
+def _refused(rejected: Counter[Rejection], trust: Optional[SourceTrust], resources: list[tuple[int, int, str, int, int]],
              kind: np.ndarray, untrusted: np.ndarray, point_res: np.ndarray) -> None:
     """Count the points of a kind their scrape target may not send, and tell the trust rules."""
     for bit, n in zip(*np.unique(kind[untrusted], return_counts=True)):
@@ -425,7 +426,7 @@ def _refused(rejected: Counter[str], trust: Optional[SourceTrust], resources: li
 
 def _checked(metric: np.ndarray, t: np.ndarray, value: np.ndarray, sets: np.ndarray, stale: np.ndarray,
              judged: np.ndarray, floor: int, horizon: int, set_shape: np.ndarray, shapes: list[LabelShape],
-             shape_ok: np.ndarray, shape_q: np.ndarray, rejected: Counter[str]) -> np.ndarray:
+             shape_ok: np.ndarray, shape_q: np.ndarray, rejected: Counter[Rejection]) -> np.ndarray:
     """Which of the `judged` points are usable. The checks every usable point passes run over
     whole columns; a point failing one is judged alone, and counted by its reason."""
     known = sets >= 0
@@ -445,7 +446,7 @@ def _checked(metric: np.ndarray, t: np.ndarray, value: np.ndarray, sets: np.ndar
         label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
         reason = (time_problem(name, int(t[i]), floor, horizon)
                   or point_problem(name, m, label, bool(stale[i]), float(value[i])))
-        if reason:
+        if reason is not None:
             rejected[reason] += 1
         else:
             ok[i] = True

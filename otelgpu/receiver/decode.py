@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
+from otelgpu.receiver.rejection import Rejection, describe, rejection
 from otelgpu.receiver.schema import (KNOWN_METRICS, LABEL_CHECKS, METRIC_NAME, OWN_POD_METRICS, REQUIRED_KEYS,
                                     REQUIRED_LABELS, TO_STORED_UNIT)
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, untrusted_reason
@@ -49,7 +50,7 @@ class PointBatch(Coded):
     attr_off: np.ndarray  # int64, row i's labels are attr_key/attr_val[attr_off[i]:attr_off[i+1]]
     attr_key: np.ndarray  # int32
     attr_val: np.ndarray  # int32
-    rejected: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[Rejection] = field(default_factory=Counter)
     ignored: int = 0  # points of metrics otelgpu does not consume
     sources: dict[str, int] = field(default_factory=dict)
     wal: Optional[tuple[tuple[int, int], tuple[int, int]]] = None
@@ -139,9 +140,9 @@ def empty_batch() -> PointBatch:
                       i32, i32, np.zeros(1, np.int64), i32, i32)
 
 
-def describe_rejections(rejected: Counter[str]) -> str:
+def describe_rejections(rejected: Counter[Rejection]) -> str:
     """The partial_success error message: counts by reason, most frequent first."""
-    return "; ".join(f"{n} {reason}" for reason, n in rejected.most_common())
+    return describe(rejected)
 
 
 def _any_value_str(v) -> str:  # noqa: ANN001 - protobuf AnyValue
@@ -165,8 +166,12 @@ _RESOURCE_KEYS = frozenset(("k8s.node.name", "k8s.namespace.name", "k8s.pod.name
 OWN_POD_KEYS = ("namespace", "pod")
 
 
-def own_pod_problem(name: str) -> str:
-    return f"{name} from a scrape target without k8s.namespace.name and k8s.pod.name"
+def own_pod_problem(name: str) -> Rejection:
+    return rejection(name, "no_own_pod", "from a scrape target without k8s.namespace.name and k8s.pod.name")
+
+
+def wrong_type(name: str, which: str) -> Rejection:
+    return rejection(name, "wrong_type", f"arrived as {which or 'no data'}, expected gauge or sum")
 
 
 def own_pod(res: dict[str, str], lim: Limits) -> Optional[tuple[str, str]]:
@@ -185,7 +190,7 @@ class _Columns:
         self.res_node, self.res_pod, self.attr_off = array("i"), array("i"), array("q", [0])
         self.attr_key, self.attr_val = array("i"), array("i")
 
-    def batch(self, rejected: Counter[str], ignored: int, sources: dict[str, int]) -> PointBatch:
+    def batch(self, rejected: Counter[Rejection], ignored: int, sources: dict[str, int]) -> PointBatch:
         def arr(a: array, dtype: type) -> np.ndarray:
             return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype)
 
@@ -217,7 +222,7 @@ class _Decoding:
         self.code, self.lim = strings.code, limits
         self.horizon = now_ns + limits.max_future_ns
         self.floor = now_ns - limits.max_age_ns if limits.max_age_ns else 1
-        self.cols, self.rejected, self.ignored = _Columns(), Counter[str](), 0
+        self.cols, self.rejected, self.ignored = _Columns(), Counter[Rejection](), 0
         self.sources: dict[str, int] = {}
         self.keys = _RESOURCE_KEYS | limits.trust.keys if limits.trust is not None else _RESOURCE_KEYS
 
@@ -249,7 +254,7 @@ class _Decoding:
         name = METRIC_NAME[mcode]  # in reasons: one name per metric, whichever it arrived under
         if which not in ("gauge", "sum"):
             n = len(getattr(m, which).data_points) if which else 0
-            self.rejected[f"{name} arrived as {which or 'no data'}, expected gauge or sum"] += max(n, 1)
+            self.rejected[wrong_type(name, which)] += max(n, 1)
             return 0
         kind = int(KIND_OF_METRIC[mcode])
         if not allowed & kind:
@@ -273,8 +278,8 @@ class _Decoding:
         stale = bool(p.flags & NO_RECORDED_VALUE)
         value = math.nan if stale else _value(p) * scale
         reason, labels = _check(name, mcode, p, value, self.lim, self.floor, self.horizon)
-        if reason:
-            self.rejected[reason] += 1  # fixed texts per metric: a bounded self-metric
+        if reason is not None:
+            self.rejected[reason] += 1  # fixed codes per metric: a bounded self-metric
             return False
         if mcode in OWN_POD_METRICS:  # its own pod, whatever the point says
             labels = [kv for kv in labels if kv[0] not in OWN_POD_KEYS] + list(zip(OWN_POD_KEYS, mine))
@@ -298,29 +303,29 @@ def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint
 
 
 def _check(name: str, mcode: int, p, value: float, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
-           horizon: int) -> tuple[str, list[tuple[str, str]]]:
-    """(reason the point is rejected, "" if usable; the labels kept, as strings). `value` is the
+           horizon: int) -> tuple[Optional[Rejection], list[tuple[str, str]]]:
+    """(why the point is rejected, None if usable; the labels kept, as strings). `value` is the
     point's, in its metric's stored unit (NaN for a staleness marker)."""
     reason = time_problem(name, p.time_unix_nano, floor, horizon)
-    if reason:
+    if reason is not None:
         return reason, []
     labels = wanted_labels(p.attributes, lim)
     shape = label_shape(len(p.attributes), labels, lim)
     reason = point_problem(name, mcode, shape, bool(p.flags & NO_RECORDED_VALUE), value)
-    return reason, ([] if reason else labels)
+    return reason, ([] if reason is not None else labels)
 
 
 # The checks of a point, in the order they are made; the columnar decoder (receiver/columnar.py)
 # makes the same ones, the label checks once per distinct label set.
 
-def time_problem(name: str, t: int, floor: int, horizon: int) -> str:
+def time_problem(name: str, t: int, floor: int, horizon: int) -> Optional[Rejection]:
     if t == 0:
-        return f"{name} point without a timestamp"
+        return rejection(name, "no_timestamp", "point without a timestamp")
     if t > horizon:
-        return f"{name} timestamp ahead of the receive clock"
+        return rejection(name, "from_the_future", "timestamp ahead of the receive clock")
     if t < floor:
-        return f"{name} timestamp older than the age limit"
-    return ""
+        return rejection(name, "too_old", "timestamp older than the age limit")
+    return None
 
 
 def wanted_labels(attributes, lim: Limits) -> list[tuple[str, str]]:  # noqa: ANN001 - repeated KeyValue
@@ -365,18 +370,18 @@ def label_shape(n_attributes: int, labels: list[tuple[str, str]], lim: Limits) -
     return LabelShape("", frozenset(found), mig_labels in (1, 2), resource)
 
 
-def point_problem(name: str, mcode: int, shape: LabelShape, stale: bool, value: float) -> str:
-    """Why a point with a usable timestamp cannot be used ("" when it can)."""
+def point_problem(name: str, mcode: int, shape: LabelShape, stale: bool, value: float) -> Optional[Rejection]:
+    """Why a point with a usable timestamp cannot be used (None when it can)."""
     if shape.problem:
-        return f"{name} {shape.problem}"
+        return rejection(name, "too_many_labels" if shape is TOO_MANY_LABELS else "bad_label", shape.problem)
     required = REQUIRED_LABELS[mcode]
     for k in required:
         if k not in shape.found:
-            return f"{name} missing label {k}"
+            return rejection(name, "missing_label", f"missing label {k}")
     if shape.mig_half:
-        return f"{name} has only one of GPU_I_ID and GPU_I_PROFILE"
+        return rejection(name, "mig_pair_incomplete", "has only one of GPU_I_ID and GPU_I_PROFILE")
     if not stale:
-        problem = value_problem(mcode, value, shape.resource)
-        if problem:
-            return f"{name} {problem}"
-    return ""
+        code, problem = value_problem(mcode, value, shape.resource)
+        if code:
+            return rejection(name, code, problem)
+    return None

@@ -42,7 +42,7 @@ from otelgpu.config import GrpcReceiverConfig, listen_address
 from otelgpu.errors import ConfigError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer, refused
 from otelgpu.memory import MemoryLimiter, cost
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.tls import BearerTokens, server_security
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,7 @@ class GrpcReceiver:
         self.config = config
         self.consumer = consumer
         self.metrics = metrics
+        self.telemetry = ReceiverTelemetry(metrics, "grpc")
         self.memory = memory or MemoryLimiter.unlimited()
         self._sizes = _Sizes(EXPECTED_FIRST_BYTES, config.max_recv_msg_size_mib << 20)
         self.port: Optional[int] = None
@@ -222,7 +223,7 @@ class GrpcReceiver:
 
     def _refusal_handler(self, err: RetryableError) -> grpc.RpcMethodHandler:
         def refuse(requests: Any, context: grpc.ServicerContext) -> None:
-            refused(self.metrics, "grpc", err.reason)
+            refused(self.telemetry, err.reason)
             context.abort_with_status(retry_status(err))
 
         # Request-streaming, so the refusal never waits for the message; on a thread of its own, so
@@ -232,7 +233,7 @@ class GrpcReceiver:
 
     def _unauthenticated_handler(self) -> grpc.RpcMethodHandler:
         def refuse(requests: Any, context: grpc.ServicerContext) -> None:
-            self.metrics.requests.labels("grpc", "unauthenticated").inc()
+            self.telemetry.request(RequestOutcome.UNAUTHENTICATED)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token this receiver accepts is required "
                           "(authorization: Bearer <token>)")
 
@@ -257,7 +258,7 @@ class GrpcReceiver:
         try:
             ticket = self.memory.admit(cost(self._sizes.expected()))
         except RetryableError as err:
-            refused(self.metrics, "grpc", err.reason)
+            refused(self.telemetry, err.reason)
             context.abort_with_status(retry_status(err))
         try:
             raw = next(messages, b"")
@@ -265,13 +266,13 @@ class GrpcReceiver:
             ticket.resize(cost(len(raw)))
         except RetryableError as err:
             ticket.release()
-            refused(self.metrics, "grpc", err.reason)
+            refused(self.telemetry, err.reason)
             context.abort_with_status(retry_status(err))
         except BaseException:  # the sender went away while its message was read
             ticket.release()
             raise
-        outcome, response, failure = answer(self.consumer, raw, "grpc", self.metrics, ticket)
-        self.metrics.requests.labels("grpc", outcome).inc()
+        outcome, response, failure = answer(self.consumer, raw, self.telemetry, ticket)
+        self.telemetry.request(outcome)
         if failure is None:
             return response
         if isinstance(failure, RetryableError):

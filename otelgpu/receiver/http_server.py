@@ -48,7 +48,7 @@ from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, Request, answer, refused
 from otelgpu.memory import MemoryLimiter, Ticket, cost
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.tls import server_security
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ class HttpReceiver:
         self.memory = memory or MemoryLimiter.unlimited()
         self.consumer = consumer
         self.metrics = metrics
+        self.telemetry = ReceiverTelemetry(metrics, "http")
         self.max_body_bytes = max_body_bytes
         self.port: Optional[int] = None
         self._server: Optional[httpserver.BoundedServer] = None
@@ -155,27 +156,27 @@ class HttpReceiver:
 
     def _refused(self, reason: str) -> None:
         if reason == "unauthenticated":
-            self.metrics.requests.labels("http", "unauthenticated").inc()
+            self.telemetry.request(RequestOutcome.UNAUTHENTICATED)
         elif reason == "malformed":  # HTTP the server could not parse, answered 400, 431 or 501
-            self.metrics.requests.labels("http", "invalid").inc()
+            self.telemetry.request(RequestOutcome.INVALID)
         elif reason in _RETRY_LATER:
-            refused(self.metrics, "http", reason)
+            refused(self.telemetry, reason)
         else:
-            self.metrics.receiver_connections_refused.labels("http", reason).inc()
+            self.telemetry.refused(reason)
 
     def _screen(self, request: httpserver.Request) -> Optional[httpserver.Response]:
         """From the headers, before the body is read: wrong path or method, no Content-Length or too large."""
         if request.path != PATH:
-            return self._answer("invalid", 404, JSON, _NOT_FOUND)
+            return self._answer(RequestOutcome.INVALID, 404, JSON, _NOT_FOUND)
         if request.method != "POST":
-            return self._answer("invalid", 405, JSON, _NOT_POST, {"Allow": "POST"})
+            return self._answer(RequestOutcome.INVALID, 405, JSON, _NOT_POST, {"Allow": "POST"})
         if httpserver.chunked(request.headers):  # read within the same size limit as it arrives
             return None
         length = httpserver.content_length(request.headers.get("Content-Length"))
         if length is None:
-            return self._failed("invalid", _media(request), PermanentError("Content-Length or chunked body required"))
+            return self._failed(RequestOutcome.INVALID, _media(request), PermanentError("Content-Length or chunked body required"))
         if length > self.max_body_bytes:
-            return self._failed("invalid", _media(request),
+            return self._failed(RequestOutcome.INVALID, _media(request),
                                 PermanentError(f"body exceeds {self.max_body_bytes} bytes", too_large=True))
         return None
 
@@ -188,7 +189,7 @@ class HttpReceiver:
             return self._answer(outcome, 200, media, body)
         return self._failed(outcome, media, err)
 
-    def _failed(self, outcome: str, media: str, err: OtelgpuError) -> httpserver.Response:
+    def _failed(self, outcome: RequestOutcome, media: str, err: OtelgpuError) -> httpserver.Response:
         status = status_for(err)
         msg = status_pb2.Status(code=status.grpc_code.value[0], message=str(err))
         headers = {}
@@ -196,9 +197,9 @@ class HttpReceiver:
             headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
         return self._answer(outcome, status.http_status, media if media in (PROTOBUF, JSON) else JSON, msg, headers)
 
-    def _answer(self, outcome: str, code: int, media: str, msg: Message,
+    def _answer(self, outcome: RequestOutcome, code: int, media: str, msg: Message,
                 headers: Optional[dict[str, str]] = None) -> httpserver.Response:
-        self.metrics.requests.labels("http", outcome).inc()
+        self.telemetry.request(outcome)
         return _response(code, media, msg, headers)
 
     def _error(self, status: int, message: str, request: Optional[httpserver.Request]) -> httpserver.Response:
@@ -209,7 +210,7 @@ class HttpReceiver:
                          status_pb2.Status(code=code.value[0], message=message))
 
     def handle_export(self, body: bytes, encoding: Optional[str], media: str,
-                      ticket: Optional[Ticket] = None) -> tuple[str, Message, Optional[OtelgpuError]]:
+                      ticket: Optional[Ticket] = None) -> tuple[RequestOutcome, Message, Optional[OtelgpuError]]:
         """(outcome, response body, error to answer with instead). `ticket`: the body's bytes,
         reserved; what inflating and decoding it will take is reserved too before either begins."""
         empty = ExportMetricsServiceResponse()
@@ -219,11 +220,11 @@ class HttpReceiver:
                 ticket.grow(cost(len(body), inflated) - len(body))
             request = _parse(self._unpack(body, encoding, media), media)
         except PermanentError as err:
-            return "invalid", empty, err
+            return RequestOutcome.INVALID, empty, err
         except RetryableError as err:  # the request is counted by its outcome where it is answered
-            self.metrics.receiver_connections_refused.labels("http", err.reason).inc()
-            return "unavailable", empty, err
-        return answer(self.consumer, request, "http", self.metrics)
+            self.telemetry.refused(err.reason)
+            return RequestOutcome.UNAVAILABLE, empty, err
+        return answer(self.consumer, request, self.telemetry)
 
     def _unpack(self, body: bytes, encoding: Optional[str], media: str) -> bytes:
         if media not in (PROTOBUF, JSON):

@@ -25,7 +25,7 @@ from otelgpu.receiver.interner import HoldsCodes, Interner
 from otelgpu.receiver.limits import Limits
 from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.receiver.record import encode_batch
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.wal import Wal
 
 
@@ -49,41 +49,41 @@ class Consumer(Protocol):
 
 log = logging.getLogger(__name__)
 
-Answer = tuple[str, ExportMetricsServiceResponse, Optional[OtelgpuError]]
+Answer = tuple[RequestOutcome, ExportMetricsServiceResponse, Optional[OtelgpuError]]
 
 
-def refused(metrics: SelfMetrics, transport: str, reason: str) -> None:
+def refused(telemetry: ReceiverTelemetry, reason: str) -> None:
     """Count one request answered "retry later" (gRPC UNAVAILABLE, HTTP 503): every such answer is
     counted once in requests{outcome="unavailable"} and once by its reason."""
-    metrics.requests.labels(transport, "unavailable").inc()
-    metrics.receiver_connections_refused.labels(transport, reason).inc()
+    telemetry.request(RequestOutcome.UNAVAILABLE)
+    telemetry.refused(reason)
 
 
-def answer(consumer: Consumer, request: Request, transport: str, metrics: SelfMetrics,
+def answer(consumer: Consumer, request: Request, telemetry: ReceiverTelemetry,
            ticket: Optional[Ticket] = None) -> Answer:
     """Hand `request` to `consumer`: (outcome, response, error to answer with instead), shared by
-    both transports so they keep one contract. `transport`: grpc or http. `ticket`: the bytes the
-    request reserved, given back once it is answered."""
+    both transports so they keep one contract. `ticket`: the bytes the request reserved, given
+    back once it is answered."""
     empty = ExportMetricsServiceResponse()
     try:
         accepted, rejected, message = consumer.consume(request)
     except RetryableError as err:
-        metrics.receiver_connections_refused.labels(transport, err.reason).inc()
-        return "unavailable", empty, err
+        telemetry.refused(err.reason)
+        return RequestOutcome.UNAVAILABLE, empty, err
     except PermanentError as err:
-        return "invalid", empty, err
+        return RequestOutcome.INVALID, empty, err
     except Exception as exc:  # never let one bad request take the server down
-        log.exception("OTLP/%s export failed", transport)
-        return "error", empty, OtelgpuError(f"internal error: {type(exc).__name__}")
+        log.exception("OTLP/%s export failed", telemetry.transport)
+        return RequestOutcome.ERROR, empty, OtelgpuError(f"internal error: {type(exc).__name__}")
     finally:
         if ticket is not None:
             ticket.release()
-    metrics.receiver_accepted_points.labels("otlp", transport).inc(accepted)
-    metrics.receiver_refused_points.labels("otlp", transport).inc(rejected)
+    telemetry.accepted_points.inc(accepted)
+    telemetry.refused_points.inc(rejected)
     if rejected > 0:
         partial = ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=message)
-        return "partial", ExportMetricsServiceResponse(partial_success=partial), None
-    return "ok", empty, None
+        return RequestOutcome.PARTIAL, ExportMetricsServiceResponse(partial_success=partial), None
+    return RequestOutcome.OK, empty, None
 
 
 class Ingest:
@@ -116,8 +116,8 @@ class Ingest:
             batch = self._decode(raw)
         if len(batch):
             self.metrics.points_received.inc(len(batch))
-        for reason, n in batch.rejected.items():
-            self.metrics.points_rejected.labels(reason).inc(n)
+        for why, n in batch.rejected.items():
+            self.metrics.points_rejected.labels(why.metric, why.reason).inc(n)
         self.metrics.points_ignored.inc(batch.ignored)
         return Taken(len(batch) + batch.ignored, batch.rejected_count, describe_rejections(batch.rejected))
 

@@ -48,16 +48,18 @@ def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:
     return frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS + VLLM_KEYS) | frozenset(fact_labels)
 
 
-def value_problem(metric: int, value: float, resource: str = "") -> str:
-    """Why a point's value cannot be used ("" when it can); `resource` is the point's `resource`
-    label (requests and capacities)."""
+def value_problem(metric: int, value: float, resource: str = "") -> tuple[str, str]:
+    """Why a point's value cannot be used, as (reason code, sentence); ("", "") when it can.
+    `resource` is the point's `resource` label (requests and capacities)."""
     if math.isnan(value):
-        return "point without a value"
+        return "no_value", "point without a value"
     if not math.isfinite(value):
-        return "non-finite value"
+        return "non_finite", "non-finite value"
     lo, hi = VALUE_RANGE.get(Metric(metric), (-math.inf, math.inf))
     if not lo <= value <= hi:
-        return f"value outside [{lo:g}, {hi:g}]"
+        return "out_of_range", f"value outside [{lo:g}, {hi:g}]"
     if metric in (Metric.POD_REQUESTS, Metric.NODE_CAPACITY):
-        return quantity_problem(resource, value)
-    return ""
+        problem = quantity_problem(resource, value)
+        if problem:
+            return "bad_quantity", problem
+    return "", ""

@@ -17,6 +17,7 @@ import numpy as np
 
 from otelgpu.config import Matcher, SourcesConfig
 from otelgpu.receiver.schema import CADVISOR_METRICS, DCGM_METRICS, KSM_METRICS, VLLM_METRICS
+from otelgpu.receiver.rejection import Rejection, rejection
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ _KIND_NAME = {BIT[k]: k for k in KINDS}
 _MAX_LOGGED = 64  # targets whose first refusal is logged
 
 
-def untrusted_reason(bit: int) -> str:
+def untrusted_reason(bit: int) -> Rejection:
     kind = _KIND_NAME[bit]
-    return f"{kind} series from a scrape target not in sources.{kind}"
+    return rejection("", f"untrusted_{kind}", f"{kind} series from a scrape target not in sources.{kind}")
 
 
 class SourceTrust:

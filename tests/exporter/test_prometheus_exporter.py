@@ -38,7 +38,7 @@ def _server(registry: CollectorRegistry, ready=lambda: True) -> TelemetryServer:
 def test_metrics_over_http(store: CostStore, intervals) -> None:
     metrics = SelfMetrics()
     metrics.points_received.inc(7)
-    metrics.points_rejected.labels("bad_value").inc(2)
+    metrics.points_rejected.labels("DCGM_FI_DEV_GPU_UTIL", "out_of_range").inc(2)
     metrics.requests.labels("grpc", "ok").inc()
     metrics.exports.labels("otlp").inc(3)
     metrics.export_failures.labels("otlp", "unavailable").inc()
@@ -71,7 +71,8 @@ def test_metrics_over_http(store: CostStore, intervals) -> None:
     assert samples["otelgpu_unpriced_gpu_seconds_total"][0].value == 0
     assert samples["otelgpu_intervals_computed_total"][0].value == 0
     assert samples["otelgpu_points_ignored_total"][0].value == 0
-    assert [(s.labels, s.value) for s in samples["otelgpu_points_rejected_total"]] == [({"reason": "bad_value"}, 2)]
+    assert [(s.labels, s.value) for s in samples["otelgpu_points_rejected_total"]] == \
+        [({"metric": "DCGM_FI_DEV_GPU_UTIL", "reason": "out_of_range"}, 2)]
     assert samples["otelgpu_requests_total"][0].labels == {"transport": "grpc", "outcome": "ok"}
     assert samples["otelgpu_exports_total"][0].labels == {"exporter": "otlp"}
     assert samples["otelgpu_export_failures_total"][0].value == 1
@@ -151,7 +152,7 @@ def test_the_fast_text_is_prometheus_client_s_text(sums, gauges, cost_series) ->
         by_metric.setdefault(metric, {})[attrs_of(labels)] = value
     store.record(0, 60 * 10**9, by_metric, {"activity": {attrs_of({"pod": p}): v for p, v in gauges.items()}})
     metrics = SelfMetrics()
-    metrics.points_rejected.labels('odd "reason"\n').inc(3)
+    metrics.points_rejected.labels('odd "metric"\n', 'odd "reason"\n').inc(3)
     collector = CostCollector(store, metrics, "prod-\"eu\"", cost_series)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

@@ -12,6 +12,7 @@ from otelgpu.enrich.model import NodeFacts
 from otelgpu.enrich.nodes import gpu_count, node_info
 from otelgpu.receiver.decode import decode_reference
 from otelgpu.receiver.interner import Interner
+from otelgpu.receiver.rejection import REASONS
 from otelgpu.receiver.schema import LABEL_CHECKS, MAX_GPUS_PER_NODE
 
 T = 1_700_000_000 * 10**9
@@ -30,10 +31,13 @@ def request(metric: str, *label_sets: dict[str, str], value: float = 1.0) -> Exp
 
 
 def outcome(metric: str, bad: dict[str, str], good: dict[str, str], value: float = 1.0) -> tuple[int, str]:
-    """(points kept, the one rejection reason) of `bad` sent between two copies of `good`."""
+    """(points kept, what the sender is told of the one rejection) of `bad` sent between two copies
+    of `good`; the rejection names the metric and one of the short codes the self-metric counts."""
     batch = decode_reference(request(metric, good, bad, good, value=value), Interner(), now_ns=T)
     assert batch.rejected_count == 1, batch.rejected
-    return len(batch), next(iter(batch.rejected))
+    why = next(iter(batch.rejected))
+    assert why.metric == metric and why.reason in REASONS
+    return len(batch), why.text
 
 
 @pytest.mark.parametrize("bad, reason", [
