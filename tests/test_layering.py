@@ -45,3 +45,18 @@ def test_the_readme_layout_names_every_top_level_module():
     top = sorted(p.name + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
                  if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists()))
     assert [name for name in top if f"`{name}`" not in layout] == []
+
+
+def test_no_function_outside_the_numba_kernels_is_over_fifty_lines():
+    """A function says one thing: past 50 lines it is split along its jobs. The numba kernels
+    (`@kernel`) keep their loops whole, as the compiler wants them."""
+    import ast
+
+    long = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                kernel = any(ast.unparse(d).split("(")[0].endswith("kernel") for d in node.decorator_list)
+                if not kernel and node.end_lineno - node.lineno + 1 > 50:
+                    long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []
