@@ -90,7 +90,7 @@ class Delivery:
         self.retry = Retry(backoff, self._cond)
         self._deadline: Optional[float] = None  # monotonic time by which the flush at a stop gives up
         self._thread = threading.Thread(target=self._run, name=f"otelgpu-export-{sender.name}", daemon=True)
-        self._started = False
+        self._started = self._closed = False
 
     @property
     def name(self) -> str:
@@ -126,6 +126,14 @@ class Delivery:
             end_ns = int(points.time_ns.max())
             self.stage(points, end_ns)
             self.release(end_ns)
+
+    def start(self) -> None:
+        """Nothing to do: the thread starts once there is something to send."""
+
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """`close()` by `deadline` (default: the configured shutdown timeout); once only."""
+        if not self._closed:
+            self.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _start(self) -> None:
         """Under the lock: start the thread once there is something to send."""
@@ -210,6 +218,7 @@ class Delivery:
         undelivered: with a directory they stay there for the next start (counted as persisted),
         without one they are given up (counted with reason `shutdown`)."""
         timeout = self.config.shutdown_timeout_seconds if timeout is None else timeout
+        self._closed = True
         self.finish_by(time.monotonic() + timeout)
         if self._started:
             self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)  # type: ignore[operator]

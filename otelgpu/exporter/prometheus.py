@@ -26,6 +26,7 @@ from prometheus_client.utils import floatToGoString
 
 from otelgpu import httpserver
 from otelgpu.config import PrometheusConfig, split_endpoint
+from otelgpu.core.lifecycle import grace
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import server_security
@@ -136,6 +137,7 @@ class TelemetryServer:
         self._self_metrics = self_metrics
         self._server: Optional[httpserver.BoundedServer] = None
         self._lock = threading.Lock()
+        self._stopped = False
 
     @property
     def port(self) -> int:
@@ -149,7 +151,7 @@ class TelemetryServer:
 
     def start(self) -> None:
         with self._lock:
-            if self._server is not None:
+            if self._server is not None or self._stopped:
                 return
             cfg = self.config
             tls, tokens, _ = server_security(cfg, "exporter.prometheus", self._self_metrics)
@@ -158,11 +160,13 @@ class TelemetryServer:
             server.start()
             self._server, self._port = server, server.port
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """Stop serving; a scrape under way is answered until `deadline` (default: 1 s from now)."""
         with self._lock:
             server, self._server = self._server, None
+            self._stopped = self._stopped or server is not None
         if server is not None:
-            server.stop(grace=1.0)  # .port stays meaningful after shutdown
+            server.stop(grace=grace(deadline, 1.0))  # .port stays meaningful after shutdown
 
     def _screen(self, request: httpserver.Request) -> Optional[httpserver.Response]:
         """Everything but /metrics is answered from the headers, on the loop: probes never wait

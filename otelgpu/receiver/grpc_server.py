@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
@@ -39,6 +40,7 @@ from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 from otelgpu.config import GrpcReceiverConfig, listen_address
+from otelgpu.core.lifecycle import grace
 from otelgpu.errors import ConfigError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, answer, refused
 from otelgpu.memory import MemoryLimiter, cost
@@ -161,7 +163,7 @@ class GrpcReceiver:
         self._executor: Optional[_Workers] = None
         self._refusals: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
-        self._stopped = False
+        self._started = self._stopped = False
 
     @property
     def requests_in_flight(self) -> int:
@@ -169,6 +171,10 @@ class GrpcReceiver:
         return self._executor.pending if self._executor else 0
 
     def start(self) -> None:
+        with self._lock:
+            if self._started or self._stopped:
+                return
+            self._started = True
         cfg = self.config
         tls, tokens, security = server_security(cfg, "receiver.grpc", self.metrics)  # ConfigError before anything runs
         admitted = cfg.max_concurrent_requests + cfg.max_queued_requests
@@ -193,10 +199,10 @@ class GrpcReceiver:
             else:
                 self.port = server.add_insecure_port(address)
         except RuntimeError as exc:
-            self.shutdown(grace=0)
+            self.shutdown(time.monotonic())
             raise ConfigError([f"receiver.grpc.endpoint: cannot listen on {cfg.endpoint}: {exc}"]) from exc
         except ConfigError:
-            self.shutdown(grace=0)
+            self.shutdown(time.monotonic())
             raise
         server.start()
         self._server = server
@@ -240,14 +246,14 @@ class GrpcReceiver:
         refuse.experimental_thread_pool = self._refusals  # type: ignore[attr-defined]
         return grpc.stream_unary_rpc_method_handler(refuse)
 
-    def shutdown(self, grace: float = 5.0) -> None:
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """Refuse new Exports; those in flight finish until `deadline` (default: 5 s from now)."""
         with self._lock:
-            if self._stopped:
+            if self._stopped or not self._started:
                 return
             self._stopped = True
         if self._server is not None:
-            # Lets in-flight Exports finish for up to `grace` seconds; new ones are refused.
-            self._server.stop(grace).wait()
+            self._server.stop(grace(deadline, 5.0)).wait()
         for pool in (self._executor, self._refusals):
             if pool is not None:
                 pool.shutdown(wait=False)

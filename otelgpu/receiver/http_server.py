@@ -45,6 +45,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otelgpu import httpserver
 from otelgpu.config import HttpReceiverConfig, split_endpoint
+from otelgpu.core.lifecycle import grace
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
 from otelgpu.receiver.ingest import Consumer, Request, answer, refused
 from otelgpu.memory import MemoryLimiter, Ticket, cost
@@ -120,9 +121,13 @@ class HttpReceiver:
         self.port: Optional[int] = None
         self._server: Optional[httpserver.BoundedServer] = None
         self._lock = threading.Lock()
-        self._stopped = False
+        self._started = self._stopped = False
 
     def start(self) -> None:
+        with self._lock:
+            if self._started or self._stopped:
+                return
+            self._started = True
         c = self.config
         host, port = split_endpoint(c.endpoint)
         tls, tokens, security = server_security(c, "receiver.http", self.metrics)
@@ -139,15 +144,15 @@ class HttpReceiver:
         self._server, self.port = server, server.port
         log.info("OTLP/HTTP receiver listening on %s (port %d, %s)", c.endpoint, self.port, security)
 
-    def shutdown(self, grace: float = 5.0) -> None:
-        """Stop accepting and close idle connections; requests under way are answered for up to
-        `grace` seconds."""
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """Stop accepting and close idle connections; requests under way are answered until
+        `deadline` (default: 5 s from now)."""
         with self._lock:
-            if self._stopped:
+            if self._stopped or not self._started:
                 return
             self._stopped = True
         if self._server is not None:
-            self._server.stop(grace)
+            self._server.stop(grace(deadline, 5.0))
 
     def connections(self) -> dict[str, int]:
         """Open connections by state: `idle` (waiting for a request: keep-alive, TLS handshake or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterator, Optional
 
 import pytest
@@ -57,7 +58,7 @@ def grpc_receiver(metrics: SelfMetrics) -> Iterator[Callable[..., GrpcReceiver]]
 
     yield start
     for receiver in started:
-        receiver.shutdown(grace=0)
+        receiver.shutdown(time.monotonic())
 
 
 @pytest.fixture

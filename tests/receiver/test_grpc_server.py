@@ -181,8 +181,8 @@ def test_lifecycle_and_shutdown_twice(make_ingest, metrics, otel_request):
     receiver.start()
     assert receiver.port
     assert stub(receiver.port).Export(otel_request(VLLM), timeout=5) == ExportMetricsServiceResponse()
-    receiver.shutdown(grace=0.5)
-    receiver.shutdown(grace=0.5)
+    receiver.shutdown(time.monotonic() + 0.5)
+    receiver.shutdown(time.monotonic() + 0.5)
     never_started = GrpcReceiver(GrpcReceiverConfig(endpoint="127.0.0.1:0"), make_ingest(), metrics)
     never_started.shutdown()
     never_started.shutdown()

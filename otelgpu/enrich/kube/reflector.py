@@ -155,6 +155,8 @@ class Reflector:
                   _request_timeout=(CONNECT_TIMEOUT_S, timeout + min(30.0, timeout)))  # silent past this: broken
         resp = self._resp = self.spec.list_fn(**kw)
         try:
+            if self.stop.is_set():  # closed while the watch was being opened: close() saw no response
+                return
             for line in iter_resp_lines(resp):
                 if self.stop.is_set():
                     break

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from kubernetes import client
 
 from otelgpu.config import KubernetesConfig
+from otelgpu.core.lifecycle import grace
 from otelgpu.enrich.kube import objects
 from otelgpu.enrich.kube.client import api_client
 from otelgpu.enrich.kube.reflector import Reflector, WatchSpec, api_message, reason_of
@@ -134,8 +135,12 @@ class KubeSource:
         if self.owners is not None:
             self.facts.on_pod = self.owners.want
         self._threads: list[threading.Thread] = []
+        self._started = False
 
     def start(self) -> None:
+        if self._started or self.stop.is_set():
+            return
+        self._started = True
         runs: list[tuple[str, Callable[[], None]]] = [(r.spec.resource, r.run) for r in self.reflectors]
         if self.owners is not None:
             runs.append(("owners", self.owners.run))
@@ -163,12 +168,15 @@ class KubeSource:
         self.facts.publish()  # deleted pods past their grace are gone now
         return view
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """Stop the watches; their threads are waited for until `deadline` (default: 2 s each)."""
+        if self.stop.is_set() or not self._started:
+            return
         self.stop.set()
         for r in self.reflectors:
             r.close()
         if self.owners is not None:
             self.owners.close()
         for t in self._threads:
-            t.join(timeout=2.0)
+            t.join(timeout=grace(deadline, 2.0))
         self.api.close()
