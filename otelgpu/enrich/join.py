@@ -23,7 +23,7 @@ from otelgpu.enrich.attributes import SeriesAttributes, node_attrs
 from otelgpu.enrich.blind import Gpus, without_device_data
 from otelgpu.enrich.claims import Claims
 from otelgpu.enrich.devices import DeviceMemory
-from otelgpu.enrich.holdings import DEVICE, GPU, NOBODY, POD, Holdings, NodeSpec, Pods, Units
+from otelgpu.enrich.holdings import Holdings, NodeSpec, Pods, Units
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.enrich.model import FactSource, FactsView
 from otelgpu.enrich.nodes import NodeInfo
@@ -62,23 +62,24 @@ class Joiner:
         whole = units.whole_gpus(scope) if claims else {}
         if claims.sharing.claims:
             claims.admit_grants(units, whole)
-        rows = holder_rows(scope, units)
-        unheld = unheld_rows(scope, units, self.devices, claims.taken(), claims.sharing.pods)
+        rows = Rows.concat([holder_rows(scope, units),
+                            unheld_rows(scope, units, self.devices, claims.taken(), claims.sharing.pods)])
         if claims:
-            rows = claims.with_claims(Rows.concat([rows, unheld]), units, whole)
-            unheld = Rows.of([], 1.0, 1.0, 0.0, np.nan, NOBODY, GPU, 0, POD, DEVICE)
+            rows = claims.with_claims(rows, units, whole)
         gpus, blind_rows, blind = without_device_data(scope, claims, self.hardware, self._reported_gpus(scope, units))
-        every = Rows.concat([rows, unheld, blind_rows])
+        rows = Rows.concat([rows, blind_rows])
+        problems = claims.problems()  # after the nodes without device data: their grants placed too
         attributes = SeriesAttributes(scope, self.tags)
-        held = _holdings(every, gpus, attributes)
-        held.gpus_without_device_data = blind
-        held.fraction_problems = claims.problems()
+        row_set, gpu_node, nodes = _row_sets(rows, gpus, attributes)
+        pods = Pods.empty()
         if self.pod_resources:
             if self.cpu_only is not None:
-                held.nodes += cpu_only_nodes(scope, {n.name for n in held.nodes}, self.cpu_only)
-            held.pods = pod_rows(scope, attributes, held.nodes, held.gpu_node, every)
-        _with_sets(held, attributes)
-        return held
+                nodes += cpu_only_nodes(scope, {n.name for n in nodes}, self.cpu_only)
+            pods = pod_rows(scope, attributes, nodes, gpu_node, rows)
+        found, holder, namespace, attribution, node = attributes.columns()  # every set named, the pods' too
+        return Holdings(Units(rows.gpu, rows.f, rows.share, rows.measured, rows.activity), row_set,
+                        attributes.sets.values, found, holder, namespace, attribution, node, scope.holders.values,
+                        attributes.namespaces.values, gpu_node, nodes, pods, blind, problems)
 
     def _reported_gpus(self, scope: Scope, units: Reported) -> Gpus:
         """The GPUs DCGM reported: each one's node and model, in the order of their first entity;
@@ -90,9 +91,10 @@ class Joiner:
         return Gpus(units.node[units.gpu_first], model, list(zip(units.node_names, units.node_infos)), models)
 
 
-def _holdings(rows: Rows, gpus: Gpus, attributes: SeriesAttributes) -> Holdings:
-    """Nodes numbered in the order their first GPU comes; each row's attribute set: one per
-    holding (a pod's units on a node, of one kind and profile), worked out once."""
+def _row_sets(rows: Rows, gpus: Gpus, attributes: SeriesAttributes) -> tuple[np.ndarray, np.ndarray, list[NodeSpec]]:
+    """Each row's attribute set, one per holding (a pod's units on a node, of one kind and
+    profile) worked out once; each GPU's node, the nodes numbered in the order their first GPU
+    comes."""
     spec_of, first_gpu = np.unique(gpus.node, return_index=True)
     order = np.argsort(first_gpu, kind="stable")
     renumber = np.zeros(len(gpus.nodes), np.int64)
@@ -122,16 +124,7 @@ def _holdings(rows: Rows, gpus: Gpus, attributes: SeriesAttributes) -> Holdings:
                                          int(gpu_node[rows.gpu[r]]), int(rows.kind[r]), int(rows.profile[r]),
                                          int(rows.basis[r]))
         row_set = sets[key]
-    units = Units(rows.gpu, rows.f, rows.share, rows.measured, rows.activity)
-    e = np.zeros(0, np.int64)
-    return Holdings(units, row_set, [], np.zeros((0, 0), bool), e, e, np.zeros(0, np.int8), e, [], [], gpu_node,
-                    nodes, Pods.empty())
-
-
-def _with_sets(held: Holdings, attributes: SeriesAttributes) -> None:
-    held.sets = attributes.sets.values
-    held.set_found, held.set_holder, held.set_namespace, held.set_attribution, held.set_node = attributes.columns()
-    held.holders, held.namespaces = attributes.scope.holders.values, attributes.namespaces.values
+    return row_set, gpu_node, nodes
 
 
 def _one_node(facts: FactsView, node: str, without_pods: bool) -> FactsView:

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
-from otelgpu.receiver.rejection import Rejection, describe, rejection
+from otelgpu.receiver.rejection import Rejection, rejection
 from otelgpu.receiver.schema import (KNOWN_METRICS, LABEL_CHECKS, METRIC_NAME, OWN_POD_METRICS, REQUIRED_KEYS,
                                     REQUIRED_LABELS, TO_STORED_UNIT)
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, untrusted_reason
@@ -138,11 +138,6 @@ def empty_batch() -> PointBatch:
     i32 = np.zeros(0, np.int32)
     return PointBatch(np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool),
                       i32, i32, np.zeros(1, np.int64), i32, i32)
-
-
-def describe_rejections(rejected: Counter[Rejection]) -> str:
-    """The partial_success error message: counts by reason, most frequent first."""
-    return describe(rejected)
 
 
 def _any_value_str(v) -> str:  # noqa: ANN001 - protobuf AnyValue

@@ -20,11 +20,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
 from otelgpu.receiver.columnar import ColumnarDecoder
-from otelgpu.receiver.decode import PointBatch, decode_reference, describe_rejections
+from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import HoldsCodes, Interner
 from otelgpu.receiver.limits import Limits
 from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.receiver.record import encode_batch
+from otelgpu.receiver.rejection import describe
 from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.wal import Wal
 
@@ -119,7 +120,7 @@ class Ingest:
         for why, n in batch.rejected.items():
             self.metrics.points_rejected.labels(why.metric, why.reason).inc(n)
         self.metrics.points_ignored.inc(batch.ignored)
-        return Taken(len(batch) + batch.ignored, batch.rejected_count, describe_rejections(batch.rejected))
+        return Taken(len(batch) + batch.ignored, batch.rejected_count, describe(batch.rejected))
 
     def _decode(self, raw: bytes) -> PointBatch:
         """The columnar decoder's batch; the reference decoder's where protobuf must read the bytes."""
