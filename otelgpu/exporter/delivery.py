@@ -1,9 +1,9 @@
 """Delivery of cost snapshots, one path out per exporter as the Collector's exporterhelper chains
 it: the queue (`queue.py`: bound, merge, persistence) -> retry (the shared backoff) -> the sender,
 drained by a thread of its own. At a stop the retry is shut down first, so the queue flushes
-without waiting out backoffs: each snapshot still queued is sent once, until the first that fails
-or the deadline; what is left stays in the directory for the next start, or without one is given
-up and counted."""
+without waiting out backoffs: each snapshot still queued is sent once (the one whose retry was
+waiting too), until the first that fails or the deadline; what is left stays in the directory for
+the next start, or without one is given up and counted."""
 
 from __future__ import annotations
 
@@ -80,7 +80,6 @@ class Delivery:
                  interval_s: float) -> None:
         self.sender = sender
         self.config = config
-        self.metrics = metrics
         self.telemetry = ExporterTelemetry(metrics, sender.name)
         outbox = Outbox(directory, sender.name, metrics) if directory is not None else None
         self.queue = SnapshotQueue(self.telemetry, sender.specs, config.queue_size, int(interval_s * 1e9), outbox,
@@ -165,12 +164,15 @@ class Delivery:
                 if not self.queue.sendable() or self._past_deadline():
                     return
                 head = self.queue.head()
+                flushing = self.retry.stopped  # the stop's one attempt at each snapshot
             result = self._send(head)
             with self._cond:
                 if result.ok or not result.retryable:
                     self.retry.backoff.reset()
-                elif not self._retried(result):
-                    return  # shut down: the flush stops at the first failure
+                elif flushing:
+                    return  # the flush stops at the first failure
+                else:
+                    self._retry_wait(result)  # a stop ends the wait: the flush sends the head once more
             if result.ok:
                 del head  # the snapshot and its requests, once nothing else holds them
                 give_back()
@@ -189,16 +191,16 @@ class Delivery:
                       "stamped at its time: %s", self.name, result.reason, result.detail)
         return result
 
-    def _retried(self, result: SendResult) -> bool:
-        """Under the lock, after a retryable failure: wait for the retry; False when shut down."""
+    def _retry_wait(self, result: SendResult) -> None:
+        """Under the lock, after a retryable failure: wait for the retry, or for a stop."""
         if self.retry.stopped:
-            return False
+            return
         delay = self.retry.delay(result)
         attempt = self.retry.backoff.attempt
         if attempt == 1 or attempt % 10 == 0:
             log.warning("%s export failed (%s: %s), attempt %d, retrying in %.1f s", self.name,
                         result.reason, result.detail, attempt, delay)
-        return self.retry.wait(delay)
+        self.retry.wait(delay)
 
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline

@@ -338,13 +338,16 @@ def test_a_disk_that_stays_broken_bounds_the_one_queue_and_loses_no_cost(otlp_si
 
 
 def test_a_stop_shuts_the_retry_down_first_and_flushes_the_queue_once(store, intervals, tmp_path) -> None:
-    """The Collector's order: at a stop no backoff is waited out and nothing is retried; the queue
-    is sent once, stopping at the first failure, and what is left stays on disk for the next start."""
+    """The Collector's order: at a stop no backoff is waited out; the queue is sent once, the
+    snapshot whose retry was waiting included, stopping at the first failure, and what is left
+    stays on disk for the next start."""
     metrics = SelfMetrics()
     delivery = _delivery(_dead_endpoint(), store, metrics, tmp_path, backoff_initial_seconds=120,
                          backoff_max_seconds=120, shutdown_timeout_seconds=300)
     for i in range(2):
         delivery.put(intervals.record(i))
+    eventually(lambda: sum(by_label(metrics.export_failures).values()) == 1, 30)  # waiting 120 s to retry
     assert delivery.close() == 2
-    assert sum(by_label(metrics.export_failures).values()) == 1  # one attempt, then the retry was shut down
+    # the stop ends the wait, the flush sends the head once more and stops at its failure
+    assert sum(by_label(metrics.export_failures).values()) == 2
     assert by_label(metrics.export_snapshots_persisted)["otlp"] == 2 and len(_snaps(tmp_path)) == 2
