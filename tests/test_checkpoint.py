@@ -3,11 +3,14 @@ checkpoint, continue with their start times, and a bad checkpoint is set aside, 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from cluster import T0, Cluster, Node, Pod, Unit
+from otlpsink import MetricsSink, received_rows, serve_sink
 from support import feed, make_config, offline_pipeline
 
 from otelgpu.checkpoint import FILE, V1_FILE, VERSION, Checkpoint, CheckpointRejected, Identity, decode, encode
@@ -31,10 +34,10 @@ def cluster() -> Cluster:
     return Cluster([node], pods)
 
 
-def pipeline(directory: Path | None, cluster_name: str = "prod") -> Pipeline:
+def pipeline(directory: Path | None, cluster_name: str = "prod", **extra: Any) -> Pipeline:
     config = make_config(attribution__interval_seconds=INTERVAL_S, attribution__lateness_seconds=30,
                          attribution__prices__gpu_hour_by_gpu_model={A100: 12.0}, cluster__name=cluster_name,
-                         **({"checkpoint__directory": str(directory)} if directory else {}))
+                         **({"checkpoint__directory": str(directory)} if directory else {}), **extra)
     return offline_pipeline(config)
 
 
@@ -86,6 +89,58 @@ def test_restart_without_resend_loses_nothing_that_was_acknowledged(tmp_path: Pa
     assert allocated(second) == {("vision",): pytest.approx(11 * PER_INTERVAL),
                                  ("nlp",): pytest.approx(5 * PER_INTERVAL)}
 
+
+
+def test_an_exports_directory_refusing_writes_holds_the_checkpoint_back_and_a_kill_loses_no_cost(
+        tmp_path: Path) -> None:
+    """The exporter's directory refuses writes for a while (a full or read-only volume), then the
+    sidecar is killed: the intervals closed meanwhile wait in the exporter's queue, in memory and
+    unsent, the checkpoint does not move past them, and after the restart (the write-ahead log
+    replayed) every series' total the backend received is what an uninterrupted run counts."""
+    c = cluster()
+    whole = pipeline(None)
+    feed(whole, *c.scrapes(60, 3600))
+    whole.close_due()
+    sink = MetricsSink()
+    with serve_sink(sink) as port:
+        otlp = {"endpoint": f"127.0.0.1:{port}", "tls": {"insecure": True}, "timeout_seconds": 5,
+                "delivery": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2}}
+        first = pipeline(tmp_path, exporter__otlp=otlp)
+        feed(first, *c.scrapes(60, 900))
+        checkpointed = total(first.metrics.interval_checkpointed)
+        exports, aside = tmp_path / "exports" / "otlp", tmp_path / "exports-aside"
+        exports.rename(aside)
+        exports.write_bytes(b"")  # a file where the directory was: every write there fails
+        feed(first, *c.scrapes(60, 1740, from_s=900))
+        assert by_label(first.metrics.checkpoint_errors)["stage"] > 0
+        assert total(first.metrics.interval_checkpointed) == checkpointed > 0
+        for d in first.deliveries:  # killed: its sender stops where it is
+            d.finish_by(time.monotonic())
+        first.checkpoint.close()
+        exports.unlink()
+        aside.rename(exports)
+
+        second = pipeline(tmp_path, exporter__otlp=otlp)
+        feed(second, *c.scrapes(60, 3600, from_s=1740))
+        second.close_due()
+        assert second.deliveries[0].wait_idle(30)
+        assert delivered_allocated(sink, second) == allocated(whole)
+        second.shutdown()
+
+
+def delivered_allocated(sink: MetricsSink, p: Pipeline) -> dict[tuple[str, ...], float]:
+    """The request model's allocated cost by team, from each series' last total the backend got."""
+    last: dict[tuple, tuple[int, float]] = {}
+    for rows in received_rows(sink, p.store.specs):
+        for metric, attrs, _, t, value in rows:
+            if metric == "allocated" and dict(attrs).get("cost_model") == "request" and value is not None:
+                if t >= last.get(attrs, (0, 0.0))[0]:
+                    last[attrs] = (t, value)
+    out: dict[tuple[str, ...], float] = {}
+    for attrs, (_, value) in last.items():
+        team = (dict(attrs).get("team", ""),)
+        out[team] = out.get(team, 0.0) + value
+    return {k: round(v, 9) for k, v in out.items()}
 
 def test_ended_series_are_not_in_the_checkpoint(tmp_path: Path) -> None:
     c = cluster()
