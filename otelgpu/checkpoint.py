@@ -33,7 +33,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from otelgpu.errors import ConfigError
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import CheckpointError, DurabilityTelemetry, SelfMetrics
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ ARRAY_KINDS = "biuf"  # bool, integers, floats: nothing that needs pickling or h
 class CheckpointRejected(Exception):
     """A checkpoint that must not be reused; `reason` is `corrupt` or `incompatible`."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: CheckpointError, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -122,15 +122,15 @@ def decode(data: bytes, identity: Identity) -> dict[str, Any]:
     header, sep, body = data.partition(b"\n")
     parts = header.decode("ascii", "replace").split(" ")
     if not sep or len(parts) != 3 or parts[0] != FORMAT or not parts[2].startswith("sha256="):
-        raise CheckpointRejected("corrupt", "not an otelgpu checkpoint (bad header line)")
+        raise CheckpointRejected(CheckpointError.CORRUPT, "not an otelgpu checkpoint (bad header line)")
     if parts[1] not in (f"v{VERSION}", "v1"):
-        raise CheckpointRejected("incompatible", f"format {parts[1]} is not readable by this otelgpu (reads v1, v{VERSION})")
+        raise CheckpointRejected(CheckpointError.INCOMPATIBLE, f"format {parts[1]} is not readable by this otelgpu (reads v1, v{VERSION})")
     if hashlib.sha256(body).hexdigest() != parts[2][len("sha256="):]:
-        raise CheckpointRejected("corrupt", "checksum mismatch: the file is truncated or altered")
+        raise CheckpointRejected(CheckpointError.CORRUPT, "checksum mismatch: the file is truncated or altered")
     state = _body_v1(body) if parts[1] == "v1" else _body_v2(body)
     for key, expected in (("cluster", identity.cluster), ("currency", identity.currency)):
         if state.get(key) != expected:
-            raise CheckpointRejected("incompatible",
+            raise CheckpointRejected(CheckpointError.INCOMPATIBLE,
                                      f"written for {key} {state.get(key)!r}, this run is {key} {expected!r}")
     return state
 
@@ -139,9 +139,9 @@ def _body_v1(body: bytes) -> dict[str, Any]:
     try:
         state = json.loads(body)
     except ValueError as exc:
-        raise CheckpointRejected("corrupt", f"body is not valid JSON: {exc}") from None
+        raise CheckpointRejected(CheckpointError.CORRUPT, f"body is not valid JSON: {exc}") from None
     if not isinstance(state, dict):
-        raise CheckpointRejected("corrupt", "body is not a JSON object")
+        raise CheckpointRejected(CheckpointError.CORRUPT, "body is not a JSON object")
     return state
 
 
@@ -161,16 +161,16 @@ def _body_v2(body: bytes) -> dict[str, Any]:
             arrays.append(np.frombuffer(view, dt, count, first).reshape(shape))
         state = meta["state"]
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointRejected("corrupt", f"bad array directory: {exc}") from None
+        raise CheckpointRejected(CheckpointError.CORRUPT, f"bad array directory: {exc}") from None
     if not sep or not isinstance(state, dict):
-        raise CheckpointRejected("corrupt", "body is not a JSON object")
+        raise CheckpointRejected(CheckpointError.CORRUPT, "body is not a JSON object")
 
     def lower(value: Any) -> Any:  # each {"$array": i} back to its array
         if isinstance(value, dict):
             if len(value) == 1 and "$array" in value:
                 i = value["$array"]
                 if not isinstance(i, int) or not 0 <= i < len(arrays):
-                    raise CheckpointRejected("corrupt", f"reference to array {i!r}, not in the file")
+                    raise CheckpointRejected(CheckpointError.CORRUPT, f"reference to array {i!r}, not in the file")
                 return arrays[i]
             return {k: lower(v) for k, v in value.items()}
         return value
@@ -185,7 +185,7 @@ class Checkpoint:
         self.directory = Path(directory)
         self.path = self.directory / FILE
         self.identity = identity
-        self.metrics = metrics
+        self.telemetry = DurabilityTelemetry(metrics)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -207,7 +207,7 @@ class Checkpoint:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            self._reject(CheckpointRejected("corrupt", f"unreadable: {exc}"))
+            self._reject(CheckpointRejected(CheckpointError.CORRUPT, f"unreadable: {exc}"))
             return None
         try:
             return decode(data, self.identity)
@@ -218,7 +218,7 @@ class Checkpoint:
     def exists(self) -> bool:
         return self.path.exists() or (self.directory / V1_FILE).exists()
 
-    def reject(self, reason: str, message: str) -> None:
+    def reject(self, reason: CheckpointError, message: str) -> None:
         """Set the current checkpoint aside (its content did not restore)."""
         self._reject(CheckpointRejected(reason, message))
 
@@ -229,7 +229,7 @@ class Checkpoint:
             where = f"moved to {aside}"
         except OSError as move_error:
             where = f"could not be moved aside ({move_error}); it will be overwritten"
-        self.metrics.checkpoint_errors.labels(exc.reason).inc()
+        self.telemetry.checkpoint_failed(exc.reason)
         log.error("checkpoint %s not used (%s): %s; %s. Cost counters start afresh.", self.path, exc.reason, exc, where)
 
     def save(self, state: Mapping[str, Any]) -> bool:
@@ -252,10 +252,10 @@ class Checkpoint:
             finally:
                 os.close(dir_fd)
         except (OSError, ValueError) as exc:
-            self.metrics.checkpoint_errors.labels("write").inc()
+            self.telemetry.checkpoint_failed(CheckpointError.WRITE)
             log.error("checkpoint not written to %s: %s (the previous one stays)", path, exc)
             return False
-        self.metrics.checkpoints_written.inc()
+        self.telemetry.checkpoints_written.inc()
         return True
 
     def close(self) -> None:

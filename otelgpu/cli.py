@@ -40,7 +40,7 @@ def _serve(path: str) -> int:
     pipeline.start()
     log.info("serving: OTLP/gRPC %s, OTLP/HTTP %s, metrics %s", config.receiver.grpc.endpoint,
              config.receiver.http.endpoint if config.receiver.http.enabled else "off",
-             pipeline.telemetry.url if pipeline.telemetry else "off")
+             pipeline.metrics_server.url if pipeline.metrics_server else "off")
     received = signal.sigwait(stop_signals)
     log.info("%s received, shutting down (a second one stops at once)", signal.Signals(received).name)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

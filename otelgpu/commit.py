@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from otelgpu.checkpoint import Checkpoint
 from otelgpu.exporter.columns import Point
 from otelgpu.exporter.delivery import Delivery
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import CheckpointError, DurabilityTelemetry, SelfMetrics
 from otelgpu.wal import Position, Wal
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class Committer:
     def __init__(self, deliveries: list[Delivery], checkpoint: Optional[Checkpoint], wal: Optional[Wal],
                  metrics: SelfMetrics) -> None:
         self.deliveries, self.checkpoint, self.wal, self.metrics = deliveries, checkpoint, wal, metrics
+        self.durability = DurabilityTelemetry(metrics)
         self._through = 0  # end of the newest interval handed over
 
     def add(self, end_ns: int, snapshot: list[Point]) -> None:
@@ -57,14 +58,14 @@ class Committer:
             d.release(self._through)
         if self.wal is not None:
             self.wal.rotate()
-            self.metrics.wal_segments_removed.inc(self.wal.truncate_before(replay_from))
+            self.durability.wal_segments_removed.inc(self.wal.truncate_before(replay_from))
         return True
 
     def _persisted(self) -> bool:
         ok = True
         for d in self.deliveries:
             if not d.persist():
-                self.metrics.checkpoint_errors.labels("stage").inc()
+                self.durability.checkpoint_failed(CheckpointError.STAGE)
                 log.error("%s: snapshots not persisted; exports wait until the checkpoint directory takes writes "
                           "again", d.name)
                 ok = False

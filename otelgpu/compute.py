@@ -29,7 +29,7 @@ from otelgpu.enrich.usage import PodUse, Tokens
 from otelgpu.enrich.window import Interval
 from otelgpu.exporter.store import Plan
 from otelgpu.receiver.interner import Interner
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import IntervalScope, IntervalTelemetry, SelfMetrics
 
 log = logging.getLogger(__name__)
 CLUSTER_GAUGES = ("tag_coverage",)  # ratios over the whole cluster: not made of per-node parts
@@ -55,6 +55,7 @@ class IntervalCosts:
     def __init__(self, joiner: Joiner, pricer: Pricer, models: CostModels, strings: Interner, metrics: SelfMetrics,
                  tenants: Optional[TenantsConfig] = None) -> None:
         self.joiner, self.pricer, self.models, self.strings, self.metrics = joiner, pricer, models, strings, metrics
+        self.telemetry = IntervalTelemetry(metrics)
         self.tenants = tenants  # splitting serving pods' cost among their tenants, when enabled
 
     def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]],
@@ -69,7 +70,7 @@ class IntervalCosts:
             costs = self._one(interval, interval.samples, use, facts, None, split)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
             log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
-            self.metrics.interval_errors.labels("whole").inc()
+            self.telemetry.failed(IntervalScope.WHOLE)
             costs = self._per_node(interval, use, facts, split)
         if tokens and tenants:
             try:
@@ -77,7 +78,7 @@ class IntervalCosts:
                 per_mtok = cost_per_million_tokens(costs.sums.get("tenant_cost", {}), counted, tenants)
             except Exception:  # noqa: BLE001 - the tokens' series must never cost the interval its costs
                 log.exception("token series of the interval ending %d failed; its costs are kept", interval.end_ns)
-                self.metrics.interval_errors.labels("tenants").inc()
+                self.telemetry.failed(IntervalScope.TENANTS)
             else:
                 costs.sums["tenant_tokens"] = counted
                 if per_mtok:
@@ -103,7 +104,7 @@ class IntervalCosts:
                 part = self._one(interval, mine, use, facts, name, split)
             except Exception:  # noqa: BLE001
                 log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
-                self.metrics.interval_errors.labels("node").inc()
+                self.telemetry.failed(IntervalScope.NODE)
                 part = self._capacity_only(interval, mine, name, facts)
                 if part is None:
                     continue

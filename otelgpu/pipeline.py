@@ -47,7 +47,8 @@ from otelgpu.receiver.limits import Limits, wanted_keys
 from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
 from otelgpu import telemetry
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import (AheadOutcome, CheckpointError, DurabilityTelemetry, IntervalTelemetry, SelfMetrics,
+                               WalCorruption, WorkStep)
 from otelgpu.wal import Position, Wal
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class Pipeline:
         self.config = config
         self.strings = Interner()  # the receivers' (Ingest.compact_strings), read by every stage
         self.metrics = SelfMetrics()
+        self.telemetry, self.durability = IntervalTelemetry(self.metrics), DurabilityTelemetry(self.metrics)
         tags = self._stages(config, keep_ended)
         self.on_interval: list[Callable[[Interval], None]] = []
         directory = Path(config.checkpoint.directory) if config.checkpoint.directory else None
@@ -201,9 +203,9 @@ class Pipeline:
         self.registry = CollectorRegistry(auto_describe=True)
         collector = CostCollector(self.store, self.metrics, config.cluster.name, config.exporter.prometheus.cost_series)
         self.registry.register(collector)
-        self.telemetry = (TelemetryServer(config.exporter.prometheus, collector.exposition, lambda: self.ready,
-                                          self_metrics=self.metrics)
-                          if config.exporter.prometheus.enabled else None)
+        self.metrics_server = (TelemetryServer(config.exporter.prometheus, collector.exposition, lambda: self.ready,
+                                               self_metrics=self.metrics)
+                               if config.exporter.prometheus.enabled else None)
         r = config.receiver
         self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics, self.memory) if serve_receivers else None
         self.http = (HttpReceiver(r.http, self.ingest, self.metrics, r.grpc.max_recv_msg_size_mib * 2**20, self.memory)
@@ -244,7 +246,7 @@ class Pipeline:
             processed = tuple(int(x) for x in wal.get("processed", (0, 0)))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             self.states.restore({})  # each part afresh
-            self.checkpoint.reject("corrupt", f"its content does not restore: {exc!r}")
+            self.checkpoint.reject(CheckpointError.CORRUPT, f"its content does not restore: {exc!r}")
             self._set_log_aside()
             return None
         log.info("continuing %d cost series from %s (last interval ended %s UTC)", self.store.active_series(),
@@ -272,14 +274,14 @@ class Pipeline:
             try:
                 batch = decode_batch(payload, self.strings)
             except RecordError as exc:
-                self.metrics.wal_corruptions.labels("record").inc()
+                self.durability.wal_corrupt(WalCorruption.RECORD)
                 log.error("write-ahead log record at %s not replayed: %s", first, exc)
                 continue
             batch.wal = (first, end)
             self.process(batch, replayed=end <= processed)
             records, points = records + 1, points + len(batch)
         if records:
-            self.metrics.wal_records_replayed.inc(records)
+            self.durability.wal_records_replayed.inc(records)
             log.info("replayed %d write-ahead log records (%d points) from %s", records, points, start)
 
     def _checkpoint_state(self) -> dict:
@@ -308,8 +310,8 @@ class Pipeline:
         released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
         log.debug("%.0f MiB of LLVM's resident pages handed back", released / 2**20)
         self.start_sources()
-        if self.telemetry:
-            self.telemetry.start()
+        if self.metrics_server:
+            self.metrics_server.start()
         self._worker = threading.Thread(target=self._run, name="otelgpu-pipeline", daemon=True)
         self._worker.start()
         for receiver in (self.grpc, self.http):
@@ -326,7 +328,7 @@ class Pipeline:
                 self.process(batch)
             except Exception:  # a bad batch must not stop attribution of the next ones
                 log.exception("batch processing failed")
-                self.metrics.points_rejected.labels("", "internal_error").inc(len(batch))
+                self.telemetry.batch_failed(len(batch))
             finally:
                 self.ingest.task_done()
             if not self.ingest.depth and self.config.attribution.compute_ahead:
@@ -342,7 +344,7 @@ class Pipeline:
         late, late_facts = self.windows.add(samples, batch, pods, facts)
         self.metrics.watermark.set(self.windows.watermark_ns / NS)
         if len(late_facts):
-            self._drop_ahead("redone")  # it changed the facts these apply to: put them back first
+            self._drop_ahead(AheadOutcome.REDONE)  # it changed the facts these apply to: put them back first
             self.facts.update(late_facts)  # newer than what any later interval starts from
         if late and not replayed:
             self.metrics.points_late.inc(late)
@@ -374,14 +376,12 @@ class Pipeline:
             return 0
         with collector_paused():
             for interval in closed:
-                began = time.monotonic()
-                costs = ahead[1] if ahead and ahead[0] == interval.index else None
-                self.committer.add(interval.end_ns, self._close(interval, costs))
-                self.metrics.interval_closed.set(interval.end_ns / NS)
-                self.metrics.work_seconds.labels("close").inc(time.monotonic() - began)
-            began = time.monotonic()
-            self.committer.commit(self._checkpoint_state, self._replay_from())
-            self.metrics.work_seconds.labels("commit").inc(time.monotonic() - began)
+                with self.telemetry.timed(WorkStep.CLOSE):
+                    costs = ahead[1] if ahead and ahead[0] == interval.index else None
+                    self.committer.add(interval.end_ns, self._close(interval, costs))
+                    self.metrics.interval_closed.set(interval.end_ns / NS)
+            with self.telemetry.timed(WorkStep.COMMIT):
+                self.committer.commit(self._checkpoint_state, self._replay_from())
         give_back()  # what the close built and dropped
         return len(closed)
 
@@ -405,25 +405,24 @@ class Pipeline:
         interval = self.windows.peek(index)
         undo = self.states.mark()
         api = self.kube.view(interval.end_ns) if self.kube else None
-        began = time.monotonic()
-        with self.metrics.held() as counts, collector_paused():
-            try:
-                costs: Optional[Costs] = self._compute(interval).packed()  # held until the close
-                costs.plan = self.store.plan(costs.sums)  # no other interval is recorded before its close
-                if self.checkpoint is not None:
-                    self.facts.encode_ahead()  # the close's checkpoint, unless the facts change first
-            except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
-                log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
-                costs = None
-        give_back()  # what the computation built and dropped: held no longer than the close's
-        self.metrics.work_seconds.labels("ahead").inc(time.monotonic() - began)  # used or not: CPU spent
+        with self.telemetry.timed(WorkStep.AHEAD):  # used or not: CPU spent
+            with self.metrics.held() as counts, collector_paused():
+                try:
+                    costs: Optional[Costs] = self._compute(interval).packed()  # held until the close
+                    costs.plan = self.store.plan(costs.sums)  # no other interval is recorded before its close
+                    if self.checkpoint is not None:
+                        self.facts.encode_ahead()  # the close's checkpoint, unless the facts change first
+                except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
+                    log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
+                    costs = None
+            give_back()  # what the computation built and dropped: held no longer than the close's
         if self.kube and self.kube.view(interval.end_ns) != api:
             costs = None  # the API's facts moved while it computed: which ones it read is not known
         self._ahead = _Ahead(interval.index, interval.end_ns, interval.version, self.facts.version,
                              self.pricer_version, api, costs, counts, undo)
         if costs is None:
             _put_back(self._ahead)
-            self.metrics.intervals_ahead.labels("failed").inc()
+            self.telemetry.ahead(AheadOutcome.FAILED)
         return costs is not None
 
     def _ahead_pending(self) -> bool:
@@ -442,20 +441,20 @@ class Pipeline:
                 and a.facts_version == self.facts.version and a.prices == self.pricer_version
                 and (self.kube is None or self.kube.view(a.end_ns) == a.api))
         if not same:
-            self._drop_ahead("redone")
+            self._drop_ahead(AheadOutcome.REDONE)
             return None
         self.metrics.apply(a.counts)
-        self.metrics.intervals_ahead.labels("used").inc()
+        self.telemetry.ahead(AheadOutcome.USED)
         costs, a.costs, a.undo = a.costs, None, None
         return a.index, costs
 
-    def _drop_ahead(self, outcome: Optional[str] = None) -> None:
+    def _drop_ahead(self, outcome: Optional[AheadOutcome] = None) -> None:
         """Put back what a computation ahead changed, forget its costs and its counts, and count
         the `outcome` if there was one to drop."""
         if self._ahead_pending():
             _put_back(self._ahead)
             if outcome:
-                self.metrics.intervals_ahead.labels(outcome).inc()
+                self.telemetry.ahead(outcome)
 
     def _close(self, interval: Interval, costs: Optional[Costs] = None) -> Points:
         """`costs`: the interval's, computed ahead (it closed bare)."""
@@ -468,7 +467,7 @@ class Pipeline:
         self.metrics.unpriced_gpu_seconds.inc(costs.unpriced_gpus * interval.seconds)
         self.metrics.gpu_seconds_without_device_data.inc(costs.gpus_without_device_data * interval.seconds)
         for reason, pods in costs.fraction_problems.items():
-            self.metrics.gpu_fractions_unheld.labels(reason).inc(pods)
+            self.telemetry.fractions_unheld(reason, pods)
         self.metrics.intervals_computed.inc()
         self.states.expire(interval.end_ns)
         for callback in self.on_interval:
@@ -546,6 +545,6 @@ class Pipeline:
             self.checkpoint.close()
         if self.kube:
             self.kube.shutdown()
-        if self.telemetry:
-            self.telemetry.shutdown()
+        if self.metrics_server:
+            self.metrics_server.shutdown()
         log.info("stopped after %.1f s", time.monotonic() - began)

@@ -21,8 +21,8 @@ import threading
 import time
 from collections import Counter as Tally
 from contextlib import contextmanager
-from enum import Enum
-from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Union
+from enum import StrEnum
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Union
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector
 from prometheus_client.metrics import disable_created_metrics
@@ -247,6 +247,10 @@ class SelfMetrics:
                 self.receiver_memory_limit.labels(limit).set(value)
         self.receiver_inflight.set_function(lambda: memory.inflight)
 
+    def tls_reload_failed(self, server: str) -> Callable[[], None]:
+        """What `server` calls when a changed certificate could not be used."""
+        return self.tls_reload_errors.labels(server).inc
+
     @contextmanager
     def held(self) -> Iterator[list[tuple[HeldCounter, float]]]:
         """What this thread counts in the block is kept in the list yielded instead of counted:
@@ -264,7 +268,7 @@ class SelfMetrics:
             counter.inc(amount)
 
 
-class RequestOutcome(str, Enum):
+class RequestOutcome(StrEnum):
     """How an export request was answered: `requests{outcome}`."""
 
     OK = "ok"
@@ -290,6 +294,197 @@ class ReceiverTelemetry:
     def refused(self, reason: str) -> None:
         """A request or connection refused "retry later", by reason (queue_full, memory_limit, ...)."""
         self._metrics.receiver_connections_refused.labels(self.transport, reason).inc()
+
+
+class IntervalScope(StrEnum):
+    """What a failed computation fell back from: `interval_errors{scope}`."""
+
+    WHOLE = "whole"  # the interval at once: computed node by node instead
+    TENANTS = "tenants"  # its token series: its costs are kept
+    NODE = "node"  # one node alone: its GPUs closed as nobody's
+
+
+class AheadOutcome(StrEnum):
+    """What became of an interval computed ahead: `intervals_ahead{outcome}`."""
+
+    USED = "used"
+    REDONE = "redone"  # something it read changed before the close
+    FAILED = "failed"  # computed at the close instead
+
+
+class WorkStep(StrEnum):
+    """The steps whose wall seconds `work_seconds{step}` counts (send:<exporter> is each exporter's)."""
+
+    AHEAD = "ahead"
+    CLOSE = "close"
+    COMMIT = "commit"
+
+
+class IntervalTelemetry:
+    """The self-metrics of computing and closing intervals, bound once."""
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        self._errors = {s: metrics.interval_errors.labels(s.value) for s in IntervalScope}
+        self._ahead = {o: metrics.intervals_ahead.labels(o.value) for o in AheadOutcome}
+        self._seconds = {s: metrics.work_seconds.labels(s.value) for s in WorkStep}
+        self._fallbacks = {r: metrics.scad_request_fallbacks.labels(r) for r in ("cpu", "memory")}
+        self._unheld = metrics.gpu_fractions_unheld
+        self._rejected = metrics.points_rejected
+
+    def failed(self, scope: IntervalScope) -> None:
+        self._errors[IntervalScope(scope)].inc()
+
+    def ahead(self, outcome: AheadOutcome) -> None:
+        self._ahead[AheadOutcome(outcome)].inc()
+
+    @contextmanager
+    def timed(self, step: WorkStep) -> Iterator[None]:
+        """The block's wall seconds, counted under `step` however it is left."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self._seconds[WorkStep(step)].inc(time.monotonic() - began)
+
+    def request_fallbacks(self, resource: str, pod_intervals: int = 1) -> None:
+        """scad charged `resource` (cpu, memory) on requests: no usage was scraped."""
+        self._fallbacks[resource].inc(pod_intervals)
+
+    def fractions_unheld(self, reason: str, pods: int) -> None:
+        """Grants of part of a GPU that could not be placed, by the join's short reason."""
+        self._unheld.labels(reason).inc(pods)
+
+    def batch_failed(self, points: int) -> None:
+        """A batch whose processing failed: its points rejected as `internal_error`."""
+        self._rejected.labels("", "internal_error").inc(points)
+
+
+class CheckpointError(StrEnum):
+    """Why a checkpoint was not written or not used: `checkpoint_errors{reason}`."""
+
+    CORRUPT = "corrupt"  # set aside at start: unreadable, or its content did not restore
+    INCOMPATIBLE = "incompatible"  # set aside at start: a format this version cannot read
+    WRITE = "write"  # not written: the directory refused it
+    STAGE = "stage"  # held back: an exporter's snapshots could not be written first
+
+
+class WalCorruption(StrEnum):
+    """Where replay found a torn or corrupt write-ahead log record: `wal_corruptions{where}`."""
+
+    TAIL = "tail"  # the crash's last write
+    SEGMENT = "segment"  # an older segment: the rest of it is unreadable
+    RECORD = "record"  # a whole record whose content does not decode
+
+
+class DurabilityTelemetry:
+    """The write-ahead log's and the checkpoint's self-metrics, bound once."""
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        self.checkpoints_written = metrics.checkpoints_written
+        self.wal_fsyncs = metrics.wal_fsyncs
+        self.wal_records_replayed = metrics.wal_records_replayed
+        self.wal_segments_removed = metrics.wal_segments_removed
+        self._checkpoint_errors = {r: metrics.checkpoint_errors.labels(r.value) for r in CheckpointError}
+        self._corruptions = {w: metrics.wal_corruptions.labels(w.value) for w in WalCorruption}
+        self._wal_errors = metrics.wal_errors
+
+    def checkpoint_failed(self, reason: CheckpointError) -> None:
+        self._checkpoint_errors[CheckpointError(reason)].inc()
+
+    def wal_corrupt(self, where: WalCorruption) -> None:
+        self._corruptions[WalCorruption(where)].inc()
+
+    def wal_failed(self, exc: OSError) -> None:
+        """A write the log could not make, by the error's type (`OSError`, `PermissionError`, ...)."""
+        self._wal_errors.labels(type(exc).__name__).inc()
+
+
+class KubeVerb(StrEnum):
+    LIST = "list"
+    WATCH = "watch"
+    GET = "get"
+
+
+class KubeReason(StrEnum):
+    """Why a Kubernetes API call failed: `kube_errors{reason}`."""
+
+    UNAUTHORIZED = "unauthorized"  # 401
+    FORBIDDEN = "forbidden"  # 403: the role lacks the verb
+    NOT_FOUND = "not_found"  # 404: not served (DRA before 1.34), or gone
+    GONE = "gone"  # 410: history compacted past the watch's version: relist
+    THROTTLED = "throttled"  # 429
+    SERVER_ERROR = "server_error"  # 5xx
+    INVALID = "invalid"  # another status, or a body that does not parse
+    TIMEOUT = "timeout"  # read timeout: a stream silent past the server's own timeout
+    CONNECTION = "connection"
+
+
+class ListReason(StrEnum):
+    """Why a resource was listed whole: `kube_lists{reason}`."""
+
+    INITIAL = "initial"
+    GONE = "gone"  # the watch was too far behind (410)
+
+
+class WatchEvent(StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+    BOOKMARK = "BOOKMARK"
+
+
+class KubeTelemetry:
+    """One Kubernetes API resource's self-metrics (`resource` bound once)."""
+
+    def __init__(self, metrics: SelfMetrics, resource: str) -> None:
+        self.resource, self._errors = resource, metrics.kube_errors
+        self._events = {e: metrics.kube_events.labels(resource, e.value) for e in WatchEvent}
+        self._lists = {r: metrics.kube_lists.labels(resource, r.value) for r in ListReason}
+        self._synced = metrics.kube_synced.labels(resource)
+        self.objects = metrics.kube_objects.labels(resource)
+
+    def event(self, kind: WatchEvent) -> None:
+        self._events[WatchEvent(kind)].inc()
+
+    def listed(self, reason: ListReason) -> None:
+        self._lists[ListReason(reason)].inc()
+
+    def synced(self, synced: bool) -> None:
+        self._synced.set(int(synced))
+
+    def failed(self, verb: KubeVerb, reason: KubeReason) -> None:
+        self._errors.labels(self.resource, KubeVerb(verb).value, KubeReason(reason).value).inc()
+
+
+class IngestTelemetry:
+    """What became of the points the receivers took in, bound once."""
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        self.received, self.ignored = metrics.points_received, metrics.points_ignored
+        self.decoded_by_reference = metrics.requests_decoded_by_reference
+        self._rejected = metrics.points_rejected
+
+    def rejected(self, metric: str, reason: str, points: int) -> None:
+        """`points` of `metric` ("" where not one metric's) rejected for `reason`, a short code
+        (receiver/rejection.py)."""
+        self._rejected.labels(metric, reason).inc(points)
+
+
+class TagCap(StrEnum):
+    """How a tag value was capped: `tag_values_capped{reason}`."""
+
+    LENGTH = "length"  # cut to max_length
+    DISTINCT = "distinct"  # replaced by the overflow value: the tag has its most distinct values
+
+
+class TagTelemetry:
+    """The tag values' self-metrics."""
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        self._capped = metrics.tag_values_capped
+
+    def capped(self, tag: str, reason: TagCap) -> None:
+        self._capped.labels(tag, TagCap(reason).value).inc()
 
 
 class ExportResult(Protocol):

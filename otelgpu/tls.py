@@ -203,7 +203,7 @@ def server_security(config: _Secured, where: str, metrics: Optional[SelfMetrics]
     tls = tokens = None
     if config.tls is not None:
         tls = ServerTLS(config.tls, where,
-                        (lambda: metrics.tls_reload_errors.labels(where).inc()) if metrics is not None else None)
+                        metrics.tls_reload_failed(where) if metrics is not None else None)
     if config.auth is not None:
         if tls is None and not is_loopback(split_endpoint(config.endpoint)[0]):
             log.warning("%s: bearer tokens accepted in plaintext on %s: set %s.tls, unless the network itself "

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Optional
 
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import DurabilityTelemetry, SelfMetrics, WalCorruption
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class Wal:
     def __init__(self, directory: Path, metrics: SelfMetrics, segment_bytes: int = 64 << 20) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.metrics = metrics
+        self.telemetry = DurabilityTelemetry(metrics)
         self.segment_bytes = segment_bytes
         self._cond = threading.Condition()
         self._syncing = False
@@ -97,7 +97,7 @@ class Wal:
                     self._syncing = False
                     self._cond.notify_all()
                 self._synced = max(self._synced, target)
-                self.metrics.wal_fsyncs.inc()
+                self.telemetry.wal_fsyncs.inc()
 
     def rotate(self) -> Position:
         """Start a new segment (after a checkpoint, so the older ones can go). Returns its start."""
@@ -136,7 +136,7 @@ class Wal:
             while at < len(data):
                 problem = self._bad_record(data, at)
                 if problem:
-                    self.metrics.wal_corruptions.labels("tail" if segment == self._segment - 1 else "segment").inc()
+                    self.telemetry.wal_corrupt(WalCorruption.TAIL if segment == self._segment - 1 else WalCorruption.SEGMENT)
                     log.error("write-ahead log segment %08d: %s at byte %d; the %d bytes after it are not replayed",
                               segment, problem, at, len(data) - at)
                     break

@@ -315,9 +315,10 @@ def test_directory_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, caplog) -> None:
     _written(tmp_path)
     before = (tmp_path / FILE).read_bytes()
-    cp = Checkpoint(tmp_path, Identity("prod", "USD"), SelfMetrics())
+    metrics = SelfMetrics()
+    cp = Checkpoint(tmp_path, Identity("prod", "USD"), metrics)
     (tmp_path / f".{FILE}.tmp").mkdir()  # the temporary file cannot be created
     assert cp.save({"store": {"last_time_ns": 1, "attrs": [], "sums": []}}) is False
-    assert by_label(cp.metrics.checkpoint_errors)["write"] == 1 and "previous one stays" in caplog.text
+    assert by_label(metrics.checkpoint_errors)["write"] == 1 and "previous one stays" in caplog.text
     assert (tmp_path / FILE).read_bytes() == before
     cp.close()

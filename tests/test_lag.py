@@ -43,8 +43,8 @@ def pipeline(directory, otlp: str, remote_write: Optional[str] = None) -> Pipeli
     p = offline_pipeline(make_config(attribution__interval_seconds=INTERVAL, attribution__lateness_seconds=30,
                                      attribution__prices__gpu_hour_by_gpu_model={A100: 12.0},
                                      checkpoint__directory=str(directory), **exporters))
-    assert p.telemetry is not None
-    p.telemetry.start()
+    assert p.metrics_server is not None
+    p.metrics_server.start()
     return p
 
 
@@ -54,9 +54,9 @@ GAUGES = {"otelgpu_watermark_timestamp_seconds": "watermark", "otelgpu_interval_
 
 def lag(p: Pipeline) -> dict[str, Any]:
     """The lag gauges as /metrics serves them (unix seconds of data time)."""
-    assert p.telemetry is not None
+    assert p.metrics_server is not None
     out: dict[str, Any] = {"delivered": {}}
-    for family in text_string_to_metric_families(requests.get(p.telemetry.url, timeout=5).text):
+    for family in text_string_to_metric_families(requests.get(p.metrics_server.url, timeout=5).text):
         for s in family.samples:
             if s.name == "otelgpu_exporter_delivered_timestamp_seconds":
                 out["delivered"][s.labels["exporter"]] = s.value

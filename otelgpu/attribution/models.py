@@ -33,7 +33,7 @@ from otelgpu.config import TAG_NAMES, AttributionConfig
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.core.grouping import Numbering, group_ids
 from otelgpu.enrich.holdings import ACTIVE, NOBODY, POD_UNKNOWN
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import IntervalScope, IntervalTelemetry, SelfMetrics
 
 log = logging.getLogger(__name__)
 Series = dict[str, Mapping[Attrs, float]]
@@ -149,7 +149,7 @@ class CostModels:
     def __init__(self, config: AttributionConfig, tag_defaults: Mapping[str, str],
                  metrics: Optional[SelfMetrics] = None, dropped: frozenset[str] = frozenset()) -> None:
         self.config = config
-        self.metrics = metrics
+        self.telemetry = IntervalTelemetry(metrics) if metrics is not None else None
         self.dropped = dropped  # attributes the series do not keep (`series.detail`, `series.drop_attributes`)
         self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
         self._with = _Extender()
@@ -184,8 +184,8 @@ class CostModels:
                 tenants = split(charged)
             except Exception:  # noqa: BLE001 - the tenants' split must never cost the interval its costs
                 log.exception("tenant split failed; the interval's other series are kept")
-                if self.metrics is not None:
-                    self.metrics.interval_errors.labels("tenants").inc()
+                if self.telemetry is not None:
+                    self.telemetry.failed(IntervalScope.TENANTS)
                 tenants = {}
             if tenants:
                 sums["tenant_cost"] = self.reduce(tenants)
@@ -256,11 +256,11 @@ class CostModels:
                           np.maximum(p.memory_request_gib, p.memory_used_gib))
         qty = np.stack([p.share * cpu, p.share * memory], axis=1).reshape(-1, 2)
         by_requests = np.stack([np.isnan(p.cpu_used), np.isnan(p.memory_used_gib)], axis=1).reshape(-1, 2)
-        if self.metrics is not None:
+        if self.telemetry is not None:
             for x, (resource, reserved) in enumerate((("cpu", p.cpu_request), ("memory", p.memory_request_gib))):
                 fallbacks = int(np.count_nonzero(by_requests[:, x] & (reserved > 0)))
                 if fallbacks:
-                    self.metrics.scad_request_fallbacks.labels(resource).inc(fallbacks)
+                    self.telemetry.request_fallbacks(resource, fallbacks)
         cap = np.array([[n.vcpus, n.memory_gib] for n in priced.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
         split = scad(p.node, qty, cap, rate, dt)

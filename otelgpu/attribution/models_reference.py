@@ -117,10 +117,10 @@ class CostModelsReference(CostModels):
             qty[i] = (p.share * cpu, p.share * mem)
             basis.append(("requests" if np.isnan(p.cpu_used) else "usage",
                           "requests" if np.isnan(p.memory_used_gib) else "usage"))
-            if self.metrics is not None:
+            if self.telemetry is not None:
                 for resource, b, reserved in zip(("cpu", "memory"), basis[-1], (p.cpu_request, p.memory_request_gib)):
                     if b == "requests" and reserved > 0:
-                        self.metrics.scad_request_fallbacks.labels(resource).inc()
+                        self.telemetry.request_fallbacks(resource)
         cap = np.array([[n.vcpus, n.memory_gib] for n in priced.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
         out = scad(pod_node, qty, cap, rate, dt)

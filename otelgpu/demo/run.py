@@ -160,8 +160,8 @@ def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: T
               f"in {time.monotonic() - started:.1f} s\n")
     for reason, n in sorted(rejected.items()):
         out.write(f"  rejected {n:.0f}: {reason}\n")
-    if pipeline.telemetry:
-        out.write(f"metrics: {pipeline.telemetry.url}\n")
+    if pipeline.metrics_server:
+        out.write(f"metrics: {pipeline.metrics_server.url}\n")
     if keep_running:
         out.write("running until interrupted (Ctrl-C); the cluster keeps reporting every minute\n")
         out.flush()

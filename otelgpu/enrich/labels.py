@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Callable, Mapping
 
 from otelgpu.config import TAG_NAMES, TagRule, TagValuesConfig
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import SelfMetrics, TagCap, TagTelemetry
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -83,7 +83,7 @@ class TagValues:
 
     def __init__(self, config: TagValuesConfig, metrics: SelfMetrics | None = None, release_after: int = 10) -> None:
         self.config = config
-        self.metrics = metrics
+        self.telemetry = TagTelemetry(metrics) if metrics is not None else None
         self.release_after = release_after
         self.per_namespace = config.max_distinct_per_namespace or max(config.max_distinct // 4, 1)
         self.generation = 0  # closed intervals seen
@@ -110,7 +110,7 @@ class TagValues:
                 if len(self._capped) >= 4 * self.config.max_distinct * len(TAG_NAMES):
                     self._capped.clear()
                 self._capped.add((tag, namespace, value))
-                self._count(tag, "distinct")
+                self._count(tag, TagCap.DISTINCT)
             return self.config.overflow_value
         uses.setdefault(value, {})[namespace] = self.generation
         self._held[(tag, namespace)] += 1
@@ -122,12 +122,12 @@ class TagValues:
         value = value.lower() if c.case == "lower" else value.upper() if c.case == "upper" else value
         if len(value) > c.max_length:
             value = value[: c.max_length]
-            self._count(tag, "length")
+            self._count(tag, TagCap.LENGTH)
         return value
 
-    def _count(self, tag: str, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.tag_values_capped.labels(tag, reason).inc()
+    def _count(self, tag: str, reason: TagCap) -> None:
+        if self.telemetry is not None:
+            self.telemetry.capped(tag, reason)
 
     def expire(self, end_ns: int = 0) -> None:
         """One interval closed: release what no namespace used in the last `release_after`."""

@@ -26,7 +26,7 @@ from otelgpu.receiver.limits import Limits
 from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.receiver.record import encode_batch
 from otelgpu.receiver.rejection import describe
-from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
+from otelgpu.telemetry import DurabilityTelemetry, IngestTelemetry, ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.wal import Wal
 
 
@@ -100,6 +100,7 @@ class Ingest:
         self.memory = memory or MemoryLimiter.unlimited()
         self.retry_after_s = retry_after_s
         self.metrics = metrics
+        self.telemetry, self.durability = IngestTelemetry(metrics), DurabilityTelemetry(metrics)
         self.limits = limits or Limits()
         self.wal = wal
         self.columnar = ColumnarDecoder(strings, self.limits)
@@ -116,17 +117,17 @@ class Ingest:
         while (len(batch) or batch.sources) and not self._enqueue(batch):  # the interner was compacted meanwhile
             batch = self._decode(raw)
         if len(batch):
-            self.metrics.points_received.inc(len(batch))
+            self.telemetry.received.inc(len(batch))
         for why, n in batch.rejected.items():
-            self.metrics.points_rejected.labels(why.metric, why.reason).inc(n)
-        self.metrics.points_ignored.inc(batch.ignored)
+            self.telemetry.rejected(why.metric, why.reason, n)
+        self.telemetry.ignored.inc(batch.ignored)
         return Taken(len(batch) + batch.ignored, batch.rejected_count, describe(batch.rejected))
 
     def _decode(self, raw: bytes) -> PointBatch:
         """The columnar decoder's batch; the reference decoder's where protobuf must read the bytes."""
         batch = self.columnar.decode(raw)
         if batch is None:
-            self.metrics.requests_decoded_by_reference.inc()
+            self.telemetry.decoded_by_reference.inc()
             try:
                 request = ExportMetricsServiceRequest.FromString(raw)
             except DecodeError as exc:
@@ -182,7 +183,7 @@ class Ingest:
             yield waiting
 
     def _disk_failed(self, exc: OSError) -> None:
-        self.metrics.wal_errors.labels(type(exc).__name__).inc()
+        self.durability.wal_failed(exc)
         log.error("write-ahead log not written (%s): answering 'retry later'", exc)
         raise RetryableError(f"write-ahead log unavailable: {exc.strerror or exc}", self.retry_after_s,
                              reason="wal") from exc

@@ -11,18 +11,20 @@ from otelgpu.telemetry import SelfMetrics, by_label
 from support import feed, make_config, offline_pipeline
 
 
-def values(max_distinct: int = 8, per_namespace: int | None = None, release_after: int = 3) -> TagValues:
+def values(max_distinct: int = 8, per_namespace: int | None = None, release_after: int = 3,
+           metrics: SelfMetrics | None = None) -> TagValues:
     return TagValues(TagValuesConfig(max_distinct=max_distinct, max_distinct_per_namespace=per_namespace),
-                     SelfMetrics(), release_after=release_after)
+                     metrics or SelfMetrics(), release_after=release_after)
 
 
 def test_a_namespace_minting_values_fills_only_its_own_share():
-    v = values(max_distinct=8)  # a namespace's share: a quarter, 2
+    metrics = SelfMetrics()
+    v = values(max_distinct=8, metrics=metrics)  # a namespace's share: a quarter, 2
     bomb = [v("team", f"bomb-{i}", "evil") for i in range(100)]
     assert bomb[:2] == ["bomb-0", "bomb-1"] and set(bomb[2:]) == {"other"}
     assert [v("team", t, ns) for t, ns in (("search", "web"), ("search", "infer"), ("research", "ml"))] == \
         ["search", "search", "research"]
-    assert by_label(v.metrics.tag_values_capped) == {("team", "distinct"): 98}
+    assert by_label(metrics.tag_values_capped) == {("team", "distinct"): 98}
 
 
 def test_the_tag_cap_still_holds_across_namespaces():

@@ -22,13 +22,14 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from otelgpu.config import KubernetesConfig
 from otelgpu.core.backoff import Backoff
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import KubeReason, KubeTelemetry, KubeVerb, ListReason, SelfMetrics, WatchEvent
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 CONNECT_TIMEOUT_S = 10.0
-_REASONS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone", 429: "throttled"}
+_REASONS = {401: KubeReason.UNAUTHORIZED, 403: KubeReason.FORBIDDEN, 404: KubeReason.NOT_FOUND, 410: KubeReason.GONE,
+            429: KubeReason.THROTTLED}
 
 
 class Gone(Exception):
@@ -41,17 +42,21 @@ class Store(Protocol):
     def delete(self, resource: str, obj: Obj) -> None: ...
 
 
-def reason_of(exc: BaseException) -> str:
+def reason_of(exc: BaseException) -> KubeReason:
     """The `reason` label of an API failure."""
+    if isinstance(exc, Gone):
+        return KubeReason.GONE
     if isinstance(exc, ApiException):
         if exc.status in _REASONS:
             return _REASONS[exc.status]
-        return "server_error" if (exc.status or 0) >= 500 else "connection" if not exc.status else "invalid"
+        if not exc.status:
+            return KubeReason.CONNECTION
+        return KubeReason.SERVER_ERROR if exc.status >= 500 else KubeReason.INVALID
     if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-        return "timeout"
+        return KubeReason.TIMEOUT
     if isinstance(exc, (ValueError, KeyError, TypeError)):
-        return "invalid"
-    return "connection"
+        return KubeReason.INVALID
+    return KubeReason.CONNECTION
 
 
 def api_message(exc: BaseException) -> str:
@@ -74,7 +79,8 @@ class WatchSpec:
 class Reflector:
     def __init__(self, spec: WatchSpec, store: Store, cfg: KubernetesConfig, metrics: SelfMetrics,
                  stop: threading.Event, rng: Callable[[], float] = random.random) -> None:
-        self.spec, self.store, self.cfg, self.metrics, self.stop = spec, store, cfg, metrics, stop
+        self.spec, self.store, self.cfg, self.stop = spec, store, cfg, stop
+        self.telemetry = KubeTelemetry(metrics, spec.resource)
         self.backoff = Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, 0.2, rng)  # +/-20 %
         self.rng = rng
         self._resp: Any = None
@@ -90,32 +96,32 @@ class Reflector:
         return kw
 
     def run(self) -> None:
-        relist_reason = "initial"
+        relist_reason = ListReason.INITIAL
         while not self.stop.is_set():
-            verb = "list"
+            verb = KubeVerb.LIST
             try:
                 if self.version is None:
                     self.version = self._list(relist_reason)
-                verb = "watch"
+                verb = KubeVerb.WATCH
                 self._watch()
                 self._recovered()
             except Exception as exc:  # every failure of a long-lived watch is retried; none may end it
                 if self.stop.is_set():
                     break
-                reason = "gone" if isinstance(exc, Gone) else reason_of(exc)
-                if reason == "gone":  # history compacted past our version (or a list's continue expired)
-                    self.metrics.kube_errors.labels(self.spec.resource, verb, "gone").inc()
-                    self.version, relist_reason = None, "gone"
+                reason = reason_of(exc)
+                if reason is KubeReason.GONE:  # history compacted past our version (or a list's continue expired)
+                    self.telemetry.failed(verb, reason)
+                    self.version, relist_reason = None, ListReason.GONE
                     continue
                 self._failed(verb, reason, exc)
                 self.stop.wait(self.backoff.next())
 
-    def _list(self, reason: str) -> str:
+    def _list(self, reason: ListReason) -> str:
         self._set_synced(False)
         self._listed = ("", 0)
         self.store.replace(self.spec.resource, self._pages())
         version, count = self._listed
-        self.metrics.kube_lists.labels(self.spec.resource, reason).inc()
+        self.telemetry.listed(reason)
         self._set_synced(True)
         log.info("listed %d %s at resourceVersion %s", count, self.spec.resource, version)
         return version
@@ -144,7 +150,7 @@ class Reflector:
 
     def _set_synced(self, synced: bool) -> None:
         self.synced = synced
-        self.metrics.kube_synced.labels(self.spec.resource).set(int(synced))
+        self.telemetry.synced(synced)
 
     def _watch(self) -> None:
         """Stream events from `self.version` until the server ends the watch; every event (and
@@ -174,26 +180,26 @@ class Reflector:
             if obj.get("code") == 410:
                 raise Gone(obj.get("message", ""))
             raise ApiException(status=obj.get("code") or 500, reason=obj.get("reason"), body=json.dumps(obj))
-        self.metrics.kube_events.labels(self.spec.resource, kind).inc()
-        if kind in ("ADDED", "MODIFIED"):
-            self.store.upsert(self.spec.resource, obj)
-        elif kind == "DELETED":
-            self.store.delete(self.spec.resource, obj)
-        elif kind != "BOOKMARK":
+        if kind not in WatchEvent.__members__:
             raise ValueError(f"unknown watch event type {kind!r}")
+        self.telemetry.event(WatchEvent(kind))
+        if kind in (WatchEvent.ADDED, WatchEvent.MODIFIED):
+            self.store.upsert(self.spec.resource, obj)
+        elif kind == WatchEvent.DELETED:
+            self.store.delete(self.spec.resource, obj)
         return (obj.get("metadata") or {}).get("resourceVersion") or version
 
-    def _failed(self, verb: str, reason: str, exc: BaseException) -> None:
+    def _failed(self, verb: KubeVerb, reason: KubeReason, exc: BaseException) -> None:
         resource = self.spec.resource
-        self.metrics.kube_errors.labels(resource, verb, reason).inc()
+        self.telemetry.failed(verb, reason)
         if self._failing == reason:
             log.debug("%s %s still failing (%s)", verb, resource, reason)
             return
         self._failing = reason
-        if reason == "not_found" and resource.startswith("resource"):
+        if reason is KubeReason.NOT_FOUND and resource.startswith("resource"):
             log.warning("Kubernetes API does not serve %s (DRA's resource.k8s.io/v1 needs Kubernetes 1.34 or later; "
                         "kubernetes.dra: false stops asking); retrying with backoff", resource)
-        elif reason in ("forbidden", "unauthorized"):
+        elif reason in (KubeReason.FORBIDDEN, KubeReason.UNAUTHORIZED):
             log.error("Kubernetes API refuses to %s %s: %s. otelgpu needs get, list and watch on %s; it goes on "
                       "attributing with the facts it has and retries.", verb, resource, api_message(exc), resource)
         else:

@@ -28,7 +28,7 @@ from otelgpu.enrich.kube.reflector import Reflector, WatchSpec, api_message, rea
 from otelgpu.enrich.kube.store import NS, RESOLVED_KINDS, ApiFacts
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.enrich.model import FactsView, OwnerKey, PodFacts
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import KubeReason, KubeTelemetry, KubeVerb, SelfMetrics
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ class OwnerResolver:
 
     def __init__(self, api: client.ApiClient, facts: ApiFacts, metrics: SelfMetrics, stop: threading.Event,
                  clock: Callable[[], float] = time.time) -> None:
-        self.facts, self.metrics, self.stop, self.clock = facts, metrics, stop, clock
+        self.facts, self.stop, self.clock = facts, stop, clock
+        self.telemetry = {kind: KubeTelemetry(metrics, resource) for kind, resource in RESOLVED_KINDS.items()}
         apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
         self._read = {"ReplicaSet": apps.read_namespaced_replica_set, "Job": batch.read_namespaced_job}
         self._queue: queue.Queue[Optional[OwnerKey]] = queue.Queue(maxsize=100_000)  # None: closing
@@ -98,8 +99,8 @@ class OwnerResolver:
                 resp.release_conn()
         except Exception as exc:  # the workload falls back to the owner itself (or its name pattern)
             reason = reason_of(exc)
-            self.metrics.kube_errors.labels(resource, "get", reason).inc()
-            if reason == "forbidden":
+            self.telemetry[kind].failed(KubeVerb.GET, reason)
+            if reason is KubeReason.FORBIDDEN:
                 self._refused[kind] = self.clock()
                 log.error("Kubernetes API refuses to get %s: %s. Grant get on %s to resolve workloads "
                           "(or set kubernetes.resolve_owners: false); using the owner's name meanwhile.",

@@ -31,7 +31,7 @@ from otelgpu.enrich.model import (
     PodFacts,
     SliceFacts,
 )
-from otelgpu.telemetry import SelfMetrics
+from otelgpu.telemetry import KubeTelemetry, SelfMetrics
 
 NS = 1_000_000_000
 RESOLVED_KINDS = {"ReplicaSet": "replicasets", "Job": "jobs"}
@@ -59,6 +59,7 @@ class ApiFacts:
     def __init__(self, tags: TagResolver, grace_s: float, clock: Callable[[], float] = time.time,
                  metrics: Optional[SelfMetrics] = None, history_seconds: float = 900.0) -> None:
         self.tags, self.grace_s, self.clock, self.metrics = tags, grace_s, clock, metrics
+        self._telemetry: dict[str, KubeTelemetry] = {}  # by resource, for the objects held
         self._lock = threading.Lock()
         retention = int(history_seconds * NS)
         self.pods: Timeline[PodKey, PodFacts] = Timeline(retention, same_facts)
@@ -170,7 +171,9 @@ class ApiFacts:
         """Object counts into the otelgpu_kube_objects gauge."""
         if self.metrics is not None:
             for resource, n in self.counts().items():
-                self.metrics.kube_objects.labels(resource).set(n)
+                if resource not in self._telemetry:
+                    self._telemetry[resource] = KubeTelemetry(self.metrics, resource)
+                self._telemetry[resource].objects.set(n)
 
     def _resolve(self, pods: dict[PodKey, PodFacts]) -> None:
         if self.on_pod is not None:
