@@ -31,7 +31,7 @@ from bench_ingest import requests_of  # noqa: E402 - Collector-shaped requests o
 
 SERVE = r"""
 import json, sys, threading
-from otelgpu.config import HttpReceiverConfig
+from otelgpu.receiver.config import HttpReceiverConfig
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Ingest
 from otelgpu.receiver.interner import Interner

@@ -46,8 +46,8 @@ def serve(kind: str, port_file: str) -> None:
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
     else:
-        from otelgpu.config import GrpcReceiverConfig
         from otelgpu.receiver import columnar
+        from otelgpu.receiver.config import GrpcReceiverConfig
         from otelgpu.receiver.grpc_server import GrpcReceiver
         from otelgpu.receiver.ingest import Ingest
         from otelgpu.receiver.interner import Interner

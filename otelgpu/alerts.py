@@ -27,7 +27,7 @@ import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
-from otelgpu.config import _format_loc, _message
+from otelgpu.core.settings import format_loc, problem_message
 from otelgpu.errors import ConfigError
 
 PERIOD_HOURS = 30 * 24  # a budget's period
@@ -84,7 +84,7 @@ def load_alerts_config(path: str | Path | None) -> AlertsConfig:
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise ConfigError([f"{path}: {_format_loc(e['loc'])}: {_message(e)}" for e in exc.errors()]) from exc
+        raise ConfigError([f"{path}: {format_loc(e['loc'])}: {problem_message(e)}" for e in exc.errors()]) from exc
 
 
 def rule_groups(c: AlertsConfig) -> list[dict[str, Any]]:

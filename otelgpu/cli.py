@@ -13,7 +13,8 @@ import signal
 import sys
 from typing import Callable, TextIO
 
-from otelgpu.config import load_config, load_prices_file
+from otelgpu.attribution.config import load_prices_file
+from otelgpu.config import load_config
 from otelgpu.errors import ConfigError
 
 

@@ -16,11 +16,11 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from otelgpu.attribution.config import TenantsConfig
 from otelgpu.attribution.models import CostModels, Packed, Series, Split
 from otelgpu.attribution.prices import Pricer
 from otelgpu.attribution.pricing import priced
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
-from otelgpu.config import TenantsConfig
 from otelgpu.core.attrs import Attrs, with_attrs
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.model import FactsView

@@ -35,7 +35,7 @@ from otelgpu import heap
 from otelgpu.errors import RetryableError
 
 if TYPE_CHECKING:
-    from otelgpu.config import MemoryLimiterConfig
+    from otelgpu.core.settings import MemoryLimiterConfig
 
 log = logging.getLogger(__name__)
 

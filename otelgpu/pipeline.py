@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
+from otelgpu import telemetry
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.prices import Pricer
 from otelgpu.checkpoint import Checkpoint, Identity
 from otelgpu.commit import Committer
 from otelgpu.compute import Costs, IntervalCosts
-from otelgpu.config import Config, DeliveryConfig
+from otelgpu.config import Config
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.mig import MigProfiles
 from otelgpu.core.state import States, Undo
@@ -30,6 +31,7 @@ from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.enrich.usage import UsageTracker
 from otelgpu.enrich.window import NS, Interval, Windows
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.config import DeliveryConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
@@ -46,7 +48,6 @@ from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
 from otelgpu.receiver.record import RecordError, decode_batch
 from otelgpu.receiver.schema import is_ksm
-from otelgpu import telemetry
 from otelgpu.telemetry import (AheadOutcome, CheckpointError, DurabilityTelemetry, IntervalTelemetry, SelfMetrics,
                                WalCorruption, WorkStep)
 from otelgpu.wal import Position, Wal

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
 import grpc
 
-from otelgpu.config import ClientTLSConfig, ServerAuthConfig, ServerTLSConfig
+from otelgpu.core.settings import ClientTLSConfig, ServerAuthConfig, ServerTLSConfig
 from otelgpu.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def server_security(config: _Secured, where: str, metrics: Optional[SelfMetrics]
     a few words saying which, for its start-up log line. Reloads that fail are counted in
     `metrics.tls_reload_errors` under `where`. Tokens taken in plaintext beyond the loopback can
     be read on the way: said at start (a service mesh may encrypt the hop itself)."""
-    from otelgpu.config import is_loopback, split_endpoint
+    from otelgpu.core.settings import is_loopback, split_endpoint
 
     tls = tokens = None
     if config.tls is not None:

@@ -12,14 +12,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "otelgpu"
 
 # Lowest first: a module may import its own layer and those below it, never one above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ground", ("otelgpu", "otelgpu.core", "otelgpu.errors", "otelgpu.config", "otelgpu.heap", "otelgpu.telemetry", "otelgpu.tls",
+    ("ground", ("otelgpu", "otelgpu.core", "otelgpu.errors", "otelgpu.heap", "otelgpu.telemetry", "otelgpu.tls",
                 "otelgpu.httpserver", "otelgpu.wal", "otelgpu.checkpoint", "otelgpu.memory")),
     ("receiver", ("otelgpu.receiver",)),
     ("enrich", ("otelgpu.enrich",)),
     ("attribution", ("otelgpu.attribution",)),
     ("exporter", ("otelgpu.exporter",)),
     ("readers", ("otelgpu.report", "otelgpu.alerts", "otelgpu.nvml")),
-    ("assembly", ("otelgpu.pipeline", "otelgpu.compute", "otelgpu.commit", "otelgpu.kernels", "otelgpu.cli",
+    ("assembly", ("otelgpu.config", "otelgpu.pipeline", "otelgpu.compute", "otelgpu.commit", "otelgpu.kernels", "otelgpu.cli",
                   "otelgpu.demo", "otelgpu.__main__")),
 )
 

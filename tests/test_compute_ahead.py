@@ -20,8 +20,8 @@ from cluster import Cluster, Node, Pod, Unit
 from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
-from otelgpu.config import KubernetesConfig
 from otelgpu.enrich import factstate
+from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.telemetry import by_label, total

@@ -76,7 +76,7 @@ def test_environment_references_take_a_default(monkeypatch):
     ("collector.monitoring.svc:4317", ("collector.monitoring.svc", 4317), "collector.monitoring.svc:4317", False),
 ])
 def test_one_endpoint_parser_for_every_endpoint(endpoint, parsed, address, loopback):
-    from otelgpu.config import is_loopback, listen_address, split_endpoint
+    from otelgpu.core.settings import is_loopback, listen_address, split_endpoint
 
     assert split_endpoint(endpoint) == parsed and listen_address(endpoint) == address
     assert is_loopback(parsed[0]) is loopback

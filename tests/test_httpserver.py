@@ -153,7 +153,7 @@ def test_clients_refused_from_their_headers_cannot_keep_a_real_sender_out(served
     """Six clients without a token hold connections by announcing bodies they trickle; the
     connections being closed after their 401s are evicted first, so the sender with the token
     always gets a place."""
-    from otelgpu.config import ServerAuthConfig
+    from otelgpu.core.settings import ServerAuthConfig
     from otelgpu.tls import BearerTokens
 
     token = tmp_path / "token"

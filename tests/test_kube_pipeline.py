@@ -14,9 +14,10 @@ from cluster import T0, Cluster, Node, Pod, Unit
 from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
-from otelgpu.config import Config, KubernetesConfig
+from otelgpu.config import Config
 from otelgpu.demo import objects, scenario
 from otelgpu.demo.run import demo_config, replay
+from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.telemetry import by_label, total

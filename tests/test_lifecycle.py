@@ -17,15 +17,16 @@ from kubeapi import FakeKubeApi
 from prometheus_client import CollectorRegistry
 from support import eventually
 
-from otelgpu.config import (DeliveryConfig, GrpcReceiverConfig, HttpReceiverConfig, KubernetesConfig,
-                            OtlpExporterConfig, PrometheusConfig, TagValuesConfig, _default_tags)
 from otelgpu.core.lifecycle import Component
+from otelgpu.enrich.config import KubernetesConfig, TagValuesConfig, default_tags
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver, TagValues
+from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig, PrometheusConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import TelemetryServer
 from otelgpu.exporter.store import CostStore
+from otelgpu.receiver.config import GrpcReceiverConfig, HttpReceiverConfig
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Ingest
@@ -84,7 +85,7 @@ def api():
 def _kube(api: FakeKubeApi) -> KubeSource:
     config = KubernetesConfig(enabled=True, auth="token", api_url=api.url, token="secret", watch_timeout_seconds=30,
                               backoff_initial_seconds=0.05, backoff_max_seconds=0.2)
-    return KubeSource(config, TagResolver(_default_tags(), TagValues(TagValuesConfig())), SelfMetrics())
+    return KubeSource(config, TagResolver(default_tags(), TagValues(TagValuesConfig())), SelfMetrics())
 
 
 def _kube_running(k: Component) -> bool:

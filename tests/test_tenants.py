@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline, otlp_fixture
 
+from otelgpu.attribution.config import TenantsConfig
 from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant, token_sums
-from otelgpu.config import TenantsConfig
 from otelgpu.enrich.usage import PROMPT, PodSamples, UsageTracker
 from otelgpu.receiver.interner import Interner
 from otelgpu.telemetry import total

@@ -27,11 +27,12 @@ from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
+from otelgpu.attribution.config import AttributionConfig
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.attribution.pricing import Priced
-from otelgpu.config import TAG_NAMES, AttributionConfig
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.core.grouping import Numbering, group_ids
+from otelgpu.core.settings import TAG_NAMES
 from otelgpu.enrich.holdings import ACTIVE, NOBODY, POD_UNKNOWN
 from otelgpu.telemetry import IntervalScope, IntervalTelemetry, SelfMetrics
 

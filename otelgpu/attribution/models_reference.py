@@ -17,8 +17,8 @@ from otelgpu.attribution.engine import Attribution, attribute_request, scad, sha
 from otelgpu.attribution.models import (SUMS, CostModels, holder_activity, hybrid_allocation, model_attribution,
                                         shared_idle)
 from otelgpu.attribution.pricing import Priced
-from otelgpu.config import TAG_NAMES
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.core.settings import TAG_NAMES
 
 Series = dict[str, dict[Attrs, float]]
 

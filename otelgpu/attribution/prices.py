@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from otelgpu.config import PricesConfig, load_prices_file
+from otelgpu.attribution.config import PricesConfig, load_prices_file
 from otelgpu.core.catalog import InstanceType, gpu_model_key, load_catalog
 from otelgpu.errors import ConfigError
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Mapping
 
-from otelgpu.config import TenantsConfig
-from otelgpu.enrich.usage import Tokens
+from otelgpu.attribution.config import TenantsConfig
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.enrich.usage import Tokens
 
 # Attributes of a pod's allocated series that describe how a unit was held: the tenant series are
 # the pod's, whatever units it held.

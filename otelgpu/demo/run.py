@@ -14,10 +14,11 @@ import yaml
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.config import Config, PrometheusConfig, parse_config
+from otelgpu.config import Config, parse_config
 from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request, send
 from otelgpu.enrich.window import NS
+from otelgpu.exporter.config import PrometheusConfig
 from otelgpu.pipeline import Pipeline
 from otelgpu.telemetry import by_label, total
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from otelgpu.config import TAG_NAMES
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
 from otelgpu.core.grouping import Numbering
+from otelgpu.core.settings import TAG_NAMES
 from otelgpu.enrich.holdings import ATTRIBUTIONS, BASES, FRACTION, KINDS
 from otelgpu.enrich.labels import TagResolver, Tags
 from otelgpu.enrich.model import PodFacts

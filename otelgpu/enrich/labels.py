@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Mapping
 
-from otelgpu.config import TAG_NAMES, TagRule, TagValuesConfig
+from otelgpu.core.settings import TAG_NAMES
+from otelgpu.enrich.config import TagRule, TagValuesConfig
 from otelgpu.telemetry import SelfMetrics, TagCap, TagTelemetry
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from otelgpu.config import DeliveryConfig
 from otelgpu.core.backoff import Backoff
 from otelgpu.exporter.columns import Point, Points
+from otelgpu.exporter.config import DeliveryConfig
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.queue import Entry, SnapshotQueue
 from otelgpu.exporter.sending import DELIVERED, Progress, Sender, SendResult

@@ -38,11 +38,11 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otelgpu.config import OtlpExporterConfig
+from otelgpu.core.attrs import Attrs
 from otelgpu.core.jit import kernel
+from otelgpu.exporter.config import OtlpExporterConfig
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
-from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.store import MetricSpec, Point, Points
 from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
 from otelgpu.tls import TokenFile, grpc_channel_credentials

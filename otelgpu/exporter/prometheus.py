@@ -25,8 +25,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from otelgpu import httpserver
-from otelgpu.config import PrometheusConfig, split_endpoint
 from otelgpu.core.lifecycle import grace
+from otelgpu.core.settings import split_endpoint
+from otelgpu.exporter.config import PrometheusConfig
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics
 from otelgpu.tls import server_security

@@ -45,12 +45,12 @@ import numpy as np
 import urllib3
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from otelgpu.config import RemoteWriteConfig
+from otelgpu.core.attrs import Attrs
 from otelgpu.core.jit import kernel
+from otelgpu.exporter.config import RemoteWriteConfig
+from otelgpu.exporter.prometheus import label_name
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
-from otelgpu.exporter.prometheus import label_name
-from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.store import MetricSpec, Point, Points
 from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
 from otelgpu.tls import TokenFile, client_context

@@ -33,8 +33,9 @@ from opentelemetry.sdk.resources import Resource
 from pydantic import ValidationError
 
 from otelgpu import __version__
-from otelgpu.config import ClientTLSConfig, OtlpExporterConfig
+from otelgpu.core.settings import ClientTLSConfig
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.config import OtlpExporterConfig
 from otelgpu.nvml.series import METRICS, MetricSpec, Point
 from otelgpu.tls import grpc_channel_credentials
 

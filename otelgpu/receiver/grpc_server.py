@@ -39,11 +39,12 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from otelgpu.config import GrpcReceiverConfig, listen_address
 from otelgpu.core.lifecycle import grace
+from otelgpu.core.settings import listen_address
 from otelgpu.errors import ConfigError, RetryableError, status_for
-from otelgpu.receiver.ingest import Consumer, answer, refused
 from otelgpu.memory import MemoryLimiter, cost
+from otelgpu.receiver.config import GrpcReceiverConfig
+from otelgpu.receiver.ingest import Consumer, answer, refused
 from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.tls import BearerTokens, server_security
 

@@ -44,11 +44,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from otelgpu import httpserver
-from otelgpu.config import HttpReceiverConfig, split_endpoint
 from otelgpu.core.lifecycle import grace
+from otelgpu.core.settings import split_endpoint
 from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
-from otelgpu.receiver.ingest import Consumer, Request, answer, refused
 from otelgpu.memory import MemoryLimiter, Ticket, cost
+from otelgpu.receiver.config import HttpReceiverConfig
+from otelgpu.receiver.ingest import Consumer, Request, answer, refused
 from otelgpu.telemetry import ReceiverTelemetry, RequestOutcome, SelfMetrics
 from otelgpu.tls import server_security
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from otelgpu.config import ReceiverConfig, SourcesConfig
+from otelgpu.receiver.config import ReceiverConfig, SourcesConfig
 from otelgpu.receiver.schema import VALUE_RANGE, Metric, quantity_problem
 from otelgpu.receiver.sources import SourceTrust
 

@@ -15,9 +15,9 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from otelgpu.config import Matcher, SourcesConfig
-from otelgpu.receiver.schema import CADVISOR_METRICS, DCGM_METRICS, KSM_METRICS, VLLM_METRICS
+from otelgpu.receiver.config import Matcher, SourcesConfig
 from otelgpu.receiver.rejection import Rejection, rejection
+from otelgpu.receiver.schema import CADVISOR_METRICS, DCGM_METRICS, KSM_METRICS, VLLM_METRICS
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Iterator, Optional, TextIO
 
-from otelgpu.config import TAG_NAMES
+from otelgpu.core.settings import TAG_NAMES
 from otelgpu.report.promql import Labels, PromClient
 from otelgpu.report.showback import LOOKBACK_S, NAMES, increases_by_period
 

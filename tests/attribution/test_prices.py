@@ -7,8 +7,8 @@ from importlib import resources
 import pytest
 import yaml
 
+from otelgpu.attribution.config import PricesConfig
 from otelgpu.attribution.prices import GpuPrice, Pricer, gpu_share_of_instance
-from otelgpu.config import PricesConfig
 from otelgpu.core.catalog import InstanceType, load_catalog
 
 P4D = dict(gpus=8, vcpus=96.0, memory_gib=1152.0)

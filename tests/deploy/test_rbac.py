@@ -10,7 +10,7 @@ from kubeapi import BUILTIN, FakeKubeApi, Resource
 from manifests import MODES, collector_config, otelgpu_config, pod, render
 from support import eventually
 
-from otelgpu.config import KubernetesConfig, TagValuesConfig, _default_tags
+from otelgpu.enrich.config import KubernetesConfig, TagValuesConfig, default_tags
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.workload import workload
@@ -84,7 +84,7 @@ def test_otelgpu_gets_everything_it_needs_from_exactly_what_its_role_grants(mode
                                api_url=api.url, token="t", resolve_owners=configured.resolve_owners,
                                backoff_initial_seconds=0.05, backoff_max_seconds=0.2)
         metrics = SelfMetrics()
-        source = KubeSource(cfg, TagResolver(_default_tags(), TagValues(TagValuesConfig())), metrics)
+        source = KubeSource(cfg, TagResolver(default_tags(), TagValues(TagValuesConfig())), metrics)
         source.start()
         try:
             assert source.wait_synced(10.0)

@@ -8,8 +8,8 @@ import copy
 import pytest
 from support import DCGM_4_6, feed, offline_pipeline, otlp_fixture, prom_fixture_request, make_config
 
+from otelgpu.attribution.config import PricesConfig
 from otelgpu.attribution.prices import Pricer
-from otelgpu.config import PricesConfig
 from otelgpu.telemetry import total
 
 H100 = "NVIDIA H100 80GB HBM3"

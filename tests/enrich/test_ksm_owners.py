@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from support import feed, make_config, offline_pipeline
 
-from otelgpu.config import TagRule
 from otelgpu.demo.otlp import request, scrape
+from otelgpu.enrich.config import TagRule
 from otelgpu.enrich.workload import workload
 
 T = 1_700_000_000 * 10**9

@@ -8,7 +8,7 @@ import yaml
 from kubeapi import FakeKubeApi
 from support import eventually
 
-from otelgpu.config import KubernetesConfig, _default_tags
+from otelgpu.enrich.config import KubernetesConfig, default_tags
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver
 from otelgpu.errors import ConfigError
@@ -21,7 +21,7 @@ def _pod(name: str) -> dict:
 
 
 def _source(cfg: KubernetesConfig) -> KubeSource:
-    return KubeSource(cfg, TagResolver(_default_tags()), SelfMetrics())
+    return KubeSource(cfg, TagResolver(default_tags()), SelfMetrics())
 
 
 def test_kubeconfig_with_a_context(tmp_path):

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 from kubeapi import FakeKubeApi
 
-from otelgpu.config import KubernetesConfig, TagRule, TagValuesConfig, _default_tags
+from otelgpu.enrich.config import KubernetesConfig, TagRule, TagValuesConfig, default_tags
 from otelgpu.enrich.kube.source import KubeSource
 from otelgpu.enrich.labels import TagResolver, TagValues
 from otelgpu.enrich.workload import workload
@@ -51,7 +51,7 @@ def config(api: FakeKubeApi, **overrides: Any) -> KubernetesConfig:
 
 
 def tags(**rules: TagRule) -> TagResolver:
-    return TagResolver({**_default_tags(), **rules}, TagValues(TagValuesConfig()))
+    return TagResolver({**default_tags(), **rules}, TagValues(TagValuesConfig()))
 
 
 def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
@@ -268,7 +268,7 @@ def test_owner_lookup_refused_falls_back_to_the_name_pattern(api, started, caplo
 
 def test_annotations_and_value_caps_in_tags(api, started):
     metrics = SelfMetrics()
-    resolver = TagResolver({**_default_tags(), "model": TagRule(pod_labels=("model",),
+    resolver = TagResolver({**default_tags(), "model": TagRule(pod_labels=("model",),
                                                                 annotations=("ml.example.com/model",))},
                            TagValues(TagValuesConfig(case="lower", max_length=12, max_distinct=2,
                                                      max_distinct_per_namespace=2), metrics))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from cluster import Cluster, Node, Pod, Unit
-from otelgpu.config import TagValuesConfig
+from otelgpu.enrich.config import TagValuesConfig
 from otelgpu.enrich.labels import TagValues
 from otelgpu.telemetry import SelfMetrics, by_label
 from support import feed, make_config, offline_pipeline

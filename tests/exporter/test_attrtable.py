@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 from otlpsink import as_sent, received_rows
 
-from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.attrtable import COMPACT_FROM, AttrTable, _parse
 from otelgpu.exporter.columns import Points
+from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.outbox import Outbox

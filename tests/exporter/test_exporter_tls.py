@@ -15,8 +15,10 @@ import pytest
 from certs import Authority
 from otlpsink import MetricsSink, serve_sink
 
-from otelgpu.config import ClientTLSConfig, OtlpExporterConfig, RemoteWriteConfig, parse_config
+from otelgpu.config import parse_config
+from otelgpu.core.settings import ClientTLSConfig
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.config import OtlpExporterConfig, RemoteWriteConfig
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.remote_write import RemoteWriteSender
 from otelgpu.exporter.store import CostStore

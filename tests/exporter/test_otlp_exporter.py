@@ -12,8 +12,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, M
 from otlpsink import Answer, MetricsSink, serve_sink
 from support import eventually
 
-from otelgpu.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.columns import Point
+from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import MAX_POINTS_PER_REQUEST, NO_RECORDED_VALUE, OtlpSender, requests_reference
 from otelgpu.exporter.store import CostStore

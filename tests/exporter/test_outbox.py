@@ -15,12 +15,12 @@ import pytest
 from otlpsink import MetricsSink, as_sent, received_rows, serve_sink
 from support import eventually
 
-from otelgpu.config import DeliveryConfig, OtlpExporterConfig
-from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.exporter.columns import Points, merge
-from otelgpu.exporter.outbox import Outbox
+from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig
+from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
+from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import CostStore, Point
 from otelgpu.telemetry import SelfMetrics, by_label

@@ -20,7 +20,7 @@ from otlpsink import MetricsSink, as_sent, received_rows, serve_sink
 from rwproxy import FORWARD, HOLD, RemoteWriteProxy
 from support import REPO, eventually
 
-from otelgpu.config import DeliveryConfig, OtlpExporterConfig, RemoteWriteConfig
+from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig, RemoteWriteConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.remote_write import RemoteWriteSender
@@ -40,7 +40,7 @@ GONE = (("namespace", "ml"), ("pod", "short-job"))
 # spec["release"], says so, and waits to be killed.
 CHILD = r"""
 import json, signal, sys
-from otelgpu.config import DeliveryConfig, OtlpExporterConfig, RemoteWriteConfig
+from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig, RemoteWriteConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.store import Point, cost_metrics

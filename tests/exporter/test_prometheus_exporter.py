@@ -11,9 +11,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from otelgpu.config import PrometheusConfig, ServerAuthConfig, ServerTLSConfig
-from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, cost_registry, label_name
 from otelgpu.core.attrs import attrs_of
+from otelgpu.core.settings import ServerAuthConfig, ServerTLSConfig
+from otelgpu.exporter.config import PrometheusConfig
+from otelgpu.exporter.prometheus import CostCollector, TelemetryServer, cost_registry, label_name
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import SelfMetrics, by_label
 

@@ -26,12 +26,12 @@ from botocore.credentials import ReadOnlyCredentials
 from sigv4ref import reference_sigv4
 from support import eventually
 
-from otelgpu.config import DeliveryConfig, RemoteWriteConfig, SigV4Config
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.config import DeliveryConfig, RemoteWriteConfig, SigV4Config
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.remote_write import MAX_LABELS, RemoteWriteSender, WriteRequest, retry_after
-from otelgpu.exporter.sigv4 import sign
 from otelgpu.exporter.sending import Progress
+from otelgpu.exporter.sigv4 import sign
 from otelgpu.exporter.store import Point, cost_metrics
 from otelgpu.telemetry import SelfMetrics, by_label
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rwproxy import FAIL, FORWARD, RemoteWriteProxy
 
-from otelgpu.config import RemoteWriteConfig
+from otelgpu.exporter.config import RemoteWriteConfig
 from otelgpu.exporter.remote_write import RemoteWriteSender
 from otelgpu.exporter.sending import Progress
 from otelgpu.exporter.store import Point, cost_metrics

@@ -10,7 +10,6 @@ from otlpsink import MetricsSink, serve_sink
 from prometheus_client.parser import text_string_to_metric_families
 from support import fixtures_dir
 
-from otelgpu.config import SourcesConfig
 from otelgpu.enrich.samples import dcgm_samples
 from otelgpu.nvml.agent import Agent, Options, PodMapper
 from otelgpu.nvml.export import OtlpSeries, exporter_config
@@ -19,6 +18,7 @@ from otelgpu.nvml.podresources import PodResourcesClient
 from otelgpu.nvml.procpods import ProcessPods
 from otelgpu.nvml.reader import NvmlReader, Reading, Snapshot
 from otelgpu.nvml.series import METRICS, points
+from otelgpu.receiver.config import SourcesConfig
 from otelgpu.receiver.decode import decode_reference
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits

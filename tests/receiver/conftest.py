@@ -9,12 +9,12 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.config import GrpcReceiverConfig, HttpReceiverConfig
+from otelgpu.memory import MemoryLimiter
+from otelgpu.receiver.config import GrpcReceiverConfig, HttpReceiverConfig
 from otelgpu.receiver.grpc_server import GrpcReceiver
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.receiver.ingest import Consumer, Ingest
 from otelgpu.receiver.interner import Interner
-from otelgpu.memory import MemoryLimiter
 from otelgpu.telemetry import SelfMetrics
 
 from .helpers import otel_fixtures_dir

@@ -455,7 +455,7 @@ def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch
 
 
 def test_series_from_untrusted_scrape_targets_are_refused_the_same_by_both():
-    from otelgpu.config import SourcesConfig
+    from otelgpu.receiver.config import SourcesConfig
     from otelgpu.receiver.sources import BIT, SourceTrust, untrusted_reason
 
     trusting = Limits(max_age_ns=86400 * NS, wanted=LIMITS.wanted, trust=SourceTrust(SourcesConfig()))

@@ -20,8 +20,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelgpu.config import GrpcReceiverConfig
 from otelgpu.errors import ConfigError
+from otelgpu.receiver.config import GrpcReceiverConfig
 from otelgpu.receiver.grpc_server import RETRY_INFO_TRAILER, SERVICE, GrpcReceiver
 from otelgpu.telemetry import by_label, total
 

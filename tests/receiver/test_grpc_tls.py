@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.metrics.export import MetricExportResult
 from support import poll
 
-from otelgpu.config import ServerAuthConfig, ServerTLSConfig
+from otelgpu.core.settings import ServerAuthConfig, ServerTLSConfig
 from otelgpu.errors import ConfigError
 from otelgpu.telemetry import by_label
 
@@ -144,7 +144,7 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(
 
 
 def test_unusable_certificate_files_stop_the_start_with_their_setting(make_ingest, metrics, pki, tmp_path) -> None:
-    from otelgpu.config import GrpcReceiverConfig
+    from otelgpu.receiver.config import GrpcReceiverConfig
     from otelgpu.receiver.grpc_server import GrpcReceiver
 
     ca, server, _ = pki

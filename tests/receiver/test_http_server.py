@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from otelgpu.config import HttpReceiverConfig
+from otelgpu.receiver.config import HttpReceiverConfig
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.telemetry import by_label, total
 

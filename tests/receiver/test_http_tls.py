@@ -15,8 +15,9 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from support import eventually, poll
 
-from otelgpu.config import HttpReceiverConfig, ServerAuthConfig, ServerTLSConfig
+from otelgpu.core.settings import ServerAuthConfig, ServerTLSConfig
 from otelgpu.errors import ConfigError
+from otelgpu.receiver.config import HttpReceiverConfig
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.telemetry import by_label
 

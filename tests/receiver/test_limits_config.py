@@ -9,10 +9,11 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from support import REPO
 
-from otelgpu.config import GrpcReceiverConfig, HttpReceiverConfig, load_config, parse_config
+from otelgpu.config import load_config, parse_config
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.prometheus import cost_registry
 from otelgpu.exporter.store import CostStore
+from otelgpu.receiver.config import GrpcReceiverConfig, HttpReceiverConfig
 from otelgpu.telemetry import SelfMetrics
 
 

@@ -16,10 +16,11 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from support import eventually
 
-from otelgpu.config import MemoryLimiterConfig, parse_config
+from otelgpu.config import parse_config
+from otelgpu.core.settings import MemoryLimiterConfig
 from otelgpu.errors import RetryableError
-from otelgpu.receiver.grpc_server import SERVICE
 from otelgpu.memory import BYTES_IN_FLIGHT, MEMORY_LIMIT, MemoryLimiter, cost, limiter_of, resident_bytes
+from otelgpu.receiver.grpc_server import SERVICE
 from otelgpu.telemetry import by_label, total
 
 from .helpers import DCGM1, KSM, drain_points

@@ -9,7 +9,7 @@ from pathlib import Path
 from kubernetes import client, config as kube_config
 from kubernetes.config.config_exception import ConfigException
 
-from otelgpu.config import KubernetesConfig
+from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.errors import ConfigError
 
 log = logging.getLogger(__name__)

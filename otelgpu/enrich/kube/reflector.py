@@ -20,8 +20,8 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from otelgpu.config import KubernetesConfig
 from otelgpu.core.backoff import Backoff
+from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.telemetry import KubeReason, KubeTelemetry, KubeVerb, ListReason, SelfMetrics, WatchEvent
 
 log = logging.getLogger(__name__)

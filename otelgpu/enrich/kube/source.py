@@ -20,8 +20,8 @@ from typing import Any, Callable, Optional
 
 from kubernetes import client
 
-from otelgpu.config import KubernetesConfig
 from otelgpu.core.lifecycle import grace
+from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.enrich.kube import objects
 from otelgpu.enrich.kube.client import api_client
 from otelgpu.enrich.kube.reflector import Reflector, WatchSpec, api_message, reason_of
