@@ -87,30 +87,30 @@ def load_alerts_config(path: str | Path | None) -> AlertsConfig:
         raise ConfigError([f"{path}: {format_loc(e['loc'])}: {problem_message(e)}" for e in exc.errors()]) from exc
 
 
-def rule_groups(c: AlertsConfig) -> list[dict[str, Any]]:
+def rule_groups(config: AlertsConfig) -> list[dict[str, Any]]:
     """The rule groups, as Prometheus' rule file format has them."""
-    return [_recording(c), _spent(c), _alerts(c)]
+    return [_recording(config), _spent(config), _alerts(config)]
 
 
-def _recording(c: AlertsConfig) -> dict[str, Any]:
+def _recording(config: AlertsConfig) -> dict[str, Any]:
     """Every minute: the charge rates and the budgets. A series is seen for 5 minutes after its last
     sample, so whatever an alert reads directly is recorded more often than that."""
     rules: list[dict[str, Any]] = [
         {"record": f"team:gpu_cost_usd_per_hour:rate{w}",
-         "expr": f"3600 * sum by (team) ({CHARGED.format(model=c.cost_model, window=w)})"}
+         "expr": f"3600 * sum by (team) ({CHARGED.format(model=config.cost_model, window=w)})"}
         for w in ("5m", "30m", "1h", "6h")]
-    for team, usd in sorted(c.budgets.items()):
+    for team, usd in sorted(config.budgets.items()):
         rules.append({"record": "team:gpu_cost_budget_usd:30d", "expr": f"vector({_number(usd)})", "labels": {"team": team}})
         rules.append({"record": "team:gpu_cost_budget_usd_per_hour", "expr": f"vector({_number(usd / PERIOD_HOURS)})",
                       "labels": {"team": team}})
     return {"name": "otelgpu-cost-rates", "interval": "1m", "rules": rules}
 
 
-def _spent(c: AlertsConfig) -> dict[str, Any]:
+def _spent(config: AlertsConfig) -> dict[str, Any]:
     """The 30-day spend, every 10 minutes (it reads 30 days of every cost series): the alert reads
     its latest value over the last 20 minutes, not the instant (gone 5 minutes after each sample)."""
     spent = ('sum by (team) (increase({{__name__=~"gpu_cost_(allocated|unused)_total", cost_model="{model}"}}[30d]))'
-             .format(model=c.cost_model))
+             .format(model=config.cost_model))
     return {"name": "otelgpu-cost-spent", "interval": "10m",
             "rules": [{"record": "team:gpu_cost_usd:increase30d", "expr": spent}]}
 
@@ -122,15 +122,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:g} minute{'' if seconds == 60 else 's'}"
 
 
-def _number(x: float) -> str:
+def _number(value: float) -> str:
     """A PromQL number that reads back as `x` exactly."""
-    text = repr(float(x))
+    text = repr(float(value))
     return text[:-2] if text.endswith(".0") else text
 
 
-def _alerts(c: AlertsConfig) -> dict[str, Any]:
+def _alerts(config: AlertsConfig) -> dict[str, Any]:
     """The alerting rules: the teams' budgets, the cost data's health, the sidecar's."""
-    return {"name": "otelgpu-alerts", "rules": _budget_alerts(c) + _data_alerts(c) + _sidecar_alerts(c)}
+    return {"name": "otelgpu-alerts", "rules": _budget_alerts(config) + _data_alerts(config) + _sidecar_alerts(config)}
 
 
 def _burn(long: str, short: str, rate: float) -> str:
@@ -140,25 +140,26 @@ def _burn(long: str, short: str, rate: float) -> str:
             f"(team:gpu_cost_usd_per_hour:rate{short} / on (team) team:gpu_cost_budget_usd_per_hour > {rate:g})")
 
 
-def _alert(c: AlertsConfig, name: str, expr: str, duration: str, severity: str, summary: str,
+def _alert(config: AlertsConfig, name: str, expr: str, duration: str, severity: str, summary: str,
            description: str) -> dict[str, Any]:
     return {"alert": name, "expr": expr, "for": duration, "labels": {"severity": severity},
             "annotations": {"summary": summary, "description": description,
-                            "runbook_url": f"{c.runbooks}#{name.lower()}"}}
+                            "runbook_url": f"{config.runbooks}#{name.lower()}"}}
 
 
-def _budget_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
-    model = c.cost_model
+def _budget_alerts(config: AlertsConfig) -> list[dict[str, Any]]:
+    model = config.cost_model
     return [
-        _alert(c, "GPUCostBudgetBurnFast", _burn("1h", "5m", c.page_burn_rate), "2m", "page",
+        _alert(config, "GPUCostBudgetBurnFast", _burn("1h", "5m", config.page_burn_rate), "2m", "page",
               "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
               f"Over the last hour and the last 5 minutes, team {{{{ $labels.team }}}} was charged more than "
-              f"{c.page_burn_rate:g} times its planned hourly rate (its 30-day budget over 720 h), {model} model."),
-        _alert(c, "GPUCostBudgetBurnSlow", _burn("6h", "30m", c.warn_burn_rate), "15m", "warning",
+              f"{config.page_burn_rate:g} times its planned hourly rate (its 30-day budget over 720 h), "
+              f"{model} model."),
+        _alert(config, "GPUCostBudgetBurnSlow", _burn("6h", "30m", config.warn_burn_rate), "15m", "warning",
               "Team {{ $labels.team }} is spending GPUs at {{ $value | humanize }}x its budget's rate",
               f"Over the last 6 hours and the last 30 minutes, team {{{{ $labels.team }}}} was charged more than "
-              f"{c.warn_burn_rate:g} times its planned hourly rate, {model} model."),
-        _alert(c, "GPUCostBudgetExhaustedWithin24h",
+              f"{config.warn_burn_rate:g} times its planned hourly rate, {model} model."),
+        _alert(config, "GPUCostBudgetExhaustedWithin24h",
               "team:gpu_cost_budget_usd:30d - on (team) last_over_time(team:gpu_cost_usd:increase30d[20m])\n"
               "< on (team) 24 * team:gpu_cost_usd_per_hour:rate6h", "10m", "page",
               "Team {{ $labels.team }}'s GPU budget runs out within 24 hours",
@@ -167,78 +168,80 @@ def _budget_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
     ]
 
 
-def _data_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
+def _data_alerts(config: AlertsConfig) -> list[dict[str, Any]]:
     """Cost the tags, the device data or the prices leave incomplete, and capacity left idle."""
-    model, job = c.cost_model, c.job
+    model, job = config.cost_model, config.job
     return [
-        _alert(c, "GPUCostTagCoverageLow", f'gpu_cost_tag_coverage_ratio{{tag="all", namespace=""}} < {c.tag_coverage_min:g}',
+        _alert(config, "GPUCostTagCoverageLow",
+              f'gpu_cost_tag_coverage_ratio{{tag="all", namespace=""}} < {config.tag_coverage_min:g}',
               "1h", "warning", "Only {{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU cost carries all five tags",
               "Pods without team, project, environment, model or cost center labels (or namespace labels) are "
               "billed to the defaults. gpu_cost_unattributed_total says which namespaces."),
-        _alert(c, "GPUCostUnattributedHigh",
+        _alert(config, "GPUCostUnattributedHigh",
               "sum by (cluster) (rate(gpu_cost_unattributed_total[1h]))\n"
               '/ sum by (cluster) (rate(gpu_cost_allocated_total{cost_model="request"}[1h]))\n'
-              f"> {c.unattributed_max:g}", "1h", "warning",
+              f"> {config.unattributed_max:g}", "1h", "warning",
               "{{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU cost is unattributed",
               "Allocated GPU cost that no pod, an unknown pod or a pod missing a tag holds: gpu_cost_unattributed_total "
               "by reason and namespace."),
-        _alert(c, "GPUNodeCostedWithoutDeviceData",
+        _alert(config, "GPUNodeCostedWithoutDeviceData",
               f'increase(otelgpu_gpu_seconds_without_device_data_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
               "Cluster {{ $labels.cluster }} has GPU nodes costed without DCGM data",
               "GPUs that kube-state-metrics counts got no dcgm-exporter series: their cost is booked on requests, "
               "activity unmeasured. The exporter is down, not scraped, or the node lost GPUs."),
-        _alert(c, "GPUCostUnpriced", f'increase(otelgpu_unpriced_gpu_seconds_total{{job="{job}"}}[15m]) > 0', "15m", "warning",
+        _alert(config, "GPUCostUnpriced", f'increase(otelgpu_unpriced_gpu_seconds_total{{job="{job}"}}[15m]) > 0',
+              "15m", "warning",
               "Cluster {{ $labels.cluster }} has GPUs without a price: their cost is missing",
               "No price for an instance type or GPU model: add it to prices.file or the catalog."),
-        _alert(c, "GPUIdleShareHigh",
+        _alert(config, "GPUIdleShareHigh",
               f'sum by (cluster) (increase(gpu_cost_idle_total{{cost_model="{model}", resource="gpu"}}[6h])\n'
               f'  or increase(gpu_cost_unused_total{{cost_model="{model}", resource="gpu", attribution="idle"}}[6h]))\n'
               f'/ sum by (cluster) (increase(gpu_cost_capacity_total{{cost_model="{model}", resource="gpu"}}[6h]))\n'
-              f"> {c.idle_share_max:g}", "1h", "warning",
+              f"> {config.idle_share_max:g}", "1h", "warning",
               "{{ $value | humanizePercentage }} of cluster {{ $labels.cluster }}'s GPU capacity was idle over 6 h",
               "GPU capacity nobody held: scale the node groups down, or move work onto fewer nodes."),
     ]
 
 
-def _sidecar_alerts(c: AlertsConfig) -> list[dict[str, Any]]:
+def _sidecar_alerts(config: AlertsConfig) -> list[dict[str, Any]]:
     """otelgpu down, its series missing, its deliveries failing, lagging, refused or given up."""
-    job = c.job
+    job = config.job
     failures, exports = f'otelgpu_export_failures_total{{job="{job}"}}', f'otelgpu_exports_total{{job="{job}"}}'
     return [
-        _alert(c, "OtelgpuDown", f'up{{job="{job}"}} == 0', "5m", "page",
+        _alert(config, "OtelgpuDown", f'up{{job="{job}"}} == 0', "5m", "page",
               "otelgpu in cluster {{ $labels.cluster }} is down",
               "The Collector cannot scrape otelgpu's /metrics: the sidecar is not running or not ready. Costs are "
               "computed again from its checkpoint and write-ahead log when it is back."),
-        _alert(c, "OtelgpuCostSeriesMissing",
+        _alert(config, "OtelgpuCostSeriesMissing",
               "count by (cluster) (count_over_time(gpu_cost_capacity_total[3h]))\n"
               "unless count by (cluster) (count_over_time(gpu_cost_capacity_total[20m]))\n"
               f'unless on (cluster) max by (cluster) (otelgpu_series_active{{job="{job}"}}) == 0', "0m", "page",
               "No GPU cost from cluster {{ $labels.cluster }} for 20 minutes",
               "Cost series stopped arriving: otelgpu, its Collector or the remote write to the workspace."),
-        _alert(c, "OtelgpuExportFailing",
+        _alert(config, "OtelgpuExportFailing",
               _counted(failures, "15m", "cluster, instance, exporter") + "\nunless on (cluster, instance, exporter)\n"
               + _counted(exports, "15m", "cluster, instance, exporter"),
               "5m", "warning", "otelgpu in cluster {{ $labels.cluster }} cannot deliver over {{ $labels.exporter }}",
               "Every delivery failed for 15 minutes; snapshots wait in the queue (otelgpu_exporter_queue_size)."),
-        _alert(c, "OtelgpuDeliveryLagging",
+        _alert(config, "OtelgpuDeliveryLagging",
               f'otelgpu_interval_closed_timestamp_seconds{{job="{job}"}}\n'
               "- ignoring (exporter) group_right\n"
               f'otelgpu_exporter_delivered_timestamp_seconds{{job="{job}"}}\n'
-              f"> {c.delivery_lag_max_seconds:g}", "5m", "warning",
+              f"> {config.delivery_lag_max_seconds:g}", "5m", "warning",
               "otelgpu in cluster {{ $labels.cluster }} is {{ $value | humanizeDuration }} behind delivering "
               "over {{ $labels.exporter }}",
-              f"More than {_duration(c.delivery_lag_max_seconds)} of closed intervals (in data time) wait to be "
+              f"More than {_duration(config.delivery_lag_max_seconds)} of closed intervals (in data time) wait to be "
               "delivered over {{ $labels.exporter }}: the exporter fails or is too slow, or the checkpoint cannot be "
               "written (nothing is released then). otelgpu_interval_checkpointed_timestamp_seconds and "
               "otelgpu_export_failures_total say which."),
-        _alert(c, "OtelgpuSnapshotsRefused",
+        _alert(config, "OtelgpuSnapshotsRefused",
               _counted(f'otelgpu_export_snapshots_carried_total{{job="{job}"}}', "1h", "cluster, instance, exporter"),
               "0m", "warning", "The backend behind {{ $labels.exporter }} refused cost snapshots from cluster "
               "{{ $labels.cluster }}",
               "Snapshots refused for good (samples older than the backend's window, label limits): each series' "
               "last value went with the next snapshot, so no total is lost, but the refused samples' place in "
               "time is; a refusal that repeats means nothing is delivered (OtelgpuExportFailing then fires too)."),
-        _alert(c, "OtelgpuSnapshotsDropped",
+        _alert(config, "OtelgpuSnapshotsDropped",
               _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",
               "Snapshots given up (reason {{ $labels.reason }}): undelivered at a stop with no checkpoint "
@@ -262,15 +265,15 @@ def _dump(document: dict[str, Any]) -> str:
     return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
 
 
-def rule_file(c: AlertsConfig, args: str = "") -> str:
-    return HEADER.format(args=args) + _dump({"groups": rule_groups(c)})
+def rule_file(config: AlertsConfig, args: str = "") -> str:
+    return HEADER.format(args=args) + _dump({"groups": rule_groups(config)})
 
 
-def prometheus_rule(c: AlertsConfig, name: str = "otelgpu", namespace: str = "monitoring", args: str = "") -> str:
+def prometheus_rule(config: AlertsConfig, name: str = "otelgpu", namespace: str = "monitoring", args: str = "") -> str:
     """The same groups as a Prometheus Operator PrometheusRule."""
     manifest = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
                 "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/name": "otelgpu"}},
-                "spec": {"groups": rule_groups(c)}}
+                "spec": {"groups": rule_groups(config)}}
     return HEADER.format(args=args) + _dump(manifest)
 
 

@@ -112,11 +112,11 @@ def _upgraded(document: dict) -> dict:
     return out
 
 
-def _put_back(a: _Ahead) -> None:
+def _put_back(ahead: _Ahead) -> None:
     """Undo what computing `a` changed, last change first; its costs are forgotten."""
-    if a.undo is not None:
-        a.undo()
-    a.costs, a.undo = None, None
+    if ahead.undo is not None:
+        ahead.undo()
+    ahead.costs, ahead.undo = None, None
 
 
 class Pipeline:

@@ -535,8 +535,8 @@ class ExporterTelemetry:
         """corrupt, incompatible, corrupt_progress, attribute_log_cut, write, delete, read."""
         self._metrics.export_outbox_errors.labels(self.exporter, reason).inc()
 
-    def series_rejected(self, reason: str, n: int) -> None:
-        self._metrics.export_series_rejected.labels(self.exporter, reason).inc(n)
+    def series_rejected(self, reason: str, series: int) -> None:
+        self._metrics.export_series_rejected.labels(self.exporter, reason).inc(series)
 
     def gave_up(self, reason: str, points: int) -> None:
         """A snapshot given up (`shutdown`: undelivered at a stop with no directory to keep it)."""

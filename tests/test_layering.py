@@ -60,3 +60,19 @@ def test_no_function_outside_the_numba_kernels_is_over_fifty_lines():
                 if not kernel and node.end_lineno - node.lineno + 1 > 50:
                     long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert long == []
+
+
+def test_no_function_outside_the_numba_kernels_takes_a_one_letter_parameter():
+    """A parameter is read far from where it is given, so it says what it is (`samples`, not `s`).
+    Lambdas, one expression long, and the numba kernels' index arithmetic keep short names."""
+    import ast
+
+    short = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not any(
+                    ast.unparse(d).split("(")[0].endswith("kernel") for d in node.decorator_list):
+                args = node.args
+                short += [f"{module}.{node.name}({a.arg})" for a in args.posonlyargs + args.args + args.kwonlyargs
+                          if len(a.arg) == 1 and a.arg != "_"]
+    assert short == []

@@ -141,9 +141,10 @@ class _Sums:
             out[metric] = merge([attrs[i] for i in np.searchsorted(every, distinct[order]).tolist()], totals)
         return out
 
-    def _attrs(self, s: int, e: int) -> Attrs:
+    def _attrs(self, joined: int, extra: int) -> Attrs:
         n = len(self._joined)
-        return self._with(self._joined[s] if s < n else self._added.values[s - n], self.extras.values[e])
+        return self._with(self._joined[joined] if joined < n else self._added.values[joined - n],
+                          self.extras.values[extra])
 
 
 class CostModels:
@@ -384,12 +385,12 @@ def hybrid_allocation(att: Attribution, row_node: np.ndarray, n_node: int, confi
     return hybrid(row_node, n_node, att.alloc, use, measured, config.hybrid_alpha)
 
 
-def holder_activity(holder: np.ndarray, n: int, att: Attribution) -> np.ndarray:
+def holder_activity(holder: np.ndarray, holders: int, att: Attribution) -> np.ndarray:
     """Per row: its holder's activity (of `n` holders, numbered per row in `holder`), spread over
     the holder's rows by allocated cost (hybrid_weight `activity`)."""
-    effective = np.bincount(holder, weights=att.effective, minlength=n)
-    measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=n)
-    alloc = np.bincount(holder, weights=att.alloc, minlength=n)
+    effective = np.bincount(holder, weights=att.effective, minlength=holders)
+    measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=holders)
+    alloc = np.bincount(holder, weights=att.alloc, minlength=holders)
     with np.errstate(invalid="ignore", divide="ignore"):
         a = np.where(measured > 0, effective / measured, 0.0)
         part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)

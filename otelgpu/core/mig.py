@@ -82,9 +82,9 @@ class MigProfiles:
         return f, True
 
 
-def normalise_per_gpu(gpu: np.ndarray, f: np.ndarray) -> np.ndarray:
+def normalise_per_gpu(gpu: np.ndarray, fractions: np.ndarray) -> np.ndarray:
     """Divide the fractions on each GPU by their sum where it exceeds 1: a GPU is never sold twice."""
-    if not len(f):
-        return f
-    total = np.bincount(gpu, weights=f)
-    return f / np.maximum(total[gpu], 1.0)
+    if not len(fractions):
+        return fractions
+    total = np.bincount(gpu, weights=fractions)
+    return fractions / np.maximum(total[gpu], 1.0)

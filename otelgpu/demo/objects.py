@@ -29,25 +29,25 @@ def namespace(name: str, labels: dict[str, str]) -> dict[str, Any]:
             "status": {"phase": "Active"}}
 
 
-def node(n: Node) -> dict[str, Any]:
-    capacity = {k8s_resource(k): _quantity(k, v) for k, v in n.capacity.items()}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "labels": dict(n.labels)},
+def node(spec: Node) -> dict[str, Any]:
+    capacity = {k8s_resource(k): _quantity(k, v) for k, v in spec.capacity.items()}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name, "labels": dict(spec.labels)},
             "status": {"capacity": capacity, "allocatable": capacity,
-                       "addresses": [{"type": "InternalIP", "address": n.ip}]}}
+                       "addresses": [{"type": "InternalIP", "address": spec.ip}]}}
 
 
-def pod(p: Pod, node_name: str) -> dict[str, Any]:
-    requests = {k8s_resource(p.resource): str(p.count), "cpu": _quantity("cpu", p.cpu),
-                "memory": _quantity("memory", p.memory_gib * 2**30)}
-    replica_set = p.name.rsplit("-", 1)[0]
-    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set, "uid": f"rs-{p.uid}",
+def pod(spec: Pod, node_name: str) -> dict[str, Any]:
+    requests = {k8s_resource(spec.resource): str(spec.count), "cpu": _quantity("cpu", spec.cpu),
+                "memory": _quantity("memory", spec.memory_gib * 2**30)}
+    replica_set = spec.name.rsplit("-", 1)[0]
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set, "uid": f"rs-{spec.uid}",
              "controller": True, "blockOwnerDeletion": True}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": p.name, "namespace": p.namespace, "uid": p.uid, "labels": dict(p.labels),
+            "metadata": {"name": spec.name, "namespace": spec.namespace, "uid": spec.uid, "labels": dict(spec.labels),
                          "ownerReferences": [owner]},
             "spec": {"nodeName": node_name, "containers": [
-                {"name": p.container, "image": f"registry.example/{p.container}:1",
-                 "resources": {"requests": requests, "limits": {k8s_resource(p.resource): str(p.count)}}}]},
+                {"name": spec.container, "image": f"registry.example/{spec.container}:1",
+                 "resources": {"requests": requests, "limits": {k8s_resource(spec.resource): str(spec.count)}}}]},
             "status": {"phase": "Running", "hostIP": ""}}
 
 

@@ -92,9 +92,9 @@ def build() -> tuple[list[Node], dict[str, dict[str, str]]]:
     return [_p4d(), _p5(), _g5()], {ns: dict(labels) for ns, labels in NAMESPACE_LABELS.items()}
 
 
-def _pod(ns: str, name: str, res: str, n: int, act: Activity, **labels: str) -> Pod:
+def _pod(ns: str, name: str, res: str, count: int, act: Activity, **labels: str) -> Pod:
     """A production pod of the demo: its app is its name's first word."""
-    return Pod(ns, name, name.split("-")[0], {"environment": "prod", **labels}, res, n, act)
+    return Pod(ns, name, name.split("-")[0], {"environment": "prod", **labels}, res, count, act)
 
 
 def _p4d() -> Node:

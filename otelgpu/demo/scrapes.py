@@ -40,8 +40,8 @@ def dcgm(node: Node, time_ns: int, hour: float) -> ResourceMetrics:
                   {"DCGM_FI_DEV_FB_USED": fb, "DCGM_FI_DEV_GPU_UTIL": util, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": active})
 
 
-def _workload(p: Pod) -> dict[str, str]:
-    return {"namespace": p.namespace, "pod": p.name, "container": p.container}
+def _workload(pod: Pod) -> dict[str, str]:
+    return {"namespace": pod.namespace, "pod": pod.name, "container": pod.container}
 
 
 def ksm(nodes: list[Node], ns_labels: dict[str, dict[str, str]], time_ns: int) -> ResourceMetrics:
@@ -91,9 +91,9 @@ def cadvisor(node: Node, time_ns: int, elapsed_s: float) -> ResourceMetrics:
     return rm
 
 
-def _cgroup(p: Pod) -> dict[str, str]:
-    return {"namespace": p.namespace, "pod": p.name, "container": p.container,
-            "id": f"/kubepods/burstable/pod{p.uid}/{p.container}", "image": f"registry.example/{p.container}:1"}
+def _cgroup(pod: Pod) -> dict[str, str]:
+    return {"namespace": pod.namespace, "pod": pod.name, "container": pod.container,
+            "id": f"/kubepods/burstable/pod{pod.uid}/{pod.container}", "image": f"registry.example/{pod.container}:1"}
 
 
 def vllm(node: Node, time_ns: int, elapsed_s: float) -> list[ResourceMetrics]:

@@ -40,12 +40,12 @@ class DeviceMemory:
         self._nodes: dict[str, _Node] = {}
         self._holders: dict[Key, tuple[str, str]] = {}  # the pod that held each entity last
 
-    def fill(self, s: Samples, start_ns: int, end_ns: int, known_nodes: set[str]) -> Samples:
+    def fill(self, samples: Samples, start_ns: int, end_ns: int, known_nodes: set[str]) -> Samples:
         """`s` plus one staleness marker at `start_ns` for each entity of each remembered node
         that sent nothing this interval; remembers what `s` shows."""
         st, code = self.strings.string, self.strings.code
-        present = {st(int(c)) for c in np.unique(s.node)}
-        self._remember(s, present, end_ns)
+        present = {st(int(c)) for c in np.unique(samples.node)}
+        self._remember(samples, present, end_ns)
         rows: list[tuple[int, ...]] = []
         for name in [n for n in self._nodes if n not in present]:
             node = self._nodes[name]
@@ -56,39 +56,41 @@ class DeviceMemory:
             rows += [(code(name), code(u), code(g) if g else -1, code(p) if p else -1, code(m))
                      for u, g, p, m in node.entities]
         if not rows:
-            return s
+            return samples
         n = len(rows)
         cols = np.array(rows, dtype=np.int32).T
         none = np.full(n, -1, dtype=np.int32)
         dark = Samples(np.full(n, Metric.GR_ENGINE_ACTIVE, np.int16), np.full(n, start_ns, np.int64),
                        np.full(n, np.nan), np.ones(n, bool), cols[0], cols[1], cols[2], cols[3], cols[4],
                        none, none, none, none, none)
-        return Samples.concat([s, dark])
+        return Samples.concat([samples, dark])
 
-    def _remember(self, s: Samples, present: set[str], end_ns: int) -> None:
+    def _remember(self, samples: Samples, present: set[str], end_ns: int) -> None:
         """The entities each node shows (in the order first seen) and who held each one last;
         strings are looked up column-wise, with code -1 reading "" (the table's extra last entry)."""
         text = np.array(self.strings.strings() + [""], dtype=object)
-        live = np.flatnonzero(~s.stale)  # a node with only staleness markers still has what it had
-        _, first = group_ids(s.node[live], s.uuid[live], s.gi[live])
+        live = np.flatnonzero(~samples.stale)  # a node with only staleness markers still has what it had
+        _, first = group_ids(samples.node[live], samples.uuid[live], samples.gi[live])
         rows = live[first]
-        node_of, node_first = group_ids(s.node[rows])
+        node_of, node_first = group_ids(samples.node[rows])
         order = np.argsort(node_of, kind="stable")  # nodes as first seen, each one's entities in order
         ends = np.cumsum(np.bincount(node_of, minlength=len(node_first))).tolist()
-        entities = list(zip(*(text[c[rows[order]]].tolist() for c in (s.uuid, s.gi, s.profile, s.model))))
-        for name, lo, hi in zip(text[s.node[rows[node_first]]].tolist(), [0, *ends[:-1]], ends):
+        entities = list(zip(*(text[c[rows[order]]].tolist() for c in (samples.uuid, samples.gi, samples.profile,
+                                                                      samples.model))))
+        for name, lo, hi in zip(text[samples.node[rows[node_first]]].tolist(), [0, *ends[:-1]], ends):
             self._nodes[name] = _Node(end_ns, entities[lo:hi])
-        held = live[s.pod[live] >= 0]
+        held = live[samples.pod[live] >= 0]
         if not len(held):
             return
-        key, _ = group_ids(s.node[held], s.uuid[held], s.gi[held])
-        order = np.argsort(s.time_ns[held], kind="stable")  # the latest sample wins, the last of equal times
+        key, _ = group_ids(samples.node[held], samples.uuid[held], samples.gi[held])
+        order = np.argsort(samples.time_ns[held], kind="stable")  # the latest sample wins, the last of equal times
         rank = np.empty(len(held), np.int64)
         rank[order] = np.arange(len(held))
         latest = np.full(int(key.max()) + 1, -1, np.int64)
         np.maximum.at(latest, key, rank)
         last = held[order[latest]]
-        node, uuid, gi, ns, pod = (text[c[last]].tolist() for c in (s.node, s.uuid, s.gi, s.namespace, s.pod))
+        node, uuid, gi, ns, pod = (text[c[last]].tolist() for c in (samples.node, samples.uuid, samples.gi,
+                                                                    samples.namespace, samples.pod))
         self._holders.update(zip(zip(node, uuid, gi), zip(ns, pod)))
 
     def _forget(self, name: str) -> None:

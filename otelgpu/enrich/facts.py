@@ -76,39 +76,40 @@ class KsmFacts:
                 self._apply(_METRICS[metric[i]], {s[k]: s[v] for k, v in zip(keys[a:b], values[a:b])},
                             value[i], stale[i], t[i])
 
-    def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
+    def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, time_ns: int) -> None:
         if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
-            self._apply_node(metric, attrs, value, stale, t)
+            self._apply_node(metric, attrs, value, stale, time_ns)
         elif metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
-            self._apply_owner(metric, attrs, stale, t)
+            self._apply_owner(metric, attrs, stale, time_ns)
         elif metric == Metric.NAMESPACE_LABELS:
             ns = self.namespaces.setdefault(attrs["namespace"], NamespaceFacts())
-            if not stale and t >= ns.seen_ns:
-                ns.seen_ns = t
+            if not stale and time_ns >= ns.seen_ns:
+                ns.seen_ns = time_ns
                 ns.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
         else:
-            self._apply_pod(metric, attrs, value, stale, t)
+            self._apply_pod(metric, attrs, value, stale, time_ns)
 
-    def _apply_node(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
+    def _apply_node(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, time_ns: int) -> None:
         node = self.nodes.setdefault(attrs["node"], NodeFacts())
-        if stale or t < node.seen_ns:
+        if stale or time_ns < node.seen_ns:
             return
-        node.seen_ns = t
+        node.seen_ns = time_ns
         if metric == Metric.NODE_LABELS:
             node.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
         else:
             node.capacity[attrs["resource"]] = value
 
-    def _apply_owner(self, metric: Metric, attrs: dict[str, str], stale: bool, t: int) -> None:
+    def _apply_owner(self, metric: Metric, attrs: dict[str, str], stale: bool, time_ns: int) -> None:
         name = attrs["replicaset"] if metric == Metric.REPLICASET_OWNER else attrs["job_name"]
         owner = attrs["owner_kind"] if attrs["owner_kind"] != "<none>" else ""  # "<none>": known to have none
         kind = "ReplicaSet" if metric == Metric.REPLICASET_OWNER else "Job"
         known = self.owners.get((attrs["namespace"], kind, name))
-        if not stale and (known is None or t >= known.seen_ns) \
+        if not stale and (known is None or time_ns >= known.seen_ns) \
                 and (not owner or attrs.get("owner_is_controller", "true") == "true"):
-            self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "", t)
+            self.owners[(attrs["namespace"], kind, name)] = OwnerFacts(owner, attrs["owner_name"] if owner else "",
+                                                                       time_ns)
 
-    def _apply_pod(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, t: int) -> None:
+    def _apply_pod(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, time_ns: int) -> None:
         key = (attrs["namespace"], attrs["pod"])
         pod = self.pods.get(key)
         if pod is None:
@@ -116,14 +117,14 @@ class KsmFacts:
                 return
             pod = self.pods[key] = PodFacts()
         if stale:  # going away: its facts are kept for the grace period, its end noted
-            if t > pod.seen_ns:  # not a series replaced in the same scrape (a relabel)
-                pod.ended_ns = max(pod.ended_ns, t)
+            if time_ns > pod.seen_ns:  # not a series replaced in the same scrape (a relabel)
+                pod.ended_ns = max(pod.ended_ns, time_ns)
             return
-        if t < pod.seen_ns:
+        if time_ns < pod.seen_ns:
             return  # older than what is known
-        pod.seen_ns = t
-        self.reported_ns = max(self.reported_ns, t)
-        if t >= pod.ended_ns:
+        pod.seen_ns = time_ns
+        self.reported_ns = max(self.reported_ns, time_ns)
+        if time_ns >= pod.ended_ns:
             pod.ended_ns = 0  # reported again: a failed scrape's markers, or a pod recreated under its name
         pod.uid = attrs.get("uid", pod.uid)
         if metric == Metric.POD_LABELS:
@@ -218,9 +219,9 @@ def _copy(obj: Any, *dicts: str) -> Any:
     return new
 
 
-def _pod(d: Mapping[str, Any]) -> PodFacts:
-    fields = dict(d)
-    fields["requests"] = {(str(c), str(r)): float(q) for c, r, q in d["requests"]}
+def _pod(document: Mapping[str, Any]) -> PodFacts:
+    fields = dict(document)
+    fields["requests"] = {(str(c), str(r)): float(q) for c, r, q in document["requests"]}
     pod = PodFacts(**fields)
     if not isinstance(pod.labels, dict) or not isinstance(pod.annotations, dict):
         raise TypeError("pod labels and annotations must be mappings")

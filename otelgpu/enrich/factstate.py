@@ -73,7 +73,7 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
     }
 
 
-def _encode_pods(t: _Texts, pods: Mapping[tuple[str, str], PodFacts]) -> dict[str, np.ndarray]:
+def _encode_pods(texts: _Texts, pods: Mapping[tuple[str, str], PodFacts]) -> dict[str, np.ndarray]:
     keys: list[int] = []
     text: list[int] = []
     numbers: list[int] = []
@@ -84,17 +84,18 @@ def _encode_pods(t: _Texts, pods: Mapping[tuple[str, str], PodFacts]) -> dict[st
     requests: list[int] = []
     quantities: list[float] = []
     for i, ((namespace, name), p) in enumerate(pods.items()):
-        keys += (t(namespace), t(name))
-        text += (t(p.uid), t(p.node), t(p.phase), t(p.owner_kind), t(p.owner_name), t(p.info_node), t(p.request_node))
+        keys += (texts(namespace), texts(name))
+        text += (texts(p.uid), texts(p.node), texts(p.phase), texts(p.owner_kind), texts(p.owner_name),
+                 texts(p.info_node), texts(p.request_node))
         numbers += (p.seen_ns, p.created_ns)
         ended.append(p.ended_ns)
         deleted.append(p.deleted)
         for k, v in p.labels.items():
-            labels += (i, t(k), t(v))
+            labels += (i, texts(k), texts(v))
         for k, v in p.annotations.items():
-            annotations += (i, t(k), t(v))
+            annotations += (i, texts(k), texts(v))
         for (container, resource), q in p.requests.items():
-            requests += (i, t(container), t(resource))
+            requests += (i, texts(container), texts(resource))
             quantities.append(q)
     return {"key": _rows(keys, 2), "text": _rows(text, len(POD_TEXT)),
             "ns": _rows(numbers, 2), "ended": np.array(ended, np.int64), "deleted": np.array(deleted, bool),
@@ -109,23 +110,25 @@ class _Table:
         self.words = texts_of(strings["utf8"], strings["ends"])
 
     @staticmethod
-    def ids(a: Any, width: int, n: int | None = None) -> list:
-        a = np.asarray(a)
-        if a.dtype.kind not in "iu" or a.ndim != 2 or a.shape[1] != width or (n is not None and a.shape[0] != n):
-            raise ValueError(f"facts state: an id table of shape {a.shape} ({a.dtype}), expected (n, {width})")
-        return a.tolist()
+    def ids(table: Any, width: int, rows: int | None = None) -> list:
+        table = np.asarray(table)
+        if table.dtype.kind not in "iu" or table.ndim != 2 or table.shape[1] != width or \
+                (rows is not None and table.shape[0] != rows):
+            raise ValueError(f"facts state: an id table of shape {table.shape} ({table.dtype}), expected (n, {width})")
+        return table.tolist()
 
     @staticmethod
-    def column(a: Any, n: int | None, kind: str) -> list:
-        a = np.asarray(a)
-        if a.ndim != 1 or (n is not None and a.shape[0] != n) or a.dtype.kind not in kind:
-            raise ValueError(f"facts state: a column of shape {a.shape} ({a.dtype}) where {n} were expected")
-        return a.tolist()
+    def column(values: Any, rows: int | None, kind: str) -> list:
+        values = np.asarray(values)
+        if values.ndim != 1 or (rows is not None and values.shape[0] != rows) or values.dtype.kind not in kind:
+            raise ValueError(f"facts state: a column of shape {values.shape} ({values.dtype}) where {rows} were "
+                             "expected")
+        return values.tolist()
 
-    def word(self, i: int) -> str:
-        if not 0 <= i < len(self.words):
-            raise ValueError(f"facts state: string id {i} is not in the table of {len(self.words)}")
-        return self.words[i]
+    def word(self, index: int) -> str:
+        if not 0 <= index < len(self.words):
+            raise ValueError(f"facts state: string id {index} is not in the table of {len(self.words)}")
+        return self.words[index]
 
     def attach(self, rows: list, objects: list, mapping: str) -> None:
         """(object, key, value) rows into a dict field of the objects."""
@@ -157,24 +160,24 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     return pods, dict(zip(names, nodes)), dict(zip(ns_names, namespaces)), owners
 
 
-def _decode_pods(table: _Table, p: Mapping[str, Any]) -> dict[tuple[str, str], PodFacts]:
+def _decode_pods(table: _Table, encoded: Mapping[str, Any]) -> dict[tuple[str, str], PodFacts]:
     word, ids, column = table.word, table.ids, table.column
-    keys = [(word(a), word(b)) for a, b in ids(p["key"], 2)]
+    keys = [(word(a), word(b)) for a, b in ids(encoded["key"], 2)]
     n = len(keys)
-    ended = column(p["ended"], n, "iu") if "ended" in p else [0] * n  # not in checkpoints written before it
+    ended = column(encoded["ended"], n, "iu") if "ended" in encoded else [0] * n  # not in checkpoints written before it
     pods = [PodFacts(**dict(zip(POD_TEXT, map(word, row))), seen_ns=seen, created_ns=created, deleted=gone,
                      ended_ns=end)
-            for row, (seen, created), gone, end in zip(ids(p["text"], len(POD_TEXT), n), ids(p["ns"], 2, n),
-                                                       column(p["deleted"], n, "b"), ended)]
-    table.attach(ids(p["labels"], 3), pods, "labels")
-    table.attach(ids(p["annotations"], 3), pods, "annotations")
-    requests = ids(p["requests"], 3)
-    for (o, c, r), q in zip(requests, column(p["quantity"], len(requests), "f")):
+            for row, (seen, created), gone, end in zip(ids(encoded["text"], len(POD_TEXT), n), ids(encoded["ns"], 2, n),
+                                                       column(encoded["deleted"], n, "b"), ended)]
+    table.attach(ids(encoded["labels"], 3), pods, "labels")
+    table.attach(ids(encoded["annotations"], 3), pods, "annotations")
+    requests = ids(encoded["requests"], 3)
+    for (o, c, r), q in zip(requests, column(encoded["quantity"], len(requests), "f")):
         _at(pods, o).requests[(word(c), word(r))] = float(q)
     return dict(zip(keys, pods))
 
 
-def _at(objects: list, i: int) -> Any:
-    if not 0 <= i < len(objects):
-        raise ValueError(f"facts state: a row for object {i} of {len(objects)}")
-    return objects[i]
+def _at(objects: list, index: int) -> Any:
+    if not 0 <= index < len(objects):
+        raise ValueError(f"facts state: a row for object {index} of {len(objects)}")
+    return objects[index]

@@ -126,24 +126,26 @@ def _requests(scope: Scope, units: Reported, sharing: Container[PodKey]) -> tupl
 
 
 def _placed(scope: Scope, units: Reported, devices: DeviceMemory, taken: Container[tuple[str, str]], claims: Queues,
-            dark_claims: Queues, u: int, tenure: int, active: bool, x: int, mean: float) -> tuple | None:
+            dark_claims: Queues, unit: int, tenure: int, active: bool, row: int, mean: float) -> tuple | None:
     """The row of unheld unit `u` (tenure `tenure`, row `x`): a claim's pod or a dark unit's
     holder (`ksm_request`, unmeasured), else nobody where it is active; None: idle."""
     st, entities, held = scope.string, units.entities, units.tenures
-    node, uuid, prof = st(int(entities.node[u])), st(int(entities.uuid[u])), scope.profiles.values[units.profile[u]]
-    single = units.node_infos[units.node[u]].mig_strategy == "single"
-    resource = mig_resource(prof) if units.kind[u] == MIG and not single else "nvidia_com_gpu"
+    node, uuid = st(int(entities.node[unit])), st(int(entities.uuid[unit]))
+    prof = scope.profiles.values[units.profile[unit]]
+    single = units.node_infos[units.node[unit]].mig_strategy == "single"
+    resource = mig_resource(prof) if units.kind[unit] == MIG and not single else "nvidia_com_gpu"
     # A GPU that grants or DRA claims give out takes no request: it is theirs.
-    is_taken = units.kind[u] == GPU and (node, uuid) in taken
+    is_taken = units.kind[unit] == GPU and (node, uuid) in taken
     if held.holder_pod[tenure] == DARK:
-        holder = _dark_holder(scope, devices, node, uuid, st(int(entities.gi[u])),
+        holder = _dark_holder(scope, devices, node, uuid, st(int(entities.gi[unit])),
                               None if is_taken else dark_claims.get((node, resource)))
-        return None if holder is None else (x, u, 0.0, np.nan, scope.holders.index(holder), KSM_REQUEST, UNMEASURED)
+        return None if holder is None else (row, unit, 0.0, np.nan, scope.holders.index(holder), KSM_REQUEST,
+                                            UNMEASURED)
     queue = None if is_taken else claims.get((node, resource))
     if queue:
-        return x, u, 0.0, np.nan, scope.holders.index(queue.pop(0)), KSM_REQUEST, UNMEASURED
+        return row, unit, 0.0, np.nan, scope.holders.index(queue.pop(0)), KSM_REQUEST, UNMEASURED
     if active:
-        return x, u, held.measured_share[tenure], mean, NOBODY, ACTIVE, DEVICE
+        return row, unit, held.measured_share[tenure], mean, NOBODY, ACTIVE, DEVICE
     return None
 
 

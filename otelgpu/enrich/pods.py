@@ -87,12 +87,12 @@ def _gpu_holders(rows: Rows, gpu_node: np.ndarray) -> dict[tuple[int, int], tupl
     return out
 
 
-def _pod_row(scope: Scope, attributes: SeriesAttributes, n: int, node_set: int, holder: int, attribution: int,
+def _pod_row(scope: Scope, attributes: SeriesAttributes, node: int, node_set: int, holder: int, attribution: int,
              share: float, use: PodUse | None) -> tuple:
     pod = scope.pod(scope.holders.values[holder])
-    s = attributes.pod(holder, attribution, node_set, n)
+    s = attributes.pod(holder, attribution, node_set, node)
     nan = float("nan")
-    return (n, s, min(share, 1.0), pod.requested("cpu") if pod else 0.0,
+    return (node, s, min(share, 1.0), pod.requested("cpu") if pod else 0.0,
             pod.requested("memory") / 2**30 if pod else 0.0,
             use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan)
 

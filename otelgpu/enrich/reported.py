@@ -66,14 +66,15 @@ class Rows:
     basis: np.ndarray  # int8: BASES
 
     @staticmethod
-    def of(gpu, f, share, measured, activity, holder, kind, profile, attribution, basis) -> "Rows":  # noqa: ANN001
+    def of(gpu, fraction, share, measured, activity, holder, kind, profile, attribution,
+           basis) -> "Rows":  # noqa: ANN001
         """Columns from sequences or scalars (broadcast to the length of `gpu`)."""
         n = len(gpu)
 
-        def col(x, dtype) -> np.ndarray:  # noqa: ANN001
-            return np.full(n, x, dtype) if np.isscalar(x) else np.asarray(x, dtype).reshape(n)
+        def col(value, dtype) -> np.ndarray:  # noqa: ANN001
+            return np.full(n, value, dtype) if np.isscalar(value) else np.asarray(value, dtype).reshape(n)
 
-        return Rows(col(gpu, np.int64), col(f, np.float64), col(share, np.float64), col(measured, np.float64),
+        return Rows(col(gpu, np.int64), col(fraction, np.float64), col(share, np.float64), col(measured, np.float64),
                     col(activity, np.float64), col(holder, np.int64), col(kind, np.int8), col(profile, np.int64),
                     col(attribution, np.int8), col(basis, np.int8))
 
@@ -155,11 +156,11 @@ def _base_fractions(scope: Scope, hardware: Hardware, entities: Entities,
     return f, np.where(mig, MIG, GPU).astype(np.int8)
 
 
-def _held_by_several(samples: Samples, entity: np.ndarray, n: int) -> np.ndarray:
+def _held_by_several(samples: Samples, entity: np.ndarray, entities: int) -> np.ndarray:
     """Per entity: whether DCGM showed it held by several pods at one sample time, as dcgm-exporter
     shows a device that a DRA ResourceClaim shared by several pods allocates, or one shared in a
     way the node's labels do not announce. Such a device is time-shared: it is split among them."""
-    out = np.zeros(n, dtype=bool)
+    out = np.zeros(entities, dtype=bool)
     live = np.flatnonzero((samples.pod >= 0) & ~samples.stale)
     if not len(live):
         return out
@@ -171,10 +172,10 @@ def _held_by_several(samples: Samples, entity: np.ndarray, n: int) -> np.ndarray
     return out
 
 
-def rows_by_entity(tenures: Tenures, n: int) -> list[np.ndarray]:
+def rows_by_entity(tenures: Tenures, entities: int) -> list[np.ndarray]:
     """The indices of the tenures of each of `n` entities (one sort, not a scan per entity)."""
     order = np.argsort(tenures.entity, kind="stable")
-    return np.split(order, np.searchsorted(tenures.entity[order], np.arange(1, n)))
+    return np.split(order, np.searchsorted(tenures.entity[order], np.arange(1, entities)))
 
 
 def device_activity(tenures: Tenures, mine: np.ndarray, seconds: float) -> tuple[float, float, float]:

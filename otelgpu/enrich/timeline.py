@@ -21,11 +21,11 @@ NONE = -1
 DARK = -2  # holder of the time an entity had no live series: its exporter's scrape failed or went silent
 
 
-def dedupe(s: Samples) -> Samples:
+def dedupe(samples: Samples) -> Samples:
     """Drop samples resent with the same series and timestamp (a retried batch)."""
-    _, first = group_ids(s.metric, s.time_ns, s.node, s.uuid, s.gi, s.namespace, s.pod,
-                      s.container, s.pod_uid, s.vgpu, s.stale)
-    return s if len(first) == len(s) else s.take(np.sort(first))  # nothing resent: no copy
+    _, first = group_ids(samples.metric, samples.time_ns, samples.node, samples.uuid, samples.gi, samples.namespace,
+                         samples.pod, samples.container, samples.pod_uid, samples.vgpu, samples.stale)
+    return samples if len(first) == len(samples) else samples.take(np.sort(first))  # nothing resent: no copy
 
 
 @dataclass
@@ -66,15 +66,16 @@ class Entities:
     model: np.ndarray
 
 
-def entities_of(s: Samples) -> tuple[np.ndarray, Entities]:
-    ent, first = group_ids(s.node, s.uuid, s.gi)
-    return ent, Entities(s.node[first], s.uuid[first], s.gi[first], s.profile[first], s.model[first])
+def entities_of(samples: Samples) -> tuple[np.ndarray, Entities]:
+    ent, first = group_ids(samples.node, samples.uuid, samples.gi)
+    return ent, Entities(samples.node[first], samples.uuid[first], samples.gi[first], samples.profile[first],
+                         samples.model[first])
 
 
-def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _steps(ent: np.ndarray, time: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each distinct (entity, time) step's duration in seconds, each row's step, each step's entity."""
-    row_step, first = group_ids(ent, t)
-    st_ent, st_t = ent[first].astype(np.int64), t[first].astype(np.int64)
+    row_step, first = group_ids(ent, time)
+    st_ent, st_t = ent[first].astype(np.int64), time[first].astype(np.int64)
     nxt = np.empty_like(st_t)
     nxt[:-1] = st_t[1:]
     last = np.ones(len(st_t), dtype=bool)
@@ -86,23 +87,23 @@ def _steps(ent: np.ndarray, t: np.ndarray, start: int, end: int) -> tuple[np.nda
     return (nxt - begin) / 1e9, row_step, st_ent
 
 
-def tenures(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Tenures:
+def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Tenures:
     """`shared[e]` marks time-sliced entities: several holders at once, activity per pod.
 
     For shared entities `act_integral` integrates the holder's share of device time (its own
     per-process GPU_UTIL series, else the device activity split equally among the holders
     present); the caller turns that into activity of the replicas held.
     """
-    dur, row_step, step_ent = _steps(ent, s.time_ns, start, end)
-    live = ~s.stale
-    has_pod = (s.pod >= 0) & live
+    dur, row_step, step_ent = _steps(ent, samples.time_ns, start, end)
+    live = ~samples.stale
+    has_pod = (samples.pod >= 0) & live
     # In a step where a pod is present, the entity's pod-less series name no holder of their own.
     step_has_pod = np.zeros(len(dur), dtype=bool)
     step_has_pod[row_step[has_pod]] = True
     rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step]))
     r_ent, r_step = ent[rows], row_step[rows]
-    r_ns = np.where(has_pod[rows], s.namespace[rows], NONE)
-    r_pod = np.where(has_pod[rows], s.pod[rows], NONE)
+    r_ns = np.where(has_pod[rows], samples.namespace[rows], NONE)
+    r_pod = np.where(has_pod[rows], samples.pod[rows], NONE)
     hold, hold_first = group_ids(r_ent, r_ns, r_pod)
     pair, pair_first = group_ids(hold, r_step)
     n_hold, n_pair = len(hold_first), len(pair_first)
@@ -111,12 +112,13 @@ def tenures(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: in
     pair_is_pod = r_pod[pair_first] >= 0
 
     pair_shared = shared[r_ent[pair_first]] & pair_is_pod
-    act, pod_act = _pair_activity(s, rows, r_ent, r_step, pair, n_pair, pair_step, pair_is_pod, pair_shared, len(dur))
+    act, pod_act = _pair_activity(samples, rows, r_ent, r_step, pair, n_pair, pair_step, pair_is_pod, pair_shared,
+                                  len(dur))
     measured = ~np.isnan(act)
 
     # Replicas held on shared devices: distinct vgpu indices per holding.
-    vg = s.vgpu[rows] >= 0
-    _, vfirst = group_ids(hold[vg], s.vgpu[rows][vg])
+    vg = samples.vgpu[rows] >= 0
+    _, vfirst = group_ids(hold[vg], samples.vgpu[rows][vg])
     replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
 
     out = Tenures(
@@ -130,20 +132,20 @@ def tenures(s: Samples, ent: np.ndarray, shared: np.ndarray, start: int, end: in
     return _with_dark(out, dur, row_step, step_ent, live)
 
 
-def _pair_activity(s: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
+def _pair_activity(samples: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
                    n_pair: int, pair_step: np.ndarray, pair_is_pod: np.ndarray, pair_shared: np.ndarray,
                    n_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Per (holding, step) pair: its activity, and the holder's own per-process activity (NaN
     where none). Device activity is DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it, else
     GPU_UTIL/100; on a shared entity a holder's activity is its own series', else the device's
     split equally among the holders present."""
-    metric = s.metric[rows]
+    metric = samples.metric[rows]
     is_gr = metric == Metric.GR_ENGINE_ACTIVE
     is_util = metric == Metric.GPU_UTIL
     ent_has_gr = np.zeros(int(r_ent.max()) + 1 if len(r_ent) else 0, dtype=bool)
     ent_has_gr[r_ent[is_gr]] = True
-    value = np.where(is_util, s.value[rows] / 100.0, s.value[rows])
-    own = s.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
+    value = np.where(is_util, samples.value[rows] / 100.0, samples.value[rows])
+    own = samples.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
     dev = (is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own
     step_act = _mean_by(r_step[dev], value[dev], n_steps)
     pod_act = _mean_by(pair[is_util & own], value[is_util & own], n_pair, reduce_sum=True)
@@ -153,29 +155,30 @@ def _pair_activity(s: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.n
     return np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act), pod_act
 
 
-def _with_dark(h: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray, live: np.ndarray) -> Tenures:
+def _with_dark(tenures: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray,
+               live: np.ndarray) -> Tenures:
     """Steps in which an entity has no live series at all (only staleness markers: a failed
     scrape) become one DARK holding per entity: time someone may well have held it, unmeasured."""
     step_live = np.zeros(len(dur), dtype=bool)
     step_live[row_step[live]] = True
     dark = np.flatnonzero(~step_live & (dur > 0))
     if not len(dark):
-        return h
+        return tenures
     ents, inverse = np.unique(step_ent[dark], return_inverse=True)
     n = len(ents)
-    zeros, marks = np.zeros(n), np.full(n, DARK, dtype=h.holder_ns.dtype)
+    zeros, marks = np.zeros(n), np.full(n, DARK, dtype=tenures.holder_ns.dtype)
     return Tenures(
-        np.concatenate([h.entity, ents.astype(h.entity.dtype)]), np.concatenate([h.holder_ns, marks]),
-        np.concatenate([h.holder_pod, marks]),
-        np.concatenate([h.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n)]),
-        np.concatenate([h.act_s, zeros]), np.concatenate([h.act_integral, zeros]),
-        np.concatenate([h.replicas, np.zeros(n, h.replicas.dtype)]),
-        np.concatenate([h.per_pod_activity, np.zeros(n, bool)]))
+        np.concatenate([tenures.entity, ents.astype(tenures.entity.dtype)]), np.concatenate([tenures.holder_ns, marks]),
+        np.concatenate([tenures.holder_pod, marks]),
+        np.concatenate([tenures.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n)]),
+        np.concatenate([tenures.act_s, zeros]), np.concatenate([tenures.act_integral, zeros]),
+        np.concatenate([tenures.replicas, np.zeros(n, tenures.replicas.dtype)]),
+        np.concatenate([tenures.per_pod_activity, np.zeros(n, bool)]))
 
 
-def _mean_by(group: np.ndarray, value: np.ndarray, n: int, reduce_sum: bool = False) -> np.ndarray:
+def _mean_by(group: np.ndarray, value: np.ndarray, groups: int, reduce_sum: bool = False) -> np.ndarray:
     """Mean (or sum) of `value` per group id; NaN for groups without values."""
-    total = np.bincount(group, weights=value, minlength=n)
-    count = np.bincount(group, minlength=n)
+    total = np.bincount(group, weights=value, minlength=groups)
+    count = np.bincount(group, minlength=groups)
     out = total if reduce_sum else total / np.maximum(count, 1)
     return np.where(count > 0, out, np.nan)

@@ -107,55 +107,58 @@ class UsageTracker:
         return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx], container[idx].astype(np.int32),
                           series[idx].astype(np.int32), b.value[idx], np.zeros(len(idx)), engine[idx].astype(np.int32))
 
-    def use(self, p: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], "PodUse"]:
+    def use(self, samples: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], "PodUse"]:
         """Per (namespace code, pod code) of one closing interval: share Running and mean use."""
-        return self.use_and_tokens(p, start_ns, end_ns)[0]
+        return self.use_and_tokens(samples, start_ns, end_ns)[0]
 
-    def use_and_tokens(self, p: PodSamples, start_ns: int, end_ns: int) -> tuple[dict[tuple[int, int], "PodUse"],
+    def use_and_tokens(self, samples: PodSamples, start_ns: int, end_ns: int) -> tuple[dict[tuple[int, int], "PodUse"],
                                                                                  "Tokens"]:
         """`use`, and the tokens each pod served in the interval, by model and tenant."""
-        if len(p):  # a resent batch repeats points: count each once
-            _, first = group_ids(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, p.engine)
-            p = p if len(first) == len(p) else p.take(np.sort(first))
-        p = self._rates(p)
-        token = (p.kind == PROMPT) | (p.kind == GENERATION)
-        return pod_use(p.take(np.flatnonzero(~token)), start_ns, end_ns), self._tokens(p.take(np.flatnonzero(token)))
+        if len(samples):  # a resent batch repeats points: count each once
+            _, first = group_ids(samples.kind, samples.time_ns, samples.namespace, samples.pod, samples.container,
+                                 samples.series, samples.engine)
+            samples = samples if len(first) == len(samples) else samples.take(np.sort(first))
+        samples = self._rates(samples)
+        token = (samples.kind == PROMPT) | (samples.kind == GENERATION)
+        use = pod_use(samples.take(np.flatnonzero(~token)), start_ns, end_ns)
+        return use, self._tokens(samples.take(np.flatnonzero(token)))
 
-    def _tokens(self, p: PodSamples) -> "Tokens":
+    def _tokens(self, samples: PodSamples) -> "Tokens":
         """(namespace, pod) -> (model, tenant) -> [prompt, generation] tokens; a series naming no
         tenant, or one of the reserved values, is its pod's namespace's."""
         out: Tokens = {}
-        if not len(p):
+        if not len(samples):
             return out
-        sid, first = group_ids(p.kind, p.namespace, p.pod, p.container, p.series)  # engines added up
-        total = np.bincount(sid, weights=p.value)
+        sid, first = group_ids(samples.kind, samples.namespace, samples.pod, samples.container,
+                               samples.series)  # engines added up
+        total = np.bincount(sid, weights=samples.value)
         st = self.strings.string
         for g, i in enumerate(first.tolist()):
-            ns, pod = st(int(p.namespace[i])), st(int(p.pod[i]))
-            tenant = st(int(p.series[i])) if p.series[i] >= 0 else ns
+            ns, pod = st(int(samples.namespace[i])), st(int(samples.pod[i]))
+            tenant = st(int(samples.series[i])) if samples.series[i] >= 0 else ns
             tenant = ns if tenant in self.reserved else tenant
-            per = out.setdefault((ns, pod), {}).setdefault((st(int(p.container[i])), tenant), [0.0, 0.0])
-            per[0 if p.kind[i] == PROMPT else 1] += float(total[g])
+            per = out.setdefault((ns, pod), {}).setdefault((st(int(samples.container[i])), tenant), [0.0, 0.0])
+            per[0 if samples.kind[i] == PROMPT else 1] += float(total[g])
         return out
 
-    def _rates(self, p: PodSamples) -> PodSamples:
+    def _rates(self, samples: PodSamples) -> PodSamples:
         """Counter points -> CPU rates (cores) over the span since the series' previous point, and
         token increases since it, with counter resets handled as Prometheus' rate() does. The
         first point of a series makes none (a CPU point is dropped, a token point counts 0); a
         point no newer than what an earlier interval counted is dropped."""
-        cpu = np.flatnonzero(np.isin(p.kind, COUNTERS))
+        cpu = np.flatnonzero(np.isin(samples.kind, COUNTERS))
         if not len(cpu):
-            return p
-        sid, first = group_ids(p.kind[cpu], p.namespace[cpu], p.pod[cpu], p.container[cpu], p.series[cpu],
-                               p.engine[cpu])
-        keys = [self._key(p, i) for i in cpu[first].tolist()]
+            return samples
+        sid, first = group_ids(samples.kind[cpu], samples.namespace[cpu], samples.pod[cpu], samples.container[cpu],
+                               samples.series[cpu], samples.engine[cpu])
+        keys = [self._key(samples, i) for i in cpu[first].tolist()]
         last = [self._last.get(k, (-1, 0.0)) for k in keys]  # one lookup per series, not per point
         last_t = np.array([t for t, _ in last], dtype=np.int64)
-        newer = p.time_ns[cpu] > last_t[sid]  # older points were counted by an earlier interval
+        newer = samples.time_ns[cpu] > last_t[sid]  # older points were counted by an earlier interval
         rows, sid = cpu[newer], sid[newer]
-        order = np.lexsort((p.time_ns[rows], sid))
+        order = np.lexsort((samples.time_ns[rows], sid))
         rows, sid = rows[order], sid[order]
-        t, v = p.time_ns[rows], p.value[rows]
+        t, v = samples.time_ns[rows], samples.value[rows]
         starts = np.ones(len(rows), dtype=bool)
         starts[1:] = sid[1:] != sid[:-1]
         prev_t, prev_v = np.roll(t, 1), np.roll(v, 1)
@@ -164,24 +167,25 @@ class UsageTracker:
         ends = np.append(starts[1:], True) if len(rows) else starts  # no point newer than what was counted
         for g, i in zip(sid[ends], np.flatnonzero(ends)):
             self._last[keys[g]] = (int(t[i]), float(v[i]))
-        rate = p.kind[rows] == CPU  # tokens count whatever the gap: what was served was served
+        rate = samples.kind[rows] == CPU  # tokens count whatever the gap: what was served was served
         ok = (prev_t >= 0) & ((t - prev_t <= MAX_RATE_GAP_NS) | ~rate)
         span = (t - prev_t) / 1e9
         delta = np.where(v >= prev_v, v - prev_v, v)  # a reset restarts the counter from zero
-        value, spans = p.value.copy(), np.zeros(len(p))
+        value, spans = samples.value.copy(), np.zeros(len(samples))
         spans[rows[ok]] = np.where(rate[ok], span[ok], 0.0)
         value[rows[ok]] = delta[ok] / np.where(rate[ok], span[ok], 1.0)  # tokens: the increase itself
-        keep = ~np.isin(p.kind, COUNTERS)
+        keep = ~np.isin(samples.kind, COUNTERS)
         keep[rows[ok]] = True
         # A token series' first point counts nothing, but says its pod serves: the interval's cost
         # then goes to the pod's `without_tokens` tenant rather than to no tenant at all.
         first_tokens = rows[~ok & ~rate]
         value[first_tokens] = 0.0
         keep[first_tokens] = True
-        out = PodSamples(p.kind, p.time_ns, p.namespace, p.pod, p.container, p.series, value, spans, p.engine)
+        out = PodSamples(samples.kind, samples.time_ns, samples.namespace, samples.pod, samples.container,
+                         samples.series, value, spans, samples.engine)
         return out.take(np.flatnonzero(keep))
 
-    def _key(self, p: PodSamples, i: int) -> tuple:
+    def _key(self, samples: PodSamples, row: int) -> tuple:
         """A counter series' identity, by strings: (namespace, pod, container, cgroup id) for CPU,
         (kind, namespace, pod, model, tenant, engine) for tokens (-1: "")."""
         st = self.strings.string
@@ -189,10 +193,11 @@ class UsageTracker:
         def text(code: int) -> str:
             return st(code) if code >= 0 else ""
 
-        if p.kind[i] == CPU:
-            return (st(int(p.namespace[i])), st(int(p.pod[i])), st(int(p.container[i])), st(int(p.series[i])))
-        return (int(p.kind[i]), st(int(p.namespace[i])), st(int(p.pod[i])), text(int(p.container[i])),
-                text(int(p.series[i])), text(int(p.engine[i])))
+        if samples.kind[row] == CPU:
+            return (st(int(samples.namespace[row])), st(int(samples.pod[row])), st(int(samples.container[row])),
+                    st(int(samples.series[row])))
+        return (int(samples.kind[row]), st(int(samples.namespace[row])), st(int(samples.pod[row])),
+                text(int(samples.container[row])), text(int(samples.series[row])), text(int(samples.engine[row])))
 
     def mark(self) -> Callable[[], None]:
         """What puts the counters' last points back as they are now (`use` moves them on)."""
@@ -233,37 +238,37 @@ class PodUse:
     memory_bytes: float  # mean working set; NaN where not measured
 
 
-def pod_use(p: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], PodUse]:
+def pod_use(samples: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], PodUse]:
     """Per (namespace code, pod code): share of the interval Running (to the resolution of the
     kube-state-metrics scrapes: a phase seen at a scrape holds until the next one) and mean use
     (per container, time-weighted for CPU rates, then summed over the pod's containers)."""
-    if not len(p):
+    if not len(samples):
         return {}
-    pod_id, first = group_ids(p.namespace, p.pod)
+    pod_id, first = group_ids(samples.namespace, samples.pod)
     n = len(first)
     out = np.full((n, 3), np.nan)
-    run = p.kind == RUNNING
+    run = samples.kind == RUNNING
     if run.any():
-        times = np.unique(p.time_ns[run])
+        times = np.unique(samples.time_ns[run])
         begin = times.copy()
         begin[0] = start_ns
         dur = (np.append(times[1:], end_ns) - begin) / (end_ns - start_ns)
-        step = np.searchsorted(times, p.time_ns[run])
+        step = np.searchsorted(times, samples.time_ns[run])
         seen = np.bincount(pod_id[run], minlength=n) > 0
-        share = np.bincount(pod_id[run], weights=np.where(p.value[run] == 1.0, dur[step], 0.0), minlength=n)
+        share = np.bincount(pod_id[run], weights=np.where(samples.value[run] == 1.0, dur[step], 0.0), minlength=n)
         out[seen, 0] = share[seen]
     for kind, col in ((CPU, 1), (MEMORY, 2)):
-        sel = p.kind == kind
+        sel = samples.kind == kind
         if not sel.any():
             continue
-        weight = p.span_s[sel] if kind == CPU else np.ones(int(sel.sum()))
-        cid, cfirst = group_ids(pod_id[sel], p.container[sel])
-        total = np.bincount(cid, weights=p.value[sel] * weight)
+        weight = samples.span_s[sel] if kind == CPU else np.ones(int(sel.sum()))
+        cid, cfirst = group_ids(pod_id[sel], samples.container[sel])
+        total = np.bincount(cid, weights=samples.value[sel] * weight)
         w = np.bincount(cid, weights=weight)
         mean = np.divide(total, w, out=np.zeros_like(total), where=w > 0)
         owner = pod_id[sel][cfirst]
         has = np.bincount(owner, weights=w > 0, minlength=n) > 0
         summed = np.bincount(owner, weights=mean, minlength=n)
         out[has, col] = summed[has]
-    keys = zip(p.namespace[first].tolist(), p.pod[first].tolist())
+    keys = zip(samples.namespace[first].tolist(), samples.pod[first].tolist())
     return {k: PodUse(*row) for k, row in zip(keys, out.tolist())}

@@ -77,11 +77,12 @@ class PackedSamples(Coded):
         return [self.labels.reshape(-1)]
 
     @staticmethod
-    def pack(s: Samples) -> "PackedSamples":
-        cols = [getattr(s, name) for name in Samples.CODES]
+    def pack(samples: Samples) -> "PackedSamples":
+        cols = [getattr(samples, name) for name in Samples.CODES]
         label, first = group_ids(*cols)
         labels = np.stack([c[first] for c in cols], axis=1).astype(np.int32, copy=False)
-        return PackedSamples(s.metric, s.time_ns, s.value, s.stale, label.astype(np.int32), labels)
+        return PackedSamples(samples.metric, samples.time_ns, samples.value, samples.stale, label.astype(np.int32),
+                             labels)
 
     @staticmethod
     def concat(parts: list["PackedSamples"]) -> "PackedSamples":
@@ -155,8 +156,8 @@ class Windows:
                 self._slot(int(i), record).facts.append(facts.select(idx == i))
         return late, late_facts
 
-    def _slot(self, i: int, record: Optional[Position]) -> _Open:
-        slot = self._open.setdefault(i, _Open())
+    def _slot(self, index: int, record: Optional[Position]) -> _Open:
+        slot = self._open.setdefault(index, _Open())
         slot.version += 1
         if record is not None and (slot.first_record is None or record < slot.first_record):
             slot.first_record = record
@@ -207,14 +208,14 @@ class Windows:
                 skipped += max(b - stop, 0)
         return sorted(ready), skipped
 
-    def _interval(self, i: int, slot: _Open, bare: bool = False) -> Interval:
+    def _interval(self, index: int, slot: _Open, bare: bool = False) -> Interval:
         """Interval `i` of `slot`'s parts; `bare`: without them (computed already)."""
         if bare:
-            return Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns, Samples.empty(), PodSamples.empty(),
+            return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns, Samples.empty(), PodSamples.empty(),
                             empty_batch(), slot.version)
         facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()
         facts = facts.select(np.argsort(facts.time_ns, kind="stable"))
-        return Interval(i, i * self.dt_ns, (i + 1) * self.dt_ns,
+        return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns,
                         PackedSamples.concat(slot.samples).unpack() if slot.samples else Samples.empty(),
                         PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts, slot.version)
 
@@ -233,14 +234,14 @@ class Windows:
             return None  # not complete yet, or it closes now anyway
         return i
 
-    def version_of(self, i: int) -> Optional[int]:
+    def version_of(self, index: int) -> Optional[int]:
         """Open interval `i`'s version (parts added so far); None if it is not open."""
-        slot = self._open.get(i)
+        slot = self._open.get(index)
         return slot.version if slot is not None else None
 
-    def peek(self, i: int) -> Interval:
+    def peek(self, index: int) -> Interval:
         """Open interval `i` as it would close now; it stays open."""
-        return self._interval(i, self._open[i])
+        return self._interval(index, self._open[index])
 
     def codes(self) -> list[np.ndarray]:
         """The arrays of interned string codes the open intervals hold."""

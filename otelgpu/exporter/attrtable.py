@@ -32,10 +32,10 @@ _RECORD = struct.Struct("<III")  # id, payload bytes, CRC32 of id, length and pa
 COMPACT_FROM = 4096  # sets: below this a log is never rewritten
 
 
-def _record(i: int, attrs: Attrs) -> bytes:
+def _record(number: int, attrs: Attrs) -> bytes:
     payload = json.dumps(attrs, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
-    head = struct.pack("<II", i, len(payload))
-    return _RECORD.pack(i, len(payload), zlib.crc32(payload, zlib.crc32(head))) + payload
+    head = struct.pack("<II", number, len(payload))
+    return _RECORD.pack(number, len(payload), zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
 def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:

@@ -61,16 +61,16 @@ class Points(Sequence[Point]):
         return len(self.metric)
 
     @overload
-    def __getitem__(self, i: int) -> Point: ...
+    def __getitem__(self, index: int) -> Point: ...
 
     @overload
-    def __getitem__(self, i: slice) -> Points: ...
+    def __getitem__(self, index: slice) -> Points: ...
 
-    def __getitem__(self, i):  # noqa: ANN001, ANN204
-        if isinstance(i, slice):
-            return self.take(np.arange(len(self))[i])
-        return Point(self.metrics[self.metric[i]], self.attrs[self.aset[i]], int(self.start_ns[i]),
-                     int(self.time_ns[i]), float(self.value[i]), bool(self.ended[i]))
+    def __getitem__(self, index):  # noqa: ANN001, ANN204
+        if isinstance(index, slice):
+            return self.take(np.arange(len(self))[index])
+        return Point(self.metrics[self.metric[index]], self.attrs[self.aset[index]], int(self.start_ns[index]),
+                     int(self.time_ns[index]), float(self.value[index]), bool(self.ended[index]))
 
     def __iter__(self) -> Iterator[Point]:
         metrics, attrs = self.metrics, self.attrs

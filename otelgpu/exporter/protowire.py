@@ -8,12 +8,12 @@ import numpy as np
 from otelgpu.core.jit import kernel
 
 
-def varint(n: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
     return bytes(out)
 
 

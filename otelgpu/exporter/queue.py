@@ -141,9 +141,9 @@ class SnapshotQueue:
             return Progress(done)
         outbox = self.outbox
 
-        def persist(n: int) -> None:  # on the sending thread, inside sender.send(): must not raise
+        def persist(accepted: int) -> None:  # on the sending thread, inside sender.send(): must not raise
             try:
-                outbox.save_progress(end_ns, n)
+                outbox.save_progress(end_ns, accepted)
             except OSError as exc:
                 self.telemetry.outbox_error("write")
                 log.error("%s: progress of snapshot %d not persisted (a restart resends its part): %s",
@@ -197,14 +197,14 @@ class SnapshotQueue:
             self.telemetry.delivered_through.set(through / 1e9)
         self.cond.notify_all()
 
-    def _mergeable(self, i: int) -> bool:
+    def _mergeable(self, index: int) -> bool:
         """Whether snapshots i and i + 1 may be merged: nothing was sent of either, and both are
         released (and i is not in flight) or both wait in memory unpersisted."""
-        a, b = self._entries[i], self._entries[i + 1]
+        a, b = self._entries[index], self._entries[index + 1]
         if a.progress.done or b.progress.done:
             return False
         if b.released:
-            return not (i == 0 and self.in_flight)
+            return not (index == 0 and self.in_flight)
         return not a.persisted and not b.persisted
 
     def _bound(self) -> None:

@@ -260,15 +260,15 @@ class SeriesWriter:
             out.append((hi - lo, body.tobytes()))
         return out, rejected
 
-    def _label_sets(self, p: Points, rows: np.ndarray,
+    def _label_sets(self, points: Points, rows: np.ndarray,
                     cached: dict[Attrs, _LabelSet]) -> tuple[list[_LabelSet], np.ndarray]:
         """The distinct label sets of `rows`' attribute sets (those of the last snapshot kept), and
         per attribute set its label set's index."""
         distinct: dict[Labels, int] = {}
         sets: list[_LabelSet] = []
-        lid = np.zeros(len(p.attrs), np.int64)
-        for a in np.unique(p.aset[rows]).tolist():
-            attrs = p.attrs[a]
+        lid = np.zeros(len(points.attrs), np.int64)
+        for a in np.unique(points.aset[rows]).tolist():
+            attrs = points.attrs[a]
             ls = self._sets.get(attrs) or cached.get(attrs) or _LabelSet(attrs, self.cluster, self.external_labels)
             self._sets[attrs] = ls
             lid[a] = distinct.setdefault(ls.labels, len(distinct))

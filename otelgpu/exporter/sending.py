@@ -44,11 +44,11 @@ class Progress:
         self.done = done
         self._persist = persist
 
-    def advance(self, n: int) -> None:
+    def advance(self, accepted: int) -> None:
         """The receiver accepted the next `n` items. Call it after each accepted request."""
-        if n <= 0:
+        if accepted <= 0:
             return
-        self.done += n
+        self.done += accepted
         if self._persist is not None:
             self._persist(self.done)
 

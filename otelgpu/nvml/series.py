@@ -48,21 +48,22 @@ class Point:
     value: float
 
 
-def entity_labels(r: Reading, node: str, driver: str) -> dict[str, str]:
-    labels = {"gpu": str(r.index), "UUID": r.uuid, "pci_bus_id": r.pci_bus_id,
-              "device": f"nvidia{r.minor}" if r.minor is not None else "", "modelName": r.model}
-    if r.gi is not None:
-        labels.update(GPU_I_PROFILE=r.profile, GPU_I_ID=str(r.gi))
+def entity_labels(reading: Reading, node: str, driver: str) -> dict[str, str]:
+    labels = {"gpu": str(reading.index), "UUID": reading.uuid, "pci_bus_id": reading.pci_bus_id,
+              "device": f"nvidia{reading.minor}" if reading.minor is not None else "", "modelName": reading.model}
+    if reading.gi is not None:
+        labels.update(GPU_I_PROFILE=reading.profile, GPU_I_ID=str(reading.gi))
     labels.update(Hostname=node, DCGM_FI_DRIVER_VERSION=driver)
     return labels
 
 
-def holder_labels(h: Holder) -> dict[str, str]:
-    return {"container": h.container, "namespace": h.namespace, "pod": h.pod, "vgpu": h.vgpu}
+def holder_labels(holder: Holder) -> dict[str, str]:
+    return {"container": holder.container, "namespace": holder.namespace, "pod": holder.pod, "vgpu": holder.vgpu}
 
 
-def _values(r: Reading) -> list[tuple[MetricSpec, Optional[float]]]:
-    return [(GPU_UTIL, r.util), (FB_USED, r.fb_used), (FB_FREE, r.fb_free), (POWER, r.power), (ENERGY, r.energy)]
+def _values(reading: Reading) -> list[tuple[MetricSpec, Optional[float]]]:
+    return [(GPU_UTIL, reading.util), (FB_USED, reading.fb_used), (FB_FREE, reading.fb_free), (POWER, reading.power),
+            (ENERGY, reading.energy)]
 
 
 def points(snapshot: Snapshot, node: str, holders: Mapping[Key, Sequence[Holder]]) -> list[Point]:

@@ -101,13 +101,13 @@ _NAME_METRIC = np.array([int(c) for c in KNOWN_METRICS.values()], np.int16)
 _NAME_SCALE = np.array([TO_STORED_UNIT.get(n, 1.0) for n in KNOWN_METRICS])
 
 
-def _grown(a: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
+def _grown(table: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
     """`a` with room for `need` entries: half as large again, so at most a third of a table that
     grew is room (the label-set tables of a 10,000-GPU cluster are some MiB)."""
-    if need <= len(a):
-        return a
-    out = np.full(max(need, len(a) + len(a) // 2), fill, a.dtype)
-    out[:len(a)] = a
+    if need <= len(table):
+        return table
+    out = np.full(max(need, len(table) + len(table) // 2), fill, table.dtype)
+    out[:len(table)] = table
     return out
 
 
@@ -273,9 +273,9 @@ class ColumnarDecoder:
             p_set[unknown] = found
             unknown = unknown[found == -1]  # two sets with one hash: the next round enters the other
 
-    def _add(self, raw: bytes, buf: np.ndarray, a: int, b: int, h: np.uint64) -> None:
+    def _add(self, raw: bytes, buf: np.ndarray, start: int, end: int, hashed: np.uint64) -> None:
         try:
-            point = NumberDataPoint.FromString(raw[a:b])
+            point = NumberDataPoint.FromString(raw[start:end])
         except DecodeError:
             raise _Unsure() from None
         labels = wanted_labels(point.attributes, self.limits)
@@ -291,10 +291,10 @@ class ColumnarDecoder:
         self.set_pieces = _grown(self.set_pieces, at + fields)
         self.piece_hash = _grown(self.piece_hash, self.n_pieces + fields)
         self.piece_off = _grown(self.piece_off, self.n_pieces + fields + 1)
-        self.pieces = _grown(self.pieces, int(self.piece_off[self.n_pieces]) + (b - a))
+        self.pieces = _grown(self.pieces, int(self.piece_off[self.n_pieces]) + (end - start))
         if 2 * (self.n_pieces + fields) > len(self.piece_slots):
             self._rehash_pieces(1 << (2 * (self.n_pieces + fields)).bit_length())
-        n, self.n_pieces = wire.enter_pieces(buf, a, b, self.seed, self.piece_slots, self.piece_hash, self.pieces,
+        n, self.n_pieces = wire.enter_pieces(buf, start, end, self.seed, self.piece_slots, self.piece_hash, self.pieces,
                                              self.piece_off, self.n_pieces, self.set_pieces[at:])
         self.set_off[s + 1] = at + n
         lat = int(self.label_off[s])
@@ -303,7 +303,7 @@ class ColumnarDecoder:
         if codes:
             self.label_key[lat:lat + len(codes)], self.label_val[lat:lat + len(codes)] = zip(*codes)
         self.label_off[s + 1] = lat + len(codes)
-        self.set_hash[s] = h
+        self.set_hash[s] = hashed
         self.set_shape[s] = self._shape(shape)
         self.set_seen[s] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
         self.sets = s + 1
@@ -326,10 +326,10 @@ class ColumnarDecoder:
             self.shape_q = np.vstack([self.shape_q, [[lo, hi, float(whole)]]])
         return index
 
-    def _resource(self, raw: bytes, a: int, b: int) -> tuple[int, int, str, int, int]:
+    def _resource(self, raw: bytes, start: int, end: int) -> tuple[int, int, str, int, int]:
         """(node code, own pod code, source, kinds it may send, own namespace code) of a scrape
         target's Resource at raw[a:b]; the namespace is -1 unless it names both (`own_pod`)."""
-        key = raw[a:b] if a >= 0 else b""
+        key = raw[start:end] if start >= 0 else b""
         known = self._resources.get(key)
         if known is not None:
             return known
@@ -370,32 +370,33 @@ def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.n
     return values[entries], new_off
 
 
-def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int, int]], floor: int, horizon: int,
+def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str, int, int]], floor: int, horizon: int,
              set_shape: np.ndarray, shapes: list[LabelShape], shape_ok: np.ndarray, shape_q: np.ndarray,
              label_off: np.ndarray, label_key: np.ndarray, label_val: np.ndarray, own_keys: tuple[int, int],
              trust: Optional[SourceTrust] = None) -> tuple[PointBatch, np.ndarray]:
     """The batch, and the scanned points it kept (indices into c's columns). `own_keys`: the codes
     of `namespace` and `pod`, which points of OWN_POD_METRICS take from their resource."""
-    metric, t, value, sets = c["p_metric"].astype(np.int64), c["p_time"], c["p_value"], c["p_set"]
-    stale = (c["p_flags"] & NO_RECORDED_VALUE) != 0
+    metric, t = columns["p_metric"].astype(np.int64), columns["p_time"]
+    value, sets = columns["p_value"], columns["p_set"]
+    stale = (columns["p_flags"] & NO_RECORDED_VALUE) != 0
     rejected: Counter[Rejection] = Counter()
     # Points of a kind their scrape target may not send: refused whatever else is wrong with them.
-    kind, untrusted = KIND_OF_METRIC[metric], c["untrusted"]
+    kind, untrusted = KIND_OF_METRIC[metric], columns["untrusted"]
     if untrusted.any():
-        _refused(rejected, trust, resources, kind, untrusted, c["p_res"])
+        _refused(rejected, trust, resources, kind, untrusted, columns["p_res"])
     # Points that belong to their scrape target's pod, from a target that names none.
     res_ns = np.array([r[4] for r in resources], np.int32)
     own = _OWN_POD[metric] & ~untrusted
-    homeless = own & (res_ns[c["p_res"]] < 0)
+    homeless = own & (res_ns[columns["p_res"]] < 0)
     for m, n in zip(*np.unique(metric[homeless], return_counts=True)):
         rejected[own_pod_problem(METRIC_NAME[int(m)])] += int(n)
     ok = _checked(metric, t, value, sets, stale, ~untrusted & ~homeless, floor, horizon, set_shape, shapes,
                   shape_ok, shape_q, rejected)
-    for m, which in zip(*np.nonzero(c["wrong"])):
-        rejected[wrong_type(METRIC_NAME[int(m)], wire.WHICH[which])] += int(c["wrong"][m, which])
+    for m, which in zip(*np.nonzero(columns["wrong"])):
+        rejected[wrong_type(METRIC_NAME[int(m)], wire.WHICH[which])] += int(columns["wrong"][m, which])
 
     rows = np.flatnonzero(ok)
-    res = c["p_res"][rows]
+    res = columns["p_res"][rows]
     res_node = np.array([r[0] for r in resources], np.int32)
     res_pod = np.array([r[1] for r in resources], np.int32)
     chosen = sets[rows].astype(np.int64)
@@ -405,11 +406,11 @@ def _columns(c: dict[str, np.ndarray], resources: list[tuple[int, int, str, int,
     batch = PointBatch(metric[rows].astype(np.int16), times, np.where(stale[rows], np.nan, value[rows]),
                        stale[rows], res_node[res] if len(rows) else np.zeros(0, np.int32),
                        res_pod[res] if len(rows) else np.zeros(0, np.int32), off, keys, vals,
-                       rejected, int(c["ignored"]))
+                       rejected, int(columns["ignored"]))
     mine = np.flatnonzero(own[rows])
     if len(mine):  # their own pod, whatever the points say
         batch = batch.with_labels(mine, own_keys, np.stack([res_ns[res[mine]], res_pod[res[mine]]], axis=1))
-    _clocks(batch, resources, c["r_live"], res, times)
+    _clocks(batch, resources, columns["r_live"], res, times)
     return batch, rows
 
 
@@ -424,14 +425,14 @@ def _refused(rejected: Counter[Rejection], trust: Optional[SourceTrust], resourc
                           resources[r][2])
 
 
-def _checked(metric: np.ndarray, t: np.ndarray, value: np.ndarray, sets: np.ndarray, stale: np.ndarray,
+def _checked(metric: np.ndarray, time: np.ndarray, value: np.ndarray, sets: np.ndarray, stale: np.ndarray,
              judged: np.ndarray, floor: int, horizon: int, set_shape: np.ndarray, shapes: list[LabelShape],
              shape_ok: np.ndarray, shape_q: np.ndarray, rejected: Counter[Rejection]) -> np.ndarray:
     """Which of the `judged` points are usable. The checks every usable point passes run over
     whole columns; a point failing one is judged alone, and counted by its reason."""
     known = sets >= 0
     shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
-    ok = known & (t != 0) & (t <= horizon) & (t >= floor)
+    ok = known & (time != 0) & (time <= horizon) & (time >= floor)
     if len(shapes):
         ok &= shape_ok[shape, metric]
         q = shape_q[shape]
@@ -444,7 +445,7 @@ def _checked(metric: np.ndarray, t: np.ndarray, value: np.ndarray, sets: np.ndar
         name, m = METRIC_NAME[int(metric[i])], int(metric[i])
         s = int(sets[i])
         label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
-        reason = (time_problem(name, int(t[i]), floor, horizon)
+        reason = (time_problem(name, int(time[i]), floor, horizon)
                   or point_problem(name, m, label, bool(stale[i]), float(value[i])))
         if reason is not None:
             rejected[reason] += 1

@@ -140,13 +140,13 @@ def empty_batch() -> PointBatch:
                       i32, i32, np.zeros(1, np.int64), i32, i32)
 
 
-def _any_value_str(v) -> str:  # noqa: ANN001 - protobuf AnyValue
-    kind = v.WhichOneof("value")
+def _any_value_str(value) -> str:  # noqa: ANN001 - protobuf AnyValue
+    kind = value.WhichOneof("value")
     if kind == "string_value":
-        return v.string_value
+        return value.string_value
     if kind is None:
         return ""
-    return str(getattr(v, kind))
+    return str(getattr(value, kind))
 
 
 def source_of(resource_attrs: dict[str, str]) -> str:
@@ -186,8 +186,8 @@ class _Columns:
         self.attr_key, self.attr_val = array("i"), array("i")
 
     def batch(self, rejected: Counter[Rejection], ignored: int, sources: dict[str, int]) -> PointBatch:
-        def arr(a: array, dtype: type) -> np.ndarray:
-            return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype)
+        def arr(values: array, dtype: type) -> np.ndarray:
+            return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype)
 
         return PointBatch(arr(self.metric, np.int16), arr(self.time_ns, np.int64), arr(self.value, np.float64),
                           arr(self.stale, np.int8).astype(bool), arr(self.res_node, np.int32),
@@ -236,19 +236,19 @@ class _Decoding:
             src = source_of(res)
             self.sources[src] = max(self.sources.get(src, 0), newest)
 
-    def _metric(self, m: Any, res: dict[str, str], allowed: int, mine: Any, node: int, res_pod: int) -> int:
+    def _metric(self, metric: Any, res: dict[str, str], allowed: int, mine: Any, node: int, res_pod: int) -> int:
         """Take one metric's points; returns the newest timestamp of those that keep the source's clock."""
-        which = m.WhichOneof("data")
-        mcode = KNOWN_METRICS.get(m.name)
-        points = getattr(m, which).data_points if which in ("gauge", "sum") else ()
+        which = metric.WhichOneof("data")
+        mcode = KNOWN_METRICS.get(metric.name)
+        points = getattr(metric, which).data_points if which in ("gauge", "sum") else ()
         if mcode is None:
             self.ignored += len(points) if which in ("gauge", "sum") else 1
-            if m.name == LIVENESS_METRIC and allowed & CLOCK:  # only the cost sources' clocks count
+            if metric.name == LIVENESS_METRIC and allowed & CLOCK:  # only the cost sources' clocks count
                 return max([0] + [p.time_unix_nano for p in points if self.floor <= p.time_unix_nano <= self.horizon])
             return 0
         name = METRIC_NAME[mcode]  # in reasons: one name per metric, whichever it arrived under
         if which not in ("gauge", "sum"):
-            n = len(getattr(m, which).data_points) if which else 0
+            n = len(getattr(metric, which).data_points) if which else 0
             self.rejected[wrong_type(name, which)] += max(n, 1)
             return 0
         kind = int(KIND_OF_METRIC[mcode])
@@ -261,18 +261,18 @@ class _Decoding:
             if points:
                 self.rejected[own_pod_problem(name)] += len(points)
             return 0
-        scale = TO_STORED_UNIT.get(m.name, 1.0)
+        scale = TO_STORED_UNIT.get(metric.name, 1.0)
         newest = 0
         for p in points:
             if self._point(name, mcode, p, scale, mine, node, res_pod) and kind & CLOCK:
                 newest = max(newest, p.time_unix_nano)
         return newest
 
-    def _point(self, name: str, mcode: int, p: Any, scale: float, mine: Any, node: int, res_pod: int) -> bool:
+    def _point(self, name: str, mcode: int, point: Any, scale: float, mine: Any, node: int, res_pod: int) -> bool:
         """Take one point, or count why not; whether it was taken."""
-        stale = bool(p.flags & NO_RECORDED_VALUE)
-        value = math.nan if stale else _value(p) * scale
-        reason, labels = _check(name, mcode, p, value, self.lim, self.floor, self.horizon)
+        stale = bool(point.flags & NO_RECORDED_VALUE)
+        value = math.nan if stale else _value(point) * scale
+        reason, labels = _check(name, mcode, point, value, self.lim, self.floor, self.horizon)
         if reason is not None:
             self.rejected[reason] += 1  # fixed codes per metric: a bounded self-metric
             return False
@@ -284,7 +284,7 @@ class _Decoding:
             cols.attr_val.append(code(v))
         cols.metric.append(mcode)
         cols.stale.append(stale)
-        cols.time_ns.append(p.time_unix_nano)
+        cols.time_ns.append(point.time_unix_nano)
         cols.value.append(value)
         cols.res_node.append(node)
         cols.res_pod.append(res_pod)
@@ -292,33 +292,33 @@ class _Decoding:
         return True
 
 
-def _value(p) -> float:  # noqa: ANN001 - protobuf NumberDataPoint
-    kind = p.WhichOneof("value")
-    return p.as_double if kind == "as_double" else float(p.as_int) if kind == "as_int" else math.nan
+def _value(point) -> float:  # noqa: ANN001 - protobuf NumberDataPoint
+    kind = point.WhichOneof("value")
+    return point.as_double if kind == "as_double" else float(point.as_int) if kind == "as_int" else math.nan
 
 
-def _check(name: str, mcode: int, p, value: float, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
+def _check(name: str, mcode: int, point, value: float, lim: Limits, floor: int,  # noqa: ANN001 - NumberDataPoint
            horizon: int) -> tuple[Optional[Rejection], list[tuple[str, str]]]:
     """(why the point is rejected, None if usable; the labels kept, as strings). `value` is the
     point's, in its metric's stored unit (NaN for a staleness marker)."""
-    reason = time_problem(name, p.time_unix_nano, floor, horizon)
+    reason = time_problem(name, point.time_unix_nano, floor, horizon)
     if reason is not None:
         return reason, []
-    labels = wanted_labels(p.attributes, lim)
-    shape = label_shape(len(p.attributes), labels, lim)
-    reason = point_problem(name, mcode, shape, bool(p.flags & NO_RECORDED_VALUE), value)
+    labels = wanted_labels(point.attributes, lim)
+    shape = label_shape(len(point.attributes), labels, lim)
+    reason = point_problem(name, mcode, shape, bool(point.flags & NO_RECORDED_VALUE), value)
     return reason, ([] if reason is not None else labels)
 
 
 # The checks of a point, in the order they are made; the columnar decoder (receiver/columnar.py)
 # makes the same ones, the label checks once per distinct label set.
 
-def time_problem(name: str, t: int, floor: int, horizon: int) -> Optional[Rejection]:
-    if t == 0:
+def time_problem(name: str, time_ns: int, floor: int, horizon: int) -> Optional[Rejection]:
+    if time_ns == 0:
         return rejection(name, "no_timestamp", "point without a timestamp")
-    if t > horizon:
+    if time_ns > horizon:
         return rejection(name, "from_the_future", "timestamp ahead of the receive clock")
-    if t < floor:
+    if time_ns < floor:
         return rejection(name, "too_old", "timestamp older than the age limit")
     return None
 

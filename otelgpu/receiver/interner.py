@@ -45,20 +45,20 @@ class Interner:
         self._lock = threading.Lock()
         self.epoch = 0  # compactions so far: codes of different epochs must never meet
 
-    def code(self, s: str) -> int:
-        c = self._codes.get(s)
+    def code(self, text: str) -> int:
+        c = self._codes.get(text)
         if c is None:
             with self._lock:
-                c = self._codes.get(s)
+                c = self._codes.get(text)
                 if c is None:
                     c = len(self._strings)
-                    self._strings.append(s)
-                    self._codes[s] = c
+                    self._strings.append(text)
+                    self._codes[text] = c
         return c
 
-    def find(self, s: str) -> int:
+    def find(self, text: str) -> int:
         """The code of `s` if it is interned, else -1 (never adds)."""
-        return self._codes.get(s, -1)
+        return self._codes.get(text, -1)
 
     def string(self, code: int) -> str:
         return self._strings[code] if code >= 0 else ""

@@ -64,9 +64,9 @@ class _Reader:
         self.at += n_bytes
         return out
 
-    def array(self, dtype: str, n: int) -> np.ndarray:
+    def array(self, dtype: str, count: int) -> np.ndarray:
         size = np.dtype(dtype).itemsize
-        return np.frombuffer(self.take(size * n), dtype=dtype).copy()
+        return np.frombuffer(self.take(size * count), dtype=dtype).copy()
 
 
 def decode_batch(data: bytes, strings: Interner) -> PointBatch:

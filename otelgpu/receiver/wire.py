@@ -50,12 +50,12 @@ def _schema() -> Schema:
     order: dict[str, int] = {}
     found = []
 
-    def walk(d) -> None:  # noqa: ANN001 - a protobuf Descriptor
-        if d.full_name in order:
+    def walk(descriptor) -> None:  # noqa: ANN001 - a protobuf Descriptor
+        if descriptor.full_name in order:
             return
-        order[d.full_name] = len(found)
-        found.append(d)
-        for f in d.fields:
+        order[descriptor.full_name] = len(found)
+        found.append(descriptor)
+        for f in descriptor.fields:
             if f.message_type is not None:
                 walk(f.message_type)
 

@@ -23,22 +23,22 @@ def parse_time(text: str) -> float:
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def write_csv(s: Showback, out: TextIO) -> None:
+def write_csv(showback: Showback, out: TextIO) -> None:
     """One row per group, largest charge first, then `(idle)` and `(total)` (the capacity, what the
     rows and the idle add up to). Money in the currency of the series; shares of the capacity."""
     w = csv.writer(out, lineterminator="\n")
-    w.writerow([*(s.by or ("group",)), *FIGURES, "share_of_capacity"])
-    blank = [""] * max(len(s.by) - 1, 0)
-    for r in s.rows:
+    w.writerow([*(showback.by or ("group",)), *FIGURES, "share_of_capacity"])
+    blank = [""] * max(len(showback.by) - 1, 0)
+    for r in showback.rows:
         values = [r.charged, r.allocated, r.unused, r.effective, r.waste, r.unmeasured, r.gpu_hours, r.cost_per_gpu_hour]
         w.writerow([*(r.key or ("everything",)), *map(_number, values),
-                    _number(r.charged / s.capacity if s.capacity else math.nan)])
-    idle = [s.idle, 0, s.idle, 0, 0, 0, 0, math.nan]
-    w.writerow(["(idle)", *blank, *map(_number, idle), _number(s.idle_share)])
-    t = s.total
-    total = [s.capacity, t.allocated, t.unused, t.effective, t.waste, t.unmeasured, t.gpu_hours, math.nan]
-    w.writerow(["(total)", *blank, *map(_number, total), _number(1.0 if s.capacity else math.nan)])
+                    _number(r.charged / showback.capacity if showback.capacity else math.nan)])
+    idle = [showback.idle, 0, showback.idle, 0, 0, 0, 0, math.nan]
+    w.writerow(["(idle)", *blank, *map(_number, idle), _number(showback.idle_share)])
+    t = showback.total
+    total = [showback.capacity, t.allocated, t.unused, t.effective, t.waste, t.unmeasured, t.gpu_hours, math.nan]
+    w.writerow(["(total)", *blank, *map(_number, total), _number(1.0 if showback.capacity else math.nan)])
 
 
-def _number(x: float) -> str:
-    return "" if math.isnan(x) else f"{x:.6f}"
+def _number(value: float) -> str:
+    return "" if math.isnan(value) else f"{value:.6f}"

@@ -188,10 +188,10 @@ class _Reading:
             self.dropped += len(series) - len(kept)
             yield from ((k, labels, v) for labels, v in kept)
 
-    def _origin(self, k: int, labels: Labels) -> Origin:
-        where = (k, labels.get("cluster", ""), labels.get("node", ""))
+    def _origin(self, period: int, labels: Labels) -> Origin:
+        where = (period, labels.get("cluster", ""), labels.get("node", ""))
         if where not in self.found:
-            self.found[where] = Origin(self.bounds[k], self.bounds[k + 1], where[1], where[2], {})
+            self.found[where] = Origin(self.bounds[period], self.bounds[period + 1], where[1], where[2], {})
         o = self.found[where]
         for name in ("instance_type", "capacity_type", "gpu_model", "idle_policy", "price_source"):
             if labels.get(name) and not o.labels.get(name):
@@ -267,18 +267,18 @@ def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
     return merged
 
 
-def _gap(o: Origin) -> float:
-    return o.capacity - sum(c.cost for c in o.charges.values())
+def _gap(origin: Origin) -> float:
+    return origin.capacity - sum(c.cost for c in origin.charges.values())
 
 
-def _absorb(into: Origin, o: Origin) -> None:
+def _absorb(into: Origin, origin: Origin) -> None:
     """`o`'s capacity and charges added to `into`, whose period now ends where `o`'s does."""
-    into.end = o.end
-    into.capacity += o.capacity
-    into.gpu_seconds += o.gpu_seconds
-    for name, value in o.labels.items():
+    into.end = origin.end
+    into.capacity += origin.capacity
+    into.gpu_seconds += origin.gpu_seconds
+    for name, value in origin.labels.items():
         into.labels.setdefault(name, value)
-    for (kind, labels), c in o.charges.items():
+    for (kind, labels), c in origin.charges.items():
         target = into.charge(kind, dict(labels))
         for part, value in c.parts.items():
             target.parts[part] += value
@@ -301,10 +301,10 @@ def _holder(labels: Labels) -> Labels:
     return {k: labels[k] for k in (*TAG_NAMES, *HOLDER_LABELS) if labels.get(k)}
 
 
-def _main(o: Origin) -> str:
+def _main(origin: Origin) -> str:
     """The resource most of an origin's charges are of (where a gap is put)."""
     by: dict[str, float] = defaultdict(float)
-    for c in o.charges.values():
+    for c in origin.charges.values():
         for (resource, _), v in c.parts.items():
             by[resource] += v
     return max(by, key=lambda r: (by[r], r == "gpu")) if by else "gpu"
@@ -351,12 +351,12 @@ def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[d
             }
 
 
-def _resource_id(o: Origin, c: Charge) -> Optional[str]:
+def _resource_id(origin: Origin, charge: Charge) -> Optional[str]:
     """The holder: cluster/namespace/pod, cluster/namespace/kind/name (a workload) or
     cluster/namespace; none for the unallocated portion."""
-    if c.kind != "holder":
+    if charge.kind != "holder":
         return None
-    h = c.labels
+    h = charge.labels
     if h.get("pod"):
         path = [h.get("namespace", ""), h["pod"]]
     elif h.get("workload_name"):
@@ -365,45 +365,45 @@ def _resource_id(o: Origin, c: Charge) -> Optional[str]:
         path = [h["namespace"]]
     else:
         path = ["(unknown holder)"]
-    return "/".join([o.cluster, *path] if o.cluster else path)
+    return "/".join([origin.cluster, *path] if origin.cluster else path)
 
 
-def _resource_name(c: Charge) -> str:
-    h = c.labels
+def _resource_name(charge: Charge) -> str:
+    h = charge.labels
     return h.get("pod") or h.get("workload_name") or h.get("namespace") or "(unknown holder)"
 
 
-def _tags(c: Charge) -> Optional[str]:
-    tags = {k: v for k, v in c.labels.items() if k in TAG_NAMES or k in HOLDER_LABELS}
+def _tags(charge: Charge) -> Optional[str]:
+    tags = {k: v for k, v in charge.labels.items() if k in TAG_NAMES or k in HOLDER_LABELS}
     return json.dumps(tags, sort_keys=True, separators=(",", ":")) if tags else None
 
 
-def _details(c: Charge, cost: float) -> dict[str, object]:
+def _details(charge: Charge, cost: float) -> dict[str, object]:
     elements = []
-    for (resource, part), value in sorted(c.parts.items()):
+    for (resource, part), value in sorted(charge.parts.items()):
         if value == 0:
             continue
         element: dict[str, object] = {"AllocatedRatio": value / cost, "UsageUnit": UNITS[resource]}
         if resource == "gpu" and part == "held":
-            element["UsageQuantity"] = c.gpu_seconds / 3600.0
+            element["UsageQuantity"] = charge.gpu_seconds / 3600.0
         element["x_Resource"], element["x_Part"] = resource, part
         elements.append(element)
     if not elements:  # a holder with GPU-hours and no cost (a zero price)
-        elements.append({"AllocatedRatio": 0.0, "UsageUnit": "GPU-Hours", "UsageQuantity": c.gpu_seconds / 3600.0,
+        elements.append({"AllocatedRatio": 0.0, "UsageUnit": "GPU-Hours", "UsageQuantity": charge.gpu_seconds / 3600.0,
                          "x_Resource": "gpu", "x_Part": "held"})
     return {"Elements": elements}
 
 
-def _description(o: Origin, c: Charge, cost_model: str, node: dict[str, str]) -> str:
-    what = f"{node['instance_type'] or 'node'} {o.node}".strip()
+def _description(origin: Origin, charge: Charge, cost_model: str, node: dict[str, str]) -> str:
+    what = f"{node['instance_type'] or 'node'} {origin.node}".strip()
     scope = "instance" if cost_model == "scad" else "GPU capacity"
-    if c.kind == "holder":
-        return f"{scope} of {what} held by {_resource_name(c)} ({cost_model} allocation)"
-    return f"{scope} of {what}: {UNHELD[c.kind]} ({cost_model} allocation)"
+    if charge.kind == "holder":
+        return f"{scope} of {what} held by {_resource_name(charge)} ({cost_model} allocation)"
+    return f"{scope} of {what}: {UNHELD[charge.kind]} ({cost_model} allocation)"
 
 
-def _month(t: float) -> tuple[float, float]:
-    d = datetime.fromtimestamp(t, timezone.utc)
+def _month(time_s: float) -> tuple[float, float]:
+    d = datetime.fromtimestamp(time_s, timezone.utc)
     first = datetime(d.year, d.month, 1, tzinfo=timezone.utc)
     after = datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=timezone.utc)
     return first.timestamp(), after.timestamp()

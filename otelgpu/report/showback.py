@@ -142,11 +142,11 @@ def increases_by_period(client: PromClient, name: str, matchers: Labels, bounds:
     return out
 
 
-def _period(t: float, bounds: list[float]) -> int:
+def _period(time_s: float, bounds: list[float]) -> int:
     """The period ending at `t` (a step of the range query)."""
-    k = int(round((t - bounds[0]) / (bounds[1] - bounds[0]))) - 1
+    k = int(round((time_s - bounds[0]) / (bounds[1] - bounds[0]))) - 1
     if not 0 <= k < len(bounds) - 1:
-        raise QueryError(f"the server answered for {t}, outside the periods asked for")
+        raise QueryError(f"the server answered for {time_s}, outside the periods asked for")
     return k
 
 

@@ -39,9 +39,9 @@ PodKey = tuple[str, str]
 F = TypeVar("F")
 
 
-def same_facts(a: Any, b: Any) -> bool:
+def same_facts(before: Any, after: Any) -> bool:
     """Equal in everything kept but when they were seen."""
-    return type(a) is type(b) and {**vars(a), "seen_ns": 0} == {**vars(b), "seen_ns": 0}
+    return type(before) is type(after) and {**vars(before), "seen_ns": 0} == {**vars(after), "seen_ns": 0}
 
 
 def since(known: bool, new_object: bool, created_ns: int, now_ns: int) -> int:
@@ -239,6 +239,6 @@ class ApiFacts:
                     "resourceclaims": self.claims.count(), "resourceslices": self.slices.count()}
 
 
-def _key(resource: str, m: Obj) -> Any:
+def _key(resource: str, meta: Obj) -> Any:
     """A named object's key: (namespace, name) for ResourceClaims, the name for the rest."""
-    return (m.get("namespace", ""), m.get("name", "")) if resource == "resourceclaims" else m.get("name", "")
+    return (meta.get("namespace", ""), meta.get("name", "")) if resource == "resourceclaims" else meta.get("name", "")
