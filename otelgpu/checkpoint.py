@@ -168,10 +168,10 @@ def _body_v2(body: bytes) -> dict[str, Any]:
     def lower(value: Any) -> Any:  # each {"$array": i} back to its array
         if isinstance(value, dict):
             if len(value) == 1 and "$array" in value:
-                i = value["$array"]
-                if not isinstance(i, int) or not 0 <= i < len(arrays):
-                    raise CheckpointRejected(CheckpointError.CORRUPT, f"reference to array {i!r}, not in the file")
-                return arrays[i]
+                index = value["$array"]
+                if not isinstance(index, int) or not 0 <= index < len(arrays):
+                    raise CheckpointRejected(CheckpointError.CORRUPT, f"reference to array {index!r}, not in the file")
+                return arrays[index]
             return {k: lower(v) for k, v in value.items()}
         return value
 
@@ -237,11 +237,11 @@ class Checkpoint:
         path = self.directory / FILE
         tmp = self.directory / f".{FILE}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb") as file:
                 for piece in encode_parts(self.identity, state, time.time_ns()):
-                    f.write(piece)
-                f.flush()
-                os.fsync(f.fileno())
+                    file.write(piece)
+                file.flush()
+                os.fsync(file.fileno())
             os.replace(tmp, path)
             if self.path != path:  # the version 1 file it continued from is superseded
                 self.path.unlink(missing_ok=True)

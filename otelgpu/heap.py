@@ -93,8 +93,8 @@ def _mappings(library: str) -> list[list[int]]:
     """[start, end, resident bytes, anonymous bytes] of each read-only mapping of the library."""
     found: list[list[int]] = []
     try:
-        with open("/proc/self/smaps") as f:
-            lines = f.readlines()
+        with open("/proc/self/smaps") as file:
+            lines = file.readlines()
     except OSError:
         return found
     current: Optional[list[int]] = None

@@ -69,8 +69,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def resident_bytes() -> int:
     """This process's resident set size (/proc/self/statm: a few microseconds)."""
-    with open("/proc/self/statm", "rb") as f:
-        return int(f.read().split()[1]) * _PAGE
+    with open("/proc/self/statm", "rb") as file:
+        return int(file.read().split()[1]) * _PAGE
 
 
 def cost(received: int, decompressed: Optional[int] = None) -> int:

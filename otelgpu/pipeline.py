@@ -156,13 +156,15 @@ class Pipeline:
     def _stages(self, config: Config, keep_ended: bool) -> TagResolver:
         """Enrich (facts, windows, usage, tag values, the Kubernetes API, device memory, the join),
         attribution (prices, cost models) and the cost store. Returns the tag rules."""
-        a = config.attribution
-        remembered_ns = max(FACT_TTL_INTERVALS * a.interval_seconds, 600) * NS  # facts and devices not reported
+        attribution = config.attribution
+        remembered_ns = max(FACT_TTL_INTERVALS * attribution.interval_seconds,
+                            600) * NS  # facts and devices not reported
         self.facts = KsmFacts(self.strings, ttl_ns=remembered_ns)
-        self.windows = Windows(a.interval_seconds, a.lateness_seconds, max_gap_intervals=FACT_TTL_INTERVALS)
-        self.models = CostModels(a, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
+        self.windows = Windows(attribution.interval_seconds, attribution.lateness_seconds,
+                               max_gap_intervals=FACT_TTL_INTERVALS)
+        self.models = CostModels(attribution, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
                                  dropped=config.series.dropped)
-        self.pricer = pricer = Pricer(a.prices)
+        self.pricer = pricer = Pricer(attribution.prices)
         self.pricer_version = 0  # price files applied since start
         self.tenants = config.tenants if config.tenants.enabled else None
         self.usage = UsageTracker(self.strings, self.tenants.labels if self.tenants else (),
@@ -175,14 +177,14 @@ class Pipeline:
 
             self.kube = kube_source.KubeSource(config.kubernetes, tags, self.metrics)
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
-        hardware = Hardware(pricer.catalog, MigProfiles.load(), a.mig_fraction_rule)
+        hardware = Hardware(pricer.catalog, MigProfiles.load(), attribution.mig_fraction_rule)
         self.devices = DeviceMemory(self.strings, remembered_ns)
         self.joiner = Joiner(self.strings, source, tags, hardware, self.devices,
                              pod_resources=self.models.needs_pods(),
                              cpu_only=(lambda info: pricer.prices_instance(info.instance_type, info.capacity_type))
-                             if a.scad.cpu_only_nodes else None)
+                             if attribution.scad.cpu_only_nodes else None)
         self.costs = IntervalCosts(self.joiner, self.pricer, self.models, self.strings, self.metrics, self.tenants)
-        self.store = CostStore(a.currency, config.series.end_after_intervals, keep_ended=keep_ended)
+        self.store = CostStore(attribution.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         return tags
 
     def _ingest(self, config: Config, tags: TagResolver) -> Ingest:
@@ -207,24 +209,26 @@ class Pipeline:
         self.metrics_server = (TelemetryServer(config.exporter.prometheus, collector.exposition, lambda: self.ready,
                                                self_metrics=self.metrics)
                                if config.exporter.prometheus.enabled else None)
-        r = config.receiver
-        self.grpc = GrpcReceiver(r.grpc, self.ingest, self.metrics, self.memory) if serve_receivers else None
-        self.http = (HttpReceiver(r.http, self.ingest, self.metrics, r.grpc.max_recv_msg_size_mib * 2**20, self.memory)
-                     if serve_receivers and r.http.enabled else None)
+        receiver = config.receiver
+        self.grpc = GrpcReceiver(receiver.grpc, self.ingest, self.metrics, self.memory) if serve_receivers else None
+        self.http = (HttpReceiver(receiver.http, self.ingest, self.metrics,
+                                  receiver.grpc.max_recv_msg_size_mib * 2**20, self.memory)
+                     if serve_receivers and receiver.http.enabled else None)
 
     def _deliveries(self, directory: Optional[Path]) -> list[Delivery]:
         """One delivery queue per exporter, persisted under the checkpoint directory if there is one."""
-        e, cluster, k = self.config.exporter, self.config.cluster.name, self.config.kubernetes
-        instance = k.node_name if k.enabled and k.scope == "node" else ""  # one writer per node
+        exporters, cluster, kube = self.config.exporter, self.config.cluster.name, self.config.kubernetes
+        instance = kube.node_name if kube.enabled and kube.scope == "node" else ""  # one writer per node
         senders: list[tuple[Sender, DeliveryConfig]] = []
-        if e.otlp:
-            senders.append((OtlpSender(e.otlp, self.store.specs, self.metrics, cluster, instance), e.otlp.delivery))
-        if e.remote_write:
+        if exporters.otlp:
+            senders.append((OtlpSender(exporters.otlp, self.store.specs, self.metrics, cluster, instance),
+                            exporters.otlp.delivery))
+        if exporters.remote_write:
             # imported here: botocore loads only when remote write is configured
             from otelgpu.exporter.remote_write import RemoteWriteSender
 
-            sender = RemoteWriteSender(e.remote_write, self.store.specs, cluster, self.metrics)
-            senders.append((sender, e.remote_write.delivery))
+            sender = RemoteWriteSender(exporters.remote_write, self.store.specs, cluster, self.metrics)
+            senders.append((sender, exporters.remote_write.delivery))
         return [Delivery(sender, cfg, self.metrics, interval_s=self.config.attribution.interval_seconds,
                          directory=directory / "exports" / sender.name if directory else None)
                 for sender, cfg in senders]
@@ -368,11 +372,11 @@ class Pipeline:
         ahead = self._ahead_for(self.windows.due_indices(flush)) if self._ahead_pending() else None
         closed = self.windows.due(flush=flush, computed=frozenset([ahead[0]]) if ahead else frozenset())
         if self.windows.skipped > self._skipped_reported:
-            n = self.windows.skipped - self._skipped_reported
+            skipped = self.windows.skipped - self._skipped_reported
             self._skipped_reported = self.windows.skipped
-            self.metrics.intervals_skipped.inc(n)
+            self.metrics.intervals_skipped.inc(skipped)
             log.warning("no data for %d intervals in a row: those intervals are not computed (facts that old "
-                        "would only guess their costs)", n)
+                        "would only guess their costs)", skipped)
         if not closed:
             return 0
         with collector_paused():
@@ -434,20 +438,20 @@ class Pipeline:
         nothing it was computed from changed: it then closes bare (its parts never built). If it
         is not the first (an earlier interval opened late, before the first close) or something
         changed, everything its computation changed is put back first."""
-        a = self._ahead
-        if a is None or a.costs is None or not closing:
+        ahead = self._ahead
+        if ahead is None or ahead.costs is None or not closing:
             return None
         self._reload_prices()  # the close's price read; the closes that follow find no change
-        same = (closing[0] == a.index and a.version == self.windows.version_of(a.index)
-                and a.facts_version == self.facts.version and a.prices == self.pricer_version
-                and (self.kube is None or self.kube.view(a.end_ns) == a.api))
+        same = (closing[0] == ahead.index and ahead.version == self.windows.version_of(ahead.index)
+                and ahead.facts_version == self.facts.version and ahead.prices == self.pricer_version
+                and (self.kube is None or self.kube.view(ahead.end_ns) == ahead.api))
         if not same:
             self._drop_ahead(AheadOutcome.REDONE)
             return None
-        self.metrics.apply(a.counts)
+        self.metrics.apply(ahead.counts)
         self.telemetry.ahead(AheadOutcome.USED)
-        costs, a.costs, a.undo = a.costs, None, None
-        return a.index, costs
+        costs, ahead.costs, ahead.undo = ahead.costs, None, None
+        return ahead.index, costs
 
     def _drop_ahead(self, outcome: Optional[AheadOutcome] = None) -> None:
         """Put back what a computation ahead changed, forget its costs and its counts, and count
@@ -478,8 +482,9 @@ class Pipeline:
     def _log_interval(self, interval: Interval, costs: Costs, snapshot: Points) -> None:
         """One line per closed interval: GPUs, each model's capacity cost and idle share, and the
         points received, rejected and late since the last line."""
-        m = self.metrics
-        points = tuple(int(telemetry.total(c)) for c in (m.points_received, m.points_rejected, m.points_late))
+        metrics = self.metrics
+        counted = (metrics.points_received, metrics.points_rejected, metrics.points_late)
+        points = tuple(int(telemetry.total(c)) for c in counted)
         received, rejected, late = (a - b for a, b in zip(points, self._points_logged))
         self._points_logged = points
         gpus, models = interval_summary(costs.sums, interval.seconds,

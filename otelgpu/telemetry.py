@@ -54,10 +54,10 @@ class SelfMetrics:
     """Every counter and gauge the sidecar keeps about itself, on `self.registry`."""
 
     def __init__(self, instance: Optional[str] = None) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = registry = CollectorRegistry(auto_describe=True)
 
-        ProcessCollector(namespace="otelgpu", registry=r)  # CPU seconds, resident memory, start time
-        Info("target", "The service exposing these series", registry=r).info({
+        ProcessCollector(namespace="otelgpu", registry=registry)  # CPU seconds, resident memory, start time
+        Info("target", "The service exposing these series", registry=registry).info({
             "service_name": "otelgpu", "service_version": otelgpu.__version__,
             "service_instance_id": instance or socket.gethostname()})
         self._receivers()
@@ -504,12 +504,12 @@ class ExportOperation:
     def finished(self, result: ExportResult) -> None:
         """Record how it went: the snapshot and its points delivered, or the failure by reason and
         the points it failed to send."""
-        t, self.recorded = self._telemetry, True
+        telemetry, self.recorded = self._telemetry, True
         if result.ok:
-            t.exports.inc()
-            t.sent_points.inc(self.items)
+            telemetry.exports.inc()
+            telemetry.sent_points.inc(self.items)
         else:
-            t.failed(result.reason or "unknown", self.items)
+            telemetry.failed(result.reason or "unknown", self.items)
 
 
 class ExporterTelemetry:

@@ -72,8 +72,8 @@ def _fresh(files: _Files, load: Callable[[], T], current: T) -> T:
 
 def _read(path: str, where: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        with open(path, "rb") as file:
+            return file.read()
     except OSError as exc:
         raise ConfigError([f"{where}: cannot read {path}: {exc.strerror}"]) from exc
 

@@ -48,9 +48,9 @@ class Wal:
         return sorted(int(p.name) for p in self.directory.iterdir() if _SEGMENT.match(p.name))
 
     def _open(self, segment: int):  # noqa: ANN202 - a binary file object
-        f = open(self.directory / f"{segment:08d}", "ab", buffering=0)
+        file = open(self.directory / f"{segment:08d}", "ab", buffering=0)
         self._fsync_dir()
-        return f
+        return file
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.directory, os.O_RDONLY)
@@ -88,10 +88,10 @@ class Wal:
                     self._cond.wait()
                     continue
                 self._syncing = True
-                target, f = (self._segment, self._offset), self._file
+                target, file = (self._segment, self._offset), self._file
                 self._cond.release()
                 try:
-                    os.fdatasync(f.fileno())
+                    os.fdatasync(file.fileno())
                 finally:
                     self._cond.acquire()
                     self._syncing = False
@@ -140,8 +140,8 @@ class Wal:
                     log.error("write-ahead log segment %08d: %s at byte %d; the %d bytes after it are not replayed",
                               segment, problem, at, len(data) - at)
                     break
-                n, _ = _HEAD.unpack_from(data, at)
-                end = at + _HEAD.size + n
+                size, _ = _HEAD.unpack_from(data, at)
+                end = at + _HEAD.size + size
                 yield (segment, at), (segment, end), data[at + _HEAD.size:end]
                 at = end
 
@@ -149,10 +149,10 @@ class Wal:
     def _bad_record(data: bytes, at: int) -> Optional[str]:
         if at + _HEAD.size > len(data):
             return "torn record header"
-        n, crc = _HEAD.unpack_from(data, at)
-        if n >= MAX_RECORD or at + _HEAD.size + n > len(data):
+        size, crc = _HEAD.unpack_from(data, at)
+        if size >= MAX_RECORD or at + _HEAD.size + size > len(data):
             return "torn record"
-        if zlib.crc32(data[at + _HEAD.size:at + _HEAD.size + n]) != crc:
+        if zlib.crc32(data[at + _HEAD.size:at + _HEAD.size + size]) != crc:
             return "checksum mismatch"
         return None
 

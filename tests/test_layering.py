@@ -62,17 +62,24 @@ def test_no_function_outside_the_numba_kernels_is_over_fifty_lines():
     assert long == []
 
 
-def test_no_function_outside_the_numba_kernels_takes_a_one_letter_parameter():
-    """A parameter is read far from where it is given, so it says what it is (`samples`, not `s`).
-    Lambdas, one expression long, and the numba kernels' index arithmetic keep short names."""
+def test_no_one_letter_names_outside_short_loops_and_the_numba_kernels():
+    """A parameter or a variable is read away from where it is given, so it says what it is
+    (`samples`, not `s`). A loop's own variables (`for i, x in ...`, comprehensions), lambdas one
+    expression long, and the numba kernels' index arithmetic keep short names."""
     import ast
 
     short = []
     for module, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not any(
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or any(
                     ast.unparse(d).split("(")[0].endswith("kernel") for d in node.decorator_list):
-                args = node.args
-                short += [f"{module}.{node.name}({a.arg})" for a in args.posonlyargs + args.args + args.kwonlyargs
-                          if len(a.arg) == 1 and a.arg != "_"]
+                continue
+            args = node.args
+            short += [f"{module}.{node.name}({a.arg})" for a in args.posonlyargs + args.args + args.kwonlyargs
+                      if len(a.arg) == 1 and a.arg != "_"]
+            loops = {id(t) for n in ast.walk(node) if isinstance(n, (ast.For, ast.comprehension))
+                     for t in ast.walk(n.target)}
+            short += [f"{module}.{node.name}: {n.id} (line {n.lineno})" for n in ast.walk(node)
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and len(n.id) == 1
+                      and n.id != "_" and id(n) not in loops]
     assert short == []

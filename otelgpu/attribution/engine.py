@@ -35,18 +35,18 @@ class Attribution:
 
 
 def validate(rows: UnitRows) -> None:
-    n_gpu, n = len(rows.gpu_price_hour), len(rows.row_gpu)
+    n_gpu, n_row = len(rows.gpu_price_hour), len(rows.row_gpu)
     for name in ("row_f", "row_share", "row_measured", "row_activity"):
-        if len(getattr(rows, name)) != n:
-            raise ValueError(f"{name} has {len(getattr(rows, name))} entries, row_gpu has {n}")
-    p = rows.gpu_price_hour
-    if n_gpu and (not np.all(np.isfinite(p)) or p.min() < 0):
+        if len(getattr(rows, name)) != n_row:
+            raise ValueError(f"{name} has {len(getattr(rows, name))} entries, row_gpu has {n_row}")
+    prices = rows.gpu_price_hour
+    if n_gpu and (not np.all(np.isfinite(prices)) or prices.min() < 0):
         raise ValueError("GPU prices must be finite and >= 0")
-    if n and (rows.row_gpu.min() < 0 or rows.row_gpu.max() >= n_gpu):
+    if n_row and (rows.row_gpu.min() < 0 or rows.row_gpu.max() >= n_gpu):
         raise ValueError("row_gpu must index gpu_price_hour")
     for name in ("row_f", "row_share", "row_measured"):
-        v = getattr(rows, name)
-        if n and (not np.all(np.isfinite(v)) or v.min() < 0 or v.max() > 1 + 1e-9):
+        column = getattr(rows, name)
+        if n_row and (not np.all(np.isfinite(column)) or column.min() < 0 or column.max() > 1 + 1e-9):
             raise ValueError(f"{name} must lie in [0, 1]")
 
 
@@ -54,8 +54,8 @@ def attribute_request(rows: UnitRows, dt_s: float) -> Attribution:
     if not (dt_s > 0 and np.isfinite(dt_s)):
         raise ValueError(f"interval length must be a positive number of seconds, got {dt_s}")
     validate(rows)
-    n, n_gpu = len(rows.row_gpu), len(rows.gpu_price_hour)
-    out = Attribution(*(np.zeros(n) for _ in range(5)), np.zeros(n_gpu), np.zeros(n_gpu))
+    n_row, n_gpu = len(rows.row_gpu), len(rows.gpu_price_hour)
+    out = Attribution(*(np.zeros(n_row) for _ in range(5)), np.zeros(n_gpu), np.zeros(n_gpu))
     request_kernel(
         rows.gpu_price_hour.astype(np.float64), float(dt_s), rows.row_gpu.astype(np.int64),
         rows.row_f.astype(np.float64), rows.row_share.astype(np.float64),
@@ -67,10 +67,10 @@ def attribute_request(rows: UnitRows, dt_s: float) -> Attribution:
 
 def share(row_group: np.ndarray, row_weight: np.ndarray, group_amount: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each group's amount handed to its rows pro rata to weight: (per row, left per group)."""
-    n = len(row_group)
-    if n and (row_group.min() < 0 or row_group.max() >= len(group_amount)):
+    n_row = len(row_group)
+    if n_row and (row_group.min() < 0 or row_group.max() >= len(group_amount)):
         raise ValueError("row_group must index group_amount")
-    out, left = np.zeros(n), np.zeros(len(group_amount))
+    out, left = np.zeros(n_row), np.zeros(len(group_amount))
     share_kernel(row_group.astype(np.int64), row_weight.astype(np.float64), group_amount.astype(np.float64), out, left)
     return out, left
 

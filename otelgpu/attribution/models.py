@@ -114,8 +114,8 @@ class _Sums:
 
     def add(self, metric: str, sets: np.ndarray, extras: np.ndarray | int, values: np.ndarray,
             where: Optional[np.ndarray] = None) -> None:
-        n = len(sets)
-        extras = np.full(n, extras, np.int64) if np.isscalar(extras) else extras
+        n_set = len(sets)
+        extras = np.full(n_set, extras, np.int64) if np.isscalar(extras) else extras
         if where is not None:
             sets, extras, values = sets[where], extras[where], values[where]
         if len(sets):
@@ -142,8 +142,8 @@ class _Sums:
         return out
 
     def _attrs(self, joined: int, extra: int) -> Attrs:
-        n = len(self._joined)
-        return self._with(self._joined[joined] if joined < n else self._added.values[joined - n],
+        n_joined = len(self._joined)
+        return self._with(self._joined[joined] if joined < n_joined else self._added.values[joined - n_joined],
                           self.extras.values[extra])
 
 
@@ -252,20 +252,20 @@ class CostModels:
         return holder_activity(group, len(first), att)
 
     def _scad_cpu_memory(self, priced: Priced, dt: float, rates, node_source, common, out: _Sums) -> list:  # noqa: ANN001
-        p = priced.held.pods
-        cpu = np.where(np.isnan(p.cpu_used), p.cpu_request, np.maximum(p.cpu_request, p.cpu_used))
-        memory = np.where(np.isnan(p.memory_used_gib), p.memory_request_gib,
-                          np.maximum(p.memory_request_gib, p.memory_used_gib))
-        qty = np.stack([p.share * cpu, p.share * memory], axis=1).reshape(-1, 2)
-        by_requests = np.stack([np.isnan(p.cpu_used), np.isnan(p.memory_used_gib)], axis=1).reshape(-1, 2)
+        pods = priced.held.pods
+        cpu = np.where(np.isnan(pods.cpu_used), pods.cpu_request, np.maximum(pods.cpu_request, pods.cpu_used))
+        memory = np.where(np.isnan(pods.memory_used_gib), pods.memory_request_gib,
+                          np.maximum(pods.memory_request_gib, pods.memory_used_gib))
+        qty = np.stack([pods.share * cpu, pods.share * memory], axis=1).reshape(-1, 2)
+        by_requests = np.stack([np.isnan(pods.cpu_used), np.isnan(pods.memory_used_gib)], axis=1).reshape(-1, 2)
         if self.telemetry is not None:
-            for x, (resource, reserved) in enumerate((("cpu", p.cpu_request), ("memory", p.memory_request_gib))):
+            for x, (resource, reserved) in enumerate((("cpu", pods.cpu_request), ("memory", pods.memory_request_gib))):
                 fallbacks = int(np.count_nonzero(by_requests[:, x] & (reserved > 0)))
                 if fallbacks:
                     self.telemetry.request_fallbacks(resource, fallbacks)
         cap = np.array([[n.vcpus, n.memory_gib] for n in priced.nodes]).reshape(-1, 2)
         rate = np.array([[r[0][1], r[0][2]] for r in rates]).reshape(-1, 2)
-        split = scad(p.node, qty, cap, rate, dt)
+        split = scad(pods.node, qty, cap, rate, dt)
         hours = dt / 3600.0
         result = []
         for x, resource in enumerate(("cpu", "memory")):
@@ -273,11 +273,11 @@ class CostModels:
             node_extra = np.array([out.extra(e) for e in extra], np.int64)
             by_basis = np.array([[out.extra(dict(e, activity_basis=b)) for b in ("requests", "usage")] for e in extra],
                                 np.int64).reshape(-1, 2)
-            pod_extra = by_basis[p.node, np.where(by_requests[:, x], 0, 1)]
+            pod_extra = by_basis[pods.node, np.where(by_requests[:, x], 0, 1)]
             holds = qty[:, x] > 0
-            out.add("allocated", p.set, pod_extra, split.split[:, x], where=holds)
-            out.add("unused", p.set, pod_extra, split.unused[:, x], where=holds)
-            idle = _Idle(split.idle[:, x].copy(), p.node, split.split[:, x], p.set, pod_extra)
+            out.add("allocated", pods.set, pod_extra, split.split[:, x], where=holds)
+            out.add("unused", pods.set, pod_extra, split.unused[:, x], where=holds)
+            idle = _Idle(split.idle[:, x].copy(), pods.node, split.split[:, x], pods.set, pod_extra)
             result.append((idle, cap[:, x] * rate[:, x] * hours, node_extra))
         return result
 
@@ -392,9 +392,9 @@ def holder_activity(holder: np.ndarray, holders: int, att: Attribution) -> np.nd
     measured = np.bincount(holder, weights=att.alloc - att.unmeasured, minlength=holders)
     alloc = np.bincount(holder, weights=att.alloc, minlength=holders)
     with np.errstate(invalid="ignore", divide="ignore"):
-        a = np.where(measured > 0, effective / measured, 0.0)
+        activity = np.where(measured > 0, effective / measured, 0.0)
         part = np.where(alloc[holder] > 0, att.alloc / alloc[holder], 0.0)
-    return a[holder] * part
+    return activity[holder] * part
 
 
 def shared_idle(scope: str, row_node: np.ndarray, row_weight: np.ndarray,

@@ -190,10 +190,11 @@ class CostModelsReference(CostModels):
         for i, attrs in enumerate(priced.held.row_attrs):
             if base.alloc[i] <= 0:
                 continue
-            a = dict(attrs)
-            reason = {"active_without_pod": "no_pod", "pod_unknown": "pod_unknown"}.get(a.get("attribution", ""))
+            fields = dict(attrs)
+            reason = {"active_without_pod": "no_pod", "pod_unknown": "pod_unknown"}.get(fields.get("attribution", ""))
             if reason is None and not all(priced.held.row_tags_found[i]):
                 reason = "tag_missing"
             if reason is not None:
-                key = attrs_of({"namespace": a.get("namespace", ""), "node": a.get("node", ""), "reason": reason})
+                key = attrs_of({"namespace": fields.get("namespace", ""), "node": fields.get("node", ""),
+                                "reason": reason})
                 sums["unattributed"][key] += float(base.alloc[i])

@@ -35,8 +35,8 @@ def split_by_tenant(charged: Mapping[Attrs, float], tokens: Tokens, cfg: Tenants
     it served by their weighted tokens."""
     pods: dict[tuple[str, str], dict[Attrs, float]] = defaultdict(lambda: defaultdict(float))
     for attrs, value in charged.items():
-        d = dict(attrs)
-        key = (d.get("namespace", ""), d.get("pod", ""))
+        fields = dict(attrs)
+        key = (fields.get("namespace", ""), fields.get("pod", ""))
         if key in tokens:
             pods[key][tuple(kv for kv in attrs if kv[0] not in UNIT_ATTRIBUTES)] += value
     cost: dict[Attrs, float] = defaultdict(float)
@@ -72,18 +72,18 @@ def cost_per_million_tokens(cost: Mapping[Attrs, float], counted: Mapping[Attrs,
     lost `served_model` or `tenant` (`series.drop_attributes`): the figure is then over what is left."""
     spent: dict[tuple[str, str, str], float] = defaultdict(float)
     for attrs, value in cost.items():
-        d = dict(attrs)
-        if d.get("tenant") != cfg.without_tokens:  # a pod's cost while it served nothing has no tokens
-            spent[(d.get("cost_model", ""), d.get("served_model", ""), d.get("tenant", ""))] += value
+        fields = dict(attrs)
+        if fields.get("tenant") != cfg.without_tokens:  # a pod's cost while it served nothing has no tokens
+            spent[(fields.get("cost_model", ""), fields.get("served_model", ""), fields.get("tenant", ""))] += value
     served: dict[tuple[str, str], float] = defaultdict(float)
-    for attrs, n in counted.items():
-        d = dict(attrs)
-        served[(d.get("served_model", ""), d.get("tenant", ""))] += n
+    for attrs, tokens in counted.items():
+        fields = dict(attrs)
+        served[(fields.get("served_model", ""), fields.get("tenant", ""))] += tokens
     out = {}
     for (cost_model, model, tenant), value in spent.items():
-        n = served.get((model, tenant), 0.0)
-        if n > 0:
-            out[attrs_of({"cost_model": cost_model, "served_model": model, "tenant": tenant})] = value / n * 1e6
+        tokens = served.get((model, tenant), 0.0)
+        if tokens > 0:
+            out[attrs_of({"cost_model": cost_model, "served_model": model, "tenant": tenant})] = value / tokens * 1e6
     return out
 
 
@@ -94,8 +94,8 @@ def _capped(served: dict[tuple[str, str], list[float]], cfg: TenantsConfig) -> d
         return served
 
     def weight(pair: tuple[str, str]) -> float:
-        p, g = served[pair]
-        return cfg.prompt_weight * p + cfg.generation_weight * g
+        prompt, generated = served[pair]
+        return cfg.prompt_weight * prompt + cfg.generation_weight * generated
 
     kept = set(sorted(served, key=lambda pair: (-weight(pair), pair))[:cfg.max_tenants_per_pod - 1])
     out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])

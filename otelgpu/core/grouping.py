@@ -22,11 +22,11 @@ class Numbering(Generic[T]):
             self.index(value)
 
     def index(self, value: T) -> int:
-        i = self._index.get(value)
-        if i is None:
-            i = self._index[value] = len(self.values)
+        found = self._index.get(value)
+        if found is None:
+            found = self._index[value] = len(self.values)
             self.values.append(value)
-        return i
+        return found
 
     def __len__(self) -> int:
         return len(self.values)
@@ -37,18 +37,18 @@ def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Ids number the tuples in lexicographic order, as `np.unique(..., axis=0)` does
     (`group_ids_reference`): the columns are packed into as few int64 keys as their ranges allow
     and sorted once, instead of sorting rows as records."""
-    n = len(cols[0])
-    if not n:
+    n_row = len(cols[0])
+    if not n_row:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     keys = _packed(cols)
     order = np.argsort(keys[0]) if len(keys) == 1 else np.lexsort(keys[::-1])
-    change = np.zeros(n, dtype=bool)
+    change = np.zeros(n_row, dtype=bool)
     change[0] = True
     for k in keys:
         ordered = k[order]
         change[1:] |= ordered[1:] != ordered[:-1]
     starts = np.flatnonzero(change)
-    inverse = np.empty(n, np.int64)
+    inverse = np.empty(n_row, np.int64)
     inverse[order] = np.cumsum(change) - 1
     return inverse, np.minimum.reduceat(order, starts).astype(np.int64)
 
@@ -67,20 +67,20 @@ def _packed(cols: tuple[np.ndarray, ...]) -> list[np.ndarray]:
     keys in order compares the rows lexicographically."""
     keys: list[np.ndarray] = []
     key, room = None, 1
-    for c in cols:
-        c = c.astype(np.int64, copy=False)
-        lo, hi = int(c.min()), int(c.max())
+    for column in cols:
+        column = column.astype(np.int64, copy=False)
+        lo, hi = int(column.min()), int(column.max())
         span = hi - lo + 1
         if span >= 1 << 62:  # a column of its own, as it is
             if key is not None:
                 keys.append(key)
-            keys.append(c)
+            keys.append(column)
             key, room = None, 1
             continue
         if key is not None and room * span >= 1 << 62:
             keys.append(key)
             key, room = None, 1
-        shifted = c - lo if lo else c
+        shifted = column - lo if lo else column
         key = shifted.copy() if key is None else key * span + shifted
         room *= span
     if key is not None:

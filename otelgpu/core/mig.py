@@ -56,8 +56,8 @@ class MigProfiles:
         their base profile.
         """
         family = self.family_for(model_name)
-        m = _PROFILE.search(profile)
-        base = m.group(0) if m else profile
+        match = _PROFILE.search(profile)
+        base = match.group(0) if match else profile
         if family is not None:
             cm = family.profiles.get(profile) or family.profiles.get(base)
             if cm is not None:
@@ -71,15 +71,15 @@ class MigProfiles:
         """
         found = self.slices(model_name, profile)
         if found is None:
-            m = _PROFILE.search(profile)
+            match = _PROFILE.search(profile)
             family = self.family_for(model_name)
             slices = family.compute_slices if family else 7
-            return (min(int(m.group(1)) / slices, 1.0) if m else 1.0), False
-        c, mem, cs, ms = found
-        f = c / cs
+            return (min(int(match.group(1)) / slices, 1.0) if match else 1.0), False
+        compute, mem, cs, ms = found
+        share = compute / cs
         if rule == "max":
-            f = max(f, mem / ms)
-        return f, True
+            share = max(share, mem / ms)
+        return share, True
 
 
 def normalise_per_gpu(gpu: np.ndarray, fractions: np.ndarray) -> np.ndarray:

@@ -36,13 +36,13 @@ def scrape(job: str, instance: str, node: str, time_ns: int,
     for name, series in list(gauges.items()) + [("up", [({}, 1.0)])]:
         if not series:  # a scrape without the metric: the receiver sends no metric, not an empty one
             continue
-        m = Metric(name=name)
+        metric = Metric(name=name)
         for labels, value in series:
-            p = m.gauge.data_points.add()
-            p.attributes.extend(kvs(labels))
-            p.time_unix_nano = time_ns
-            p.as_double = value
-        sm.metrics.append(m)
+            point = metric.gauge.data_points.add()
+            point.attributes.extend(kvs(labels))
+            point.time_unix_nano = time_ns
+            point.as_double = value
+        sm.metrics.append(metric)
     rm.scope_metrics.append(sm)
     return rm
 

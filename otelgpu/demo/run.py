@@ -32,9 +32,9 @@ def demo_config(metrics_port: int | None = None) -> Config:
 
 
 def _free(port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket() as sock:
         try:
-            s.bind(("127.0.0.1", port))
+            sock.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
@@ -46,13 +46,13 @@ def scrape_requests(start_ns: int, seconds: int,
     (without kube-state-metrics when the sidecar takes pod facts from the Kubernetes API)."""
     nodes, ns_labels = scenario.build()
     for k in range(seconds // SCRAPE_S):
-        t = start_ns + (30 + SCRAPE_S * k) * NS
-        hour = ((t - start_ns) / NS % 3600) / 3600
-        ksm = [scrapes.ksm(nodes, ns_labels, t)] if kube_state_metrics else []
-        elapsed = (t - start_ns) / NS
-        yield request(*ksm, *(scrapes.dcgm(n, t, hour) for n in nodes),
-                      *(scrapes.cadvisor(n, t, elapsed) for n in nodes),
-                      *(rm for n in nodes for rm in scrapes.vllm(n, t, elapsed)))
+        time_ns = start_ns + (30 + SCRAPE_S * k) * NS
+        hour = ((time_ns - start_ns) / NS % 3600) / 3600
+        ksm = [scrapes.ksm(nodes, ns_labels, time_ns)] if kube_state_metrics else []
+        elapsed = (time_ns - start_ns) / NS
+        yield request(*ksm, *(scrapes.dcgm(n, time_ns, hour) for n in nodes),
+                      *(scrapes.cadvisor(n, time_ns, elapsed) for n in nodes),
+                      *(rm for n in nodes for rm in scrapes.vllm(n, time_ns, elapsed)))
 
 
 def replay(pipeline: Pipeline, start_ns: int, seconds: int, kube_state_metrics: bool = True) -> None:
@@ -103,9 +103,9 @@ def tenants(pipeline: Pipeline, out: TextIO) -> None:
                       store.totals(m, ("namespace", "pod"), request).items() if k == pod)
         out.write(f"{'/'.join(pod):<32}{'':<36}{sum(mine.values()):>10.6f}   = its charge {charged:.6f}\n")
         for (tenant, model), v in sorted(mine.items(), key=lambda kv: -kv[1]):
-            n = tokens.get((*pod, tenant, model), 0.0) / 1e6
-            per = f"{v / n:>10.4f}" if n else f"{'':>10}"
-            out.write(f"  {tenant:<30}{model:<36}{v:>10.6f}{n:>10.3f}{per}\n")
+            mtok = tokens.get((*pod, tenant, model), 0.0) / 1e6
+            per = f"{v / mtok:>10.4f}" if mtok else f"{'':>10}"
+            out.write(f"  {tenant:<30}{model:<36}{v:>10.6f}{mtok:>10.3f}{per}\n")
 
 
 def compare_models(pipeline: Pipeline, out: TextIO) -> None:
@@ -154,10 +154,10 @@ def run_demo(keep_running: bool = False, metrics_port: int | None = None, out: T
     pipeline.drain()
     pipeline.close_due(flush=True)
     report(pipeline, out)
-    m = pipeline.metrics
-    rejected = by_label(m.points_rejected)
-    out.write(f"intervals computed: {total(m.intervals_computed):.0f}, "
-              f"points received: {total(m.points_received):.0f}, rejected: {sum(rejected.values()):.0f}, "
+    metrics = pipeline.metrics
+    rejected = by_label(metrics.points_rejected)
+    out.write(f"intervals computed: {total(metrics.intervals_computed):.0f}, "
+              f"points received: {total(metrics.points_received):.0f}, rejected: {sum(rejected.values()):.0f}, "
               f"in {time.monotonic() - started:.1f} s\n")
     for reason, n in sorted(rejected.items()):
         out.write(f"  rejected {n:.0f}: {reason}\n")

@@ -110,9 +110,9 @@ def _p4d() -> Node:
     holders = [bu[0]] * 3 + [bu[1], bu[2]] + [bu[3]] * 2
     for g in range(8):
         for s, gi in enumerate(range(7, 14)):
-            k = g * 7 + s
+            index = g * 7 + s
             p4d.devices.append(Device(g, _uuid(p4d.name, g), "NVIDIA A100-SXM4-40GB", "1g.5gb", str(gi),
-                                      holders[k] if k < len(holders) else None))
+                                      holders[index] if index < len(holders) else None))
     return p4d
 
 

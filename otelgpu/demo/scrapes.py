@@ -30,12 +30,12 @@ def dcgm(node: Node, time_ns: int, hour: float) -> ResourceMetrics:
                 util.append(({**who, "pod_uid": p.uid, "vgpu": str(vgpu)}, round(u * 100)))
                 fb.append(({**who, "pod_uid": p.uid, "vgpu": str(vgpu)}, 4000.0 + 100 * vgpu))
             continue
-        a = d.holder.activity(hour) if d.holder else 0.0
+        activity = d.holder.activity(hour) if d.holder else 0.0
         labels = {**base, **(_workload(d.holder) if d.holder else {})}
-        active.append((labels, round(a, 6)))
+        active.append((labels, round(activity, 6)))
         fb.append((labels, 9000.0 if d.holder else 0.0))
         if not d.profile:  # DCGM_FI_DEV_GPU_UTIL does not exist on MIG instances
-            util.append((labels, round(a * 100)))
+            util.append((labels, round(activity * 100)))
     return scrape("dcgm-exporter", f"{node.ip}:9400", node.name, time_ns,
                   {"DCGM_FI_DEV_FB_USED": fb, "DCGM_FI_DEV_GPU_UTIL": util, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": active})
 
@@ -45,29 +45,30 @@ def _workload(pod: Pod) -> dict[str, str]:
 
 
 def ksm(nodes: list[Node], ns_labels: dict[str, dict[str, str]], time_ns: int) -> ResourceMetrics:
-    g: dict[str, list[Series]] = {k: [] for k in (
+    series: dict[str, list[Series]] = {k: [] for k in (
         "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels", "kube_pod_info",
         "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests")}
     for ns, labels in ns_labels.items():
-        g["kube_namespace_labels"].append(({"namespace": ns, **_labels(labels)}, 1.0))
+        series["kube_namespace_labels"].append(({"namespace": ns, **_labels(labels)}, 1.0))
     for node in nodes:
-        g["kube_node_labels"].append(({"node": node.name, **_labels(node.labels)}, 1.0))
+        series["kube_node_labels"].append(({"node": node.name, **_labels(node.labels)}, 1.0))
         for res, qty in node.capacity.items():
             unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")
-            g["kube_node_status_capacity"].append(({"node": node.name, "resource": res, "unit": unit}, float(qty)))
+            series["kube_node_status_capacity"].append(({"node": node.name, "resource": res, "unit": unit}, float(qty)))
         for p in node_pods(node):
             ident = {"namespace": p.namespace, "pod": p.name, "uid": p.uid}
-            g["kube_pod_info"].append(({**ident, "node": node.name, "host_ip": node.ip, "created_by_kind": "ReplicaSet",
+            series["kube_pod_info"].append(({**ident, "node": node.name, "host_ip": node.ip,
+                                             "created_by_kind": "ReplicaSet",
                                         "created_by_name": p.name.rsplit("-", 1)[0]}, 1.0))
-            g["kube_pod_labels"].append(({**ident, **_labels(p.labels)}, 1.0))
+            series["kube_pod_labels"].append(({**ident, **_labels(p.labels)}, 1.0))
             for phase in PHASES:
-                g["kube_pod_status_phase"].append(({**ident, "phase": phase}, float(phase == "Running")))
+                series["kube_pod_status_phase"].append(({**ident, "phase": phase}, float(phase == "Running")))
             req = {**ident, "node": node.name, "container": p.container}
-            g["kube_pod_container_resource_requests"] += [
+            series["kube_pod_container_resource_requests"] += [
                 ({**req, "resource": p.resource, "unit": "integer"}, float(p.count)),
                 ({**req, "resource": "cpu", "unit": "core"}, p.cpu),
                 ({**req, "resource": "memory", "unit": "byte"}, p.memory_gib * 2**30)]
-    return scrape("kube-state-metrics", "10.20.0.77:8080", "ip-10-20-0-5.us-west-2.compute.internal", time_ns, g)
+    return scrape("kube-state-metrics", "10.20.0.77:8080", "ip-10-20-0-5.us-west-2.compute.internal", time_ns, series)
 
 
 def _labels(k8s_labels: dict[str, str]) -> dict[str, str]:

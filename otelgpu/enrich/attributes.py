@@ -56,14 +56,14 @@ class SeriesAttributes:
         return self._add(attrs, found, holder, attribution, node)
 
     def _add(self, attrs: Attrs, found: tuple[bool, ...], holder: int, attribution: int, node: int) -> int:
-        i = self.sets.index(attrs)
-        if i == len(self.found):  # new: what the models read of it
+        index = self.sets.index(attrs)
+        if index == len(self.found):  # new: what the models read of it
             self.found.append(found)
             self.holder.append(holder)
             self.namespace.append(self.namespaces.index(self.scope.holders.values[holder][0]))
             self.attribution.append(attribution)
             self.node.append(node)
-        return i
+        return index
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """found [set, tag], holder, namespace, attribution, node: per set."""

@@ -57,28 +57,29 @@ def without_device_data(scope: Scope, claims: Claims, hardware: Hardware, gpus: 
     for name, facts in scope.facts.nodes.items():
         info = node_info(facts)
         count, label = _gpus_of(facts, info, hardware)
-        n = seen.get(name)
-        if n is not None:
-            missing = 0 if name in hami_nodes and label is None else max(count - int(reported[n]), 0)
-            extra_node += [n] * missing
-            extra_model += [int(gpus.model[first[n]])] * missing
+        seen_gpus = seen.get(name)
+        if seen_gpus is not None:
+            missing = 0 if name in hami_nodes and label is None else max(count - int(reported[seen_gpus]), 0)
+            extra_node += [seen_gpus] * missing
+            extra_model += [int(gpus.model[first[seen_gpus]])] * missing
             continue
         if count == 0:
             continue
         model = info.gpu_product.split("-SHARED")[0].split("-MIG-")[0]  # GFD's product label
         model = hardware.spelling.get(gpu_model_key(model), model)
-        n = len(nodes)
+        seen_gpus = len(nodes)
         nodes.append((name, info))
         base = len(gpus.node) + len(extra_node)
-        extra_node += [n] * count
+        extra_node += [seen_gpus] * count
         extra_model += [gpus.models.index(model)] * count
         rows += _placed(scope, claims, hardware, name, info, model, count, base, requests.get(name, ()),
                         sorted(granted.get(name, ())))
     node = np.concatenate([gpus.node, np.array(extra_node, np.int64)]).astype(np.int64)
     model = np.concatenate([gpus.model, np.array(extra_model, np.int64)]).astype(np.int64)
-    gpu, f, holder, unit_kind, profile, share = (list(c) for c in zip(*rows)) if rows else ([],) * 6
+    gpu, fraction, holder, unit_kind, profile, share = (list(c) for c in zip(*rows)) if rows else ([],) * 6
     return (Gpus(node, model, nodes, gpus.models),
-            Rows.of(gpu, f, share, 0.0, np.nan, holder, unit_kind, profile, KSM_REQUEST, UNMEASURED), len(extra_node))
+            Rows.of(gpu, fraction, share, 0.0, np.nan, holder, unit_kind, profile, KSM_REQUEST, UNMEASURED),
+            len(extra_node))
 
 
 def _gpus_of(facts: NodeFacts, info: NodeInfo, hardware: Hardware) -> tuple[int, int | None]:
@@ -99,21 +100,21 @@ def _placed(scope: Scope, claims: Claims, hardware: Hardware, name: str, info: N
     rows: list[tuple] = []  # (gpu, fraction, holder, unit kind, profile, share)
     free = [1.0] * count
     for key, resource, qty in requests:
-        f, unit_kind, profile = _unit_of_resource(hardware, resource, model, info)
+        fraction, unit_kind, profile = _unit_of_resource(hardware, resource, model, info)
         for _ in range(qty):
-            g = next((i for i in range(count) if free[i] >= f - 1e-9), None)
-            if g is None:
+            gpu = next((i for i in range(count) if free[i] >= fraction - 1e-9), None)
+            if gpu is None:
                 break  # more requested than the node has
-            free[g] -= f
-            rows.append((base + g, f, scope.holders.index(key), unit_kind, scope.profiles.index(profile), 1.0))
+            free[gpu] -= fraction
+            rows.append((base + gpu, fraction, scope.holders.index(key), unit_kind, scope.profiles.index(profile), 1.0))
     for uuid in granted:
-        g = next((i for i in range(count) if free[i] >= 1 - 1e-9), None)  # a GPU of its own
-        if g is None:
+        gpu = next((i for i in range(count) if free[i] >= 1 - 1e-9), None)  # a GPU of its own
+        if gpu is None:
             break
-        free[g] = 0.0
-        f, holder, basis = claims.fractions(name, uuid, model_memory_mib(model))
-        rows += [(base + g, x, h, FRACTION, b, scope.held_share(scope.holders.values[h], 1.0))
-                 for x, h, b in zip(f.tolist(), holder.tolist(), basis.tolist())]
+        free[gpu] = 0.0
+        fraction, holder, basis = claims.fractions(name, uuid, model_memory_mib(model))
+        rows += [(base + gpu, x, h, FRACTION, b, scope.held_share(scope.holders.values[h], 1.0))
+                 for x, h, b in zip(fraction.tolist(), holder.tolist(), basis.tolist())]
     return rows
 
 

@@ -109,24 +109,24 @@ class Claims:
         shown = units.shown()
         placed: dict[int, list[PodKey]] = {}
         for key, pods in self.dra.items():
-            e = whole.get(key)
-            if e is None:
+            entity = whole.get(key)
+            if entity is None:
                 self.sharing.problems["DRA GPU not reported on its node"] += len(pods)
-            elif not shown[e]:
-                placed[e] = pods
+            elif not shown[entity]:
+                placed[entity] = pods
         if not placed:
             return rows
         gpus = units.gpu[np.array(list(placed), np.int64)]
         out: list[tuple] = []  # (gpu, fraction, share, measured, activity, holder, kind, activity basis)
-        for e, pods in placed.items():
-            gpu_share, measured, activity = device_activity(units.tenures, by_entity[e], self.scope.seconds)
-            n = len(pods)
-            how = UNMEASURED if np.isnan(activity) else (DEVICE if n == 1 else EQUAL_SPLIT)
-            out += [(int(units.gpu[e]), 1.0 / n, self.scope.held_share(p, gpu_share), measured, activity,
-                     self.scope.holders.index(p), GPU if n == 1 else REPLICA, how) for p in pods]
-        g, f, share, measured, activity, holder, kind, how = (list(c) for c in zip(*out))
+        for entity, pods in placed.items():
+            gpu_share, measured, activity = device_activity(units.tenures, by_entity[entity], self.scope.seconds)
+            n_pod = len(pods)
+            how = UNMEASURED if np.isnan(activity) else (DEVICE if n_pod == 1 else EQUAL_SPLIT)
+            out += [(int(units.gpu[entity]), 1.0 / n_pod, self.scope.held_share(p, gpu_share), measured, activity,
+                     self.scope.holders.index(p), GPU if n_pod == 1 else REPLICA, how) for p in pods]
+        gpu, fraction, share, measured, activity, holder, kind, how = (list(c) for c in zip(*out))
         rest = rows.take(np.flatnonzero(~(np.isin(rows.gpu, gpus) & (rows.holder == NOBODY))))
-        return Rows.concat([rest, Rows.of(g, f, share, measured, activity, holder, kind, 0, DRA_CLAIM, how)])
+        return Rows.concat([rest, Rows.of(gpu, fraction, share, measured, activity, holder, kind, 0, DRA_CLAIM, how)])
 
     def _with_fractions(self, rows: Rows, units: Reported, whole: dict[tuple[str, str], int],
                         by_entity: list[np.ndarray]) -> Rows:
@@ -150,28 +150,28 @@ class Claims:
         shown_on, shown_part = _shown(scope, parts[0])
         out: list[tuple] = []  # (gpu, fraction, share, measured, activity, holder, basis, activity basis)
         for (node, uuid), e in claimed.items():
-            g = int(units.gpu[e])
-            reserved_gpus.discard(g)
+            gpu = int(units.gpu[e])
+            reserved_gpus.discard(gpu)
             gpu_share, measured, activity = device_activity(units.tenures, by_entity[e], scope.seconds)
             total = memory.get(e) or model_memory_mib(st(int(units.entities.model[e])))
-            f, holder, basis = self.fractions(node, uuid, total, exclude=shown_on.get(g, set()))
-            if not len(f):
+            fraction, holder, basis = self.fractions(node, uuid, total, exclude=shown_on.get(gpu, set()))
+            if not len(fraction):
                 continue
             share = [scope.held_share(scope.holders.values[h], gpu_share) for h in holder.tolist()]
-            asked, left = float(np.dot(f, share)), 1.0 - shown_part.get(g, 0.0)
+            asked, left = float(np.dot(fraction, share)), 1.0 - shown_part.get(gpu, 0.0)
             if asked > left:  # the GPU is never sold twice, and what DCGM shows is not cut
                 if left < NOTHING_LEFT:
-                    self.sharing.problems["grant on a GPU that pods dcgm-exporter shows hold whole"] += len(f)
+                    self.sharing.problems["grant on a GPU that pods dcgm-exporter shows hold whole"] += len(fraction)
                     continue
-                f = f * (left / asked)
-            sold = float(np.dot(f, share)) / gpu_share if gpu_share > 0 else 0.0  # of the time the GPU was seen
+                fraction = fraction * (left / asked)
+            sold = float(np.dot(fraction, share)) / gpu_share if gpu_share > 0 else 0.0  # of the time the GPU was seen
             unit_activity = min(activity / sold, 1.0) if sold > 0 and not np.isnan(activity) else np.nan
             how = UNMEASURED if np.isnan(unit_activity) else BY_FRACTION
-            out += [(g, x, s, measured, unit_activity, h, b, how)
-                    for x, s, h, b in zip(f.tolist(), share, holder.tolist(), basis.tolist())]
+            out += [(gpu, x, s, measured, unit_activity, h, b, how)
+                    for x, s, h, b in zip(fraction.tolist(), share, holder.tolist(), basis.tolist())]
         if out:
-            g, f, share, measured, activity, holder, basis, how = (list(c) for c in zip(*out))
-            parts.append(Rows.of(g, f, share, measured, activity, holder, FRACTION, basis, POD, how))
+            gpu, fraction, share, measured, activity, holder, basis, how = (list(c) for c in zip(*out))
+            parts.append(Rows.of(gpu, fraction, share, measured, activity, holder, FRACTION, basis, POD, how))
         if reserved_gpus:
             self.sharing.problems["GPU a reservation pod holds with no fraction pod on it"] += len(reserved_gpus)
         return Rows.concat(parts)
@@ -181,7 +181,7 @@ class Claims:
         """The claims on one GPU (but those of the pods in `exclude`, which hold it otherwise) as
         (fraction, holder, basis) columns, as granted. A memory grant on a GPU of unknown memory
         holds nothing (counted)."""
-        f, holder, basis = [], [], []
+        fraction, holder, basis = [], [], []
         for claim in self.sharing.claims[(node, uuid)]:
             if claim.pod in exclude:
                 continue
@@ -189,11 +189,11 @@ class Claims:
             if share <= 0:
                 self.sharing.problems["memory grant on a GPU of unknown memory"] += 1
                 continue
-            f.append(share)
+            fraction.append(share)
             holder.append(self.scope.holders.index(claim.pod))
             basis.append(self.scope.profiles.index(why))
         self._placed.add((node, uuid))
-        return np.array(f, np.float64), np.array(holder, np.int64), np.array(basis, np.int64)
+        return np.array(fraction, np.float64), np.array(holder, np.int64), np.array(basis, np.int64)
 
     def problems(self) -> dict[str, int]:
         """The sharing problems of this interval, with each claim that no GPU took counted."""

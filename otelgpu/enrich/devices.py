@@ -57,11 +57,11 @@ class DeviceMemory:
                      for u, g, p, m in node.entities]
         if not rows:
             return samples
-        n = len(rows)
+        n_row = len(rows)
         cols = np.array(rows, dtype=np.int32).T
-        none = np.full(n, -1, dtype=np.int32)
-        dark = Samples(np.full(n, Metric.GR_ENGINE_ACTIVE, np.int16), np.full(n, start_ns, np.int64),
-                       np.full(n, np.nan), np.ones(n, bool), cols[0], cols[1], cols[2], cols[3], cols[4],
+        none = np.full(n_row, -1, dtype=np.int32)
+        dark = Samples(np.full(n_row, Metric.GR_ENGINE_ACTIVE, np.int16), np.full(n_row, start_ns, np.int64),
+                       np.full(n_row, np.nan), np.ones(n_row, bool), cols[0], cols[1], cols[2], cols[3], cols[4],
                        none, none, none, none, none)
         return Samples.concat([samples, dark])
 

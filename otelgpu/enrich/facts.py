@@ -64,17 +64,18 @@ class KsmFacts:
         return used
 
     def _apply_rows(self, rows: PointBatch) -> None:
-        s = self._strings.strings()
+        strings = self._strings.strings()
         for first in range(0, len(rows), APPLY_CHUNK):  # a chunk at a time: its lists are all that is built
             last = min(first + APPLY_CHUNK, len(rows))
             lo, hi = int(rows.attr_off[first]), int(rows.attr_off[last])
             off = (rows.attr_off[first:last + 1] - lo).tolist()  # plain lists: no numpy scalar per label
             keys, values = rows.attr_key[lo:hi].tolist(), rows.attr_val[lo:hi].tolist()
-            metric, value, stale, t = (c[first:last].tolist() for c in (rows.metric, rows.value, rows.stale, rows.time_ns))
+            metric, value, stale, time_ns = (c[first:last].tolist() for c in (rows.metric, rows.value, rows.stale,
+                                                                              rows.time_ns))
             for i in range(last - first):
-                a, b = off[i], off[i + 1]
-                self._apply(_METRICS[metric[i]], {s[k]: s[v] for k, v in zip(keys[a:b], values[a:b])},
-                            value[i], stale[i], t[i])
+                begin, end = off[i], off[i + 1]
+                attrs = {strings[k]: strings[v] for k, v in zip(keys[begin:end], values[begin:end])}
+                self._apply(_METRICS[metric[i]], attrs, value[i], stale[i], time_ns[i])
 
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, time_ns: int) -> None:
         if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
@@ -282,9 +283,9 @@ def last_of_each_reference(rows: np.ndarray, batch: PointBatch) -> np.ndarray:
     keep = np.zeros(len(rows), bool)
     bits = batch.value.view(np.int64)
     for i in range(len(rows) - 1, -1, -1):
-        r = int(rows[i])
-        lo, hi = int(batch.attr_off[r]), int(batch.attr_off[r + 1])
-        key = (int(batch.metric[r]), int(bits[r]), bool(batch.stale[r]), tuple(batch.attr_key[lo:hi].tolist()),
+        row = int(rows[i])
+        lo, hi = int(batch.attr_off[row]), int(batch.attr_off[row + 1])
+        key = (int(batch.metric[row]), int(bits[row]), bool(batch.stale[row]), tuple(batch.attr_key[lo:hi].tolist()),
                tuple(batch.attr_val[lo:hi].tolist()))
         keep[i] = key not in seen
         seen.add(key)

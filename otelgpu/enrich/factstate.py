@@ -27,10 +27,10 @@ class _Texts:
         self.ids: dict[str, int] = {}
 
     def __call__(self, text: str) -> int:
-        i = self.ids.get(text)
-        if i is None:
-            i = self.ids[text] = len(self.ids)
-        return i
+        code = self.ids.get(text)
+        if code is None:
+            code = self.ids[text] = len(self.ids)
+        return code
 
     def arrays(self) -> dict[str, np.ndarray]:
         utf8, ends = text_arrays([s.encode("utf-8", "surrogatepass") for s in self.ids])
@@ -43,33 +43,33 @@ def _rows(flat: list[int], width: int) -> np.ndarray:
 
 def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFacts],
            namespaces: Mapping[str, NamespaceFacts], owners: Mapping[OwnerKey, OwnerFacts]) -> dict[str, Any]:
-    t = _Texts()
-    pod_arrays = _encode_pods(t, pods)
+    texts = _Texts()
+    pod_arrays = _encode_pods(texts, pods)
     node_labels, capacity, amounts = [], [], []
     for i, node in enumerate(nodes.values()):
         for k, v in node.labels.items():
-            node_labels += (i, t(k), t(v))
+            node_labels += (i, texts(k), texts(v))
         for resource, q in node.capacity.items():
-            capacity += (i, t(resource))
+            capacity += (i, texts(resource))
             amounts.append(q)
     ns_labels: list[int] = []
     for i, ns in enumerate(namespaces.values()):
         for k, v in ns.labels.items():
-            ns_labels += (i, t(k), t(v))
-    owner_text = [t(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
+            ns_labels += (i, texts(k), texts(v))
+    owner_text = [texts(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
     return {
         "version": VERSION,
         "pods": pod_arrays,
-        "nodes": {"name": np.array([t(n) for n in nodes], np.int64),
+        "nodes": {"name": np.array([texts(n) for n in nodes], np.int64),
                   "seen_ns": np.array([n.seen_ns for n in nodes.values()], np.int64),
                   "labels": _rows(node_labels, 3), "capacity": _rows(capacity, 2),
                   "amount": np.array(amounts, np.float64)},
-        "namespaces": {"name": np.array([t(n) for n in namespaces], np.int64),
+        "namespaces": {"name": np.array([texts(n) for n in namespaces], np.int64),
                        "seen_ns": np.array([n.seen_ns for n in namespaces.values()], np.int64),
                        "labels": _rows(ns_labels, 3)},
         "owners": {"text": _rows(owner_text, 5),
                    "seen_ns": np.array([o.seen_ns for o in owners.values()], np.int64)},
-        "strings": t.arrays(),  # last: every string above is in it
+        "strings": texts.arrays(),  # last: every string above is in it
     }
 
 
@@ -142,33 +142,35 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     table = _Table(state["strings"])
     word, ids, column = table.word, table.ids, table.column
     pods = _decode_pods(table, state["pods"])
-    d = state["nodes"]
-    names = [word(i) for i in column(d["name"], None, "iu")]
-    nodes = [NodeFacts(seen_ns=s) for s in column(d["seen_ns"], len(names), "iu")]
-    table.attach(ids(d["labels"], 3), nodes, "labels")
-    capacity = ids(d["capacity"], 2)
-    for (o, r), q in zip(capacity, column(d["amount"], len(capacity), "f")):
-        _at(nodes, o).capacity[word(r)] = float(q)
-    s = state["namespaces"]
-    ns_names = [word(i) for i in column(s["name"], None, "iu")]
-    namespaces = [NamespaceFacts(seen_ns=seen) for seen in column(s["seen_ns"], len(ns_names), "iu")]
-    table.attach(ids(s["labels"], 3), namespaces, "labels")
-    o = state["owners"]
-    owner_rows = [list(map(word, row)) for row in ids(o["text"], 5)]
+    node_rows = state["nodes"]
+    names = [word(i) for i in column(node_rows["name"], None, "iu")]
+    nodes = [NodeFacts(seen_ns=s) for s in column(node_rows["seen_ns"], len(names), "iu")]
+    table.attach(ids(node_rows["labels"], 3), nodes, "labels")
+    capacity = ids(node_rows["capacity"], 2)
+    for (at, r), q in zip(capacity, column(node_rows["amount"], len(capacity), "f")):
+        _at(nodes, at).capacity[word(r)] = float(q)
+    namespace_rows = state["namespaces"]
+    ns_names = [word(i) for i in column(namespace_rows["name"], None, "iu")]
+    namespaces = [NamespaceFacts(seen_ns=seen) for seen in column(namespace_rows["seen_ns"], len(ns_names), "iu")]
+    table.attach(ids(namespace_rows["labels"], 3), namespaces, "labels")
+    owner_state = state["owners"]
+    owner_rows = [list(map(word, row)) for row in ids(owner_state["text"], 5)]
     owners = {(a, b, c): OwnerFacts(kind, name, seen)
-              for (a, b, c, kind, name), seen in zip(owner_rows, column(o["seen_ns"], len(owner_rows), "iu"))}
+              for (a, b, c, kind, name), seen in zip(owner_rows, column(owner_state["seen_ns"], len(owner_rows), "iu"))}
     return pods, dict(zip(names, nodes)), dict(zip(ns_names, namespaces)), owners
 
 
 def _decode_pods(table: _Table, encoded: Mapping[str, Any]) -> dict[tuple[str, str], PodFacts]:
     word, ids, column = table.word, table.ids, table.column
     keys = [(word(a), word(b)) for a, b in ids(encoded["key"], 2)]
-    n = len(keys)
-    ended = column(encoded["ended"], n, "iu") if "ended" in encoded else [0] * n  # not in checkpoints written before it
+    n_pod = len(keys)
+    # not in checkpoints written before it
+    ended = column(encoded["ended"], n_pod, "iu") if "ended" in encoded else [0] * n_pod
     pods = [PodFacts(**dict(zip(POD_TEXT, map(word, row))), seen_ns=seen, created_ns=created, deleted=gone,
                      ended_ns=end)
-            for row, (seen, created), gone, end in zip(ids(encoded["text"], len(POD_TEXT), n), ids(encoded["ns"], 2, n),
-                                                       column(encoded["deleted"], n, "b"), ended)]
+            for row, (seen, created), gone, end in zip(ids(encoded["text"], len(POD_TEXT), n_pod),
+                                                       ids(encoded["ns"], 2, n_pod),
+                                                       column(encoded["deleted"], n_pod, "b"), ended)]
     table.attach(ids(encoded["labels"], 3), pods, "labels")
     table.attach(ids(encoded["annotations"], 3), pods, "annotations")
     requests = ids(encoded["requests"], 3)

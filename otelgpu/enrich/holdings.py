@@ -81,8 +81,8 @@ class Pods:
 
     @staticmethod
     def empty() -> "Pods":
-        i, f = np.zeros(0, np.int64), np.zeros(0)
-        return Pods(i, i, f, f, f, f, f)
+        ints, floats = np.zeros(0, np.int64), np.zeros(0)
+        return Pods(ints, ints, floats, floats, floats, floats, floats)
 
     def __len__(self) -> int:
         return len(self.node)
@@ -118,7 +118,7 @@ class Holdings:
         return [tuple(f) for f in self.set_found[self.row_set].tolist()]
 
     def pod_rows(self) -> list[PodRow]:
-        p = self.pods
+        pods = self.pods
         return [PodRow(n, self.sets[s], tuple(self.set_found[s].tolist()), *values) for n, s, *values in
-                zip(p.node.tolist(), p.set.tolist(), p.share.tolist(), p.cpu_request.tolist(),
-                    p.memory_request_gib.tolist(), p.cpu_used.tolist(), p.memory_used_gib.tolist())]
+                zip(pods.node.tolist(), pods.set.tolist(), pods.share.tolist(), pods.cpu_request.tolist(),
+                    pods.memory_request_gib.tolist(), pods.cpu_used.tolist(), pods.memory_used_gib.tolist())]

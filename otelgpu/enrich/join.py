@@ -119,10 +119,10 @@ def _row_sets(rows: Rows, gpus: Gpus, attributes: SeriesAttributes) -> tuple[np.
         # (tag_values) in the order their units come, whatever the order of their names.
         sets = np.zeros(len(first), np.int64)
         for k in np.argsort(first).tolist():
-            r = int(first[k])
-            sets[k] = attributes.holding(int(rows.holder[r]), int(rows.attribution[r]), int(pair_set[pair[r]]),
-                                         int(gpu_node[rows.gpu[r]]), int(rows.kind[r]), int(rows.profile[r]),
-                                         int(rows.basis[r]))
+            row = int(first[k])
+            sets[k] = attributes.holding(int(rows.holder[row]), int(rows.attribution[row]), int(pair_set[pair[row]]),
+                                         int(gpu_node[rows.gpu[row]]), int(rows.kind[row]), int(rows.profile[row]),
+                                         int(rows.basis[row]))
         row_set = sets[key]
     return row_set, gpu_node, nodes
 

@@ -118,11 +118,11 @@ class TagValues:
         return value
 
     def _normalise(self, tag: str, raw: str) -> str:
-        c = self.config
-        value = _SPACES.sub(c.whitespace, raw.strip())
-        value = value.lower() if c.case == "lower" else value.upper() if c.case == "upper" else value
-        if len(value) > c.max_length:
-            value = value[: c.max_length]
+        config = self.config
+        value = _SPACES.sub(config.whitespace, raw.strip())
+        value = value.lower() if config.case == "lower" else value.upper() if config.case == "upper" else value
+        if len(value) > config.max_length:
+            value = value[: config.max_length]
             self._count(tag, TagCap.LENGTH)
         return value
 

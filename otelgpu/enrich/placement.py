@@ -29,46 +29,48 @@ def holder_rows(scope: Scope, units: Reported) -> Rows:
     replicas DCGM counts for it (else as many as its requests ask per GPU it holds), of the
     node's replicas (else of the pods sharing the GPU); its activity is per replica."""
     held = units.tenures
-    i = np.flatnonzero(held.holder_pod >= 0)
-    e = held.entity[i]
-    holder_of, first = group_ids(held.holder_ns[i], held.holder_pod[i])
+    held_rows = np.flatnonzero(held.holder_pod >= 0)
+    entity = held.entity[held_rows]
+    holder_of, first = group_ids(held.holder_ns[held_rows], held.holder_pod[held_rows])
     st = scope.string
     table = np.array([scope.holders.index((st(n), st(p))) for n, p in
-                      zip(held.holder_ns[i][first].tolist(), held.holder_pod[i][first].tolist())], np.int64)
-    holder = table[holder_of] if len(i) else np.zeros(0, np.int64)
-    f, unit_kind = units.fraction[e].copy(), units.kind[e].copy()
-    basis = np.full(len(i), DEVICE, np.int8)
-    mean = held.mean_activity[i]
-    sh = np.flatnonzero(units.shared[e])
+                      zip(held.holder_ns[held_rows][first].tolist(), held.holder_pod[held_rows][first].tolist())],
+                     np.int64)
+    holder = table[holder_of] if len(held_rows) else np.zeros(0, np.int64)
+    fraction, unit_kind = units.fraction[entity].copy(), units.kind[entity].copy()
+    basis = np.full(len(held_rows), DEVICE, np.int8)
+    mean = held.mean_activity[held_rows]
+    sh = np.flatnonzero(units.shared[entity])
     if len(sh):
         per_holder = np.bincount(holder)[holder[sh]]  # units each holder holds
-        k = held.replicas[i][sh].astype(np.int64)
-        ask = np.flatnonzero(k == 0)
+        replicas = held.replicas[held_rows][sh].astype(np.int64)
+        ask = np.flatnonzero(replicas == 0)
         if len(ask):
             which, first = group_ids(holder[sh][ask], per_holder[ask])
             asked = [_requested_replicas(scope, scope.holders.values[h], n)
                      for h, n in zip(holder[sh][ask][first].tolist(), per_holder[ask][first].tolist())]
-            k[ask] = np.array(asked, np.int64)[which]
+            replicas[ask] = np.array(asked, np.int64)[which]
         pods_per_ent = np.bincount(held.entity[held.holder_pod >= 0], minlength=len(units.shared))
-        node_r = units.node_replicas[e[sh]]
-        r = np.where(node_r > 1, node_r, np.maximum(pods_per_ent[e[sh]], 1))
-        f[sh] = f[sh] * np.minimum(k, r) / r
+        node_r = units.node_replicas[entity[sh]]
+        sharers = np.where(node_r > 1, node_r, np.maximum(pods_per_ent[entity[sh]], 1))
+        fraction[sh] = fraction[sh] * np.minimum(replicas, sharers) / sharers
         unit_kind[sh] = REPLICA
-        basis[sh] = np.where(held.per_pod_activity[i[sh]], PER_POD, EQUAL_SPLIT)
-        m = mean[sh]
+        basis[sh] = np.where(held.per_pod_activity[held_rows[sh]], PER_POD, EQUAL_SPLIT)
+        means = mean[sh]
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean[sh] = np.where((f[sh] > 0) & ~np.isnan(m), np.minimum(m / f[sh], 1.0), m)
+            mean[sh] = np.where((fraction[sh] > 0) & ~np.isnan(means), np.minimum(means / fraction[sh], 1.0), means)
     basis[np.isnan(mean)] = UNMEASURED
-    return Rows.of(units.gpu[e], f, np.minimum(held.held_s[i] / scope.seconds, 1.0), held.measured_share[i], mean,
-                   holder, unit_kind, units.profile[e], POD, basis)
+    return Rows.of(units.gpu[entity], fraction, np.minimum(held.held_s[held_rows] / scope.seconds, 1.0),
+                   held.measured_share[held_rows], mean,
+                   holder, unit_kind, units.profile[entity], POD, basis)
 
 
 def _requested_replicas(scope: Scope, holder: PodKey, n_gpus: int) -> int:
     pod = scope.pod(holder)
     if pod is None:
         return 1
-    k = sum(pod.requested(r) for r in GPU_RESOURCES)
-    return max(int(round(k / max(n_gpus, 1))), 1)
+    replicas = sum(pod.requested(r) for r in GPU_RESOURCES)
+    return max(int(round(replicas / max(n_gpus, 1))), 1)
 
 
 def unheld_rows(scope: Scope, units: Reported, devices: DeviceMemory, taken: Container[tuple[str, str]],
@@ -79,27 +81,30 @@ def unheld_rows(scope: Scope, units: Reported, devices: DeviceMemory, taken: Con
     held, entities = units.tenures, units.entities
     claims, dark_claims = _requests(scope, units, sharing)
     # Unheld replicas are idle: claims on shared GPUs are not placed (no unit identity).
-    i = np.flatnonzero((held.holder_pod < 0) & ~units.shared[held.entity])
-    e = held.entity[i]
-    share, mean = np.minimum(held.held_s[i] / scope.seconds, 1.0), held.mean_activity[i]
+    unheld = np.flatnonzero((held.holder_pod < 0) & ~units.shared[held.entity])
+    entity = held.entity[unheld]
+    share, mean = np.minimum(held.held_s[unheld] / scope.seconds, 1.0), held.mean_activity[unheld]
     with np.errstate(invalid="ignore"):
         active = mean > ACTIVE_WITHOUT_POD  # False where NaN (unmeasured)
     # Which pod a claim or a dark unit goes to is decided unit by unit, in order; the other
     # units are booked active_without_pod where active, and are idle otherwise.
     claimed = np.array(sorted({scope.strings.find(node) for node, _ in claims}), np.int64)
-    slow = (held.holder_pod[i] == DARK) | np.isin(entities.node[e], claimed)
+    slow = (held.holder_pod[unheld] == DARK) | np.isin(entities.node[entity], claimed)
     fast = np.flatnonzero(~slow & active)
-    parts = [Rows.of(units.gpu[e[fast]], units.fraction[e[fast]], share[fast], held.measured_share[i[fast]],
-                     mean[fast], NOBODY, units.kind[e[fast]], units.profile[e[fast]], ACTIVE, DEVICE)]
+    parts = [Rows.of(units.gpu[entity[fast]], units.fraction[entity[fast]], share[fast],
+                     held.measured_share[unheld[fast]],
+                     mean[fast], NOBODY, units.kind[entity[fast]], units.profile[entity[fast]], ACTIVE, DEVICE)]
     at = [fast]
-    placed = [_placed(scope, units, devices, taken, claims, dark_claims, int(e[x]), int(i[x]), bool(active[x]), x,
+    placed = [_placed(scope, units, devices, taken, claims, dark_claims, int(entity[x]), int(unheld[x]),
+                      bool(active[x]), x,
                       mean[x]) for x in np.flatnonzero(slow).tolist()]
     placed = [row for row in placed if row is not None]
     if placed:
-        x, u, measured, activity, holder, attribution, basis = (np.array(c) for c in zip(*placed))
-        parts.append(Rows.of(units.gpu[u], units.fraction[u], share[x], measured, activity, holder, units.kind[u],
-                             units.profile[u], attribution, basis))
-        at.append(x)
+        placed_row, unit, measured, activity, holder, attribution, basis = (np.array(c) for c in zip(*placed))
+        parts.append(Rows.of(units.gpu[unit], units.fraction[unit], share[placed_row], measured, activity, holder,
+                             units.kind[unit],
+                             units.profile[unit], attribution, basis))
+        at.append(placed_row)
     return Rows.concat(parts).take(np.argsort(np.concatenate(at), kind="stable"))
 
 

@@ -40,8 +40,8 @@ def pod_rows(scope: Scope, attributes: SeriesAttributes, nodes: list[NodeSpec], 
     out: list[tuple] = []
     seen: set[tuple[int, int]] = set()
     for key, pod in scope.facts.pods.items():
-        n = node_of.get(pod.node)
-        if n is None:
+        node = node_of.get(pod.node)
+        if node is None:
             continue
         use = scope.pod_use(key)
         running = pod.phase == "Running" and not pod.deleted
@@ -51,21 +51,22 @@ def pod_rows(scope: Scope, attributes: SeriesAttributes, nodes: list[NodeSpec], 
             share = 0.0
         else:
             share = float(running)
-        h = scope.holders.index(key)
-        got = gpu_share.get((n, h))
+        holder = scope.holders.index(key)
+        got = gpu_share.get((node, holder))
         if got is not None:
             share = max(share, got[0])
         if share <= 0 or (got is None and not _carries_cost(pod, use)):
             continue  # a pod that holds and uses nothing costs nothing: its tags take no place
-        seen.add((n, h))
-        out.append(_pod_row(scope, attributes, n, node_set[n], h, POD if got is None else got[1], share, use))
-    for (n, h), (share, attribution) in gpu_share.items():
-        if (n, h) not in seen:  # unknown to kube-state-metrics: GPUs only
-            out.append(_pod_row(scope, attributes, n, node_set[n], h, attribution, share, None))
+        seen.add((node, holder))
+        out.append(_pod_row(scope, attributes, node, node_set[node], holder, POD if got is None else got[1], share,
+                            use))
+    for (node, holder), (share, attribution) in gpu_share.items():
+        if (node, holder) not in seen:  # unknown to kube-state-metrics: GPUs only
+            out.append(_pod_row(scope, attributes, node, node_set[node], holder, attribution, share, None))
     if not out:
         return Pods.empty()
-    n, s, *values = (np.array(c) for c in zip(*out))
-    return Pods(n.astype(np.int64), s.astype(np.int64), *(v.astype(np.float64) for v in values))
+    node, pod_set, *values = (np.array(c) for c in zip(*out))
+    return Pods(node.astype(np.int64), pod_set.astype(np.int64), *(v.astype(np.float64) for v in values))
 
 
 def _gpu_holders(rows: Rows, gpu_node: np.ndarray) -> dict[tuple[int, int], tuple[float, int]]:
@@ -90,9 +91,9 @@ def _gpu_holders(rows: Rows, gpu_node: np.ndarray) -> dict[tuple[int, int], tupl
 def _pod_row(scope: Scope, attributes: SeriesAttributes, node: int, node_set: int, holder: int, attribution: int,
              share: float, use: PodUse | None) -> tuple:
     pod = scope.pod(scope.holders.values[holder])
-    s = attributes.pod(holder, attribution, node_set, node)
+    pod_set = attributes.pod(holder, attribution, node_set, node)
     nan = float("nan")
-    return (node, s, min(share, 1.0), pod.requested("cpu") if pod else 0.0,
+    return (node, pod_set, min(share, 1.0), pod.requested("cpu") if pod else 0.0,
             pod.requested("memory") / 2**30 if pod else 0.0,
             use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan)
 

@@ -69,10 +69,10 @@ class Rows:
     def of(gpu, fraction, share, measured, activity, holder, kind, profile, attribution,
            basis) -> "Rows":  # noqa: ANN001
         """Columns from sequences or scalars (broadcast to the length of `gpu`)."""
-        n = len(gpu)
+        n_row = len(gpu)
 
         def col(value, dtype) -> np.ndarray:  # noqa: ANN001
-            return np.full(n, value, dtype) if np.isscalar(value) else np.asarray(value, dtype).reshape(n)
+            return np.full(n_row, value, dtype) if np.isscalar(value) else np.asarray(value, dtype).reshape(n_row)
 
         return Rows(col(gpu, np.int64), col(fraction, np.float64), col(share, np.float64), col(measured, np.float64),
                     col(activity, np.float64), col(holder, np.int64), col(kind, np.int8), col(profile, np.int64),
@@ -111,9 +111,9 @@ class Reported:
     def whole_gpus(self, scope: Scope) -> dict[tuple[str, str], int]:
         """(node, GPU UUID) -> entity, for the entities that are whole GPUs (not MIG instances)."""
         st = scope.string
-        e = self.entities
-        return {(st(n), st(u)): i for i, (n, u, gi) in enumerate(zip(e.node.tolist(), e.uuid.tolist(), e.gi.tolist()))
-                if gi < 0}
+        entities = self.entities
+        named = zip(entities.node.tolist(), entities.uuid.tolist(), entities.gi.tolist())
+        return {(st(n), st(u)): i for i, (n, u, gi) in enumerate(named) if gi < 0}
 
     def shown(self) -> np.ndarray:
         """Per entity: whether DCGM showed a pod holding it."""
@@ -125,15 +125,15 @@ class Reported:
 def reported(samples: Samples, scope: Scope, hardware: Hardware) -> Reported:
     samples = dedupe(samples)
     entity, entities = entities_of(samples)
-    n = len(entities.node)
+    n_entity = len(entities.node)
     codes, node = np.unique(entities.node, return_inverse=True)
     node = node.reshape(-1)
     names = [scope.string(c) for c in codes.tolist()]
     infos = [node_info(scope.facts.nodes.get(name)) for name in names]
-    has_vgpu = np.zeros(n, dtype=bool)
+    has_vgpu = np.zeros(n_entity, dtype=bool)
     has_vgpu[entity[samples.vgpu >= 0]] = True
     replicas = np.array([info.replicas for info in infos], np.int64)[node]
-    shared = (replicas > 1) | has_vgpu | _held_by_several(samples, entity, n)
+    shared = (replicas > 1) | has_vgpu | _held_by_several(samples, entity, n_entity)
     held = tenures(samples, entity, shared, scope.start_ns, scope.end_ns)
     gpu, gpu_first = group_ids(entities.node, entities.uuid)
     fraction, kind = _base_fractions(scope, hardware, entities, gpu)
@@ -146,14 +146,14 @@ def _base_fractions(scope: Scope, hardware: Hardware, entities: Entities,
     """Each unit's share of its GPU: 1 for a whole GPU, its MIG profile's fraction (a function
     of the GPU model and the profile: worked out once per pair) for a MIG instance; and its
     kind (GPU or MIG)."""
-    f = np.ones(len(entities.node))
+    fraction = np.ones(len(entities.node))
     mig = np.asarray(entities.gi) >= 0
     pairs, pair_of = np.unique(np.stack([entities.model[mig], entities.profile[mig]], axis=1).reshape(-1, 2), axis=0,
                                return_inverse=True)
     st = scope.string
     by_pair = np.array([hardware.mig_fraction(st(m), st(p)) for m, p in pairs.tolist()], np.float64)
-    f[mig] = normalise_per_gpu(gpu[mig], by_pair[pair_of.reshape(-1)])
-    return f, np.where(mig, MIG, GPU).astype(np.int8)
+    fraction[mig] = normalise_per_gpu(gpu[mig], by_pair[pair_of.reshape(-1)])
+    return fraction, np.where(mig, MIG, GPU).astype(np.int8)
 
 
 def _held_by_several(samples: Samples, entity: np.ndarray, entities: int) -> np.ndarray:

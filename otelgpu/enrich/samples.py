@@ -48,9 +48,9 @@ class Samples(Columns):
 
     @staticmethod
     def empty() -> "Samples":
-        i = np.zeros(0, np.int32)
+        ints = np.zeros(0, np.int32)
         return Samples(np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, bool),
-                       i, i, i, i, i, i, i, i, i, i)
+                       ints, ints, ints, ints, ints, ints, ints, ints, ints, ints)
 
 
 def _first_present(*cols: np.ndarray) -> np.ndarray:
@@ -69,17 +69,17 @@ def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
     the exporter's `Hostname` (releases) or `hostname` (newer builds), else the resource's
     `k8s.node.name`.
     """
-    b = batch.select(batch.metric < Metric.POD_LABELS)
+    dcgm = batch.select(batch.metric < Metric.POD_LABELS)
 
     def col(key: str) -> np.ndarray:
-        return b.column(strings.find(key))
+        return dcgm.column(strings.find(key))
 
     return Samples(
-        metric=b.metric, time_ns=b.time_ns, value=b.value, stale=b.stale,
-        node=_first_present(col("Hostname"), col("hostname"), b.resource_node),
+        metric=dcgm.metric, time_ns=dcgm.time_ns, value=dcgm.value, stale=dcgm.stale,
+        node=_first_present(col("Hostname"), col("hostname"), dcgm.resource_node),
         uuid=col("UUID"), gi=col("GPU_I_ID"), profile=col("GPU_I_PROFILE"), model=col("modelName"),
         namespace=_first_present(col("exported_namespace"), col("namespace")),
-        pod=_first_present(col("exported_pod"), np.where(col("pod") == b.resource_pod, -1, col("pod"))),
+        pod=_first_present(col("exported_pod"), np.where(col("pod") == dcgm.resource_pod, -1, col("pod"))),
         container=_first_present(col("exported_container"), col("container")),
         pod_uid=col("pod_uid"), vgpu=col("vgpu"),
     )

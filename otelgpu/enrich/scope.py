@@ -53,8 +53,8 @@ class Scope:
 
     def running_share(self, key: PodKey) -> float | None:
         """The share of the interval the pod was Running, where its phase was scraped."""
-        u = self.pod_use(key)
-        return None if u is None or np.isnan(u.running_share) else float(u.running_share)
+        use = self.pod_use(key)
+        return None if use is None or np.isnan(use.running_share) else float(use.running_share)
 
     def held_share(self, key: PodKey, gpu_share: float) -> float:
         """A grant's or claim's share of the interval: the GPU's, no longer than its pod ran."""

@@ -123,8 +123,8 @@ def hami_devices(text: str) -> list[tuple[str, float, float]]:
 
 def model_memory_mib(model: str) -> Optional[float]:
     """A GPU's memory from its model name where it says it ("NVIDIA H100 80GB HBM3": 81920)."""
-    m = _MODEL_MEMORY.search(model)
-    return float(m.group(1)) * 1024 if m and int(m.group(1)) > 0 else None
+    match = _MODEL_MEMORY.search(model)
+    return float(match.group(1)) * 1024 if match and int(match.group(1)) > 0 else None
 
 
 def _number(text: str) -> Optional[float]:
@@ -195,7 +195,7 @@ def _add_kai(out: Sharing, groups: dict[tuple[str, str], str], key: PodKey, pod:
         out.problems["malformed gpu-fraction, gpu-memory or gpu-fraction-num-devices"] += 1
         return
     named = [g for g in (pod.labels.get(KAI_GROUP, ""), *_kai_groups(pod)) if g]
-    uuids = list(dict.fromkeys(u for g in named if (u := groups.get((pod.node, g))) is not None))
+    uuids = list(dict.fromkeys(found for g in named if (found := groups.get((pod.node, g))) is not None))
     if not uuids:
         out.problems["fraction pod without a reservation pod on its node"] += 1
     elif len(uuids) < devices:
@@ -221,8 +221,8 @@ def _kai_request(pod: PodFacts) -> tuple[Optional[float], Optional[float], int]:
     """(share of each GPU, memory MiB of each GPU, number of GPUs) a KAI pod asks for: the
     NvFractions memory request where there is one (KAI prefers it), else `gpu-fraction` or
     `gpu-memory`. ValueError when malformed, or when it asks for nothing."""
-    a = pod.annotations
-    devices = _number(a.get(KAI_DEVICES) or "1")
+    annotations = pod.annotations
+    devices = _number(annotations.get(KAI_DEVICES) or "1")
     if devices is None or devices != int(devices) or not 1 <= devices <= 64:
         raise ValueError("gpu-fraction-num-devices")
     nv = _nv_requests(pod)
@@ -231,8 +231,8 @@ def _kai_request(pod: PodFacts) -> tuple[Optional[float], Optional[float], int]:
             raise ValueError("NvFractions requests on several containers")
         memory, compute = _mib(nv[0]), None
     else:
-        compute = _number(a[KAI_FRACTION]) if a.get(KAI_FRACTION) else None
-        memory = _number(a[KAI_MEMORY]) if a.get(KAI_MEMORY) else None
+        compute = _number(annotations[KAI_FRACTION]) if annotations.get(KAI_FRACTION) else None
+        memory = _number(annotations[KAI_MEMORY]) if annotations.get(KAI_MEMORY) else None
     if (compute is not None and not 0 < compute <= 1) or (memory is not None and not 0 < memory < 1e7) \
             or (compute is None and memory is None):
         raise ValueError("fraction or memory out of range")

@@ -72,10 +72,10 @@ def entities_of(samples: Samples) -> tuple[np.ndarray, Entities]:
                          samples.model[first])
 
 
-def _steps(ent: np.ndarray, time: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each distinct (entity, time) step's duration in seconds, each row's step, each step's entity."""
-    row_step, first = group_ids(ent, time)
-    st_ent, st_t = ent[first].astype(np.int64), time[first].astype(np.int64)
+    row_step, first = group_ids(ent, time_ns)
+    st_ent, st_t = ent[first].astype(np.int64), time_ns[first].astype(np.int64)
     nxt = np.empty_like(st_t)
     nxt[:-1] = st_t[1:]
     last = np.ones(len(st_t), dtype=bool)
@@ -165,15 +165,15 @@ def _with_dark(tenures: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent
     if not len(dark):
         return tenures
     ents, inverse = np.unique(step_ent[dark], return_inverse=True)
-    n = len(ents)
-    zeros, marks = np.zeros(n), np.full(n, DARK, dtype=tenures.holder_ns.dtype)
+    n_entity = len(ents)
+    zeros, marks = np.zeros(n_entity), np.full(n_entity, DARK, dtype=tenures.holder_ns.dtype)
     return Tenures(
         np.concatenate([tenures.entity, ents.astype(tenures.entity.dtype)]), np.concatenate([tenures.holder_ns, marks]),
         np.concatenate([tenures.holder_pod, marks]),
-        np.concatenate([tenures.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n)]),
+        np.concatenate([tenures.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n_entity)]),
         np.concatenate([tenures.act_s, zeros]), np.concatenate([tenures.act_integral, zeros]),
-        np.concatenate([tenures.replicas, np.zeros(n, tenures.replicas.dtype)]),
-        np.concatenate([tenures.per_pod_activity, np.zeros(n, bool)]))
+        np.concatenate([tenures.replicas, np.zeros(n_entity, tenures.replicas.dtype)]),
+        np.concatenate([tenures.per_pod_activity, np.zeros(n_entity, bool)]))
 
 
 def _mean_by(group: np.ndarray, value: np.ndarray, groups: int, reduce_sum: bool = False) -> np.ndarray:

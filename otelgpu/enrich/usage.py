@@ -45,8 +45,9 @@ class PodSamples(Columns):
 
     @staticmethod
     def empty() -> "PodSamples":
-        i = np.zeros(0, np.int32)
-        return PodSamples(np.zeros(0, np.int8), np.zeros(0, np.int64), i, i, i, i, np.zeros(0), np.zeros(0), i)
+        ints = np.zeros(0, np.int32)
+        return PodSamples(np.zeros(0, np.int8), np.zeros(0, np.int64), ints, ints, ints, ints, np.zeros(0),
+                          np.zeros(0), ints)
 
 
 class UsageTracker:
@@ -71,10 +72,10 @@ class UsageTracker:
                     phases: bool = False) -> PodSamples:
         """With `use`, phases and cAdvisor use (scad); with `phases`, the phases alone (how long a
         GPU grant's pod ran); with `tokens`, vLLM's token counters."""
-        s = self.strings
+        strings = self.strings
         running = (batch.metric == Metric.POD_PHASE) & ~batch.stale
         if (use or phases) and running.any():
-            running &= batch.column(s.find("phase")) == s.code("Running")
+            running &= batch.column(strings.find("phase")) == strings.code("Running")
         usage = ((batch.metric == Metric.CPU_USAGE) | (batch.metric == Metric.MEMORY_WORKING_SET)) & ~batch.stale
         wanted = ((batch.metric == Metric.PROMPT_TOKENS) | (batch.metric == Metric.GENERATION_TOKENS)) & ~batch.stale
         if not tokens:
@@ -83,29 +84,33 @@ class UsageTracker:
             wanted |= running | usage
         elif phases:
             wanted |= running
-        b = batch.select(wanted)
-        if not len(b):
+        selected = batch.select(wanted)
+        if not len(selected):
             return PodSamples.empty()
-        ns, pod, container = b.column(s.find("namespace")), b.column(s.find("pod")), b.column(s.find("container"))
-        kind = np.select([b.metric == Metric.POD_PHASE, b.metric == Metric.CPU_USAGE,
-                          b.metric == Metric.MEMORY_WORKING_SET, b.metric == Metric.PROMPT_TOKENS],
+        ns, pod = selected.column(strings.find("namespace")), selected.column(strings.find("pod"))
+        container = selected.column(strings.find("container"))
+        kind = np.select([selected.metric == Metric.POD_PHASE, selected.metric == Metric.CPU_USAGE,
+                          selected.metric == Metric.MEMORY_WORKING_SET, selected.metric == Metric.PROMPT_TOKENS],
                          [RUNNING, CPU, MEMORY, PROMPT], GENERATION)
         token = (kind == PROMPT) | (kind == GENERATION)
-        series = np.where(kind == CPU, b.column(s.find("id")), -1)  # cAdvisor: a restarted container is a new cgroup
-        engine = np.full(len(b), -1, np.int32)
+        series = np.where(kind == CPU, selected.column(strings.find("id")),
+                          -1)  # cAdvisor: a restarted container is a new cgroup
+        engine = np.full(len(selected), -1, np.int32)
         if token.any():  # token series: the model as container, the tenant as series, and the engine
-            container = np.where(token, b.column(s.find("model_name")), container)
-            tenant = np.full(len(b), -1, np.int32)
+            container = np.where(token, selected.column(strings.find("model_name")), container)
+            tenant = np.full(len(selected), -1, np.int32)
             for label in reversed(self.tenant_labels):  # the first label present wins
-                value = b.column(s.find(label))
+                value = selected.column(strings.find(label))
                 tenant = np.where(value >= 0, value, tenant)
             series = np.where(token, tenant, series)
-            engine = np.where(token, b.column(s.find("engine")), -1)
-        skip = [-1] + [c for c in map(s.find, self._skip) if c >= 0]
+            engine = np.where(token, selected.column(strings.find("engine")), -1)
+        skip = [-1] + [c for c in map(strings.find, self._skip) if c >= 0]
         keep = (kind == RUNNING) | ((token | ~np.isin(container, skip)) & (ns >= 0) & (pod >= 0))
         idx = np.flatnonzero(keep)
-        return PodSamples(kind[idx].astype(np.int8), b.time_ns[idx], ns[idx], pod[idx], container[idx].astype(np.int32),
-                          series[idx].astype(np.int32), b.value[idx], np.zeros(len(idx)), engine[idx].astype(np.int32))
+        return PodSamples(kind[idx].astype(np.int8), selected.time_ns[idx], ns[idx], pod[idx],
+                          container[idx].astype(np.int32),
+                          series[idx].astype(np.int32), selected.value[idx], np.zeros(len(idx)),
+                          engine[idx].astype(np.int32))
 
     def use(self, samples: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, int], "PodUse"]:
         """Per (namespace code, pod code) of one closing interval: share Running and mean use."""
@@ -158,19 +163,19 @@ class UsageTracker:
         rows, sid = cpu[newer], sid[newer]
         order = np.lexsort((samples.time_ns[rows], sid))
         rows, sid = rows[order], sid[order]
-        t, v = samples.time_ns[rows], samples.value[rows]
+        times, values = samples.time_ns[rows], samples.value[rows]
         starts = np.ones(len(rows), dtype=bool)
         starts[1:] = sid[1:] != sid[:-1]
-        prev_t, prev_v = np.roll(t, 1), np.roll(v, 1)
+        prev_t, prev_v = np.roll(times, 1), np.roll(values, 1)
         prev_t[starts] = last_t[sid[starts]]
         prev_v[starts] = [last[g][1] for g in sid[starts]]
         ends = np.append(starts[1:], True) if len(rows) else starts  # no point newer than what was counted
         for g, i in zip(sid[ends], np.flatnonzero(ends)):
-            self._last[keys[g]] = (int(t[i]), float(v[i]))
+            self._last[keys[g]] = (int(times[i]), float(values[i]))
         rate = samples.kind[rows] == CPU  # tokens count whatever the gap: what was served was served
-        ok = (prev_t >= 0) & ((t - prev_t <= MAX_RATE_GAP_NS) | ~rate)
-        span = (t - prev_t) / 1e9
-        delta = np.where(v >= prev_v, v - prev_v, v)  # a reset restarts the counter from zero
+        ok = (prev_t >= 0) & ((times - prev_t <= MAX_RATE_GAP_NS) | ~rate)
+        span = (times - prev_t) / 1e9
+        delta = np.where(values >= prev_v, values - prev_v, values)  # a reset restarts the counter from zero
         value, spans = samples.value.copy(), np.zeros(len(samples))
         spans[rows[ok]] = np.where(rate[ok], span[ok], 0.0)
         value[rows[ok]] = delta[ok] / np.where(rate[ok], span[ok], 1.0)  # tokens: the increase itself
@@ -245,8 +250,8 @@ def pod_use(samples: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, 
     if not len(samples):
         return {}
     pod_id, first = group_ids(samples.namespace, samples.pod)
-    n = len(first)
-    out = np.full((n, 3), np.nan)
+    n_pod = len(first)
+    out = np.full((n_pod, 3), np.nan)
     run = samples.kind == RUNNING
     if run.any():
         times = np.unique(samples.time_ns[run])
@@ -254,8 +259,8 @@ def pod_use(samples: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, 
         begin[0] = start_ns
         dur = (np.append(times[1:], end_ns) - begin) / (end_ns - start_ns)
         step = np.searchsorted(times, samples.time_ns[run])
-        seen = np.bincount(pod_id[run], minlength=n) > 0
-        share = np.bincount(pod_id[run], weights=np.where(samples.value[run] == 1.0, dur[step], 0.0), minlength=n)
+        seen = np.bincount(pod_id[run], minlength=n_pod) > 0
+        share = np.bincount(pod_id[run], weights=np.where(samples.value[run] == 1.0, dur[step], 0.0), minlength=n_pod)
         out[seen, 0] = share[seen]
     for kind, col in ((CPU, 1), (MEMORY, 2)):
         sel = samples.kind == kind
@@ -264,11 +269,11 @@ def pod_use(samples: PodSamples, start_ns: int, end_ns: int) -> dict[tuple[int, 
         weight = samples.span_s[sel] if kind == CPU else np.ones(int(sel.sum()))
         cid, cfirst = group_ids(pod_id[sel], samples.container[sel])
         total = np.bincount(cid, weights=samples.value[sel] * weight)
-        w = np.bincount(cid, weights=weight)
-        mean = np.divide(total, w, out=np.zeros_like(total), where=w > 0)
+        weights = np.bincount(cid, weights=weight)
+        mean = np.divide(total, weights, out=np.zeros_like(total), where=weights > 0)
         owner = pod_id[sel][cfirst]
-        has = np.bincount(owner, weights=w > 0, minlength=n) > 0
-        summed = np.bincount(owner, weights=mean, minlength=n)
+        has = np.bincount(owner, weights=weights > 0, minlength=n_pod) > 0
+        summed = np.bincount(owner, weights=mean, minlength=n_pod)
         out[has, col] = summed[has]
     keys = zip(samples.namespace[first].tolist(), samples.pod[first].tolist())
     return {k: PodUse(*row) for k, row in zip(keys, out.tolist())}

@@ -169,8 +169,8 @@ class Windows:
         self._sources.forget_silent(now - self.silence_s)
         if len(self._sources):
             newest = self._sources.newest()
-            k = len(newest) - 1 - len(newest) // 2  # the upper median: sorted newest first, the middle one
-            self.watermark_ns = int(np.partition(newest, k)[k])
+            middle = len(newest) - 1 - len(newest) // 2  # the upper median: sorted newest first, the middle one
+            self.watermark_ns = int(np.partition(newest, middle)[middle])
 
     def due(self, flush: bool = False, computed: frozenset[int] = frozenset()) -> list[Interval]:
         """Intervals whose end plus lateness the watermark has passed, and, once an interval has
@@ -226,13 +226,13 @@ class Windows:
         watermark passes its end plus the lateness). None otherwise."""
         if not self._open or not len(self._sources):
             return None
-        i = min(self._open)
-        if self.closed_through >= 0 and i != self.closed_through + 1:
+        index = min(self._open)
+        if self.closed_through >= 0 and index != self.closed_through + 1:
             return None  # intervals no data fell in close first, and change what this one reads
-        end = (i + 1) * self.dt_ns
+        end = (index + 1) * self.dt_ns
         if int(self._sources.newest().min()) < end or self.watermark_ns - self.lateness_ns >= end:
             return None  # not complete yet, or it closes now anyway
-        return i
+        return index
 
     def version_of(self, index: int) -> Optional[int]:
         """Open interval `i`'s version (parts added so far); None if it is not open."""
@@ -305,26 +305,26 @@ class _Sources:
 
     def update(self, sources: dict[str, int], now: float) -> None:
         for src, t in sources.items():
-            i = self._index.get(src)
-            if i is None:
-                i = self._index[src] = len(self._index)
-                if i == len(self._newest):
-                    self._newest = np.concatenate([self._newest, np.zeros(max(16, i), np.int64)])
-                    self._heard = np.concatenate([self._heard, np.zeros(max(16, i), np.float64)])
-                self._newest[i] = t
+            index = self._index.get(src)
+            if index is None:
+                index = self._index[src] = len(self._index)
+                if index == len(self._newest):
+                    self._newest = np.concatenate([self._newest, np.zeros(max(16, index), np.int64)])
+                    self._heard = np.concatenate([self._heard, np.zeros(max(16, index), np.float64)])
+                self._newest[index] = t
             else:
-                self._newest[i] = max(int(self._newest[i]), t)
-            self._heard[i] = now
+                self._newest[index] = max(int(self._newest[index]), t)
+            self._heard[index] = now
 
     def forget_silent(self, heard_before: float) -> None:
         """Forget the targets last heard before `heard_before`."""
-        n = len(self._index)
-        keep = self._heard[:n] >= heard_before
+        before = len(self._index)
+        keep = self._heard[:before] >= heard_before
         if keep.all():
             return
         names = [src for src, i in sorted(self._index.items(), key=lambda kv: kv[1]) if keep[i]]
         self._index = {src: i for i, src in enumerate(names)}
-        self._newest, self._heard = self._newest[:n][keep], self._heard[:n][keep]
+        self._newest, self._heard = self._newest[:before][keep], self._heard[:before][keep]
 
     def newest(self) -> np.ndarray:
         return self._newest[:len(self._index)]

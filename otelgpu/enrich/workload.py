@@ -37,7 +37,8 @@ def workload(namespace: str, pod_name: str, pod: Optional[PodFacts],
     else:
         return kind, name
     if kind == "ReplicaSet":  # its owner unknown: a Deployment's ReplicaSet carries the template hash
-        h = pod.labels.get(POD_TEMPLATE_HASH, "")
-        if (h and name.endswith("-" + h)) or (not h and _TEMPLATE_HASH.search(name)):
+        template_hash = pod.labels.get(POD_TEMPLATE_HASH, "")
+        if (template_hash and name.endswith("-" + template_hash)) or \
+                (not template_hash and _TEMPLATE_HASH.search(name)):
             return "Deployment", name.rsplit("-", 1)[0]
     return kind, name

@@ -43,9 +43,9 @@ def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
     sets: dict[int, Attrs] = {}
     at = 0
     while at + _RECORD.size <= len(data):
-        i, n, crc = _RECORD.unpack_from(data, at)
-        payload = data[at + _RECORD.size:at + _RECORD.size + n]
-        if len(payload) != n or crc != zlib.crc32(payload, zlib.crc32(struct.pack("<II", i, n))):
+        number, size, crc = _RECORD.unpack_from(data, at)
+        payload = data[at + _RECORD.size:at + _RECORD.size + size]
+        if len(payload) != size or crc != zlib.crc32(payload, zlib.crc32(struct.pack("<II", number, size))):
             break
         try:
             pairs = json.loads(payload.decode("utf-8", "surrogatepass"))
@@ -54,8 +54,8 @@ def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
             attrs = tuple(pair((sys.intern(k), sys.intern(v))) for k, v in pairs)  # a key repeats in every set
         except (ValueError, TypeError):
             break
-        sets[i] = attrs
-        at += _RECORD.size + n
+        sets[number] = attrs
+        at += _RECORD.size + size
     return sets, at
 
 
@@ -99,25 +99,25 @@ class AttrTable:
         if self._adopt:  # the tuples read from the log, replaced by the live ones equal to them
             self._adopt = False
             for attrs in sets:
-                i = self._ids.pop(attrs, None)
-                if i is not None:
-                    self._ids[attrs] = i
+                number = self._ids.pop(attrs, None)
+                if number is not None:
+                    self._ids[attrs] = number
         known = self._ids.get
         for k, attrs in enumerate(sets):
-            i = known(attrs)
-            if i is None:
-                i = new.get(attrs)
-                if i is None:
-                    i = new[attrs] = self._next + len(new)
-            out[k] = i
+            number = known(attrs)
+            if number is None:
+                number = new.get(attrs)
+                if number is None:
+                    number = new[attrs] = self._next + len(new)
+            out[k] = number
         if new:
             data = b"".join(_record(i, attrs) for attrs, i in new.items())
-            with open(self.path, "ab") as f:
-                if f.tell() != self._size:
-                    f.truncate(self._size)  # the rest of an append that failed half way
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            with open(self.path, "ab") as file:
+                if file.tell() != self._size:
+                    file.truncate(self._size)  # the rest of an append that failed half way
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
             self._size += len(data)
             self._next += len(new)
             self._ids.update(new)
@@ -137,10 +137,10 @@ class AttrTable:
         kept = {attrs: i for attrs, i in self._ids.items() if i in keep}
         data = b"".join(_record(i, attrs) for attrs, i in kept.items())
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, self.path)
         self._ids, self._size = kept, len(data)
         return True

@@ -54,8 +54,8 @@ class Points(Sequence[Point]):
 
     @classmethod
     def empty(cls) -> Points:
-        z = np.zeros(0, np.int64)
-        return cls((), [], z, z, z, z, z.astype(np.float64), z.astype(bool))
+        zeros = np.zeros(0, np.int64)
+        return cls((), [], zeros, zeros, zeros, zeros, zeros.astype(np.float64), zeros.astype(bool))
 
     def __len__(self) -> int:
         return len(self.metric)
@@ -146,13 +146,13 @@ def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:
     before each are kept; a series only the older one has is kept as it is."""
     older, newer = Points.of(older), Points.of(newer)
     both = Points.concat([older, newer])
-    n = len(both)
-    if not n:
+    n_point = len(both)
+    if not n_point:
         return both
     sid, first = both.series()
     in_newer = np.zeros(len(first), dtype=bool)
     in_newer[sid[len(older):]] = True
-    order = np.lexsort((np.arange(n), first[sid]))  # by series' first appearance, then position
+    order = np.lexsort((np.arange(n_point), first[sid]))  # by series' first appearance, then position
     s_sid, s_start, s_ended = sid[order], both.start_ns[order], both.ended[order]
     keep = ~in_newer[s_sid]
     keep[-1] = True
@@ -164,20 +164,20 @@ def last_of_each(points: Sequence[Point], metrics: Collection[str]) -> Points:
     """Of the series of these `metrics` (the cumulative sums: a gauge's old value means nothing at
     another time), each one's last value and, where its last point is its end, that end too, in
     that order: what a refused snapshot must still get delivered (see `restamped`)."""
-    p = Points.of(points)
-    wanted = np.array([m in metrics for m in p.metrics], bool)
-    p = p.take(np.flatnonzero(wanted[p.metric]))
-    if not len(p):
-        return p
-    sid, first = p.series()
-    rows = np.arange(len(p))
+    columns = Points.of(points)
+    wanted = np.array([m in metrics for m in columns.metrics], bool)
+    columns = columns.take(np.flatnonzero(wanted[columns.metric]))
+    if not len(columns):
+        return columns
+    sid, first = columns.series()
+    rows = np.arange(len(columns))
     last = np.full(len(first), -1, np.int64)
     np.maximum.at(last, sid, rows)
     last_value = np.full(len(first), -1, np.int64)
-    np.maximum.at(last_value, sid[~p.ended], rows[~p.ended])
-    ends = last[p.ended[last]]
+    np.maximum.at(last_value, sid[~columns.ended], rows[~columns.ended])
+    ends = last[columns.ended[last]]
     keep = np.concatenate([last_value[last_value >= 0], ends])
-    return p.take(keep[np.lexsort((keep, first[sid[keep]]))])
+    return columns.take(keep[np.lexsort((keep, first[sid[keep]]))])
 
 
 def restamped(points: Points, at_ns: int) -> Points:

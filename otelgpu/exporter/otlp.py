@@ -121,17 +121,18 @@ class RequestWriter:
         self._pairs: dict[tuple[str, str], bytes] = {}
 
     def requests(self, points: Sequence[Point], max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[bytes]:
-        p = Points.of(points)
-        if not len(p):
+        columns = Points.of(points)
+        if not len(columns):
             return
-        used = np.zeros(len(p.attrs), dtype=bool)
-        used[p.aset] = True
-        attr_bytes, offsets = arena([self._attr_bytes(p.attrs[i]) if u else b"" for i, u in enumerate(used.tolist())])
-        rank = np.array([self._rank[m] for m in p.metrics], np.int64)[p.metric]
+        used = np.zeros(len(columns.attrs), dtype=bool)
+        used[columns.aset] = True
+        attr_bytes, offsets = arena([self._attr_bytes(columns.attrs[i]) if u else b"" for i,
+                                     u in enumerate(used.tolist())])
+        rank = np.array([self._rank[m] for m in columns.metrics], np.int64)[columns.metric]
         order = np.argsort(rank, kind="stable")  # spec order, each metric's points as they come
         ordered_rank = rank[order]
         keys = list(self.specs)
-        bits = p.value.view(np.int64)
+        bits = columns.value.view(np.int64)
         for begin in range(0, len(order), max_points):
             rows = order[begin:begin + max_points]
             ranks = ordered_rank[begin:begin + max_points]
@@ -140,8 +141,9 @@ class RequestWriter:
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
                 key = keys[int(ranks[lo])]
                 run = rows[lo:hi]
-                data = write_points(attr_bytes, offsets, p.aset[run].astype(np.int64), p.start_ns[run], p.time_ns[run],
-                                    bits[run], p.ended[run], self.specs[key].kind == "sum")
+                data = write_points(attr_bytes, offsets, columns.aset[run].astype(np.int64), columns.start_ns[run],
+                                    columns.time_ns[run],
+                                    bits[run], columns.ended[run], self.specs[key].kind == "sum")
                 body.append(self._metric(key, data.tobytes()))
             scope_metrics = len_field(2, self._scope + b"".join(body))
             yield len_field(1, self._resource + scope_metrics)

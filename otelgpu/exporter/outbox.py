@@ -67,13 +67,13 @@ class Outbox:
         """Persist a snapshot (replacing one of the same end); raises OSError when it cannot.
         `absorbed`: the ends of snapshots merged into it, whose files are deleted after this write;
         should the process die in between, recover() deletes them instead of sending them again."""
-        p = Points.of(points)
-        used = np.unique(p.aset)
+        columns = Points.of(points)
+        used = np.unique(columns.aset)
         with self._lock:
-            ids = self._table.ids([p.attrs[i] for i in used.tolist()])  # in the log before the file
-            set_ids = np.zeros(len(p.attrs), np.uint32)
+            ids = self._table.ids([columns.attrs[i] for i in used.tolist()])  # in the log before the file
+            set_ids = np.zeros(len(columns.attrs), np.uint32)
             set_ids[used] = ids
-            self._write(self.path(end_ns), encode(p, end_ns, absorbed, set_ids))
+            self._write(self.path(end_ns), encode(columns, end_ns, absorbed, set_ids))
             self._uses[end_ns] = self._newest = ids
             self._compact()
 
@@ -193,10 +193,10 @@ class Outbox:
 
     def _write(self, path: Path, data: bytes) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, path)
         self._sync_directory()
 

@@ -200,33 +200,33 @@ class SnapshotQueue:
     def _mergeable(self, index: int) -> bool:
         """Whether snapshots i and i + 1 may be merged: nothing was sent of either, and both are
         released (and i is not in flight) or both wait in memory unpersisted."""
-        a, b = self._entries[index], self._entries[index + 1]
-        if a.progress.done or b.progress.done:
+        older, newer = self._entries[index], self._entries[index + 1]
+        if older.progress.done or newer.progress.done:
             return False
-        if b.released:
+        if newer.released:
             return not (index == 0 and self.in_flight)
-        return not a.persisted and not b.persisted
+        return not older.persisted and not newer.persisted
 
     def _bound(self) -> None:
         """Merge the two oldest snapshots that may be while more than `size` wait. On disk the
         merged snapshot replaces the newer file before the older one goes, naming it as absorbed:
         after a crash in between, recover() deletes the older file."""
-        q = self._entries
-        while len(q) > self.size:
-            i = next((i for i in range(len(q) - 1) if self._mergeable(i)), None)
-            if i is None:  # only persisted unreleased or started snapshots: nothing may be merged yet
+        entries = self._entries
+        while len(entries) > self.size:
+            index = next((i for i in range(len(entries) - 1) if self._mergeable(i)), None)
+            if index is None:  # only persisted unreleased or started snapshots: nothing may be merged yet
                 return
-            merged = merge(q[i].snapshot, q[i + 1].snapshot)
-            if self.outbox is not None and q[i + 1].persisted:
+            merged = merge(entries[index].snapshot, entries[index + 1].snapshot)
+            if self.outbox is not None and entries[index + 1].persisted:
                 try:
-                    self.outbox.write(q[i + 1].end_ns, merged, absorbed=(q[i].end_ns,))
+                    self.outbox.write(entries[index + 1].end_ns, merged, absorbed=(entries[index].end_ns,))
                 except OSError as exc:
                     self.telemetry.outbox_error("write")
                     log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
                     return
-                self.outbox.delete(q[i].end_ns)
-            q[i + 1].snapshot, q[i + 1].from_ns = merged, q[i].from_ns
-            del q[i]
+                self.outbox.delete(entries[index].end_ns)
+            entries[index + 1].snapshot, entries[index + 1].from_ns = merged, entries[index].from_ns
+            del entries[index]
             self.telemetry.snapshots_merged.inc()
 
     def _place_carry(self) -> None:

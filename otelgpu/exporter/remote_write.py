@@ -65,23 +65,24 @@ _DETAIL_CHARS = 500
 
 def _message_classes() -> dict[str, Any]:
     """prometheus.WriteRequest and its parts, from a descriptor of the fields we use."""
-    f = descriptor_pb2.FieldDescriptorProto
+    field_type = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(name="otelgpu/prometheus_remote_write.proto",
                                               package="prometheus", syntax="proto3")
     # (message, [(field, number, type, repeated, type name)]), numbers as in prompb.
     schema = [
-        ("Sample", [("value", 1, f.TYPE_DOUBLE, False, ""), ("timestamp", 2, f.TYPE_INT64, False, "")]),
-        ("Label", [("name", 1, f.TYPE_STRING, False, ""), ("value", 2, f.TYPE_STRING, False, "")]),
-        ("TimeSeries", [("labels", 1, f.TYPE_MESSAGE, True, ".prometheus.Label"),
-                        ("samples", 2, f.TYPE_MESSAGE, True, ".prometheus.Sample")]),
+        ("Sample", [("value", 1, field_type.TYPE_DOUBLE, False, ""),
+                    ("timestamp", 2, field_type.TYPE_INT64, False, "")]),
+        ("Label", [("name", 1, field_type.TYPE_STRING, False, ""), ("value", 2, field_type.TYPE_STRING, False, "")]),
+        ("TimeSeries", [("labels", 1, field_type.TYPE_MESSAGE, True, ".prometheus.Label"),
+                        ("samples", 2, field_type.TYPE_MESSAGE, True, ".prometheus.Sample")]),
         # No metadata (field 3), as the Collector's prometheusremotewrite exporter by default.
-        ("WriteRequest", [("timeseries", 1, f.TYPE_MESSAGE, True, ".prometheus.TimeSeries")]),
+        ("WriteRequest", [("timeseries", 1, field_type.TYPE_MESSAGE, True, ".prometheus.TimeSeries")]),
     ]
     for name, fields in schema:
         message = file.message_type.add(name=name)
         for field, number, type_, repeated, type_name in fields:
             added = message.field.add(name=field, number=number, type=type_,
-                                      label=f.LABEL_REPEATED if repeated else f.LABEL_OPTIONAL)
+                                      label=field_type.LABEL_REPEATED if repeated else field_type.LABEL_OPTIONAL)
             if type_name:  # set only for message fields (an empty one still counts as set)
                 added.type_name = type_name
     pool = descriptor_pool.DescriptorPool()  # our own: no clash with any other `prometheus` protos
@@ -217,19 +218,19 @@ class SeriesWriter:
     def requests(self, points: Sequence[Point], done: int, max_samples: int) -> tuple[list[tuple[int, bytes]], Counter[str]]:
         """The requests left after the first `done` samples, each with its sample count, and the
         series left out by reason."""
-        p = Points.of(points)
+        columns = Points.of(points)
         rejected: Counter[str] = Counter()
         cached, self._sets = self._sets, {}
         name = np.array([self._name_rank[self.specs[m].prometheus] if m in self.specs else -1
-                         for m in p.metrics], np.int64)[p.metric] if len(p) else np.zeros(0, np.int64)
+                         for m in columns.metrics], np.int64)[columns.metric] if len(columns) else np.zeros(0, np.int64)
         known = name >= 0
         if not known.all():
             rejected["unknown_metric"] += int((~known).sum())
         rows = np.flatnonzero(known)
         if not len(rows):
             return [], rejected
-        sets, lid = self._label_sets(p, rows, cached)
-        row_lid = lid[p.aset[rows]]
+        sets, lid = self._label_sets(columns, rows, cached)
+        row_lid = lid[columns.aset[rows]]
         prefix, suffix = _ranks([s.prefix_key for s in sets]), _ranks([s.suffix_key for s in sets])
         n_names, n_sets = len(self._name_rank), len(sets)
         key = (prefix[row_lid] * n_names + name[rows]) * n_sets + suffix[row_lid]  # the series' sort key
@@ -244,13 +245,13 @@ class SeriesWriter:
         keep = ~refused[series]
         rows, series = rows[keep], series[keep]
         # Each series' samples in time order (ties as they come); of two in one millisecond, the later.
-        order = np.lexsort((p.time_ns[rows], series))
+        order = np.lexsort((columns.time_ns[rows], series))
         rows, series = rows[order], series[order]
-        ms = p.time_ns[rows] // 1_000_000
+        ms = columns.time_ns[rows] // 1_000_000
         last = np.ones(len(rows), bool)
         last[:-1] = (series[1:] != series[:-1]) | (ms[1:] != ms[:-1])
         rows, series, ms = rows[last][done:], series[last][done:], ms[last][done:]
-        bits = np.where(p.ended[rows], _STALE_BITS, p.value[rows].view(np.int64))
+        bits = np.where(columns.ended[rows], _STALE_BITS, columns.value[rows].view(np.int64))
         labels, label_offsets, splits = _label_arena(sets)
         out = []
         for lo in range(0, len(rows), max_samples):

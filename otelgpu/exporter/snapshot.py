@@ -74,21 +74,21 @@ def encode(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = (),
            set_ids: Optional[np.ndarray] = None) -> bytes:
     """Format 2 with `set_ids` (per entry of the points' attribute table, its id in the queue's
     attribute log), else format 1, which carries the sets itself."""
-    p = Points.of(points)
-    head = {"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(p.metrics)}
+    packed = Points.of(points)
+    head = {"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(packed.metrics)}
     if set_ids is not None:
-        version, aset = 2, np.asarray(set_ids, np.uint32)[p.aset]
+        version, aset = 2, np.asarray(set_ids, np.uint32)[packed.aset]
     else:
-        used = np.zeros(len(p.attrs), dtype=bool)  # each attribute set the points use, once
-        used[p.aset] = True
+        used = np.zeros(len(packed.attrs), dtype=bool)  # each attribute set the points use, once
+        used[packed.aset] = True
         sets = np.flatnonzero(used)
-        local = np.zeros(len(p.attrs), np.uint32)
+        local = np.zeros(len(packed.attrs), np.uint32)
         local[sets] = np.arange(len(sets), dtype=np.uint32)
-        version, aset = 1, local[p.aset]
-        head["attrs"] = [p.attrs[i] for i in sets.tolist()]
+        version, aset = 1, local[packed.aset]
+        head["attrs"] = [packed.attrs[i] for i in sets.tolist()]
     table = json.dumps(head, separators=(",", ":")).encode()
-    columns = (p.metric, aset, p.start_ns, p.time_ns, p.value, p.ended)
-    body = b"".join([_HEADER.pack(MAGIC, version, 0, len(table), len(p)), table,
+    columns = (packed.metric, aset, packed.start_ns, packed.time_ns, packed.value, packed.ended)
+    body = b"".join([_HEADER.pack(MAGIC, version, 0, len(table), len(packed)), table,
                      *(np.ascontiguousarray(c, dtype=d).tobytes() for c, d in zip(columns, _COLUMNS))])
     return body + _CRC.pack(zlib.crc32(body))
 
@@ -98,20 +98,20 @@ def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotF
     SnapshotFormatError saying why they are unusable."""
     if len(data) < _HEADER.size + _CRC.size or data[:len(MAGIC)] != MAGIC:
         raise SnapshotFormatError("corrupt", "not an otelgpu snapshot (bad header)")
-    _, version, _, table_len, n = _HEADER.unpack_from(data)
+    _, version, _, table_len, n_point = _HEADER.unpack_from(data)
     if version not in (1, 2):
         raise SnapshotFormatError("incompatible",
                                   f"format v{version} is not readable by this otelgpu (reads v1 and v2)")
     if _CRC.unpack_from(data, len(data) - _CRC.size)[0] != zlib.crc32(memoryview(data)[:-_CRC.size]):
         raise SnapshotFormatError("corrupt", "checksum mismatch: the file is truncated or altered")
     at = _HEADER.size + table_len
-    if at + n * _POINT_BYTES + _CRC.size != len(data):
-        raise SnapshotFormatError("corrupt", f"length {len(data)} does not match {n} points")
+    if at + n_point * _POINT_BYTES + _CRC.size != len(data):
+        raise SnapshotFormatError("corrupt", f"length {len(data)} does not match {n_point} points")
     end_ns, absorbed, metrics, attrs = _table(data[_HEADER.size:at], version == 1)
     columns = []
     for dtype in _COLUMNS:
-        columns.append(np.frombuffer(data, dtype=dtype, count=n, offset=at).copy())
-        at += n * dtype.itemsize
+        columns.append(np.frombuffer(data, dtype=dtype, count=n_point, offset=at).copy())
+        at += n_point * dtype.itemsize
     if version == 2:
         ids, columns[1] = np.unique(columns[1], return_inverse=True)
         columns[1] = columns[1].reshape(-1)
@@ -121,7 +121,7 @@ def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotF
             raise SnapshotFormatError("corrupt", f"refers to {len(missing)} attribute set(s) not in the queue's "
                                                  f"attribute log (id {missing[0]})")
         attrs = [known[i] for i in ids.tolist()]
-    if n and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
+    if n_point and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
         raise SnapshotFormatError("corrupt", "a point refers to a metric or attribute set not in the table")
     return SnapshotFile(end_ns, Points(metrics, attrs, *columns), absorbed)
 

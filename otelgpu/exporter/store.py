@@ -40,22 +40,22 @@ class MetricSpec:
 
 
 def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
-    u = "{" + currency + "}"
+    unit = "{" + currency + "}"
     return {
-        "allocated": MetricSpec("gpu.cost.allocated", u, "sum",
+        "allocated": MetricSpec("gpu.cost.allocated", unit, "sum",
                                 "Cost of the capacity a pod holds under the cost model, in " + currency, "gpu_cost_allocated_total"),
-        "effective": MetricSpec("gpu.cost.effective", u, "sum",
+        "effective": MetricSpec("gpu.cost.effective", unit, "sum",
                                 "Allocated cost times measured activity", "gpu_cost_effective_total"),
-        "waste": MetricSpec("gpu.cost.waste", u, "sum",
+        "waste": MetricSpec("gpu.cost.waste", unit, "sum",
                             "Allocated cost of capacity held but not used", "gpu_cost_waste_total"),
-        "unmeasured": MetricSpec("gpu.cost.unmeasured", u, "sum",
+        "unmeasured": MetricSpec("gpu.cost.unmeasured", unit, "sum",
                                  "Allocated cost of units with no activity sample", "gpu_cost_unmeasured_total"),
-        "unused": MetricSpec("gpu.cost.unused", u, "sum",
+        "unused": MetricSpec("gpu.cost.unused", unit, "sum",
                              "Cost of capacity nobody held, handed to this holder (idle policy share, "
                              "SCAD's unused cost) or to the platform tags (idle policy platform)", "gpu_cost_unused_total"),
-        "idle": MetricSpec("gpu.cost.idle", u, "sum",
+        "idle": MetricSpec("gpu.cost.idle", unit, "sum",
                            "Cost of capacity nobody held, kept on the node", "gpu_cost_idle_total"),
-        "unattributed": MetricSpec("gpu.cost.unattributed", u, "sum",
+        "unattributed": MetricSpec("gpu.cost.unattributed", unit, "sum",
                                    "Allocated GPU cost (request allocation) not carrying all five tags, by reason: "
                                    "no_pod, pod_unknown, tag_missing", "gpu_cost_unattributed_total"),
         "held": MetricSpec("gpu.held", "s", "sum",
@@ -63,9 +63,9 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
         "provisioned": MetricSpec("gpu.provisioned", "s", "sum",
                                   "GPU-seconds of capacity on the node: its GPUs times seconds costed",
                                   "gpu_provisioned_seconds_total"),
-        "capacity": MetricSpec("gpu.cost.capacity", u, "sum",
+        "capacity": MetricSpec("gpu.cost.capacity", unit, "sum",
                                "Cost of the capacity the model splits: allocated + unused + idle", "gpu_cost_capacity_total"),
-        "tenant_cost": MetricSpec("gpu.cost.tenant", u, "sum",
+        "tenant_cost": MetricSpec("gpu.cost.tenant", unit, "sum",
                                   "What a serving pod is charged (allocated + unused) split among the tenants it "
                                   "served, by their weighted tokens (tenant, served_model); they add up to the pod",
                                   "gpu_cost_tenant_total"),
@@ -76,7 +76,7 @@ def cost_metrics(currency: str = "USD") -> dict[str, MetricSpec]:
                                "Time-weighted activity of the units a pod held in the last interval", "gpu_activity_ratio"),
         "tag_coverage": MetricSpec("gpu.cost.tag_coverage", "1", "gauge",
                                    "Share of allocated cost carrying the tag (tag=all: all five), per cluster and per namespace", "gpu_cost_tag_coverage_ratio"),
-        "tenant_cost_per_mtok": MetricSpec("gpu.cost.per_million_tokens", u, "gauge",
+        "tenant_cost_per_mtok": MetricSpec("gpu.cost.per_million_tokens", unit, "gauge",
                                            "Tenant cost per million tokens (prompt and generation) in the last "
                                            "interval, per cost model, served model and tenant, over the cluster",
                                            "gpu_cost_per_million_tokens"),
@@ -228,15 +228,15 @@ class CostStore:
         return row
 
     def _grow(self) -> None:
-        n = len(self._live)
+        n_live = len(self._live)
         for name in ("_metric", "_aset", "_start", "_value", "_quiet", "_born", "_live"):
             old = getattr(self, name)
-            new = np.zeros(2 * n, old.dtype)
-            new[:n] = old
+            new = np.zeros(2 * n_live, old.dtype)
+            new[:n_live] = old
             setattr(self, name, new)
-        self._free = np.zeros(2 * n, np.int32)  # room for every row
-        self._free[:n] = np.arange(2 * n - 1, n - 1, -1)  # lowest rows first
-        self._n_free = n
+        self._free = np.zeros(2 * n_live, np.int32)  # room for every row
+        self._free[:n_live] = np.arange(2 * n_live - 1, n_live - 1, -1)  # lowest rows first
+        self._n_free = n_live
 
     def _drop(self, rows: np.ndarray) -> None:
         asets = self._aset[rows].tolist()
@@ -253,21 +253,22 @@ class CostStore:
 
     def _columns(self, rows: np.ndarray, end_ns: int, table: list[Attrs], ended: bool = False) -> Points:
         """Sums of these rows at `end_ns`, over `table` (a copy of the attribute sets)."""
-        n = len(rows)
+        n_row = len(rows)
         return Points(self.metric_keys, table, self._metric[rows], self._aset[rows], self._start[rows],
-                      np.full(n, end_ns, np.int64), np.full(n, np.nan) if ended else self._value[rows],
-                      np.full(n, ended, bool))
+                      np.full(n_row, end_ns, np.int64), np.full(n_row, np.nan) if ended else self._value[rows],
+                      np.full(n_row, ended, bool))
 
     def _gauge_points(self, gauges: Mapping[str, "_Gauges"], time_ns: int, ended: bool = False) -> Points:
         parts = [(self._code[m], g) for m, g in gauges.items() if len(g)]
         if not parts:
             return Points.empty()
-        n = sum(len(g) for _, g in parts)
+        n_point = sum(len(g) for _, g in parts)
         return Points(self.metric_keys, [a for _, g in parts for a in g.keys],
                       np.concatenate([np.full(len(g.keys), code, np.uint16) for code, g in parts]),
-                      np.arange(n, dtype=np.uint32), np.full(n, time_ns, np.int64), np.full(n, time_ns, np.int64),
-                      np.full(n, np.nan) if ended else np.concatenate([g.values for _, g in parts]),
-                      np.full(n, ended, bool))
+                      np.arange(n_point, dtype=np.uint32), np.full(n_point, time_ns, np.int64),
+                      np.full(n_point, time_ns, np.int64),
+                      np.full(n_point, np.nan) if ended else np.concatenate([g.values for _, g in parts]),
+                      np.full(n_point, ended, bool))
 
     def points(self) -> Points:
         """Every live series at its latest point (what a scrape shows)."""
@@ -295,11 +296,11 @@ class CostStore:
             values = [(a, v) for m, a, v in self._sums() if m == metric]
             values += [(a, v) for (m, a), v in self._ended_totals.items() if m == metric]
         for attrs, value in values:
-            d = dict(attrs)
-            if where and any(d.get(k, "") != v for k, v in where.items()):
+            fields = dict(attrs)
+            if where and any(fields.get(k, "") != v for k, v in where.items()):
                 continue
-            k = tuple(d.get(x, "") for x in keys)
-            out[k] = out.get(k, 0.0) + value
+            key = tuple(fields.get(x, "") for x in keys)
+            out[key] = out.get(key, 0.0) + value
         return out
 
     def active_series(self) -> int:
@@ -339,14 +340,14 @@ class CostStore:
         table = (_AttrSets.read_table(**state["table"]) if "table" in state
                  else [tuple((str(k), str(v)) for k, v in a) for a in state["attrs"]])
         if "columns" in state:
-            c = state["columns"]
-            n = len(c["metric"])
-            if any(len(c[k]) != n for k in ("attrs", "start_ns", "value", "quiet")):
+            columns = state["columns"]
+            n_series = len(columns["metric"])
+            if any(len(columns[k]) != n_series for k in ("attrs", "start_ns", "value", "quiet")):
                 raise ValueError("store columns of different lengths")
             names = [str(m) for m in state["metrics"]] if "metrics" in state else None
-            metric = [names[int(m)] for m in c["metric"]] if names is not None else list(c["metric"])
-            rows = list(zip(metric, np.asarray(c["attrs"]).tolist(), np.asarray(c["start_ns"]).tolist(),
-                            np.asarray(c["value"]).tolist(), np.asarray(c["quiet"]).tolist()))
+            metric = [names[int(m)] for m in columns["metric"]] if names is not None else list(columns["metric"])
+            rows = list(zip(metric, np.asarray(columns["attrs"]).tolist(), np.asarray(columns["start_ns"]).tolist(),
+                            np.asarray(columns["value"]).tolist(), np.asarray(columns["quiet"]).tolist()))
         else:
             rows = [(m, a, start, value, quiet) for m, a, start, _, value, quiet in state["sums"]]
         restored = []
@@ -410,24 +411,24 @@ class _AttrSets:
         self._strings = _Strings()
 
     def add(self, attrs: Attrs) -> int:
-        i = self._index.get(attrs)
-        if i is None:
+        index = self._index.get(attrs)
+        if index is None:
             codes = np.array([self._strings.add(x) for pair in attrs for x in pair], np.uint32).tobytes()
             if self._free:
-                i = self._free.pop()
-                self.attrs[i], self._codes[i] = attrs, codes
-                self._users[i] = 0
+                index = self._free.pop()
+                self.attrs[index], self._codes[index] = attrs, codes
+                self._users[index] = 0
             else:
-                i = len(self.attrs)
+                index = len(self.attrs)
                 self.attrs.append(attrs)
                 self._codes.append(codes)
                 self._users.append(0)
-                if i == len(self._ids):
-                    self._ids = np.concatenate([self._ids, np.zeros(i, np.int64)])
-            self._ids[i] = id(attrs)
-            self._index[attrs] = i
-        self._users[i] += 1
-        return i
+                if index == len(self._ids):
+                    self._ids = np.concatenate([self._ids, np.zeros(index, np.int64)])
+            self._ids[index] = id(attrs)
+            self._index[attrs] = index
+        self._users[index] += 1
+        return index
 
     def release(self, sets: list[int]) -> None:
         """One user fewer for each of `sets` (a set twice: two fewer); a set left without users
@@ -486,20 +487,20 @@ class _Strings:
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, text: str) -> int:
-        i = self._ids.get(text)
-        if i is None:
+        index = self._ids.get(text)
+        if index is None:
             utf8 = text.encode("utf-8", "surrogatepass")
             if self._free:
-                i = self._free.pop()
-                self._utf8[i], self._refs[i] = utf8, 0
+                index = self._free.pop()
+                self._utf8[index], self._refs[index] = utf8, 0
             else:
-                i = len(self._utf8)
+                index = len(self._utf8)
                 self._utf8.append(utf8)
                 self._refs.append(0)
-            self._ids[text] = i
+            self._ids[text] = index
             self._cache = None
-        self._refs[i] += 1
-        return i
+        self._refs[index] += 1
+        return index
 
     def release(self, codes: np.ndarray) -> None:
         """One reference fewer per occurrence of an id in `codes`; a string left without is forgotten."""

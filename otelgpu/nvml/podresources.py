@@ -39,15 +39,16 @@ _MESSAGES: dict[str, list[tuple[str, int, int, bool, str]]] = {
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    f = descriptor_pb2.FileDescriptorProto(name="otelgpu/nvml/podresources/v1/api.proto", package="v1",
+    proto = descriptor_pb2.FileDescriptorProto(name="otelgpu/nvml/podresources/v1/api.proto", package="v1",
                                            syntax="proto3")
     for name, fields in _MESSAGES.items():
-        m = f.message_type.add(name=name)
+        message = proto.message_type.add(name=name)
         for field_name, number, kind, repeated, type_name in fields:
-            fd = m.field.add(name=field_name, number=number, type=kind, label=_REPEATED if repeated else _OPTIONAL)
+            fd = message.field.add(name=field_name, number=number, type=kind,
+                                   label=_REPEATED if repeated else _OPTIONAL)
             if type_name:
                 fd.type_name = f".v1.{type_name}"
-    return f
+    return proto
 
 
 _POOL = descriptor_pool.DescriptorPool()

@@ -202,8 +202,8 @@ class ColumnarDecoder:
 
     def sweep(self, cutoff_ns: int) -> None:
         """Drop the label sets no accepted point carried since `cutoff_ns`."""
-        n = self.sets
-        keep = np.flatnonzero(self.set_seen[:n] >= cutoff_ns)
+        n_set = self.sets
+        keep = np.flatnonzero(self.set_seen[:n_set] >= cutoff_ns)
         set_pieces, self.set_off = _gather(self.set_pieces, self.set_off, keep)
         used, renumbered = np.unique(set_pieces, return_inverse=True)  # the pieces kept sets still use
         self.set_pieces = renumbered.reshape(-1).astype(np.int32)
@@ -231,7 +231,7 @@ class ColumnarDecoder:
     def _scan(self, buf: np.ndarray, floor: int, horizon: int) -> Optional[dict[str, np.ndarray]]:
         cap, rcap = max(16, min(len(buf) // 64, SCAN_POINTS)), 64
         while True:
-            c = {
+            columns = {
                 "p_metric": np.empty(cap, np.int16), "p_res": np.empty(cap, np.int32),
                 "p_time": np.empty(cap, np.int64), "p_value": np.empty(cap, np.float64),
                 "p_flags": np.empty(cap, np.int64),
@@ -240,22 +240,23 @@ class ColumnarDecoder:
                 "r_res": np.empty((rcap, 2), np.int64), "r_live": np.empty(rcap, np.int64),
                 "wrong": np.zeros((len(_NAME_METRIC), len(wire.WHICH)), np.int64),
             }
-            status, n, nres, ignored = wire.scan(
+            status, n_point, nres, ignored = wire.scan(
                 buf, _NAME_BLOB, _NAME_OFF, _NAME_CODE, wire.SCHEMA.kind, self.slots, self.set_hash, self.set_pieces,
                 self.set_off, self.pieces, self.piece_off, self.seed, floor, horizon, self.limits.max_attributes,
-                c["p_metric"], c["p_res"], c["p_time"], c["p_value"], c["p_flags"], c["p_set"],
-                c["p_hash"], c["p_dp"], c["r_res"], c["r_live"], c["wrong"])
+                columns["p_metric"], columns["p_res"], columns["p_time"], columns["p_value"], columns["p_flags"],
+                columns["p_set"], columns["p_hash"], columns["p_dp"], columns["r_res"], columns["r_live"],
+                columns["wrong"])
             if status != wire.OK:
                 return None
-            if n <= cap and nres <= rcap:
+            if n_point <= cap and nres <= rcap:
                 break
-            cap, rcap = max(cap, n), max(rcap, nres)
-        out = {k: (v[:n] if k.startswith("p_") else v[:nres]) for k, v in c.items() if k != "wrong"}
+            cap, rcap = max(cap, n_point), max(rcap, nres)
+        out = {k: (v[:n_point] if k.startswith("p_") else v[:nres]) for k, v in columns.items() if k != "wrong"}
         name = out["p_metric"]
         with np.errstate(invalid="ignore"):  # a signalling NaN: judged as any NaN
             out["p_metric"], out["p_value"] = _NAME_METRIC[name], out["p_value"] * _NAME_SCALE[name]
         out["wrong"] = np.zeros((_CODES, len(wire.WHICH)), np.int64)
-        np.add.at(out["wrong"], _NAME_METRIC, c["wrong"])
+        np.add.at(out["wrong"], _NAME_METRIC, columns["wrong"])
         out["ignored"] = np.int64(ignored)
         return out
 
@@ -281,36 +282,36 @@ class ColumnarDecoder:
         labels = wanted_labels(point.attributes, self.limits)
         shape = label_shape(len(point.attributes), labels, self.limits)
         codes = [] if shape.problem else [(self.strings.code(k), self.strings.code(v)) for k, v in labels]
-        s = self.sets
-        self.set_hash = _grown(self.set_hash, s + 1)
-        self.set_shape = _grown(self.set_shape, s + 1)
-        self.set_seen = _grown(self.set_seen, s + 1)
-        self.set_off = _grown(self.set_off, s + 2)
-        self.label_off = _grown(self.label_off, s + 2)
-        at, fields = int(self.set_off[s]), self.limits.max_attributes  # a set of more is never entered
+        set_id = self.sets
+        self.set_hash = _grown(self.set_hash, set_id + 1)
+        self.set_shape = _grown(self.set_shape, set_id + 1)
+        self.set_seen = _grown(self.set_seen, set_id + 1)
+        self.set_off = _grown(self.set_off, set_id + 2)
+        self.label_off = _grown(self.label_off, set_id + 2)
+        at, fields = int(self.set_off[set_id]), self.limits.max_attributes  # a set of more is never entered
         self.set_pieces = _grown(self.set_pieces, at + fields)
         self.piece_hash = _grown(self.piece_hash, self.n_pieces + fields)
         self.piece_off = _grown(self.piece_off, self.n_pieces + fields + 1)
         self.pieces = _grown(self.pieces, int(self.piece_off[self.n_pieces]) + (end - start))
         if 2 * (self.n_pieces + fields) > len(self.piece_slots):
             self._rehash_pieces(1 << (2 * (self.n_pieces + fields)).bit_length())
-        n, self.n_pieces = wire.enter_pieces(buf, start, end, self.seed, self.piece_slots, self.piece_hash, self.pieces,
-                                             self.piece_off, self.n_pieces, self.set_pieces[at:])
-        self.set_off[s + 1] = at + n
-        lat = int(self.label_off[s])
+        n_piece, self.n_pieces = wire.enter_pieces(buf, start, end, self.seed, self.piece_slots, self.piece_hash,
+                                                   self.pieces, self.piece_off, self.n_pieces, self.set_pieces[at:])
+        self.set_off[set_id + 1] = at + n_piece
+        lat = int(self.label_off[set_id])
         self.label_key = _grown(self.label_key, lat + len(codes))
         self.label_val = _grown(self.label_val, lat + len(codes))
         if codes:
             self.label_key[lat:lat + len(codes)], self.label_val[lat:lat + len(codes)] = zip(*codes)
-        self.label_off[s + 1] = lat + len(codes)
-        self.set_hash[s] = hashed
-        self.set_shape[s] = self._shape(shape)
-        self.set_seen[s] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
-        self.sets = s + 1
+        self.label_off[set_id + 1] = lat + len(codes)
+        self.set_hash[set_id] = hashed
+        self.set_shape[set_id] = self._shape(shape)
+        self.set_seen[set_id] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
+        self.sets = set_id + 1
         if 2 * self.sets > len(self.slots):
             self._rehash(2 * len(self.slots))
         else:
-            wire.place_set(self.slots, self.set_hash, s)
+            wire.place_set(self.slots, self.set_hash, set_id)
 
     def _shape(self, shape: LabelShape) -> int:
         index = self._shape_index.get(shape)
@@ -376,7 +377,7 @@ def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str
              trust: Optional[SourceTrust] = None) -> tuple[PointBatch, np.ndarray]:
     """The batch, and the scanned points it kept (indices into c's columns). `own_keys`: the codes
     of `namespace` and `pod`, which points of OWN_POD_METRICS take from their resource."""
-    metric, t = columns["p_metric"].astype(np.int64), columns["p_time"]
+    metric, time_ns = columns["p_metric"].astype(np.int64), columns["p_time"]
     value, sets = columns["p_value"], columns["p_set"]
     stale = (columns["p_flags"] & NO_RECORDED_VALUE) != 0
     rejected: Counter[Rejection] = Counter()
@@ -390,7 +391,7 @@ def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str
     homeless = own & (res_ns[columns["p_res"]] < 0)
     for m, n in zip(*np.unique(metric[homeless], return_counts=True)):
         rejected[own_pod_problem(METRIC_NAME[int(m)])] += int(n)
-    ok = _checked(metric, t, value, sets, stale, ~untrusted & ~homeless, floor, horizon, set_shape, shapes,
+    ok = _checked(metric, time_ns, value, sets, stale, ~untrusted & ~homeless, floor, horizon, set_shape, shapes,
                   shape_ok, shape_q, rejected)
     for m, which in zip(*np.nonzero(columns["wrong"])):
         rejected[wrong_type(METRIC_NAME[int(m)], wire.WHICH[which])] += int(columns["wrong"][m, which])
@@ -402,7 +403,7 @@ def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str
     chosen = sets[rows].astype(np.int64)
     keys, off = _gather(label_key, label_off, chosen)
     vals, _ = _gather(label_val, label_off, chosen)
-    times = t[rows]
+    times = time_ns[rows]
     batch = PointBatch(metric[rows].astype(np.int16), times, np.where(stale[rows], np.nan, value[rows]),
                        stale[rows], res_node[res] if len(rows) else np.zeros(0, np.int32),
                        res_pod[res] if len(rows) else np.zeros(0, np.int32), off, keys, vals,
@@ -425,28 +426,29 @@ def _refused(rejected: Counter[Rejection], trust: Optional[SourceTrust], resourc
                           resources[r][2])
 
 
-def _checked(metric: np.ndarray, time: np.ndarray, value: np.ndarray, sets: np.ndarray, stale: np.ndarray,
+def _checked(metric: np.ndarray, time_ns: np.ndarray, value: np.ndarray, sets: np.ndarray, stale: np.ndarray,
              judged: np.ndarray, floor: int, horizon: int, set_shape: np.ndarray, shapes: list[LabelShape],
              shape_ok: np.ndarray, shape_q: np.ndarray, rejected: Counter[Rejection]) -> np.ndarray:
     """Which of the `judged` points are usable. The checks every usable point passes run over
     whole columns; a point failing one is judged alone, and counted by its reason."""
     known = sets >= 0
     shape = np.where(known, set_shape[np.where(known, sets, 0)] if len(set_shape) else 0, 0)
-    ok = known & (time != 0) & (time <= horizon) & (time >= floor)
+    ok = known & (time_ns != 0) & (time_ns <= horizon) & (time_ns >= floor)
     if len(shapes):
         ok &= shape_ok[shape, metric]
-        q = shape_q[shape]
+        bounds = shape_q[shape]
         with np.errstate(invalid="ignore"):
             in_range = np.isfinite(value) & (_LO[metric] <= value) & (value <= _HI[metric])
-            quantity = (q[:, 0] <= value) & (value <= q[:, 1]) & ((q[:, 2] == 0) | (value == np.floor(value)))
+            whole = (bounds[:, 2] == 0) | (value == np.floor(value))
+            quantity = (bounds[:, 0] <= value) & (value <= bounds[:, 1]) & whole
         ok &= stale | (in_range & (~_QUANTITY[metric] | quantity))
     ok &= judged
     for i in np.flatnonzero(~ok & judged).tolist():
-        name, m = METRIC_NAME[int(metric[i])], int(metric[i])
-        s = int(sets[i])
-        label = TOO_MANY_LABELS if s == -2 else shapes[int(set_shape[s])]
-        reason = (time_problem(name, int(time[i]), floor, horizon)
-                  or point_problem(name, m, label, bool(stale[i]), float(value[i])))
+        name, code = METRIC_NAME[int(metric[i])], int(metric[i])
+        set_id = int(sets[i])
+        label = TOO_MANY_LABELS if set_id == -2 else shapes[int(set_shape[set_id])]
+        reason = (time_problem(name, int(time_ns[i]), floor, horizon)
+                  or point_problem(name, code, label, bool(stale[i]), float(value[i])))
         if reason is not None:
             rejected[reason] += 1
         else:
@@ -475,8 +477,9 @@ def warm_up() -> str:
     from otelgpu.core.jit import how_loaded
 
     req = ExportMetricsServiceRequest()
-    m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="DCGM_FI_DEV_GPU_UTIL")
-    m.gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=1.0).attributes.add(key="UUID").value.string_value = "x"
+    metric = req.resource_metrics.add().scope_metrics.add().metrics.add(name="DCGM_FI_DEV_GPU_UTIL")
+    metric.gauge.data_points.add(time_unix_nano=time.time_ns(),
+                                 as_double=1.0).attributes.add(key="UUID").value.string_value = "x"
     raw = req.SerializeToString()
     decoder = ColumnarDecoder(Interner())
     decoder.decode(raw)

@@ -101,19 +101,19 @@ class PointBatch(Coded):
     def with_labels(self, rows: np.ndarray, keys: tuple[int, ...], values: np.ndarray) -> "PointBatch":
         """The batch with rows `rows` (indices) given labels `keys` = `values` (one row of codes per
         row), last, in place of any labels of those keys they carry."""
-        n, k = len(self), len(keys)
+        n_point, n_key = len(self), len(keys)
         entry_row = self.rows_of_attrs()
-        stamped = np.zeros(n, bool)
+        stamped = np.zeros(n_point, bool)
         stamped[rows] = True
         keep = ~(stamped[entry_row] & np.isin(self.attr_key, keys))
-        kept = np.bincount(entry_row[keep], minlength=n)
-        off = np.zeros(n + 1, np.int64)
-        np.cumsum(kept + stamped * k, out=off[1:])
+        kept = np.bincount(entry_row[keep], minlength=n_point)
+        off = np.zeros(n_point + 1, np.int64)
+        np.cumsum(kept + stamped * n_key, out=off[1:])
         key, val = np.empty(int(off[-1]), np.int32), np.empty(int(off[-1]), np.int32)
         kept_off = np.concatenate([np.zeros(1, np.int64), np.cumsum(kept)])
         at = off[entry_row[keep]] + np.arange(int(keep.sum())) - kept_off[entry_row[keep]]
         key[at], val[at] = self.attr_key[keep], self.attr_val[keep]
-        tail = (off[rows] + kept[rows])[:, None] + np.arange(k)
+        tail = (off[rows] + kept[rows])[:, None] + np.arange(n_key)
         key[tail], val[tail] = np.asarray(keys, np.int32)[None, :], values
         return PointBatch(self.metric, self.time_ns, self.value, self.stale, self.resource_node, self.resource_pod,
                           off, key, val, self.rejected, self.ignored, self.sources, self.wal, self.epoch)
@@ -248,8 +248,8 @@ class _Decoding:
             return 0
         name = METRIC_NAME[mcode]  # in reasons: one name per metric, whichever it arrived under
         if which not in ("gauge", "sum"):
-            n = len(getattr(metric, which).data_points) if which else 0
-            self.rejected[wrong_type(name, which)] += max(n, 1)
+            n_point = len(getattr(metric, which).data_points) if which else 0
+            self.rejected[wrong_type(name, which)] += max(n_point, 1)
             return 0
         kind = int(KIND_OF_METRIC[mcode])
         if not allowed & kind:

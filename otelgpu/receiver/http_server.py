@@ -81,16 +81,16 @@ def _inflate(body: bytes, limit: int) -> bytes:
         raise PermanentError(f"decompressed body exceeds {limit} bytes (declared size)", too_large=True)
     out = bytearray()
     while body:
-        d = isal_zlib.decompressobj(wbits=16 + isal_zlib.MAX_WBITS)
+        inflater = isal_zlib.decompressobj(wbits=16 + isal_zlib.MAX_WBITS)
         try:
-            out += d.decompress(body, limit + 1 - len(out))
+            out += inflater.decompress(body, limit + 1 - len(out))
         except isal_zlib.error as exc:
             raise PermanentError(f"invalid gzip body: {exc}") from None
-        if len(out) > limit or d.unconsumed_tail:
+        if len(out) > limit or inflater.unconsumed_tail:
             raise PermanentError(f"decompressed body exceeds {limit} bytes", too_large=True)
-        if not d.eof:
+        if not inflater.eof:
             raise PermanentError("truncated gzip body")
-        body = d.unused_data
+        body = inflater.unused_data
     return bytes(out)
 
 
@@ -129,21 +129,22 @@ class HttpReceiver:
             if self._started or self._stopped:
                 return
             self._started = True
-        c = self.config
-        host, port = split_endpoint(c.endpoint)
-        tls, tokens, security = server_security(c, "receiver.http", self.metrics)
-        limits = httpserver.Limits(max_connections=c.max_connections, header_timeout_s=c.idle_timeout_seconds,
-                                   body_timeout_s=c.read_timeout_seconds, write_timeout_s=c.read_timeout_seconds,
-                                   max_body_bytes=self.max_body_bytes, workers=WORKERS, queued=c.max_connections)
+        config = self.config
+        host, port = split_endpoint(config.endpoint)
+        tls, tokens, security = server_security(config, "receiver.http", self.metrics)
+        limits = httpserver.Limits(max_connections=config.max_connections, header_timeout_s=config.idle_timeout_seconds,
+                                   body_timeout_s=config.read_timeout_seconds,
+                                   write_timeout_s=config.read_timeout_seconds,
+                                   max_body_bytes=self.max_body_bytes, workers=WORKERS, queued=config.max_connections)
         server = httpserver.BoundedServer("otlp-http", host, port, self._handle, limits, screen=self._screen,
                                           error=self._error, refused=self._refused, tls=tls, tokens=tokens,
                                           memory=self.memory)
         try:
             server.start()
         except OSError as exc:
-            raise ConfigError([f"receiver.http.endpoint: cannot listen on {c.endpoint}: {exc}"]) from exc
+            raise ConfigError([f"receiver.http.endpoint: cannot listen on {config.endpoint}: {exc}"]) from exc
         self._server, self.port = server, server.port
-        log.info("OTLP/HTTP receiver listening on %s (port %d, %s)", c.endpoint, self.port, security)
+        log.info("OTLP/HTTP receiver listening on %s (port %d, %s)", config.endpoint, self.port, security)
 
     def shutdown(self, deadline: Optional[float] = None) -> None:
         """Stop accepting and close idle connections; requests under way are answered until

@@ -46,15 +46,15 @@ class Interner:
         self.epoch = 0  # compactions so far: codes of different epochs must never meet
 
     def code(self, text: str) -> int:
-        c = self._codes.get(text)
-        if c is None:
+        found = self._codes.get(text)
+        if found is None:
             with self._lock:
-                c = self._codes.get(text)
-                if c is None:
-                    c = len(self._strings)
+                found = self._codes.get(text)
+                if found is None:
+                    found = len(self._strings)
                     self._strings.append(text)
-                    self._codes[text] = c
-        return c
+                    self._codes[text] = found
+        return found
 
     def find(self, text: str) -> int:
         """The code of `s` if it is interned, else -1 (never adds)."""

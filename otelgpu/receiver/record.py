@@ -31,7 +31,7 @@ def encode_batch(batch: PointBatch, strings: Interner) -> bytes:
     codes = np.flatnonzero(present)
     table = strings.strings()
     text = [table[c].encode() for c in codes.tolist()] + [s.encode() for s in batch.sources]
-    n, na = len(batch), len(batch.attr_key)
+    n_point, na = len(batch), len(batch.attr_key)
     where = np.full(len(present), -1, dtype=np.int32)
     where[codes] = np.arange(len(codes), dtype=np.int32)
 
@@ -41,7 +41,7 @@ def encode_batch(batch: PointBatch, strings: Interner) -> bytes:
         return out
 
     parts = [
-        _HEAD.pack(VERSION, n, na, len(codes), len(batch.sources)),
+        _HEAD.pack(VERSION, n_point, na, len(codes), len(batch.sources)),
         np.array([len(t) for t in text], dtype="<u4").tobytes(), b"".join(text),
         batch.metric.astype("<i2").tobytes(), batch.time_ns.astype("<i8").tobytes(),
         batch.value.astype("<f8").tobytes(), batch.stale.astype(np.uint8).tobytes(),
@@ -71,12 +71,12 @@ class _Reader:
 
 def decode_batch(data: bytes, strings: Interner) -> PointBatch:
     """The batch a record holds, its strings interned in `strings`. RecordError if malformed."""
-    r = _Reader(data)
-    version, n, na, ns, nsrc = _HEAD.unpack(r.take(_HEAD.size))
+    reader = _Reader(data)
+    version, n_point, na, ns, nsrc = _HEAD.unpack(reader.take(_HEAD.size))
     if version != VERSION:
         raise RecordError(f"record version {version}, this otelgpu reads {VERSION}")
-    lengths = r.array("<u4", ns + nsrc)
-    blob = bytes(r.take(int(lengths.sum())))
+    lengths = reader.array("<u4", ns + nsrc)
+    blob = bytes(reader.take(int(lengths.sum())))
     bounds = [0] + np.cumsum(lengths.astype(np.int64)).tolist()
     try:
         text = [blob[a:b].decode() for a, b in zip(bounds, bounds[1:])]
@@ -89,16 +89,16 @@ def decode_batch(data: bytes, strings: Interner) -> PointBatch:
             raise RecordError("label reference outside the string table")
         return codes[col]
 
-    metric, time_ns, value = r.array("<i2", n), r.array("<i8", n), r.array("<f8", n)
-    stale = r.array("u1", n).astype(bool)
-    node, pod = codes_of(r.array("<i4", n)), codes_of(r.array("<i4", n))
-    counts = r.array("<u4", n).astype(np.int64)
+    metric, time_ns, value = reader.array("<i2", n_point), reader.array("<i8", n_point), reader.array("<f8", n_point)
+    stale = reader.array("u1", n_point).astype(bool)
+    node, pod = codes_of(reader.array("<i4", n_point)), codes_of(reader.array("<i4", n_point))
+    counts = reader.array("<u4", n_point).astype(np.int64)
     off = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
     if off[-1] != na:
         raise RecordError("label counts do not add up")
-    key, val = codes_of(r.array("<i4", na)), codes_of(r.array("<i4", na))
-    newest = r.array("<i8", nsrc)
-    if r.at != len(r.data):
+    key, val = codes_of(reader.array("<i4", na)), codes_of(reader.array("<i4", na))
+    newest = reader.array("<i8", nsrc)
+    if reader.at != len(reader.data):
         raise RecordError("trailing bytes after the record")
     return PointBatch(metric, time_ns, value, stale, node, pod, off, key, val,
                       sources=dict(zip(text[ns:], newest.tolist())))

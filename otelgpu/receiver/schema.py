@@ -187,8 +187,8 @@ def small_int(value: str, lo: int, hi: int) -> int | None:
     and 20-digit numbers are not GPU counts)."""
     if not (value.isascii() and value.isdigit() and len(value) <= 6):
         return None
-    n = int(value)
-    return n if lo <= n <= hi else None
+    number = int(value)
+    return number if lo <= number <= hi else None
 
 
 def gpu_count_label(value: str) -> int | None:

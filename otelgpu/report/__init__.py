@@ -26,18 +26,19 @@ def parse_time(text: str) -> float:
 def write_csv(showback: Showback, out: TextIO) -> None:
     """One row per group, largest charge first, then `(idle)` and `(total)` (the capacity, what the
     rows and the idle add up to). Money in the currency of the series; shares of the capacity."""
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow([*(showback.by or ("group",)), *FIGURES, "share_of_capacity"])
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*(showback.by or ("group",)), *FIGURES, "share_of_capacity"])
     blank = [""] * max(len(showback.by) - 1, 0)
     for r in showback.rows:
         values = [r.charged, r.allocated, r.unused, r.effective, r.waste, r.unmeasured, r.gpu_hours, r.cost_per_gpu_hour]
-        w.writerow([*(r.key or ("everything",)), *map(_number, values),
+        writer.writerow([*(r.key or ("everything",)), *map(_number, values),
                     _number(r.charged / showback.capacity if showback.capacity else math.nan)])
     idle = [showback.idle, 0, showback.idle, 0, 0, 0, 0, math.nan]
-    w.writerow(["(idle)", *blank, *map(_number, idle), _number(showback.idle_share)])
-    t = showback.total
-    total = [showback.capacity, t.allocated, t.unused, t.effective, t.waste, t.unmeasured, t.gpu_hours, math.nan]
-    w.writerow(["(total)", *blank, *map(_number, total), _number(1.0 if showback.capacity else math.nan)])
+    writer.writerow(["(idle)", *blank, *map(_number, idle), _number(showback.idle_share)])
+    overall = showback.total
+    total = [showback.capacity, overall.allocated, overall.unused, overall.effective, overall.waste,
+             overall.unmeasured, overall.gpu_hours, math.nan]
+    writer.writerow(["(total)", *blank, *map(_number, total), _number(1.0 if showback.capacity else math.nan)])
 
 
 def _number(value: float) -> str:

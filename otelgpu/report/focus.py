@@ -164,20 +164,20 @@ class _Reading:
             self._origin(k, labels).charge("idle", {}).parts[(labels.get("resource", "gpu"), "idle")] += value
         for metric, part in (("allocated", "held"), ("unused", "unused")):
             for k, labels, value in self._read(NAMES[metric], self.money):
-                c = self._origin(k, labels).charge(_kind(labels), _holder(labels))
-                c.parts[(labels.get("resource", "gpu"), part)] += value
+                charge = self._origin(k, labels).charge(_kind(labels), _holder(labels))
+                charge.parts[(labels.get("resource", "gpu"), part)] += value
         for metric, attr in (("effective", "used"), ("waste", "waste"), ("unmeasured", "unmeasured")):
             for k, labels, value in self._read(NAMES[metric], self.money):
-                c = self._origin(k, labels).charge(_kind(labels), _holder(labels))
-                setattr(c, attr, getattr(c, attr) + value)
+                charge = self._origin(k, labels).charge(_kind(labels), _holder(labels))
+                setattr(charge, attr, getattr(charge, attr) + value)
         for k, labels, value in self._read(HELD, self.matchers):  # the same under every model
-            o = self.found.get((k, labels.get("cluster", ""), labels.get("node", "")))
-            if o is not None:
-                o.charge(_kind(labels), _holder(labels)).gpu_seconds += value
+            origin = self.found.get((k, labels.get("cluster", ""), labels.get("node", "")))
+            if origin is not None:
+                origin.charge(_kind(labels), _holder(labels)).gpu_seconds += value
         for k, labels, value in self._read(PROVISIONED, self.matchers):
-            o = self.found.get((k, labels.get("cluster", ""), labels.get("node", "")))
-            if o is not None:
-                o.gpu_seconds += value
+            origin = self.found.get((k, labels.get("cluster", ""), labels.get("node", "")))
+            if origin is not None:
+                origin.gpu_seconds += value
         return self.found
 
     def _read(self, name: str, selection: Labels) -> Iterator[tuple[int, Labels, float]]:
@@ -192,11 +192,11 @@ class _Reading:
         where = (period, labels.get("cluster", ""), labels.get("node", ""))
         if where not in self.found:
             self.found[where] = Origin(self.bounds[period], self.bounds[period + 1], where[1], where[2], {})
-        o = self.found[where]
+        origin = self.found[where]
         for name in ("instance_type", "capacity_type", "gpu_model", "idle_policy", "price_source"):
-            if labels.get(name) and not o.labels.get(name):
-                o.labels[name] = labels[name]
-        return o
+            if labels.get(name) and not origin.labels.get(name):
+                origin.labels[name] = labels[name]
+        return origin
 
 
 def _settled(origins: dict[tuple[int, str, str], Origin], warnings: list[str]) -> list[Origin]:
@@ -244,26 +244,26 @@ def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
         by_node[(cluster, node)].append((k, o))
     merged = 0
     for (cluster, node), periods in by_node.items():
-        i = 0
-        while i < len(periods):
-            first = periods[i][1]
-            gap, capacity, j = _gap(first), first.capacity, i
+        start = 0
+        while start < len(periods):
+            first = periods[start][1]
+            gap, capacity, end = _gap(first), first.capacity, start
             month = _month(first.start)
             while abs(gap) > TOLERANCE * max(capacity, 1e-300):
-                j += 1
+                end += 1
                 # Periods without any series in between are spanned: an outage leaves such holes.
-                if j == len(periods) or periods[j][0] - periods[i][0] >= MAX_MERGED \
-                        or _month(periods[j][1].start) != month:
-                    j = i  # not within reach: this period stays apart
+                if end == len(periods) or periods[end][0] - periods[start][0] >= MAX_MERGED \
+                        or _month(periods[end][1].start) != month:
+                    end = start  # not within reach: this period stays apart
                     break
-                gap += _gap(periods[j][1])
-                capacity += periods[j][1].capacity
-            if j > i:
-                for k, o in periods[i + 1:j + 1]:
+                gap += _gap(periods[end][1])
+                capacity += periods[end][1].capacity
+            if end > start:
+                for k, o in periods[start + 1:end + 1]:
                     _absorb(first, o)
                     del origins[(k, cluster, node)]
-                merged += j - i
-            i = j + 1
+                merged += end - start
+            start = end + 1
     return merged
 
 
@@ -356,21 +356,21 @@ def _resource_id(origin: Origin, charge: Charge) -> Optional[str]:
     cluster/namespace; none for the unallocated portion."""
     if charge.kind != "holder":
         return None
-    h = charge.labels
-    if h.get("pod"):
-        path = [h.get("namespace", ""), h["pod"]]
-    elif h.get("workload_name"):
-        path = [h.get("namespace", ""), h.get("workload_kind", ""), h["workload_name"]]
-    elif h.get("namespace"):
-        path = [h["namespace"]]
+    labels = charge.labels
+    if labels.get("pod"):
+        path = [labels.get("namespace", ""), labels["pod"]]
+    elif labels.get("workload_name"):
+        path = [labels.get("namespace", ""), labels.get("workload_kind", ""), labels["workload_name"]]
+    elif labels.get("namespace"):
+        path = [labels["namespace"]]
     else:
         path = ["(unknown holder)"]
     return "/".join([origin.cluster, *path] if origin.cluster else path)
 
 
 def _resource_name(charge: Charge) -> str:
-    h = charge.labels
-    return h.get("pod") or h.get("workload_name") or h.get("namespace") or "(unknown holder)"
+    labels = charge.labels
+    return labels.get("pod") or labels.get("workload_name") or labels.get("namespace") or "(unknown holder)"
 
 
 def _tags(charge: Charge) -> Optional[str]:
@@ -403,9 +403,9 @@ def _description(origin: Origin, charge: Charge, cost_model: str, node: dict[str
 
 
 def _month(time_s: float) -> tuple[float, float]:
-    d = datetime.fromtimestamp(time_s, timezone.utc)
-    first = datetime(d.year, d.month, 1, tzinfo=timezone.utc)
-    after = datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=timezone.utc)
+    moment = datetime.fromtimestamp(time_s, timezone.utc)
+    first = datetime(moment.year, moment.month, 1, tzinfo=timezone.utc)
+    after = datetime(moment.year + moment.month // 12, moment.month % 12 + 1, 1, tzinfo=timezone.utc)
     return first.timestamp(), after.timestamp()
 
 
@@ -415,8 +415,8 @@ def _text(column: str, value: object) -> str:
     if column in DATES:
         return datetime.fromtimestamp(float(value), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[arg-type]
     if column in DECIMALS:
-        x = float(value)  # type: ignore[arg-type]
-        return repr(x) if math.isfinite(x) else ""  # always with a point or an exponent: a decimal
+        number = float(value)  # type: ignore[arg-type]
+        return repr(number) if math.isfinite(number) else ""  # always with a point or an exponent: a decimal
     return str(value)
 
 
@@ -424,13 +424,13 @@ def write_csv(data: Dataset, out: TextIO, provider: Provider, currency: str = "U
     """The dataset as CSV (a header, then a row per allocated charge); returns the rows written."""
     import csv
 
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(COLUMNS)
-    n = 0
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    written = 0
     for row in rows(data, provider, currency):
-        w.writerow([_text(c, row[c]) for c in COLUMNS])
-        n += 1
-    return n
+        writer.writerow([_text(c, row[c]) for c in COLUMNS])
+        written += 1
+    return written
 
 
 def write_parquet(data: Dataset, path: str, provider: Provider, currency: str = "USD") -> int:

@@ -38,11 +38,11 @@ def write_html(showback: Showback, out: TextIO, currency: str = "USD") -> None:
     money = _money(currency)
     period = f"{_utc(showback.start)} to {_utc(showback.end)}"
     selection = ", ".join(f"{k}={v}" for k, v in sorted(showback.matchers.items()))
-    t = showback.total
+    total = showback.total
     cards = [("capacity", money(showback.capacity)), ("charged", money(showback.charged)),
              ("idle", f"{money(showback.idle)} ({_percent(showback.idle_share)})"),
              ("unattributed", money(showback.unattributed)),
-             ("GPU-hours held", f"{t.gpu_hours:,.2f}"), ("cost per GPU-hour", money(t.cost_per_gpu_hour))]
+             ("GPU-hours held", f"{total.gpu_hours:,.2f}"), ("cost per GPU-hour", money(total.cost_per_gpu_hour))]
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>GPU showback, {escape(period)}"
              f"</title><style>{STYLE}</style></head><body>",
              f"<h1>GPU showback by {escape(', '.join(showback.by) or 'everything')}</h1>",
@@ -93,17 +93,18 @@ def _bars(showback: Showback, money) -> str:  # noqa: ANN001
     svg = [f"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{label_w + bar_w + 120}\" height=\"{height}\" "
            f"role=\"img\" aria-label=\"charged per group\">"]
     for i, (name, segments, charged) in enumerate(groups):
-        y = 4 + i * row_h
-        svg.append(f"<text x=\"{label_w - 8}\" y=\"{y + 16}\" text-anchor=\"end\" font-size=\"12\">{escape(_cut(name))}"
-                   f"<title>{escape(name)}</title></text>")
-        x = float(label_w)
+        top = 4 + i * row_h
+        svg.append(f"<text x=\"{label_w - 8}\" y=\"{top + 16}\" text-anchor=\"end\" font-size=\"12\">"
+                   f"{escape(_cut(name))}<title>{escape(name)}</title></text>")
+        left = float(label_w)
         for kind, value in segments:
-            w = bar_w * value / scale
-            if w > 0:
-                svg.append(f"<rect class=\"{kind}\" x=\"{x:.2f}\" y=\"{y + 3}\" width=\"{w:.2f}\" height=\"{row_h - 6}\" "
-                           f"fill=\"{COLORS[kind]}\"><title>{escape(name)}: {kind} {escape(money(value))}</title></rect>")
-                x += w
-        svg.append(f"<text x=\"{x + 6:.2f}\" y=\"{y + 16}\" font-size=\"12\">{escape(money(charged))}</text>")
+            span = bar_w * value / scale
+            if span > 0:
+                svg.append(f"<rect class=\"{kind}\" x=\"{left:.2f}\" y=\"{top + 3}\" width=\"{span:.2f}\" "
+                           f"height=\"{row_h - 6}\" fill=\"{COLORS[kind]}\">"
+                           f"<title>{escape(name)}: {kind} {escape(money(value))}</title></rect>")
+                left += span
+        svg.append(f"<text x=\"{left + 6:.2f}\" y=\"{top + 16}\" font-size=\"12\">{escape(money(charged))}</text>")
     svg.append("</svg>")
     return "".join(svg)
 
@@ -114,21 +115,21 @@ def _capacity(showback: Showback, money) -> str:  # noqa: ANN001
     width, height = 860, 34
     svg = [f"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" role=\"img\" "
            f"aria-label=\"capacity split\">"]
-    x = 0.0
+    left = 0.0
     shares = [(name, charged) for name, _, charged in _grouped(showback)] + [("idle", showback.idle)]
     palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
     for i, (name, value) in enumerate(shares):
-        w = width * value / showback.capacity
-        if w <= 0:
+        span = width * value / showback.capacity
+        if span <= 0:
             continue
         color = COLORS["idle"] if name == "idle" and i == len(shares) - 1 else palette[i % len(palette)]
-        svg.append(f"<rect x=\"{x:.2f}\" y=\"2\" width=\"{w:.2f}\" height=\"{height - 4}\" fill=\"{color}\">"
+        svg.append(f"<rect x=\"{left:.2f}\" y=\"2\" width=\"{span:.2f}\" height=\"{height - 4}\" fill=\"{color}\">"
                    f"<title>{escape(name)}: {escape(money(value))} "
                    f"({_percent(value / showback.capacity)})</title></rect>")
-        if w > 60:
-            svg.append(f"<text x=\"{x + 4:.2f}\" y=\"{height / 2 + 4}\" font-size=\"11\" fill=\"#fff\">"
+        if span > 60:
+            svg.append(f"<text x=\"{left + 4:.2f}\" y=\"{height / 2 + 4}\" font-size=\"11\" fill=\"#fff\">"
                        f"{escape(_cut(name, 12))}</text>")
-        x += w
+        left += span
     svg.append("</svg>")
     return "".join(svg)
 
@@ -152,9 +153,10 @@ def _table(showback: Showback, money) -> str:  # noqa: ANN001
     pad = [""] * (labels - 1)
     rows.append(tr(["(idle)", *pad, money(showback.idle), "", money(showback.idle), "", "", "", "", "",
                     _percent(showback.idle_share)]))
-    t = showback.total
-    rows.append(tr(["(total)", *pad, money(showback.capacity), money(t.allocated), money(t.unused), money(t.effective),
-                    money(t.waste), money(t.unmeasured), f"{t.gpu_hours:,.2f}", "", "100.0 %"], "total"))
+    total = showback.total
+    rows.append(tr(["(total)", *pad, money(showback.capacity), money(total.allocated), money(total.unused),
+                    money(total.effective),
+                    money(total.waste), money(total.unmeasured), f"{total.gpu_hours:,.2f}", "", "100.0 %"], "total"))
     return "".join(rows) + "</tbody></table>"
 
 

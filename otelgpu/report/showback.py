@@ -132,22 +132,22 @@ def increases_by_period(client: PromClient, name: str, matchers: Labels, bounds:
         key, own = _key(labels), {k: v for k, v in labels.items() if k != "__name__"}
         previous = before.get(key, 0.0)
         for t, value in points:
-            k = _period(t, bounds)
-            if (key, k) in resets or value < previous:
-                increase = _increase(client, selector(name, own), key, bounds[k], t, window, previous)
+            period = _period(t, bounds)
+            if (key, period) in resets or value < previous:
+                increase = _increase(client, selector(name, own), key, bounds[period], t, window, previous)
             else:
                 increase = value - previous
-            out[k].append((own, increase))
+            out[period].append((own, increase))
             previous = value
     return out
 
 
 def _period(time_s: float, bounds: list[float]) -> int:
     """The period ending at `t` (a step of the range query)."""
-    k = int(round((time_s - bounds[0]) / (bounds[1] - bounds[0]))) - 1
-    if not 0 <= k < len(bounds) - 1:
+    period = int(round((time_s - bounds[0]) / (bounds[1] - bounds[0]))) - 1
+    if not 0 <= period < len(bounds) - 1:
         raise QueryError(f"the server answered for {time_s}, outside the periods asked for")
-    return k
+    return period
 
 
 def _increase(client: PromClient, sel: str, key: frozenset[tuple[str, str]], start: float, end: float,
@@ -189,10 +189,10 @@ def showback(client: PromClient, start: float, end: float, by: Iterable[str], co
 
     for metric in ("allocated", "unused", "effective", "waste", "unmeasured"):
         for labels, value in increases(client, NAMES[metric], selection, start, end, lookback_s):
-            r = row(labels)
-            setattr(r, metric, getattr(r, metric) + value)
+            row_key = row(labels)
+            setattr(row_key, metric, getattr(row_key, metric) + value)
             if metric == "allocated" and labels.get("resource", "gpu") == "gpu":
-                r.gpu_allocated += value
+                row_key.gpu_allocated += value
     for labels, value in increases(client, HELD, matchers or {}, start, end, lookback_s):  # the same under every model
         row(labels).gpu_hours += value / 3600.0
     out.idle = sum(v for _, v in increases(client, NAMES["idle"], selection, start, end, lookback_s))

@@ -96,7 +96,7 @@ class Timeline(Generic[K, V]):
         if as_of_ns is None:
             return dict(self.latest)
         if as_of_ns <= self._horizon:  # older than the retention: every key may differ
-            return {k: v for k, vs in self._versions.items() if (v := _at(vs, as_of_ns)) is not None}
+            return {k: version for k, vs in self._versions.items() if (version := _at(vs, as_of_ns)) is not None}
         out = dict(self.latest)
         for key in self._recent:
             value = _at(self._versions[key], as_of_ns)

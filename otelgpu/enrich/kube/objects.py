@@ -28,9 +28,9 @@ def _kept(mapping: Optional[Mapping[str, str]], name: Any, keep: Collection[str]
           prefixes: tuple[str, ...] = ()) -> dict[str, str]:
     out = {}
     for key, value in (mapping or {}).items():
-        k = name(key)
-        if k in keep or (prefixes and k.startswith(prefixes)):
-            out[k] = str(value)
+        kept = name(key)
+        if kept in keep or (prefixes and kept.startswith(prefixes)):
+            out[kept] = str(value)
     return out
 
 
@@ -48,18 +48,18 @@ def controller(obj: Obj) -> tuple[str, str]:
 def pod_facts(obj: Obj, label_keys: Collection[str], annotation_keys: Collection[str], now_ns: int,
               label_prefixes: tuple[str, ...] = (), annotation_prefixes: tuple[str, ...] = ()) -> PodFacts:
     """`*_prefixes`: keys kept by their beginning as well (in kube-state-metrics' form)."""
-    m, spec, status = meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+    metadata, spec, status = meta(obj), obj.get("spec") or {}, obj.get("status") or {}
     requests: dict[tuple[str, str], float] = {}
     for container in spec.get("containers") or []:
         for resource, qty in ((container.get("resources") or {}).get("requests") or {}).items():
             requests[(container.get("name", ""), ksm_resource_name(resource))] = quantity(qty)
     kind, name = controller(obj)
     return PodFacts(
-        uid=m.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "",
-        labels=_kept(m.get("labels"), ksm_label_name, label_keys, label_prefixes), requests=requests,
+        uid=metadata.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "",
+        labels=_kept(metadata.get("labels"), ksm_label_name, label_keys, label_prefixes), requests=requests,
         owner_kind=kind, owner_name=name, seen_ns=now_ns,
-        annotations=_kept(m.get("annotations"), ksm_annotation_name, annotation_keys, annotation_prefixes),
-        created_ns=timestamp_ns(m.get("creationTimestamp")),
+        annotations=_kept(metadata.get("annotations"), ksm_annotation_name, annotation_keys, annotation_prefixes),
+        created_ns=timestamp_ns(metadata.get("creationTimestamp")),
     )
 
 

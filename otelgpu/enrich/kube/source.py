@@ -146,9 +146,9 @@ class KubeSource:
         if self.owners is not None:
             runs.append(("owners", self.owners.run))
         for name, run in runs:
-            t = threading.Thread(target=run, name=f"otelgpu-kube-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            thread = threading.Thread(target=run, name=f"otelgpu-kube-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def synced(self) -> bool:
         """Pods, namespaces and nodes listed. DRA objects are not waited for: a cluster before 1.34

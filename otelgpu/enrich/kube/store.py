@@ -74,14 +74,14 @@ class ApiFacts:
         self.on_pod: Optional[Callable[[str, PodFacts], None]] = None  # owner resolution hook
 
     def _pod(self, obj: Obj, now_ns: int) -> tuple[PodKey, PodFacts]:
-        m = objects.meta(obj)
+        meta = objects.meta(obj)
         pod = objects.pod_facts(obj, self.tags.pod_label_keys | sharing.LABEL_KEYS, self.tags.annotation_keys
                           | sharing.ANNOTATION_KEYS, now_ns, sharing.LABEL_PREFIXES, sharing.ANNOTATION_PREFIXES)
-        return (m.get("namespace", ""), m.get("name", "")), pod
+        return (meta.get("namespace", ""), meta.get("name", "")), pod
 
     def _named(self, resource: str, obj: Obj, now_ns: int) -> tuple[Any, Any, int]:
         """(key, facts, creation ns) of a node, namespace, ResourceClaim or ResourceSlice."""
-        m = objects.meta(obj)
+        meta = objects.meta(obj)
         if resource == "nodes":
             facts: Any = objects.node_facts(obj, now_ns)
         elif resource == "resourceclaims":
@@ -90,7 +90,7 @@ class ApiFacts:
             facts = objects.slice_facts(obj, now_ns)
         else:
             facts = objects.namespace_facts(obj, self.tags.namespace_label_keys, now_ns)
-        return _key(resource, m), facts, objects.timestamp_ns(m.get("creationTimestamp"))
+        return _key(resource, meta), facts, objects.timestamp_ns(meta.get("creationTimestamp"))
 
     def _table(self, resource: str) -> Timeline[Any, Any]:
         return {"nodes": self.nodes, "resourceclaims": self.claims, "resourceslices": self.slices}.get(
@@ -137,15 +137,15 @@ class ApiFacts:
         self.publish()
 
     def delete(self, resource: str, obj: Obj) -> None:
-        m, now = objects.meta(obj), self.clock()
+        meta, now = objects.meta(obj), self.clock()
         with self._lock:
             if resource == "pods":
-                key = (m.get("namespace", ""), m.get("name", ""))
+                key = (meta.get("namespace", ""), meta.get("name", ""))
                 pod = self.pods.latest.get(key)
-                if pod is not None and (not m.get("uid") or m.get("uid") == pod.uid):
+                if pod is not None and (not meta.get("uid") or meta.get("uid") == pod.uid):
                     self._mark_deleted(key, pod, now)
             else:  # absent from now on; kept as a version until the retention passes
-                self._table(resource).put(_key(resource, m), None, int(now * NS), int(now * NS))
+                self._table(resource).put(_key(resource, meta), None, int(now * NS), int(now * NS))
         self.publish()
 
     def _put_pod(self, key: PodKey, pod: PodFacts, now: float) -> None:
