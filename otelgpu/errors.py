@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import grpc
 
@@ -32,11 +33,30 @@ class PermanentError(OtelgpuError):
         self.too_large = too_large
 
 
+class Refusal(StrEnum):
+    """Why a receiver refused a request "retry later" or cut a connection, as
+    `receiver_connections_refused{reason}` counts it."""
+
+    QUEUE_FULL = "queue_full"  # the batches waiting for the worker
+    WAL = "wal"  # the write-ahead log cannot be written
+    MEMORY_LIMIT = "memory_limit"  # resident memory at the soft limit
+    BYTES_IN_FLIGHT = "bytes_in_flight"  # the requests in flight would reserve more than their budget
+    CONCURRENT_REQUESTS = "concurrent_requests"
+    CONNECTION_LIMIT = "connection_limit"  # HTTP: every connection has a request under way
+    IDLE_EVICTED = "idle_evicted"  # HTTP: the connection waiting longest closed to make room
+    SLOW_EVICTED = "slow_evicted"  # HTTP: a connection sending its body too slowly closed to make room
+    IDLE_TIMEOUT = "idle_timeout"  # HTTP: no whole request in time
+    READ_TIMEOUT = "read_timeout"  # HTTP: the body not whole in time
+    WRITE_TIMEOUT = "write_timeout"  # HTTP: the answer not taken in time
+    MALFORMED = "malformed"  # HTTP that cannot be parsed
+    UNAUTHENTICATED = "unauthenticated"  # no valid bearer token
+
+
 class RetryableError(OtelgpuError):
     """The sidecar is overloaded; the sender should retry after `retry_after_s` seconds. `reason`
-    names the limit reached, as the receivers count it (queue_full, wal, memory_limit, ...)."""
+    names the limit reached, as the receivers count it."""
 
-    def __init__(self, message: str, retry_after_s: float, *, reason: str = "queue_full") -> None:
+    def __init__(self, message: str, retry_after_s: float, *, reason: Refusal = Refusal.QUEUE_FULL) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.reason = reason

@@ -72,7 +72,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import h11
 
-from otelgpu.errors import RetryableError
+from otelgpu.errors import Refusal, RetryableError
 from otelgpu.memory import MemoryLimiter, Ticket
 from otelgpu.tls import BearerTokens, ServerTLS
 
@@ -162,7 +162,7 @@ class BoundedServer:
 
     def __init__(self, name: str, host: Optional[str], port: int, handle: Handler, limits: Limits, *,
                  screen: Optional[Screen] = None, error: ErrorPage = plain_error,
-                 refused: Callable[[str], None] = lambda reason: None, tls: Optional[ServerTLS] = None,
+                 refused: Callable[[Refusal], None] = lambda reason: None, tls: Optional[ServerTLS] = None,
                  tokens: Optional[BearerTokens] = None, open_paths: frozenset[str] = frozenset(),
                  memory: Optional[MemoryLimiter] = None) -> None:
         self.name = name
@@ -376,7 +376,7 @@ class _Server:
             writer.transport.abort()
             return
         if len(self.open) >= lim.max_connections and not self.make_room():
-            self.owner.refused("connection_limit")
+            self.owner.refused(Refusal.CONNECTION_LIMIT)
             if self.refusing >= lim.max_connections:
                 writer.transport.abort()
                 return
@@ -414,11 +414,11 @@ class _Server:
         closing = [conn for conn in self.open if conn.state == CLOSING]
         waiting = closing or [conn for conn in self.open if conn.state == IDLE]
         if waiting:
-            self.cut(min(waiting, key=lambda conn: conn.since), "idle_evicted")
+            self.cut(min(waiting, key=lambda conn: conn.since), Refusal.IDLE_EVICTED)
             return True
         slow = self.slowest_body()
         if slow is not None:
-            self.cut(slow, "slow_evicted")
+            self.cut(slow, Refusal.SLOW_EVICTED)
             return True
         return False
 
@@ -441,7 +441,7 @@ class _Server:
         rate, conn = min(rates, key=lambda rc: rc[0], default=(None, None))
         return conn if rate is not None and rate < SLOW_BODY_BYTES_PER_S else None
 
-    def cut(self, conn: _Conn, reason: str) -> None:
+    def cut(self, conn: _Conn, reason: Optional[Refusal]) -> None:
         """Close `conn` from the server's side, reporting why (no report when `reason` is empty)."""
         conn.cut = reason or "stopping"
         self.let_go(conn)
@@ -463,14 +463,14 @@ class _Server:
             async with asyncio.timeout_at(conn.since + lim.header_timeout_s):
                 await self.handshake(conn)
         except TimeoutError:
-            self.owner.refused("idle_timeout")
+            self.owner.refused(Refusal.IDLE_TIMEOUT)
             return
         parser = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_header_bytes)
         while not conn.cut and not self.stopping:
             try:
                 event = await self.next_event(conn, parser, conn.since + lim.header_timeout_s)
             except _Expired:
-                self.owner.refused("idle_timeout")
+                self.owner.refused(Refusal.IDLE_TIMEOUT)
                 if parser.trailing_data[0]:  # a request had begun to arrive
                     await self.close_with(conn, 408, "request headers not received in time", None)
                 return
@@ -480,7 +480,7 @@ class _Server:
             if not isinstance(event, h11.Request):
                 return  # the client closed the connection
             if head_bytes(event) > lim.max_header_bytes:  # h11 bounds only a head still arriving
-                self.owner.refused("malformed")
+                self.owner.refused(Refusal.MALFORMED)
                 await self.close_with(conn, 431, f"request header block exceeds {lim.max_header_bytes} bytes", None)
                 return
             if not await self.exchange(conn, parser, event):
@@ -531,7 +531,7 @@ class _Server:
             try:
                 over = await self.read_body(conn, parser, request)
             except _Expired:
-                self.owner.refused("read_timeout")
+                self.owner.refused(Refusal.READ_TIMEOUT)
                 await self.close_with(conn, 408, f"request body not received within {lim.body_timeout_s:g} s", request)
                 return False
             except _TooLarge:
@@ -628,7 +628,7 @@ class _Server:
             async with asyncio.timeout(self.owner.limits.write_timeout_s):
                 await writer.drain()
         except TimeoutError:
-            self.cut(conn, "write_timeout")
+            self.cut(conn, Refusal.WRITE_TIMEOUT)
             return False
         return not conn.cut
 
@@ -636,7 +636,7 @@ class _Server:
         """HTTP h11 cannot read: answered as Go's net/http answers (400, or 431, 501 as h11 says)."""
         if conn.cut:
             return
-        self.owner.refused("malformed")
+        self.owner.refused(Refusal.MALFORMED)
         await self.close_with(conn, err.error_status_hint, str(err), request)
 
     async def close_with(self, conn: _Conn, status: int, message: str, request: Optional[Request]) -> None:
@@ -656,7 +656,7 @@ class _Server:
             return self.unavailable("stopping; retry later", request)
         if (owner.tokens is not None and request.path not in owner.open_paths
                 and not owner.tokens.check(request.headers.get("Authorization"))):
-            owner.refused("unauthenticated")
+            owner.refused(Refusal.UNAUTHENTICATED)
             response = owner.error(401, "a bearer token this server accepts is required (Authorization: Bearer <token>)",
                                    request)
             response.headers["WWW-Authenticate"] = 'Bearer realm="otelgpu"'
@@ -671,7 +671,7 @@ class _Server:
             if length > lim.max_body_bytes:
                 return owner.error(413, f"body exceeds {lim.max_body_bytes} bytes", request)
         if self.slots >= lim.workers + lim.queued:
-            owner.refused("concurrent_requests")
+            owner.refused(Refusal.CONCURRENT_REQUESTS)
             return self.unavailable(f"more than {lim.workers + lim.queued} requests under way; retry later", request)
         if owner.memory is not None:
             try:  # a chunked body reserves as it arrives
@@ -692,14 +692,14 @@ class _Server:
         self.stopping = True
         for conn in list(self.open):
             if conn.state == IDLE:
-                self.cut(conn, "")
+                self.cut(conn, None)
         if self.open:
             try:
                 await asyncio.wait_for(self.drained.wait(), grace)
             except TimeoutError:
                 pass
         for conn in list(self.open):
-            self.cut(conn, "")
+            self.cut(conn, None)
 
 
 def content_length(value: Optional[str]) -> Optional[int]:

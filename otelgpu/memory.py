@@ -32,14 +32,14 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from otelgpu import heap
-from otelgpu.errors import RetryableError
+from otelgpu.errors import Refusal, RetryableError
 
 if TYPE_CHECKING:
     from otelgpu.core.settings import MemoryLimiterConfig
 
 log = logging.getLogger(__name__)
 
-MEMORY_LIMIT, BYTES_IN_FLIGHT = "memory_limit", "bytes_in_flight"  # refusal reasons
+MEMORY_LIMIT, BYTES_IN_FLIGHT = Refusal.MEMORY_LIMIT, Refusal.BYTES_IN_FLIGHT  # refusal reasons
 DECODE_FACTOR = 0.5  # the columnar decoder's columns, per decompressed byte (at most; see receiver/columnar.py)
 GC_EVERY_S = 1.0
 _CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")

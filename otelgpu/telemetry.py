@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCo
 from prometheus_client.metrics import disable_created_metrics
 
 import otelgpu
+from otelgpu.errors import Refusal
 
 if TYPE_CHECKING:
     from otelgpu.memory import MemoryLimiter
@@ -283,17 +284,20 @@ class ReceiverTelemetry:
     """One OTLP receiver transport's self-metrics (`receiver="otlp"`, `transport`), bound once."""
 
     def __init__(self, metrics: SelfMetrics, transport: str) -> None:
-        self.transport, self._metrics = transport, metrics
+        self.transport = transport
         self.accepted_points = metrics.receiver_accepted_points.labels("otlp", transport)
         self.refused_points = metrics.receiver_refused_points.labels("otlp", transport)
         self._requests = {o: metrics.requests.labels(transport, o.value) for o in RequestOutcome}
+        # A malformed or unauthenticated request is counted by its outcome (invalid, unauthenticated).
+        self._refused = {r: metrics.receiver_connections_refused.labels(transport, r.value) for r in Refusal
+                         if r not in (Refusal.MALFORMED, Refusal.UNAUTHENTICATED)}
 
     def request(self, outcome: RequestOutcome) -> None:
         self._requests[RequestOutcome(outcome)].inc()
 
-    def refused(self, reason: str) -> None:
-        """A request or connection refused "retry later", by reason (queue_full, memory_limit, ...)."""
-        self._metrics.receiver_connections_refused.labels(self.transport, reason).inc()
+    def refused(self, reason: Refusal) -> None:
+        """A request refused "retry later", or a connection cut, by reason."""
+        self._refused[Refusal(reason)].inc()
 
 
 class IntervalScope(StrEnum):
@@ -512,6 +516,18 @@ class ExportOperation:
             telemetry.failed(result.reason or "unknown", self.items)
 
 
+class OutboxError(StrEnum):
+    """A problem of an exporter's persisted queue: `export_outbox_errors{reason}`."""
+
+    CORRUPT = "corrupt"  # a snapshot file set aside at start: unreadable
+    INCOMPATIBLE = "incompatible"  # a snapshot file set aside at start: a format this version cannot read
+    CORRUPT_PROGRESS = "corrupt_progress"  # how far a snapshot was sent is unreadable: sent from its start
+    ATTRIBUTE_LOG_CUT = "attribute_log_cut"  # the attribute log's torn tail dropped
+    WRITE = "write"
+    DELETE = "delete"
+    READ = "read"  # the directory is unreadable: nothing recovered
+
+
 class ExporterTelemetry:
     """One exporter's self-metrics, its `exporter` label bound once (as the Collector binds its
     component's attributes); reasons are short fixed codes."""
@@ -530,21 +546,28 @@ class ExporterTelemetry:
         self.snapshots_recovered = metrics.export_snapshots_recovered.labels(exporter)
         self.snapshots_persisted = metrics.export_snapshots_persisted.labels(exporter)
         self.send_seconds = metrics.work_seconds.labels(f"send:{exporter}")
+        self._outbox_errors = {r: metrics.export_outbox_errors.labels(exporter, r.value) for r in OutboxError}
+        # Given up: undelivered at a stop with no directory to keep them (refused for good they are carried).
+        self._dropped = metrics.export_snapshots_dropped.labels(exporter, "shutdown")
+        self._undeliverable = metrics.export_points_undeliverable.labels(exporter, "shutdown")
+        self._series_rejected, self._failures = metrics.export_series_rejected, metrics.export_failures
 
-    def outbox_error(self, reason: str) -> None:
-        """corrupt, incompatible, corrupt_progress, attribute_log_cut, write, delete, read."""
-        self._metrics.export_outbox_errors.labels(self.exporter, reason).inc()
+    def outbox_error(self, reason: OutboxError) -> None:
+        self._outbox_errors[OutboxError(reason)].inc()
 
     def series_rejected(self, reason: str, series: int) -> None:
-        self._metrics.export_series_rejected.labels(self.exporter, reason).inc(series)
+        """Series the sender left out, by its short code (too_many_labels, unknown_metric, ...)."""
+        self._series_rejected.labels(self.exporter, reason).inc(series)
 
-    def gave_up(self, reason: str, points: int) -> None:
-        """A snapshot given up (`shutdown`: undelivered at a stop with no directory to keep it)."""
-        self._metrics.export_snapshots_dropped.labels(self.exporter, reason).inc()
-        self._metrics.export_points_undeliverable.labels(self.exporter, reason).inc(points)
+    def gave_up(self, points: int) -> None:
+        """A snapshot given up at a stop, undelivered, with no directory to keep it."""
+        self._dropped.inc()
+        self._undeliverable.inc(points)
 
     def failed(self, reason: str, points: int) -> None:
-        self._metrics.export_failures.labels(self.exporter, reason).inc()
+        """A failed attempt, by the sender's code: the gRPC status (`unavailable`), `http_<status>`,
+        `connection`, `timeout`, `tls`, `credentials`, `encode`, `error`, `unknown`."""
+        self._failures.labels(self.exporter, reason).inc()
         self.send_failed_points.inc(points)
 
     @contextmanager

@@ -67,10 +67,14 @@ def test_the_series_of_known_label_values_exist_from_the_start_at_zero() -> None
 
     metrics = SelfMetrics()
     IntervalTelemetry(metrics), DurabilityTelemetry(metrics), KubeTelemetry(metrics, "pods")
+    ReceiverTelemetry(metrics, "grpc"), ExporterTelemetry(metrics, "otlp")
     text = generate_latest(metrics.registry).decode()
     for line in ('otelgpu_interval_errors_total{scope="whole"} 0.0', 'otelgpu_intervals_ahead_total{outcome="redone"} 0.0',
                  'otelgpu_checkpoint_errors_total{reason="write"} 0.0', 'otelgpu_wal_corruptions_total{where="tail"} 0.0',
-                 'otelgpu_kube_lists_total{reason="gone",resource="pods"} 0.0'):
+                 'otelgpu_kube_lists_total{reason="gone",resource="pods"} 0.0',
+                 'otelgpu_receiver_connections_refused_total{reason="memory_limit",transport="grpc"} 0.0',
+                 'otelgpu_export_outbox_errors_total{exporter="otlp",reason="corrupt"} 0.0',
+                 'otelgpu_export_snapshots_dropped_total{exporter="otlp",reason="shutdown"} 0.0'):
         assert line in text
 
 
@@ -81,6 +85,10 @@ def test_bound_handles_refuse_values_outside_their_enum_and_hold_work_computed_a
         intervals.failed("everything")
     with pytest.raises(ValueError):
         kube.failed(KubeVerb.WATCH, "sad")
+    with pytest.raises(ValueError):
+        ReceiverTelemetry(metrics, "http").refused("tired")
+    with pytest.raises(ValueError):
+        ExporterTelemetry(metrics, "otlp").outbox_error("gone missing")
     kube.failed("list", KubeReason.FORBIDDEN)
     with metrics.held() as pending:
         intervals.failed(IntervalScope.NODE)

@@ -230,9 +230,9 @@ class Delivery:
                 self.telemetry.snapshots_persisted.inc(len(left))
             else:
                 for e in left:
-                    self.telemetry.gave_up("shutdown", len(e.snapshot))
+                    self.telemetry.gave_up(len(e.snapshot))
                 if carry is not None:  # with a directory, the refused files stay for the next start
-                    self.telemetry.gave_up("shutdown", len(carry))
+                    self.telemetry.gave_up(len(carry))
         if left and self.queue.outbox is not None:
             log.warning("%s: %d snapshot(s) not delivered before the shutdown deadline stay in %s for the next start",
                         self.name, len(left), self.queue.outbox.directory)

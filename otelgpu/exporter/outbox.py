@@ -28,7 +28,7 @@ from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.columns import Points
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import Point
-from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
+from otelgpu.telemetry import ExporterTelemetry, OutboxError, SelfMetrics
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Outbox:
             if self._table.compact(np.concatenate([self._newest, *self._uses.values()]).tolist()):
                 self._sync_directory()
         except OSError as exc:
-            self._error("write", f"attribute log {self._table.path} not compacted: {exc}")
+            self._error(OutboxError.WRITE, f"attribute log {self._table.path} not compacted: {exc}")
 
     def save_progress(self, end_ns: int, done: int) -> None:
         body = _PROGRESS_MAGIC + struct.pack("<Q", done)
@@ -102,7 +102,7 @@ class Outbox:
             with self._lock:
                 self._uses.pop(end_ns, None)
         except OSError as exc:
-            self._error("delete", f"could not delete {self.path(end_ns)}: {exc}")
+            self._error(OutboxError.DELETE, f"could not delete {self.path(end_ns)}: {exc}")
 
     def recover(self, committed_ns: int) -> tuple[list[Recovered], int]:
         """The readable snapshots ending at or before `committed_ns`, oldest first, and the number
@@ -113,10 +113,10 @@ class Outbox:
             entries = sorted(os.listdir(self.directory))
             sets, cut = self._table.load()
         except OSError as exc:
-            self._error("read", f"{self.directory} is unreadable, nothing recovered: {exc}")
+            self._error(OutboxError.READ, f"{self.directory} is unreadable, nothing recovered: {exc}")
             return found, uncommitted
         if cut:
-            self._error("attribute_log_cut", f"attribute log {self._table.path}: {cut} bytes after its last "
+            self._error(OutboxError.ATTRIBUTE_LOG_CUT, f"attribute log {self._table.path}: {cut} bytes after its last "
                         "whole record removed (a write cut short)")
         for entry in entries:
             match = _SNAP.match(entry)
@@ -145,9 +145,9 @@ class Outbox:
         try:
             snapshot = decode(path.read_bytes(), sets)
             if snapshot.end_ns != end_ns:
-                raise SnapshotFormatError("corrupt", f"holds the snapshot ending {snapshot.end_ns}, not {end_ns}")
+                raise SnapshotFormatError(OutboxError.CORRUPT, f"holds the snapshot ending {snapshot.end_ns}, not {end_ns}")
         except (OSError, ValueError) as exc:  # SnapshotFormatError, or anything else unreadable
-            reason = exc.reason if isinstance(exc, SnapshotFormatError) else "corrupt"
+            reason = exc.reason if isinstance(exc, SnapshotFormatError) else OutboxError.CORRUPT
             self._reject(end_ns, reason, str(exc))
             return None
         points = snapshot.points
@@ -166,7 +166,7 @@ class Outbox:
         if magic != _PROGRESS_MAGIC or crc != zlib.crc32(magic + struct.pack("<Q", done)):
             # Sent again from its start: Prometheus may refuse the repeat as out of order (counted),
             # the next snapshot carries the same series again.
-            self._error("corrupt_progress", f"{path} is unreadable; its snapshot is sent from the start")
+            self._error(OutboxError.CORRUPT_PROGRESS, f"{path} is unreadable; its snapshot is sent from the start")
             return 0
         return done
 
@@ -174,9 +174,9 @@ class Outbox:
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
-            self._error("delete", f"could not delete {path}: {exc}")
+            self._error(OutboxError.DELETE, f"could not delete {path}: {exc}")
 
-    def _reject(self, end_ns: int, reason: str, message: str) -> None:
+    def _reject(self, end_ns: int, reason: OutboxError, message: str) -> None:
         path = self.path(end_ns)
         aside = path.with_name(path.name + ".rejected")
         try:
@@ -187,7 +187,7 @@ class Outbox:
             where = f"could not be moved aside ({exc})"
         self._error(reason, f"snapshot {path} not sent ({reason}): {message}; {where}")
 
-    def _error(self, reason: str, message: str) -> None:
+    def _error(self, reason: OutboxError, message: str) -> None:
         self.telemetry.outbox_error(reason)
         log.error("%s export queue: %s", self.exporter, message)
 

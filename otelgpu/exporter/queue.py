@@ -29,7 +29,7 @@ from otelgpu.exporter.columns import Point, Points, last_of_each, merge, restamp
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import Progress, SendResult
 from otelgpu.exporter.store import MetricSpec
-from otelgpu.telemetry import ExporterTelemetry
+from otelgpu.telemetry import ExporterTelemetry, OutboxError
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class SnapshotQueue:
                 try:
                     self.outbox.write(e.end_ns, e.snapshot)
                 except OSError as exc:
-                    self.telemetry.outbox_error("write")
+                    self.telemetry.outbox_error(OutboxError.WRITE)
                     log.error("%s: snapshot ending %d not persisted: %s", self.name, e.end_ns, exc)
                     return False
                 e.persisted = True
@@ -145,7 +145,7 @@ class SnapshotQueue:
             try:
                 outbox.save_progress(end_ns, accepted)
             except OSError as exc:
-                self.telemetry.outbox_error("write")
+                self.telemetry.outbox_error(OutboxError.WRITE)
                 log.error("%s: progress of snapshot %d not persisted (a restart resends its part): %s",
                           self.name, end_ns, exc)
         return Progress(done, persist)
@@ -221,7 +221,7 @@ class SnapshotQueue:
                 try:
                     self.outbox.write(entries[index + 1].end_ns, merged, absorbed=(entries[index].end_ns,))
                 except OSError as exc:
-                    self.telemetry.outbox_error("write")
+                    self.telemetry.outbox_error(OutboxError.WRITE)
                     log.error("%s: merged snapshot not persisted, queue stays over its bound: %s", self.name, exc)
                     return
                 self.outbox.delete(entries[index].end_ns)
@@ -244,7 +244,7 @@ class SnapshotQueue:
             try:
                 self.outbox.write(target.end_ns, merged, absorbed=tuple(self._carry_ends))
             except OSError as exc:
-                self.telemetry.outbox_error("write")
+                self.telemetry.outbox_error(OutboxError.WRITE)
                 log.error("%s: carried points not persisted, kept for the next snapshot: %s", self.name, exc)
                 return
             for end_ns in self._carry_ends:

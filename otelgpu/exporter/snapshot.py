@@ -21,6 +21,7 @@ import numpy as np
 
 from otelgpu.core.attrs import Attrs
 from otelgpu.exporter.columns import Point, Points
+from otelgpu.telemetry import OutboxError
 
 Key = tuple[str, Attrs]
 Snapshot = dict[Key, list[Point]]  # points of each series, in time order
@@ -59,7 +60,7 @@ def flatten(snapshot: Snapshot) -> list[Point]:
 class SnapshotFormatError(ValueError):
     """Bytes that are not a snapshot this version can read; `reason` is `corrupt` or `incompatible`."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: OutboxError, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -97,16 +98,16 @@ def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotF
     """The snapshot in a file's bytes, a format 2 one with its queue's attribute `sets` by id;
     SnapshotFormatError saying why they are unusable."""
     if len(data) < _HEADER.size + _CRC.size or data[:len(MAGIC)] != MAGIC:
-        raise SnapshotFormatError("corrupt", "not an otelgpu snapshot (bad header)")
+        raise SnapshotFormatError(OutboxError.CORRUPT, "not an otelgpu snapshot (bad header)")
     _, version, _, table_len, n_point = _HEADER.unpack_from(data)
     if version not in (1, 2):
-        raise SnapshotFormatError("incompatible",
+        raise SnapshotFormatError(OutboxError.INCOMPATIBLE,
                                   f"format v{version} is not readable by this otelgpu (reads v1 and v2)")
     if _CRC.unpack_from(data, len(data) - _CRC.size)[0] != zlib.crc32(memoryview(data)[:-_CRC.size]):
-        raise SnapshotFormatError("corrupt", "checksum mismatch: the file is truncated or altered")
+        raise SnapshotFormatError(OutboxError.CORRUPT, "checksum mismatch: the file is truncated or altered")
     at = _HEADER.size + table_len
     if at + n_point * _POINT_BYTES + _CRC.size != len(data):
-        raise SnapshotFormatError("corrupt", f"length {len(data)} does not match {n_point} points")
+        raise SnapshotFormatError(OutboxError.CORRUPT, f"length {len(data)} does not match {n_point} points")
     end_ns, absorbed, metrics, attrs = _table(data[_HEADER.size:at], version == 1)
     columns = []
     for dtype in _COLUMNS:
@@ -118,11 +119,11 @@ def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotF
         known = sets or {}
         missing = [i for i in ids.tolist() if i not in known]
         if missing:
-            raise SnapshotFormatError("corrupt", f"refers to {len(missing)} attribute set(s) not in the queue's "
+            raise SnapshotFormatError(OutboxError.CORRUPT, f"refers to {len(missing)} attribute set(s) not in the queue's "
                                                  f"attribute log (id {missing[0]})")
         attrs = [known[i] for i in ids.tolist()]
     if n_point and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
-        raise SnapshotFormatError("corrupt", "a point refers to a metric or attribute set not in the table")
+        raise SnapshotFormatError(OutboxError.CORRUPT, "a point refers to a metric or attribute set not in the table")
     return SnapshotFile(end_ns, Points(metrics, attrs, *columns), absorbed)
 
 
@@ -133,7 +134,7 @@ def _table(raw: bytes, with_attrs: bool) -> tuple[int, tuple[int, ...], list[str
         metrics = [str(m) for m in table["metrics"]]
         attrs = [tuple((k, v) for k, v in a) for a in table["attrs"]] if with_attrs else []
     except (ValueError, TypeError, KeyError) as exc:
-        raise SnapshotFormatError("corrupt", f"bad table: {exc!r}") from None
+        raise SnapshotFormatError(OutboxError.CORRUPT, f"bad table: {exc!r}") from None
     if not all(isinstance(k, str) and isinstance(v, str) for a in attrs for k, v in a):
-        raise SnapshotFormatError("corrupt", "bad table: an attribute is not a pair of strings")
+        raise SnapshotFormatError(OutboxError.CORRUPT, "bad table: an attribute is not a pair of strings")
     return end_ns, absorbed, metrics, attrs

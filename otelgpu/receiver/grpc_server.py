@@ -41,7 +41,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otelgpu.core.lifecycle import grace
 from otelgpu.core.settings import listen_address
-from otelgpu.errors import ConfigError, RetryableError, status_for
+from otelgpu.errors import ConfigError, Refusal, RetryableError, status_for
 from otelgpu.memory import MemoryLimiter, cost
 from otelgpu.receiver.config import GrpcReceiverConfig
 from otelgpu.receiver.ingest import Consumer, answer, refused
@@ -123,7 +123,7 @@ class _Admission(grpc.GenericRpcHandler):
                 return self._unauthenticated
         if self._workers.pending >= self._limit:
             return self._refuse(RetryableError(f"more than {self._limit} concurrent Exports; retry later",
-                                               BUSY_RETRY_AFTER_S, reason="concurrent_requests"))
+                                               BUSY_RETRY_AFTER_S, reason=Refusal.CONCURRENT_REQUESTS))
         try:
             self._memory.check()
         except RetryableError as err:

@@ -46,7 +46,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otelgpu import httpserver
 from otelgpu.core.lifecycle import grace
 from otelgpu.core.settings import split_endpoint
-from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, RetryableError, status_for
+from otelgpu.errors import ConfigError, OtelgpuError, PermanentError, Refusal, RetryableError, status_for
 from otelgpu.memory import MemoryLimiter, Ticket, cost
 from otelgpu.receiver.config import HttpReceiverConfig
 from otelgpu.receiver.ingest import Consumer, Request, answer, refused
@@ -64,7 +64,8 @@ _NOT_POST = status_pb2.Status(code=grpc.StatusCode.UNIMPLEMENTED.value[0], messa
 _CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
 WORKERS = 4  # threads decoding requests; with the queue, every connection may have one waiting
 # The server's own refusals that answer 503 "retry later"; its other reasons are connections it cut.
-_RETRY_LATER = frozenset({"connection_limit", "concurrent_requests", "memory_limit", "bytes_in_flight"})
+_RETRY_LATER = frozenset({Refusal.CONNECTION_LIMIT, Refusal.CONCURRENT_REQUESTS, Refusal.MEMORY_LIMIT,
+                          Refusal.BYTES_IN_FLIGHT})
 
 
 def declared_size(body: bytes) -> Optional[int]:
@@ -161,10 +162,10 @@ class HttpReceiver:
         headers under way), `reading` (a body arriving) or `busy` (decoding, or answering)."""
         return self._server.connections() if self._server else {}
 
-    def _refused(self, reason: str) -> None:
-        if reason == "unauthenticated":
+    def _refused(self, reason: Refusal) -> None:
+        if reason is Refusal.UNAUTHENTICATED:
             self.telemetry.request(RequestOutcome.UNAUTHENTICATED)
-        elif reason == "malformed":  # HTTP the server could not parse, answered 400, 431 or 501
+        elif reason is Refusal.MALFORMED:  # HTTP the server could not parse, answered 400, 431 or 501
             self.telemetry.request(RequestOutcome.INVALID)
         elif reason in _RETRY_LATER:
             refused(self.telemetry, reason)

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otelgpu.errors import OtelgpuError, PermanentError, RetryableError
+from otelgpu.errors import OtelgpuError, PermanentError, Refusal, RetryableError
 from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import HoldsCodes, Interner
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 Answer = tuple[RequestOutcome, ExportMetricsServiceResponse, Optional[OtelgpuError]]
 
 
-def refused(telemetry: ReceiverTelemetry, reason: str) -> None:
+def refused(telemetry: ReceiverTelemetry, reason: Refusal) -> None:
     """Count one request answered "retry later" (gRPC UNAVAILABLE, HTTP 503): every such answer is
     counted once in requests{outcome="unavailable"} and once by its reason."""
     telemetry.request(RequestOutcome.UNAVAILABLE)
@@ -186,7 +186,7 @@ class Ingest:
         self.durability.wal_failed(exc)
         log.error("write-ahead log not written (%s): answering 'retry later'", exc)
         raise RetryableError(f"write-ahead log unavailable: {exc.strerror or exc}", self.retry_after_s,
-                             reason="wal") from exc
+                             reason=Refusal.WAL) from exc
 
     def get(self, timeout: Optional[float]) -> Optional[PointBatch]:
         try:
