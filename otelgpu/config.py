@@ -20,7 +20,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from pydantic.dataclasses import dataclass
 
 from otelgpu.attribution.config import AttributionConfig, TenantsConfig
-from otelgpu.core.settings import STRICT, TAG_NAMES, CheckpointConfig, format_loc, problem_message
+from otelgpu.core.settings import STRICT, TAG_NAMES, CheckpointConfig, format_loc, known_tags, problem_message
 from otelgpu.enrich.config import KubernetesConfig, TagRule, TagValuesConfig, default_tags
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.config import ExporterConfig, SeriesConfig
@@ -52,9 +52,7 @@ class Config:
     @field_validator("tags")
     @classmethod
     def _known_tags(cls, value: dict[str, TagRule]) -> dict[str, TagRule]:
-        unknown = sorted(set(value) - set(TAG_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tag(s) {', '.join(unknown)}; tags are {', '.join(TAG_NAMES)}")
+        known_tags(value)
         defaults = default_tags()
         return {name: value.get(name, defaults[name]) for name in TAG_NAMES}
 

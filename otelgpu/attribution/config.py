@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from otelgpu.core.settings import STRICT, TAG_NAMES, format_loc, problem_message
+from otelgpu.core.settings import STRICT, format_loc, known_tags, problem_message
 from otelgpu.errors import ConfigError
 
 
@@ -87,9 +87,7 @@ class IdleConfig:
     @field_validator("platform_tags")
     @classmethod
     def _known(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(value) - set(TAG_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tag(s) {', '.join(unknown)}; tags are {', '.join(TAG_NAMES)}")
+        known_tags(value)
         return value
 
 

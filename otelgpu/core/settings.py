@@ -6,7 +6,7 @@ wording of a configuration problem (its YAML path, then what is wrong)."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional
+from typing import Any, Iterable, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
@@ -19,6 +19,13 @@ LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 TAG_NAMES = ("team", "project", "environment", "model", "cost_center")
+
+
+def known_tags(names: Iterable[str]) -> None:
+    """ValueError naming those of `names` that are not tags."""
+    unknown = sorted(set(names) - set(TAG_NAMES))
+    if unknown:
+        raise ValueError(f"unknown tag(s) {', '.join(unknown)}; tags are {', '.join(TAG_NAMES)}")
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
