@@ -155,7 +155,7 @@ def _pair_activity(samples: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step
     return np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act), pod_act
 
 
-def _with_dark(tenures: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray,
+def _with_dark(held: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray,
                live: np.ndarray) -> Tenures:
     """Steps in which an entity has no live series at all (only staleness markers: a failed
     scrape) become one DARK holding per entity: time someone may well have held it, unmeasured."""
@@ -163,17 +163,17 @@ def _with_dark(tenures: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent
     step_live[row_step[live]] = True
     dark = np.flatnonzero(~step_live & (dur > 0))
     if not len(dark):
-        return tenures
+        return held
     ents, inverse = np.unique(step_ent[dark], return_inverse=True)
     n_entity = len(ents)
-    zeros, marks = np.zeros(n_entity), np.full(n_entity, DARK, dtype=tenures.holder_ns.dtype)
+    zeros, marks = np.zeros(n_entity), np.full(n_entity, DARK, dtype=held.holder_ns.dtype)
     return Tenures(
-        np.concatenate([tenures.entity, ents.astype(tenures.entity.dtype)]), np.concatenate([tenures.holder_ns, marks]),
-        np.concatenate([tenures.holder_pod, marks]),
-        np.concatenate([tenures.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n_entity)]),
-        np.concatenate([tenures.act_s, zeros]), np.concatenate([tenures.act_integral, zeros]),
-        np.concatenate([tenures.replicas, np.zeros(n_entity, tenures.replicas.dtype)]),
-        np.concatenate([tenures.per_pod_activity, np.zeros(n_entity, bool)]))
+        np.concatenate([held.entity, ents.astype(held.entity.dtype)]), np.concatenate([held.holder_ns, marks]),
+        np.concatenate([held.holder_pod, marks]),
+        np.concatenate([held.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n_entity)]),
+        np.concatenate([held.act_s, zeros]), np.concatenate([held.act_integral, zeros]),
+        np.concatenate([held.replicas, np.zeros(n_entity, held.replicas.dtype)]),
+        np.concatenate([held.per_pod_activity, np.zeros(n_entity, bool)]))
 
 
 def _mean_by(group: np.ndarray, value: np.ndarray, groups: int, reduce_sum: bool = False) -> np.ndarray:
