@@ -77,3 +77,10 @@ def test_close_benchmark_reports_every_interval():
     assert len(closes) == 4  # 3 minutes of 1-minute intervals, the last one flushed
     assert all(int(peak) >= int(before) > 0 for before, peak in closes)
     assert re.search(r"largest ratio x\d\.\d\d, largest step -?\d+ MiB", res.stdout)
+
+
+def test_bench_bill_reads_the_month_it_wrote():
+    res = subprocess.run([sys.executable, "benchmarks/bench_bill.py", "--instances", "20", "--days", "2",
+                          "--transfer-lines", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "bill: 3,312 lines (20 instances x 48 hours)" in res.stdout and "960 instance-hours" in res.stdout
