@@ -15,7 +15,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from otelgpu.report.bill import bill_format, instance_of, read_bill
+from otelgpu.report.bill import NO_PERIOD, bill_format, instance_of, read_bill
 
 SAMPLE = Path(__file__).parent / "data" / "bill" / "focus_1_0_sample_aws.csv"
 
@@ -103,12 +103,14 @@ FOCUS_ROWS = [
     [SP, *HOUR, "Usage", "Committed", "Unused", "Hours", 0.0, 6.0, 0.0],
     # A credit and tax, of no instance.
     ["", *HOUR, "Credit", "", "", "", -10.0, -10.0, 0.0],
+    # An instance's line without its period (FOCUS forbids it): counted, not guessed at.
+    ["i-0p5", "", "", "Usage", "Standard", "", "Hours", 1.25, 1.25, 1.25],
     ["", *HOUR, "Tax", "", "", "", 3.5, 3.5, 0.0],
 ]
 START, END = seconds(HOUR[0]), seconds(HOUR[1])
 FOCUS_WANT = {("i-0g5", START, END): [0.42, 0.0, 0.42, 1.006],
               ("i-0p5", START, END): [44.0 + 19.664, 0.09, 19.664 + 0.09, 78.656 + 19.664 + 0.09]}
-FOCUS_UNMATCHED = {"Purchase": (1, 0.0), "Usage": (1, 6.0), "Credit": (1, -10.0), "Tax": (1, 3.5)}
+FOCUS_UNMATCHED = {"Purchase": (1, 0.0), "Usage": (1, 6.0), "Credit": (1, -10.0), "Tax": (1, 3.5), NO_PERIOD: (1, 1.25)}
 
 
 def focus_table() -> pa.Table:

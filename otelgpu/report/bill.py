@@ -38,6 +38,7 @@ from otelgpu.core.grouping import group_ids
 INSTANCE_ID = re.compile(r"(?:^|/)(i-[0-9a-z]+)$")
 _INSTANCE_PATTERN = r"(?:^|/)(?P<id>i-[0-9a-z]+)$"
 KEYS = ("instance", "start", "end")
+NO_PERIOD = "(an instance's line without a charge period)"  # counted with the lines of no instance
 COSTS = ("compute", "other", "billed", "list")
 
 FOCUS_COLUMNS = ("ResourceId", "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "EffectiveCost",
@@ -93,7 +94,11 @@ def read_bill(path: str | Path, batch_rows: int = 65_536, regroup_rows: int = 1 
         lines = _focus_lines(batch) if kind == "focus" else _cur_lines(batch)
         bill.lines += batch.num_rows
         bill.split_lines += batch.num_rows - lines.num_rows
-        mine = pc.is_valid(lines["instance"])
+        dated = pc.and_(pc.is_valid(lines["start"]), pc.is_valid(lines["end"]))
+        undated = pc.and_(pc.is_valid(lines["instance"]), pc.invert(dated))
+        lines = lines.set_column(lines.schema.get_field_index("category"), "category",
+                                 pc.if_else(undated, NO_PERIOD, lines["category"]))
+        mine = pc.and_(pc.is_valid(lines["instance"]), dated)
         _tally(bill.unmatched, lines.filter(pc.invert(mine)))
         part = _summed(_numbered(lines.filter(mine), codes))
         parts.append(part)
