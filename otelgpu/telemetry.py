@@ -533,7 +533,7 @@ class ExporterTelemetry:
     component's attributes); reasons are short fixed codes."""
 
     def __init__(self, metrics: SelfMetrics, exporter: str) -> None:
-        self.exporter, self._metrics = exporter, metrics
+        self.exporter = exporter
         self.queue_size = metrics.exporter_queue_size.labels(exporter)
         self.queue_capacity = metrics.exporter_queue_capacity.labels(exporter)
         self.delivered_through = metrics.exporter_delivered.labels(exporter)

@@ -191,3 +191,23 @@ def test_a_file_that_is_no_bill_is_refused_naming_what_it_lacks(tmp_path: Path) 
     (tmp_path / "prices.csv").write_text("instance_type,price\np5.48xlarge,98.32\n")
     with pytest.raises(ValueError, match="neither a FOCUS dataset .*EffectiveCost.* nor a CUR 2.0 one"):
         read_bill(tmp_path / "prices.csv")
+
+
+@pytest.mark.parametrize("broken", ["cost", "time", "truncated"])
+def test_a_bill_that_cannot_be_read_whole_is_refused_naming_the_file(tmp_path: Path, broken: str) -> None:
+    """Summing the lines that parse would leave the rest out of a tie-out: the file is refused."""
+    table = focus_table()
+    if broken == "truncated":
+        path = tmp_path / "bill.parquet"
+        pq.write_table(table, path)
+        path.write_bytes(path.read_bytes()[:-100])
+    else:
+        path = tmp_path / "bill.csv"
+        pa_csv.write_csv(table, path)
+        lines = path.read_text().splitlines()
+        damaged = lines[1].replace('"2026-10-01T05:00:00Z"', '"yesterday"', 1) if broken == "time" else \
+            lines[1].replace(",44,", ",forty-four,", 1)
+        assert damaged != lines[1]
+        path.write_text("\n".join([lines[0], damaged, *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match=f"{path.name}: not read as a bill"):
+        read_bill(path)

@@ -99,7 +99,6 @@ class Ingest:
         # A queued batch keeps its size reserved in the receivers' budget until it is taken out.
         self.memory = memory or MemoryLimiter.unlimited()
         self.retry_after_s = retry_after_s
-        self.metrics = metrics
         self.telemetry, self.durability = IngestTelemetry(metrics), DurabilityTelemetry(metrics)
         self.limits = limits or Limits()
         self.wal = wal

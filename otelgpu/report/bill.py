@@ -35,8 +35,7 @@ import pyarrow.parquet as pq
 
 from otelgpu.core.grouping import group_ids
 
-INSTANCE_ID = re.compile(r"(?:^|/)(i-[0-9a-z]+)$")
-_INSTANCE_PATTERN = r"(?:^|/)(?P<id>i-[0-9a-z]+)$"
+INSTANCE_ID = re.compile(r"(?:^|/)(?P<id>i-[0-9a-z]+)$")  # the whole id, or what follows a `/`
 KEYS = ("instance", "start", "end")
 NO_PERIOD = "(an instance's line without a charge period)"  # counted with the lines of no instance
 COSTS = ("compute", "other", "billed", "list")
@@ -82,7 +81,16 @@ def bill_format(names: list[str]) -> str:
 def read_bill(path: str | Path, batch_rows: int = 65_536, regroup_rows: int = 1 << 20) -> Bill:
     """Stream `path` (a CSV or Parquet file, or a directory of them) `batch_rows` lines at a time.
     The per-batch sums are merged whenever they pass `regroup_rows` rows, so memory follows the
-    distinct instance periods, not the lines."""
+    distinct instance periods, not the lines. A file that cannot be read whole (a cost that is no
+    number, a time that is no time, a truncated file) is refused: ValueError naming it and the
+    problem, since a bill with lines left out cannot tie out."""
+    try:
+        return _read(path, batch_rows, regroup_rows)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{path}: not read as a bill: {exc}") from None
+
+
+def _read(path: str | Path, batch_rows: int, regroup_rows: int) -> Bill:
     files = _files(Path(path))
     kind = bill_format(_names(files[0]))
     columns = list(FOCUS_COLUMNS if kind == "focus" else CUR_COLUMNS)
@@ -164,7 +172,7 @@ def _seconds(column: pa.Array) -> pa.Array:
     """Unix seconds of a timestamp column, or of one written as text with or without a zone (a
     time without one is UTC, as FOCUS and CUR write them)."""
     if pa.types.is_timestamp(column.type):
-        return pc.cast(pc.cast(column, pa.timestamp("s", column.type.tz)), pa.int64())
+        return pc.cast(pc.cast(column, pa.timestamp("s", column.type.tz), safe=False), pa.int64())  # truncated
     text = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
     zoned = pc.fill_null(pc.match_substring_regex(text, r"(Z|[+-]\d\d:?\d\d)$"), False)
     with_zone = pc.cast(pc.cast(pc.if_else(zoned, text, None), pa.timestamp("s", "UTC")), pa.int64())
@@ -173,7 +181,7 @@ def _seconds(column: pa.Array) -> pa.Array:
 
 
 def _instance(resource: pa.Array) -> pa.Array:
-    return pc.struct_field(pc.extract_regex(pc.cast(resource, pa.string()), _INSTANCE_PATTERN), [0])
+    return pc.struct_field(pc.extract_regex(pc.cast(resource, pa.string()), INSTANCE_ID.pattern), [0])
 
 
 def _number(column: pa.Array) -> pa.Array:
@@ -245,4 +253,4 @@ def instance_of(provider_id: str) -> Optional[str]:
     """The instance id of a Kubernetes node's `providerID` (`aws:///us-east-1a/i-0abc...`), or of a
     bill's resource id; None when it names no EC2 instance."""
     match = INSTANCE_ID.search(provider_id.strip())
-    return match.group(1) if match else None
+    return match.group("id") if match else None
