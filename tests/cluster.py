@@ -41,6 +41,7 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)  # Kubernetes label keys
     units: list[Unit] = field(default_factory=list)
     capacity: dict[str, float] = field(default_factory=dict)  # extra resources, KSM names
+    provider_id: str = ""  # spec.providerID (kube_node_info's provider_id): none when empty
 
     def k8s_labels(self) -> dict[str, str]:
         return {"node.kubernetes.io/instance-type": self.instance_type, **self.labels}
@@ -125,6 +126,7 @@ class Cluster:
             capacity = {"cpu": f"{n.cpu:g}", "memory": f"{int(n.memory_gib * 2**30)}",
                         **{k8s_resource(k): f"{v:g}" for k, v in n.capacity.items()}}
             out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "labels": n.k8s_labels()},
+                        "spec": {"providerID": n.provider_id} if n.provider_id else {},
                         "status": {"capacity": capacity}})
         return out
 
@@ -141,12 +143,14 @@ class Cluster:
 
     def _ksm(self, t_s: float, t: int) -> ResourceMetrics:
         g: dict[str, list[Series]] = {k: [] for k in (
-            "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels", "kube_pod_info",
-            "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests",
+            "kube_node_info", "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels",
+            "kube_pod_info", "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests",
             "kube_pod_annotations")}
         for ns, labels in self.namespace_labels.items():
             g["kube_namespace_labels"].append(({"namespace": ns, **_ksm_labels(labels)}, 1.0))
         for n in self.nodes:
+            if n.provider_id:
+                g["kube_node_info"].append(({"node": n.name, "provider_id": n.provider_id}, 1.0))
             g["kube_node_labels"].append(({"node": n.name, **_ksm_labels(n.k8s_labels())}, 1.0))
             for res, qty in {"cpu": n.cpu, "memory": n.memory_gib * 2**30, **n.capacity}.items():
                 unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")

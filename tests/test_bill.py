@@ -15,7 +15,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from otelgpu.report.bill import NO_PERIOD, bill_format, instance_of, read_bill
+from otelgpu.core.catalog import instance_of
+from otelgpu.report.bill import NO_PERIOD, bill_format, read_bill
 
 SAMPLE = Path(__file__).parent / "data" / "bill" / "focus_1_0_sample_aws.csv"
 

@@ -15,6 +15,7 @@ from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
 from otelgpu.config import Config
+from otelgpu.core.catalog import instance_of
 from otelgpu.demo import objects, scenario
 from otelgpu.demo.run import demo_config, replay
 from otelgpu.enrich.config import KubernetesConfig
@@ -220,6 +221,7 @@ def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
                 p.close_due(flush=True)
                 results[source] = {m: p.store.totals(m, ("cost_model", "team", "cost_center", "workload_name"))
                                    for m in ("allocated", "unused", "idle", "effective")}
+                results[source]["capacity"] = p.store.totals("capacity", ("cost_model", "node", "instance_id"))
             finally:
                 p.shutdown()
     ksm, api_path = results["kube-state-metrics"], results["api"]
@@ -227,6 +229,9 @@ def test_demo_cluster_costs_the_same_from_the_api_as_from_kube_state_metrics():
         assert set(ksm[metric]) == set(api_path[metric]), metric
         for key, value in ksm[metric].items():
             assert api_path[metric][key] == pytest.approx(value, abs=1e-9), (metric, key)
+    # each node's instance, from kube_node_info's provider_id or the Node's spec.providerID
+    assert {(node, instance) for _, node, instance in ksm["capacity"]} == \
+        {(n.name, instance_of(n.provider_id)) for n in nodes}
     teams = {k[1] for k in ksm["allocated"]}
     assert {"bu-a", "bu-b", "bu-c"} <= teams and sum(v for k, v in ksm["allocated"].items() if k[0] == "request") > 0
 

@@ -12,6 +12,15 @@ from typing import Optional
 
 import yaml
 
+INSTANCE_ID = re.compile(r"(?:^|/)(?P<id>i-[0-9a-z]+)$")  # the whole id, or what follows a `/`
+
+
+def instance_of(provider_id: str) -> Optional[str]:
+    """The EC2 instance id of a Kubernetes node's `providerID` (`aws:///us-east-1a/i-0abc...`), or of
+    a bill's resource id (bare, or ending an ARN); None when it names no EC2 instance."""
+    match = INSTANCE_ID.search(provider_id.strip())
+    return match.group("id") if match else None
+
 
 @dataclass(frozen=True)
 class InstanceType:

@@ -32,6 +32,7 @@ def namespace(name: str, labels: dict[str, str]) -> dict[str, Any]:
 def node(spec: Node) -> dict[str, Any]:
     capacity = {k8s_resource(k): _quantity(k, v) for k, v in spec.capacity.items()}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name, "labels": dict(spec.labels)},
+            "spec": {"providerID": spec.provider_id},
             "status": {"capacity": capacity, "allocatable": capacity,
                        "addresses": [{"type": "InternalIP", "address": spec.ip}]}}
 

@@ -60,6 +60,11 @@ class Node:
     devices: list[Device] = field(default_factory=list)
     shared: list[Pod] = field(default_factory=list)  # time-slicing tenants of device 0
 
+    @property
+    def provider_id(self) -> str:
+        """The node's spec.providerID: an EC2 instance id made of its address."""
+        return "aws:///us-west-2b/i-0" + "".join(f"{int(octet):02x}" for octet in self.ip.split(".")) + "00000000"
+
 
 def _uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{node}/{index}"))

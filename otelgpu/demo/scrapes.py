@@ -46,11 +46,13 @@ def _workload(pod: Pod) -> dict[str, str]:
 
 def ksm(nodes: list[Node], ns_labels: dict[str, dict[str, str]], time_ns: int) -> ResourceMetrics:
     series: dict[str, list[Series]] = {k: [] for k in (
-        "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels", "kube_pod_info",
+        "kube_node_info", "kube_node_labels", "kube_node_status_capacity", "kube_namespace_labels", "kube_pod_info",
         "kube_pod_labels", "kube_pod_status_phase", "kube_pod_container_resource_requests")}
     for ns, labels in ns_labels.items():
         series["kube_namespace_labels"].append(({"namespace": ns, **_labels(labels)}, 1.0))
     for node in nodes:
+        series["kube_node_info"].append(({"node": node.name, "provider_id": node.provider_id,
+                                          "internal_ip": node.ip}, 1.0))
         series["kube_node_labels"].append(({"node": node.name, **_labels(node.labels)}, 1.0))
         for res, qty in node.capacity.items():
             unit = {"cpu": "core", "memory": "byte"}.get(res, "integer")

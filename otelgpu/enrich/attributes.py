@@ -19,7 +19,7 @@ from otelgpu.enrich.workload import workload
 
 
 def node_attrs(name: str, model: str, info: NodeInfo) -> Attrs:
-    return attrs_of({"capacity_type": info.capacity_type, "gpu_model": model,
+    return attrs_of({"capacity_type": info.capacity_type, "gpu_model": model, "instance_id": info.instance_id,
                      "instance_type": info.instance_type, "node": name})
 
 

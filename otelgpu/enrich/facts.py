@@ -78,7 +78,7 @@ class KsmFacts:
                 self._apply(_METRICS[metric[i]], attrs, value[i], stale[i], time_ns[i])
 
     def _apply(self, metric: Metric, attrs: dict[str, str], value: float, stale: bool, time_ns: int) -> None:
-        if metric in (Metric.NODE_LABELS, Metric.NODE_CAPACITY):
+        if metric in (Metric.NODE_INFO, Metric.NODE_LABELS, Metric.NODE_CAPACITY):
             self._apply_node(metric, attrs, value, stale, time_ns)
         elif metric in (Metric.REPLICASET_OWNER, Metric.JOB_OWNER):
             self._apply_owner(metric, attrs, stale, time_ns)
@@ -97,6 +97,8 @@ class KsmFacts:
         node.seen_ns = time_ns
         if metric == Metric.NODE_LABELS:
             node.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+        elif metric == Metric.NODE_INFO:
+            node.provider_id = attrs.get("provider_id", "")
         else:
             node.capacity[attrs["resource"]] = value
 

@@ -62,6 +62,7 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
         "pods": pod_arrays,
         "nodes": {"name": np.array([texts(n) for n in nodes], np.int64),
                   "seen_ns": np.array([n.seen_ns for n in nodes.values()], np.int64),
+                  "provider_id": np.array([texts(n.provider_id) for n in nodes.values()], np.int64),
                   "labels": _rows(node_labels, 3), "capacity": _rows(capacity, 2),
                   "amount": np.array(amounts, np.float64)},
         "namespaces": {"name": np.array([texts(n) for n in namespaces], np.int64),
@@ -145,6 +146,9 @@ def decode(state: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     node_rows = state["nodes"]
     names = [word(i) for i in column(node_rows["name"], None, "iu")]
     nodes = [NodeFacts(seen_ns=s) for s in column(node_rows["seen_ns"], len(names), "iu")]
+    if "provider_id" in node_rows:  # not in checkpoints written before it
+        for node, text in zip(nodes, column(node_rows["provider_id"], len(names), "iu")):
+            node.provider_id = word(text)
     table.attach(ids(node_rows["labels"], 3), nodes, "labels")
     capacity = ids(node_rows["capacity"], 2)
     for (at, r), q in zip(capacity, column(node_rows["amount"], len(capacity), "f")):

@@ -36,6 +36,7 @@ class NodeFacts:
     labels: dict[str, str] = field(default_factory=dict)
     capacity: dict[str, float] = field(default_factory=dict)
     seen_ns: int = 0
+    provider_id: str = ""  # the cloud's id of the machine (`aws:///us-east-1a/i-0abc...`)
 
 
 @dataclass

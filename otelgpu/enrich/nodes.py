@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otelgpu.core.catalog import instance_of
 from otelgpu.enrich import labels
 from otelgpu.enrich.model import NodeFacts
 from otelgpu.receiver.schema import MAX_GPUS_PER_NODE, MIG_PREFIX, gpu_count_label, replicas_label
@@ -23,6 +24,7 @@ class NodeInfo:
     vcpus: float
     memory_gib: float
     known: bool  # kube-state-metrics reported the node
+    instance_id: str = ""  # the EC2 instance of its providerID ("": none, or another cloud's)
 
 
 def node_info(facts: NodeFacts | None) -> NodeInfo:
@@ -42,6 +44,7 @@ def node_info(facts: NodeFacts | None) -> NodeInfo:
         vcpus=facts.capacity.get("cpu", 0.0),
         memory_gib=facts.capacity.get("memory", 0.0) / 2**30,
         known=True,
+        instance_id=instance_of(facts.provider_id) or "",
     )
 
 

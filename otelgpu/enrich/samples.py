@@ -9,7 +9,7 @@ import numpy as np
 
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Coded, Interner
-from otelgpu.receiver.schema import Metric
+from otelgpu.receiver.schema import is_dcgm
 
 
 class Columns(Coded):
@@ -69,7 +69,7 @@ def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
     the exporter's `Hostname` (releases) or `hostname` (newer builds), else the resource's
     `k8s.node.name`.
     """
-    dcgm = batch.select(batch.metric < Metric.POD_LABELS)
+    dcgm = batch.select(is_dcgm(batch.metric))
 
     def col(key: str) -> np.ndarray:
         return dcgm.column(strings.find(key))

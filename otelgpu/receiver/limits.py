@@ -22,6 +22,7 @@ CADVISOR_KEYS = ("namespace", "pod", "container", "id")
 VLLM_KEYS = ("model_name", "engine")  # and the tenant labels configured (`tenants.labels`)
 # Names of things: a point may lack them, but one that carries them empty names nothing.
 IDENTITY_KEYS = frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS + VLLM_KEYS)
+FACT_KEYS = ("provider_id",)  # kube_node_info's: empty on a cluster with no cloud provider
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Limits:
 def wanted_keys(fact_labels: Iterable[str]) -> frozenset[str]:
     """The fixed keys plus the kube-state-metrics `label_*` / `annotation_*` keys that tags, node
     pricing and workloads read (`fact_labels`)."""
-    return frozenset(DCGM_KEYS + KSM_KEYS + CADVISOR_KEYS + VLLM_KEYS) | frozenset(fact_labels)
+    return IDENTITY_KEYS | frozenset(FACT_KEYS) | frozenset(fact_labels)
 
 
 def value_problem(metric: int, value: float, resource: str = "") -> tuple[str, str]:

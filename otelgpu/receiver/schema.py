@@ -15,6 +15,7 @@ class Metric(IntEnum):
     FB_FREE = 3
     POWER_USAGE = 4
     ENERGY = 5
+    NODE_INFO = 9  # the first of kube-state-metrics' (is_ksm)
     POD_LABELS = 10
     NAMESPACE_LABELS = 11
     POD_REQUESTS = 12
@@ -69,6 +70,7 @@ KSM_METRICS = {
     "kube_pod_container_resource_requests": Metric.POD_REQUESTS,
     "kube_pod_info": Metric.POD_INFO,
     "kube_pod_status_phase": Metric.POD_PHASE,
+    "kube_node_info": Metric.NODE_INFO,
     "kube_node_labels": Metric.NODE_LABELS,
     "kube_node_status_capacity": Metric.NODE_CAPACITY,
     "kube_pod_annotations": Metric.POD_ANNOTATIONS,
@@ -105,8 +107,12 @@ for _name, _code in KNOWN_METRICS.items():
     METRIC_NAME.setdefault(int(_code), _name)
 
 
+def is_dcgm(metric):  # noqa: ANN001, ANN201 - numpy array or int
+    return metric <= Metric.ENERGY
+
+
 def is_ksm(metric):  # noqa: ANN001, ANN201 - numpy array or int
-    return (metric >= Metric.POD_LABELS) & (metric <= Metric.JOB_OWNER)
+    return (metric >= Metric.NODE_INFO) & (metric <= Metric.JOB_OWNER)
 
 # Labels a point must carry to be usable; a point without them is rejected with this reason.
 REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
@@ -116,6 +122,7 @@ REQUIRED_LABELS: dict[Metric, tuple[str, ...]] = {
     Metric.POD_REQUESTS: ("namespace", "pod", "resource"),
     Metric.POD_INFO: ("namespace", "pod"),
     Metric.POD_PHASE: ("namespace", "pod", "phase"),
+    Metric.NODE_INFO: ("node",),
     Metric.NODE_LABELS: ("node",),
     Metric.NODE_CAPACITY: ("node", "resource"),
     Metric.POD_ANNOTATIONS: ("namespace", "pod"),
@@ -147,6 +154,7 @@ VALUE_RANGE: dict[Metric, tuple[float, float]] = {
     Metric.NAMESPACE_LABELS: (0.0, 1.0),
     Metric.POD_INFO: (0.0, 1.0),
     Metric.POD_PHASE: (0.0, 1.0),
+    Metric.NODE_INFO: (0.0, 1.0),
     Metric.NODE_LABELS: (0.0, 1.0),
     Metric.POD_ANNOTATIONS: (0.0, 1.0),
     Metric.REPLICASET_OWNER: (0.0, 1.0),

@@ -22,10 +22,9 @@ none is dropped unseen.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,9 +32,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from otelgpu.core.catalog import INSTANCE_ID
 from otelgpu.core.grouping import group_ids
 
-INSTANCE_ID = re.compile(r"(?:^|/)(?P<id>i-[0-9a-z]+)$")  # the whole id, or what follows a `/`
 KEYS = ("instance", "start", "end")
 NO_PERIOD = "(an instance's line without a charge period)"  # counted with the lines of no instance
 COSTS = ("compute", "other", "billed", "list")
@@ -248,9 +247,3 @@ def _empty(instance: pa.DataType = pa.string()) -> pa.Table:
     return pa.table({"instance": pa.array([], instance), "start": pa.array([], pa.int64()),
                      "end": pa.array([], pa.int64()), **{c: pa.array([], pa.float64()) for c in COSTS}})
 
-
-def instance_of(provider_id: str) -> Optional[str]:
-    """The instance id of a Kubernetes node's `providerID` (`aws:///us-east-1a/i-0abc...`), or of a
-    bill's resource id; None when it names no EC2 instance."""
-    match = INSTANCE_ID.search(provider_id.strip())
-    return match.group("id") if match else None

@@ -27,7 +27,7 @@ pods = st.builds(PodFacts, uid=text, node=text, phase=text, labels=labels,
 facts_tables = st.tuples(
     st.dictionaries(st.tuples(text, text), pods, max_size=5),
     st.dictionaries(text, st.builds(NodeFacts, labels=labels, capacity=st.dictionaries(text, st.floats(0, 1e6), max_size=3),
-                                    seen_ns=ns), max_size=3),
+                                    seen_ns=ns, provider_id=text), max_size=3),
     st.dictionaries(text, st.builds(NamespaceFacts, labels=labels, seen_ns=ns), max_size=3),
     st.dictionaries(st.tuples(text, text, text), st.builds(OwnerFacts, text, text, ns), max_size=3),
 )
@@ -106,3 +106,14 @@ def test_arrays_that_do_not_fit_together_are_refused_and_nothing_changes(where, 
     with pytest.raises(ValueError):
         target.restore(_broken(_through_checkpoint(facts.state()), where, value))
     assert _tables(target) == before
+
+
+def test_a_checkpoint_written_before_provider_ids_gives_nodes_without_one():
+    facts = KsmFacts(Interner(), ttl_ns=1)
+    facts.nodes = {"n1": NodeFacts(labels={"label_a": "b"}, capacity={"cpu": 4.0}, seen_ns=5,
+                                   provider_id="aws:///us-east-1a/i-0abc")}
+    state = facts.state()
+    del state["nodes"]["provider_id"]
+    restored = KsmFacts(Interner(), ttl_ns=1)
+    restored.restore(_through_checkpoint(state))
+    assert restored.nodes == {"n1": NodeFacts(labels={"label_a": "b"}, capacity={"cpu": 4.0}, seen_ns=5)}

@@ -76,7 +76,8 @@ def timestamp_ns(value: Optional[str]) -> int:
 def node_facts(obj: Obj, now_ns: int) -> NodeFacts:
     capacity = (obj.get("status") or {}).get("capacity") or {}
     return NodeFacts(labels=_kept(meta(obj).get("labels"), ksm_label_name, NODE_LABELS),
-                     capacity={ksm_resource_name(k): quantity(v) for k, v in capacity.items()}, seen_ns=now_ns)
+                     capacity={ksm_resource_name(k): quantity(v) for k, v in capacity.items()}, seen_ns=now_ns,
+                     provider_id=str((obj.get("spec") or {}).get("providerID") or ""))
 
 
 def namespace_facts(obj: Obj, label_keys: Collection[str], now_ns: int) -> NamespaceFacts:
