@@ -65,9 +65,9 @@ def _warm_up() -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from otelgpu.report import parse_time, write_csv
+    from otelgpu.report import parse_time
     from otelgpu.report.promql import PromClient, QueryError
-    from otelgpu.report.showback import GAP_CAUSES, showback
+    from otelgpu.report.showback import showback
 
     try:
         start, end = parse_time(args.start), parse_time(args.end)
@@ -84,7 +84,11 @@ def _report(args: argparse.Namespace) -> int:
             raise ConfigError([f"report: --output {args.output}: {folder} is not a folder this user can write"])
     if args.format == "focus-parquet" and not args.output:
         raise ConfigError(["report: --format focus-parquet needs --output FILE"])
+    if args.reconciliation and not args.bill:
+        raise ConfigError(["report: --reconciliation needs --bill FILE"])
     client = PromClient(args.prometheus, sigv4_region=args.sigv4_region)
+    if args.bill:
+        return _billed(args, client, start, end, by)
     if args.format.startswith("focus"):
         return _focus(args, client, start, end)
     try:
@@ -95,9 +99,18 @@ def _report(args: argparse.Namespace) -> int:
     except QueryError as exc:
         print(f"otelgpu: {exc}", file=sys.stderr)
         return 1
+    _write_showback(args, result)
+    return 0
+
+
+def _write_showback(args: argparse.Namespace, result) -> None:  # noqa: ANN001 - a Showback
+    from otelgpu.report import write_csv
+    from otelgpu.report.showback import GAP_CAUSES
+
     if abs(result.gap) > 1e-6 * max(result.capacity, 1.0):
         print(f"otelgpu: warning: the rows and the idle add up to {result.charged + result.idle:.6f} of a capacity of "
               f"{result.capacity:.6f}: {GAP_CAUSES}", file=sys.stderr)
+
     def write(out: TextIO) -> None:
         if args.format == "html":
             from otelgpu.report.html import write_html
@@ -111,14 +124,58 @@ def _report(args: argparse.Namespace) -> int:
             write(out)
     else:
         write(sys.stdout)
+
+
+def _billed(args: argparse.Namespace, client, start: float, end: float, by: tuple[str, ...]) -> int:  # noqa: ANN001
+    """The report tied out to the bill: each node-period at its instance's billed cost."""
+    from otelgpu.report import focus
+    from otelgpu.report.bill import read_bill
+    from otelgpu.report.promql import QueryError
+    from otelgpu.report.reconcile import BillPeriodError, reconcile, showback_of, summary, write_csv
+
+    matchers = {"cluster": args.cluster} if args.cluster else {}
+    try:
+        bounds = focus.periods(start, end, focus.GRANULARITY_S[args.granularity])
+        bill = read_bill(args.bill)  # before the queries: a bill that cannot be read fails now
+        data = focus.collect(client, start, end, int(bounds[1] - bounds[0]), args.cost_model, matchers,
+                             int(args.lookback * 86_400))
+        result = reconcile(data, bill, bounds)
+    except (ValueError, BillPeriodError) as exc:
+        raise ConfigError([f"report: {exc}"]) from exc
+    except QueryError as exc:
+        print(f"otelgpu: {exc}", file=sys.stderr)
+        return 1
+    for line in [*data.warnings, *summary(result, args.currency)]:
+        print(f"otelgpu: {line}", file=sys.stderr)
+    if args.reconciliation:
+        with open(args.reconciliation, "w", encoding="utf-8", newline="") as out:
+            write_csv(result, out)
+    if args.format.startswith("focus"):
+        return _write_focus(args, data)
+    try:
+        unattributed = _unattributed(client, matchers, bounds, int(args.lookback * 86_400))
+    except QueryError as exc:
+        print(f"otelgpu: {exc}", file=sys.stderr)
+        return 1
+    _write_showback(args, showback_of(data, by, matchers, start, end, unattributed))
     return 0
+
+
+def _unattributed(client, matchers: dict[str, str], bounds: list[float], lookback_s: int) -> dict:  # noqa: ANN001
+    from otelgpu.report.showback import NAMES, increases_by_period
+
+    out: dict[tuple[float, str, str], float] = {}
+    for period, series in enumerate(increases_by_period(client, NAMES["unattributed"], matchers, bounds, lookback_s)):
+        for labels, value in series:
+            key = (bounds[period], labels.get("cluster", ""), labels.get("node", ""))
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def _focus(args: argparse.Namespace, client, start: float, end: float) -> int:  # noqa: ANN001 - PromClient
     from otelgpu.report import focus
     from otelgpu.report.promql import QueryError
 
-    provider = focus.Provider(args.provider, args.service_name, args.billing_account)
     try:
         step = focus.GRANULARITY_S[args.granularity]
         focus.periods(start, end, step)
@@ -131,6 +188,13 @@ def _focus(args: argparse.Namespace, client, start: float, end: float) -> int:  
         return 1
     for warning in data.warnings:
         print(f"otelgpu: warning: {warning}", file=sys.stderr)
+    return _write_focus(args, data)
+
+
+def _write_focus(args: argparse.Namespace, data) -> int:  # noqa: ANN001 - a focus.Dataset
+    from otelgpu.report import focus
+
+    provider = focus.Provider(args.provider, args.service_name, args.billing_account)
     if args.format == "focus-parquet":
         try:
             focus.write_parquet(data, args.output, provider, args.currency)
@@ -263,6 +327,11 @@ def _report_parser(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
     report.add_argument("--service-name", default="Amazon Elastic Compute Cloud",
                         help="FOCUS: the provider's service the nodes are (ServiceName)")
     report.add_argument("--billing-account", help="FOCUS: BillingAccountId (default: the cluster's name)")
+    report.add_argument("--bill", help="tie out to this cloud bill: a FOCUS 1.x dataset or an AWS CUR 2.0 export "
+                                       "(CSV, gzip CSV or Parquet; a file or a folder): each node-period at its "
+                                       "instance's billed cost (docs/report.md)")
+    report.add_argument("--reconciliation", help="with --bill: write each node's bill against otelgpu's prices, and "
+                                                 "every bill line no node took, to this CSV file")
 
 
 def _rules(args: argparse.Namespace) -> int:

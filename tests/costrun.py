@@ -17,15 +17,15 @@ A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 300
 
 
-def scenario(align_s: int = INTERVAL_S) -> Cluster:
+def scenario(align_s: int = INTERVAL_S, provider_id: str = "") -> Cluster:
     """$12 an hour per A100. vision: `train` holds two GPUs all hour and `batch` one GPU from 30 to
     40 and again from 50 to 60 minutes (its series ends in between, and starts again); nlp holds
     one until 25 minutes, serving tenants acme (30 prompt and 10 generation tokens a second) and
 globex (7 and 2.5), research one from 35 minutes. The hour starts on a multiple of `align_s`
-    (3600: an hour's edge) and ends before now."""
+    (3600: an hour's edge) and ends before now. `provider_id`: the node's spec.providerID."""
     t0_s = int(time.time()) // align_s * align_s - 3600
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
-                capacity={"nvidia_com_gpu": 4})
+                capacity={"nvidia_com_gpu": 4}, provider_id=provider_id)
     gpu = ("nvidia_com_gpu", 1)
     pods = [Pod("ml", "train", "gpu-1", {"team": "vision"}, gpu=("nvidia_com_gpu", 2), holds=("GPU-0", "GPU-1")),
             Pod("web", "serve", "gpu-1", {"team": "nlp"}, gpu=gpu, holds=("GPU-2",), end_s=1500,

@@ -27,7 +27,7 @@ def seconds(text: str) -> int:
 
 def reference(path: Path) -> tuple[dict, dict]:
     """The FOCUS file summed row by row with the csv module: per (instance, start, end) the
-    hourly and other EffectiveCost, BilledCost and ListCost; per ChargeCategory of the rows of no
+    hourly and other EffectiveCost, the hourly BilledCost and ListCost; per ChargeCategory of the rows of no
     instance, (rows, EffectiveCost)."""
     def number(value: str) -> float:
         return 0.0 if value in ("", "NULL") else float(value)
@@ -45,8 +45,9 @@ def reference(path: Path) -> tuple[dict, dict]:
             key = (instance, seconds(row["ChargePeriodStart"]), seconds(row["ChargePeriodEnd"]))
             hourly = row["PricingUnit"].lower() == "hours"
             sums[key][0 if hourly else 1] += effective
-            sums[key][2] += number(row["BilledCost"])
-            sums[key][3] += number(row["ListCost"])
+            if hourly:
+                sums[key][2] += number(row["BilledCost"])
+                sums[key][3] += number(row["ListCost"])
     return dict(sums), {k: tuple(v) for k, v in unmatched.items()}
 
 
@@ -110,7 +111,7 @@ FOCUS_ROWS = [
 ]
 START, END = seconds(HOUR[0]), seconds(HOUR[1])
 FOCUS_WANT = {("i-0g5", START, END): [0.42, 0.0, 0.42, 1.006],
-              ("i-0p5", START, END): [44.0 + 19.664, 0.09, 19.664 + 0.09, 78.656 + 19.664 + 0.09]}
+              ("i-0p5", START, END): [44.0 + 19.664, 0.09, 19.664, 78.656 + 19.664]}
 FOCUS_UNMATCHED = {"Purchase": (1, 0.0), "Usage": (1, 6.0), "Credit": (1, -10.0), "Tax": (1, 3.5), NO_PERIOD: (1, 1.25)}
 
 
@@ -181,7 +182,7 @@ def test_a_cur_2_0_bill_worked_by_hand(tmp_path: Path) -> None:
         ("i-0g4", start, end): [0.19, 0.0, 0.19, 0.526],  # spot
         ("i-0g5", start, end): [3.4, 0.0, 0.0, 5.672],  # a Reserved Instance's amortised rate
         ("i-0p4", start, end): [21.3, 0.0, 0.0, 32.77],  # the plan's effective rate; its negation nothing
-        ("i-0p5", start, end): [98.32, 0.05, 98.37, 98.37],  # on demand, and its data transfer apart
+        ("i-0p5", start, end): [98.32, 0.05, 98.32, 98.32],  # on demand, and its data transfer apart
     })
     assert {k: (n, round(c, 9)) for k, (n, c) in bill.unmatched.items()} == {
         "RIFee": (1, 1.2), "SavingsPlanRecurringFee": (1, 2.5), "Credit": (1, -7.0)}

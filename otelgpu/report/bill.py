@@ -52,8 +52,9 @@ _CUR_HOURLY = r"(BoxUsage|SpotUsage|DedicatedUsage|HostUsage|CapacityBlock)"
 
 @dataclass
 class Bill:
-    """Per instance and charge period (unix seconds, end exclusive): its compute cost, its other
-    cost, what was billed and the list price; and the lines of no instance by category."""
+    """Per instance and charge period (unix seconds, end exclusive): its compute's effective cost,
+    its other lines' effective cost, what was billed for its compute and the compute's list cost;
+    and the lines of no instance by category."""
 
     format: str  # "focus" or "cur2"
     instances: pa.Table  # instance, start, end, compute, other, billed, list
@@ -219,7 +220,7 @@ def _lines(resource: pa.Array, start: pa.Array, end: pa.Array, effective: pa.Arr
     return pa.table({
         "instance": _instance(resource), "start": _seconds(start), "end": _seconds(end),
         "compute": pc.if_else(hourly, effective, zero), "other": pc.if_else(hourly, zero, effective),
-        "billed": billed, "list": listed, "category": category, "effective": effective})
+        "billed": pc.if_else(hourly, billed, zero), "list": pc.if_else(hourly, listed, zero), "category": category, "effective": effective})
 
 
 def _summed(lines: pa.Table) -> pa.Table:

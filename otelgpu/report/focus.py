@@ -52,7 +52,7 @@ COLUMNS = (
     "AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName", "AllocatedTags",
     "x_ClusterName", "x_CostModel", "x_IdlePolicy", "x_AllocationKind", "x_GpuHoursHeld",
     "x_UsedCost", "x_WasteCost", "x_UnmeasuredCost", "x_InstanceType", "x_CapacityType", "x_GpuModel",
-    "x_PriceSource",
+    "x_PriceSource", "x_InstanceId", "x_CostBasis",
 )
 DECIMALS = {"BilledCost", "ContractedCost", "EffectiveCost", "ListCost", "PricingQuantity", "x_GpuHoursHeld",
             "x_UsedCost", "x_WasteCost", "x_UnmeasuredCost"}
@@ -95,10 +95,19 @@ class Origin:
     end: float
     cluster: str
     node: str
-    labels: Labels  # instance_type, capacity_type, gpu_model, idle_policy, price_source
+    labels: Labels  # instance_type, instance_id, capacity_type, gpu_model, idle_policy, price_source
     capacity: float = 0.0
     gpu_seconds: float = 0.0  # provisioned
     charges: dict[tuple, Charge] = field(default_factory=dict)
+    # What the bill says the node's instance cost in the period (reconcile.py): its effective and
+    # its billed cost, split in the charges' proportions; None: not reconciled, otelgpu's prices.
+    effective_cost: Optional[float] = None
+    billed_cost: Optional[float] = None
+
+    @property
+    def factor(self) -> float:
+        """The bill's effective cost over otelgpu's cost of the node (1 where not reconciled)."""
+        return 1.0 if self.effective_cost is None else self.effective_cost / self.cost
 
     def charge(self, kind: str, labels: Labels) -> Charge:
         key = (kind, tuple(sorted(labels.items())))
@@ -193,7 +202,7 @@ class _Reading:
         if where not in self.found:
             self.found[where] = Origin(self.bounds[period], self.bounds[period + 1], where[1], where[2], {})
         origin = self.found[where]
-        for name in ("instance_type", "capacity_type", "gpu_model", "idle_policy", "price_source"):
+        for name in ("instance_type", "instance_id", "capacity_type", "gpu_model", "idle_policy", "price_source"):
             if labels.get(name) and not origin.labels.get(name):
                 origin.labels[name] = labels[name]
         return origin
@@ -278,6 +287,8 @@ def _absorb(into: Origin, origin: Origin) -> None:
     into.gpu_seconds += origin.gpu_seconds
     for name, value in origin.labels.items():
         into.labels.setdefault(name, value)
+    if origin.effective_cost is not None or into.effective_cost is not None:
+        raise ValueError("origins are merged before they are reconciled")
     for (kind, labels), c in origin.charges.items():
         target = into.charge(kind, dict(labels))
         for part, value in c.parts.items():
@@ -310,8 +321,11 @@ def _main(origin: Origin) -> str:
     return max(by, key=lambda r: (by[r], r == "gpu")) if by else "gpu"
 
 
-def method_id(cost_model: str, idle_policy: str) -> str:
-    return f"otelgpu-{cost_model}-idle-{idle_policy}"
+def method_id(cost_model: str, idle_policy: str, billed: bool = False) -> str:
+    return f"otelgpu-{cost_model}-idle-{idle_policy}" + ("-bill" if billed else "")
+
+
+BASIS = {True: "bill", False: "prices"}  # x_CostBasis: the bill's cost of the node, or otelgpu's prices
 
 
 def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[dict[str, object]]:
@@ -322,11 +336,15 @@ def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[d
         account = provider.billing_account_id or o.cluster or "otelgpu"
         period = _month(o.start)
         node = {"instance_type": o.labels.get("instance_type", ""), "capacity_type": o.labels.get("capacity_type", "")}
+        billed = o.effective_cost is not None
+        factor = o.factor
         for c in sorted(o.charges.values(), key=lambda c: (c.kind != "holder", -c.cost, _resource_id(o, c) or "")):
             ratio = c.cost / cost
             resource_id = _resource_id(o, c)
+            effective = ratio * o.effective_cost if billed else c.cost
             yield {
-                "BilledCost": c.cost, "ContractedCost": c.cost, "EffectiveCost": c.cost, "ListCost": c.cost,
+                "BilledCost": ratio * o.billed_cost if billed else c.cost, "ContractedCost": effective,
+                "EffectiveCost": effective, "ListCost": c.cost,
                 "BillingAccountId": account, "BillingAccountName": provider.billing_account_name or account,
                 "BillingCurrency": currency, "BillingPeriodStart": period[0], "BillingPeriodEnd": period[1],
                 "ChargeCategory": "Usage", "ChargeClass": None, "ChargeFrequency": "Usage-Based",
@@ -338,16 +356,18 @@ def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[d
                 "PricingQuantity": hours * ratio, "PricingUnit": "GPU-Hours",
                 "ResourceId": o.node or None, "ResourceName": o.node or None,
                 "ResourceType": "Kubernetes node" if o.node else None,
-                "AllocatedMethodId": method_id(data.cost_model, policy),
+                "AllocatedMethodId": method_id(data.cost_model, policy, billed),
                 "AllocatedMethodDetails": json.dumps(_details(c, cost), separators=(",", ":")),
                 "AllocatedResourceId": resource_id,
                 "AllocatedResourceName": _resource_name(c) if resource_id else None,
                 "AllocatedTags": _tags(c),
                 "x_ClusterName": o.cluster or None, "x_CostModel": data.cost_model, "x_IdlePolicy": policy or None,
                 "x_AllocationKind": c.kind, "x_GpuHoursHeld": c.gpu_seconds / 3600.0,
-                "x_UsedCost": c.used, "x_WasteCost": c.waste, "x_UnmeasuredCost": c.unmeasured,
+                "x_UsedCost": c.used * factor, "x_WasteCost": c.waste * factor,
+                "x_UnmeasuredCost": c.unmeasured * factor,
                 "x_InstanceType": node["instance_type"] or None, "x_CapacityType": node["capacity_type"] or None,
                 "x_GpuModel": o.labels.get("gpu_model") or None, "x_PriceSource": o.labels.get("price_source") or None,
+                "x_InstanceId": o.labels.get("instance_id") or None, "x_CostBasis": BASIS[billed],
             }
 
 
