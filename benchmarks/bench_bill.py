@@ -41,10 +41,10 @@ def write_bill(path: Path, instances: int, days: int, transfer_lines: int = 1) -
         for hour in range(hours):
             at = start + 3600 * hour
             parts = [
-                (ids, "Usage", "Standard", "Hours", np.where(covered, 19.664, 98.32)),
-                (ids[covered], "Usage", "Committed", "Hours", np.full(covered.sum(), 44.0)),
-                *[(ids, "Usage", "Standard", "GB", np.full(instances, 0.09))] * transfer_lines,
-                (np.array([None, None], dtype=object), "Credit", None, None, np.array([-10.0, 3.5])),
+                (ids, "Usage", "Standard", "Hours", np.where(covered, 19.664, 98.32), np.where(covered, 0.2, 1.0)),
+                (ids[covered], "Usage", "Committed", "Hours", np.full(covered.sum(), 44.0), np.full(covered.sum(), 0.8)),
+                *[(ids, "Usage", "Standard", "GB", np.full(instances, 0.09), np.full(instances, 4.5))] * transfer_lines,
+                (np.array([None, None], dtype=object), "Credit", None, None, np.array([-10.0, 3.5]), np.zeros(2)),
             ]
             table = pa.concat_tables([_lines(*part, at) for part in parts])
             if writer is None:
@@ -58,8 +58,9 @@ def write_bill(path: Path, instances: int, days: int, transfer_lines: int = 1) -
 
 
 def _lines(resource_ids: np.ndarray, category: str, pricing: str | None, unit: str | None, cost: np.ndarray,
-           at: int) -> pa.Table:
+           quantity: np.ndarray, at: int) -> pa.Table:
     count = len(resource_ids)
+    described = "$98.32 per On Demand Linux p5.48xlarge Instance Hour" if unit == "Hours" else "data transfer"
     return pa.table({
         "ResourceId": pa.array(resource_ids, pa.string()),
         "ChargePeriodStart": pa.array(np.full(count, at * 1000), pa.timestamp("ms", "UTC")),
@@ -70,6 +71,8 @@ def _lines(resource_ids: np.ndarray, category: str, pricing: str | None, unit: s
         "BilledCost": pa.array(cost, pa.float64()),
         "EffectiveCost": pa.array(cost, pa.float64()),
         "ListCost": pa.array(cost, pa.float64()),
+        "PricingQuantity": pa.array(quantity, pa.float64()),
+        "ChargeDescription": pa.array([described if category == "Usage" else None] * count, pa.string()),
     })
 
 

@@ -27,12 +27,12 @@ def seconds(text: str) -> int:
 
 def reference(path: Path) -> tuple[dict, dict]:
     """The FOCUS file summed row by row with the csv module: per (instance, start, end) the
-    hourly and other EffectiveCost, the hourly BilledCost and ListCost; per ChargeCategory of the rows of no
+    hourly and other EffectiveCost, the hourly BilledCost and ListCost, the hours of hourly usage; per ChargeCategory of the rows of no
     instance, (rows, EffectiveCost)."""
     def number(value: str) -> float:
         return 0.0 if value in ("", "NULL") else float(value)
 
-    sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     unmatched: dict = defaultdict(lambda: [0, 0.0])
     with open(path, newline="") as file:
         for row in csv.DictReader(file):
@@ -48,11 +48,12 @@ def reference(path: Path) -> tuple[dict, dict]:
             if hourly:
                 sums[key][2] += number(row["BilledCost"])
                 sums[key][3] += number(row["ListCost"])
+                sums[key][4] += number(row["PricingQuantity"]) if row["ChargeCategory"] == "Usage" else 0.0
     return dict(sums), {k: tuple(v) for k, v in unmatched.items()}
 
 
 def summed(bill) -> dict:  # noqa: ANN001
-    return {(r["instance"], r["start"], r["end"]): [r["compute"], r["other"], r["billed"], r["list"]]
+    return {(r["instance"], r["start"], r["end"]): [r["compute"], r["other"], r["billed"], r["list"], r["hours"]]
             for r in bill.instances.to_pylist()}
 
 
@@ -89,29 +90,33 @@ def test_an_instance_id_is_a_bare_id_or_the_end_of_an_arn_never_a_name_that_ends
 
 
 FOCUS_HEADER = ["ResourceId", "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "PricingCategory",
-                "CommitmentDiscountStatus", "PricingUnit", "BilledCost", "EffectiveCost", "ListCost"]
+                "CommitmentDiscountStatus", "PricingUnit", "BilledCost", "EffectiveCost", "ListCost", "PricingQuantity",
+                "ChargeDescription"]
 SP = "arn:aws:savingsplans::111122223333:savingsplan/sp-1"
 HOUR = ("2026-10-01T05:00:00Z", "2026-10-01T06:00:00Z")
 FOCUS_ROWS = [
     # A p5.48xlarge hour, 80 % under a Compute Savings Plan (its effective rate) and 20 % on demand.
-    ["i-0p5", *HOUR, "Usage", "Committed", "Used", "Hours", 0.0, 44.0, 78.656],
-    ["i-0p5", *HOUR, "Usage", "Standard", "", "Hours", 19.664, 19.664, 19.664],
+    ["i-0p5", *HOUR, "Usage", "Committed", "Used", "Hours", 0.0, 44.0, 78.656, 0.8,
+     "$98.32 per On Demand Linux p5.48xlarge Instance Hour"],
+    ["i-0p5", *HOUR, "Usage", "Standard", "", "Hours", 19.664, 19.664, 19.664, 0.2,
+     "$98.32 per On Demand Linux p5.48xlarge Instance Hour"],
     # Its data transfer: the instance's, not its compute.
-    ["i-0p5", *HOUR, "Usage", "Standard", "", "GB", 0.09, 0.09, 0.09],
+    ["i-0p5", *HOUR, "Usage", "Standard", "", "GB", 0.09, 0.09, 0.09, 4.5, "$0.02 per GB - regional data transfer"],
     # A spot g5.xlarge named by its ARN.
-    ["arn:aws:ec2:us-east-1:111122223333:instance/i-0g5", *HOUR, "Usage", "Dynamic", "", "Hours", 0.42, 0.42, 1.006],
+    ["arn:aws:ec2:us-east-1:111122223333:instance/i-0g5", *HOUR, "Usage", "Dynamic", "", "Hours", 0.42, 0.42, 1.006,
+     1.0, "$0.42 per Spot Linux g5.xlarge Instance Hour"],
     # The plan's purchase (prepays the covered usage: no effective cost) and its unused part.
-    [SP, *HOUR, "Purchase", "", "", "Hours", 50.0, 0.0, 50.0],
-    [SP, *HOUR, "Usage", "Committed", "Unused", "Hours", 0.0, 6.0, 0.0],
+    [SP, *HOUR, "Purchase", "", "", "Hours", 50.0, 0.0, 50.0, 1.0, ""],
+    [SP, *HOUR, "Usage", "Committed", "Unused", "Hours", 0.0, 6.0, 0.0, 1.0, ""],
     # A credit and tax, of no instance.
-    ["", *HOUR, "Credit", "", "", "", -10.0, -10.0, 0.0],
+    ["", *HOUR, "Credit", "", "", "", -10.0, -10.0, 0.0, "", ""],
     # An instance's line without its period (FOCUS forbids it): counted, not guessed at.
-    ["i-0p5", "", "", "Usage", "Standard", "", "Hours", 1.25, 1.25, 1.25],
-    ["", *HOUR, "Tax", "", "", "", 3.5, 3.5, 0.0],
+    ["i-0p5", "", "", "Usage", "Standard", "", "Hours", 1.25, 1.25, 1.25, 1.0, ""],
+    ["", *HOUR, "Tax", "", "", "", 3.5, 3.5, 0.0, "", ""],
 ]
 START, END = seconds(HOUR[0]), seconds(HOUR[1])
-FOCUS_WANT = {("i-0g5", START, END): [0.42, 0.0, 0.42, 1.006],
-              ("i-0p5", START, END): [44.0 + 19.664, 0.09, 19.664, 78.656 + 19.664]}
+FOCUS_WANT = {("i-0g5", START, END): [0.42, 0.0, 0.42, 1.006, 1.0],
+              ("i-0p5", START, END): [44.0 + 19.664, 0.09, 19.664, 78.656 + 19.664, 1.0]}
 FOCUS_UNMATCHED = {"Purchase": (1, 0.0), "Usage": (1, 6.0), "Credit": (1, -10.0), "Tax": (1, 3.5), NO_PERIOD: (1, 1.25)}
 
 
@@ -138,6 +143,7 @@ def test_a_focus_bill_worked_by_hand(tmp_path: Path, written: str) -> None:
             pq.write_table(table, path)
     bill = read_bill(path, batch_rows=2, regroup_rows=1)
     assert close(summed(bill), FOCUS_WANT)
+    assert bill.kinds == {"i-0p5": ("p5.48xlarge", "on-demand"), "i-0g5": ("g5.xlarge", "spot")}
     assert {k: (n, round(c, 9)) for k, (n, c) in bill.unmatched.items()} == FOCUS_UNMATCHED
     # Everything the bill charged is here: the instances' effective cost and the lines of none.
     assert math.isclose(bill.total("compute") + bill.total("other") + sum(c for _, c in bill.unmatched.values()),
@@ -147,23 +153,24 @@ def test_a_focus_bill_worked_by_hand(tmp_path: Path, written: str) -> None:
 def cur_table() -> pa.Table:
     hour = (datetime(2026, 10, 1, 5, tzinfo=timezone.utc), datetime(2026, 10, 1, 6, tzinfo=timezone.utc))
     rows = [
-        # (resource, type, usage type, operation, unblended, SP effective, RI effective, on demand)
-        ("i-0p5", "Usage", "USE1-BoxUsage:p5.48xlarge", "RunInstances", 98.32, None, None, 98.32),
-        ("i-0p4", "SavingsPlanCoveredUsage", "USE1-BoxUsage:p4d.24xlarge", "RunInstances", 32.77, 21.3, None, 32.77),
-        ("i-0p4", "SavingsPlanNegation", "USE1-BoxUsage:p4d.24xlarge", "RunInstances", -32.77, None, None, 0.0),
-        ("i-0g5", "DiscountedUsage", "USE1-BoxUsage:g5.12xlarge", "RunInstances", 0.0, None, 3.4, 5.672),
-        ("i-0g4", "Usage", "USE1-SpotUsage:g4dn.xlarge", "RunInstances:SV001", 0.19, None, None, 0.526),
-        ("i-0p5", "Usage", "USE1-DataTransfer-Regional-Bytes", "InterZone-Out", 0.05, None, None, 0.05),
+        # (resource, type, usage type, operation, unblended, SP effective, RI effective, on demand, amount)
+        ("i-0p5", "Usage", "USE1-BoxUsage:p5.48xlarge", "RunInstances", 98.32, None, None, 98.32, 1.0),
+        ("i-0p4", "SavingsPlanCoveredUsage", "USE1-BoxUsage:p4d.24xlarge", "RunInstances", 32.77, 21.3, None, 32.77,
+         1.0),
+        ("i-0p4", "SavingsPlanNegation", "USE1-BoxUsage:p4d.24xlarge", "RunInstances", -32.77, None, None, 0.0, 1.0),
+        ("i-0g5", "DiscountedUsage", "USE1-BoxUsage:g5.12xlarge", "RunInstances", 0.0, None, 3.4, 5.672, 1.0),
+        ("i-0g4", "Usage", "USE1-SpotUsage:g4dn.xlarge", "RunInstances:SV001", 0.19, None, None, 0.526, 0.5),
+        ("i-0p5", "Usage", "USE1-DataTransfer-Regional-Bytes", "InterZone-Out", 0.05, None, None, 0.05, 2.5),
         # Split cost allocation: the p5's cost again, per pod; left out.
         ("arn:aws:eks:us-east-1:111122223333:pod/gpu/train/abc", "Usage", "USE1-BoxUsage:p5.48xlarge", "EKSPod-EC2",
-         49.16, None, None, 49.16),
-        ("", "RIFee", "USE1-HeavyUsage:g5.12xlarge", "RunInstances", 1.2, None, None, 0.0),
-        ("", "SavingsPlanRecurringFee", "ComputeSP:1yrNoUpfront", "", 2.5, None, None, 0.0),
-        ("", "Credit", "", "", -7.0, None, None, 0.0),
+         49.16, None, None, 49.16, 0.5),
+        ("", "RIFee", "USE1-HeavyUsage:g5.12xlarge", "RunInstances", 1.2, None, None, 0.0, 720.0),
+        ("", "SavingsPlanRecurringFee", "ComputeSP:1yrNoUpfront", "", 2.5, None, None, 0.0, 1.0),
+        ("", "Credit", "", "", -7.0, None, None, 0.0, 0.0),
     ]
     names = ["line_item_resource_id", "line_item_line_item_type", "line_item_usage_type", "line_item_operation",
              "line_item_unblended_cost", "savings_plan_savings_plan_effective_cost", "reservation_effective_cost",
-             "pricing_public_on_demand_cost"]
+             "pricing_public_on_demand_cost", "line_item_usage_amount"]
     columns = {name: pa.array([r[i] or None if isinstance(r[i], str) else r[i] for r in rows])
                for i, name in enumerate(names)}
     return pa.table({**columns,
@@ -179,11 +186,13 @@ def test_a_cur_2_0_bill_worked_by_hand(tmp_path: Path) -> None:
     start, end = START, END
     assert bill.format == "cur2" and bill.lines == 10 and bill.split_lines == 1
     assert close(summed(bill), {
-        ("i-0g4", start, end): [0.19, 0.0, 0.19, 0.526],  # spot
-        ("i-0g5", start, end): [3.4, 0.0, 0.0, 5.672],  # a Reserved Instance's amortised rate
-        ("i-0p4", start, end): [21.3, 0.0, 0.0, 32.77],  # the plan's effective rate; its negation nothing
-        ("i-0p5", start, end): [98.32, 0.05, 98.32, 98.32],  # on demand, and its data transfer apart
+        ("i-0g4", start, end): [0.19, 0.0, 0.19, 0.526, 0.5],  # spot, half an hour
+        ("i-0g5", start, end): [3.4, 0.0, 0.0, 5.672, 1.0],  # a Reserved Instance's amortised rate
+        ("i-0p4", start, end): [21.3, 0.0, 0.0, 32.77, 1.0],  # the plan's effective rate; its negation nothing
+        ("i-0p5", start, end): [98.32, 0.05, 98.32, 98.32, 1.0],  # on demand, and its data transfer apart
     })
+    assert bill.kinds == {"i-0p5": ("p5.48xlarge", "on-demand"), "i-0p4": ("p4d.24xlarge", "on-demand"),
+                          "i-0g5": ("g5.12xlarge", "on-demand"), "i-0g4": ("g4dn.xlarge", "spot")}
     assert {k: (n, round(c, 9)) for k, (n, c) in bill.unmatched.items()} == {
         "RIFee": (1, 1.2), "SavingsPlanRecurringFee": (1, 2.5), "Credit": (1, -7.0)}
 

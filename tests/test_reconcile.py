@@ -190,6 +190,7 @@ def cur_bill(path: Path, t0: float) -> None:
     table["savings_plan_savings_plan_effective_cost"] = pa.array([r[5] for r in rows], pa.float64())
     table["reservation_effective_cost"] = pa.array([None] * len(rows), pa.float64())
     table["pricing_public_on_demand_cost"] = pa.array([max(r[4], 0.0) for r in rows])
+    table["line_item_usage_amount"] = pa.array([1.0] * len(rows))
     table["line_item_usage_start_date"] = pa.array([start] * len(rows), pa.timestamp("ms", "UTC"))
     table["line_item_usage_end_date"] = pa.array([start + timedelta(hours=1)] * len(rows), pa.timestamp("ms", "UTC"))
     pq.write_table(pa.table(table), path)
@@ -198,10 +199,11 @@ def cur_bill(path: Path, t0: float) -> None:
 def focus_bill(path: Path, t0: float) -> None:
     """The same hour as a FOCUS dataset: EffectiveCost is net of the discount."""
     start, end = iso(t0), iso(t0 + HOUR)
-    header = "ResourceId,ChargePeriodStart,ChargePeriodEnd,ChargeCategory,PricingUnit,BilledCost,EffectiveCost,ListCost"
+    header = ("ResourceId,ChargePeriodStart,ChargePeriodEnd,ChargeCategory,PricingUnit,BilledCost,EffectiveCost,"
+              "ListCost,PricingQuantity")
     path.write_text("\n".join([
-        header, f"{INSTANCE},{start},{end},Usage,Hours,0,25.65,32.77", f"{INSTANCE},{start},{end},Usage,GB,0.05,0.05,0.05",
-        f"i-0cpu,{start},{end},Usage,Hours,0.096,0.096,0.096", f",{start},{end},Credit,,-7.0,-7.0,0"]) + "\n")
+        header, f"{INSTANCE},{start},{end},Usage,Hours,0,25.65,32.77,1", f"{INSTANCE},{start},{end},Usage,GB,0.05,0.05,0.05,2",
+        f"i-0cpu,{start},{end},Usage,Hours,0.096,0.096,0.096,1", f",{start},{end},Credit,,-7.0,-7.0,0,"]) + "\n")
 
 
 def iso(t: float) -> str:

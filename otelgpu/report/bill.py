@@ -37,27 +37,40 @@ from otelgpu.core.grouping import group_ids
 
 KEYS = ("instance", "start", "end")
 NO_PERIOD = "(an instance's line without a charge period)"  # counted with the lines of no instance
-COSTS = ("compute", "other", "billed", "list")
+COSTS = ("compute", "other", "billed", "list", "hours")  # summed per instance and period
 
 FOCUS_COLUMNS = ("ResourceId", "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "EffectiveCost",
-                 "BilledCost", "ListCost", "PricingUnit")
+                 "BilledCost", "ListCost", "PricingUnit", "PricingQuantity")
 CUR_COLUMNS = ("line_item_resource_id", "line_item_usage_start_date", "line_item_usage_end_date",
                "line_item_line_item_type", "line_item_unblended_cost", "line_item_operation", "line_item_usage_type",
                "savings_plan_savings_plan_effective_cost", "reservation_effective_cost",
-               "pricing_public_on_demand_cost")
+               "pricing_public_on_demand_cost", "line_item_usage_amount")
+# Read where the bill has them: what tells an instance's type and purchase (FOCUS only describes
+# them in words: AWS writes "$0.34 per On Demand Linux c5.2xlarge Instance Hour")
+FOCUS_OPTIONAL = ("PricingCategory", "ChargeDescription")
+CUR_OPTIONAL = ("product_instance_type",)
 _CUR_FREE = ("SavingsPlanNegation", "SavingsPlanUpfrontFee")  # carried by the usage they cover
 _CUR_SPLIT = ("EKSPod-EC2", "ECSTask-EC2")  # split cost allocation: their instance's cost again
 _CUR_HOURLY = r"(BoxUsage|SpotUsage|DedicatedUsage|HostUsage|CapacityBlock)"
+_CUR_USAGE = ("Usage", "SavingsPlanCoveredUsage", "DiscountedUsage")  # lines whose amount is instance-hours
+_CUR_TYPE = r":(?P<type>[a-z][a-z0-9-]*\.[a-z0-9]+)$"  # USE1-BoxUsage:p5.48xlarge
+_FOCUS_TYPE = r"(?P<type>\b[a-z][a-z0-9-]*\.[a-z0-9]+) (?:Instance|Dedicated Host|Capacity Block)"
+_TYPE = {"focus": _FOCUS_TYPE, "cur2": _CUR_TYPE}  # where a usage line's text names its instance type
 
 
 @dataclass
 class Bill:
     """Per instance and charge period (unix seconds, end exclusive): its compute's effective cost,
     its other lines' effective cost, what was billed for its compute and the compute's list cost;
-    and the lines of no instance by category."""
+    and the lines of no instance by category. `hours`: the instance-hours its usage lines charge
+    for (FOCUS: PricingQuantity of usage priced by the hour; CUR: line_item_usage_amount of its
+    usage, covered usage and discounted usage lines). `kinds`: where the bill says them, each
+    instance's type and capacity type (`spot` for spot, `reserved` for a capacity block,
+    `on-demand` otherwise: Savings Plans and Reserved Instances discount on-demand instances)."""
 
     format: str  # "focus" or "cur2"
-    instances: pa.Table  # instance, start, end, compute, other, billed, list
+    instances: pa.Table  # instance, start, end, compute, other, billed, list, hours
+    kinds: dict[str, tuple[str, str]] = field(default_factory=dict)  # instance -> (instance type, capacity type)
     unmatched: dict[str, tuple[int, float]] = field(default_factory=dict)  # category -> (lines, cost)
     lines: int = 0
     split_lines: int = 0  # CUR's split cost allocation rows, left out: they repeat their instance's cost
@@ -92,8 +105,10 @@ def read_bill(path: str | Path, batch_rows: int = 65_536, regroup_rows: int = 1 
 
 def _read(path: str | Path, batch_rows: int, regroup_rows: int) -> Bill:
     files = _files(Path(path))
-    kind = bill_format(_names(files[0]))
+    names = _names(files[0])
+    kind = bill_format(names)
     columns = list(FOCUS_COLUMNS if kind == "focus" else CUR_COLUMNS)
+    columns += [c for c in (FOCUS_OPTIONAL if kind == "focus" else CUR_OPTIONAL) if c in names]
     bill = Bill(kind, _empty())
     codes: dict[str, int] = {}  # instance id -> its number: the sums are kept by number, not by string
     parts: list[pa.Table] = []
@@ -108,6 +123,7 @@ def _read(path: str | Path, batch_rows: int, regroup_rows: int) -> Bill:
                                  pc.if_else(undated, NO_PERIOD, lines["category"]))
         mine = pc.and_(pc.is_valid(lines["instance"]), dated)
         _tally(bill.unmatched, lines.filter(pc.invert(mine)))
+        _kinds(bill.kinds, lines.filter(mine), kind)
         part = _summed(_numbered(lines.filter(mine), codes))
         parts.append(part)
         held += part.num_rows
@@ -144,9 +160,11 @@ def _is_parquet(path: Path) -> bool:
 
 # CSV columns typed as the bill defines them, not guessed from the first block: a column empty
 # there must not become untyped, and times are read as written (with or without a zone).
-_COSTS = {"EffectiveCost", "BilledCost", "ListCost", "line_item_unblended_cost", "reservation_effective_cost",
-          "savings_plan_savings_plan_effective_cost", "pricing_public_on_demand_cost"}
-_CSV_TYPES = {name: pa.float64() if name in _COSTS else pa.string() for name in FOCUS_COLUMNS + CUR_COLUMNS}
+_NUMBERS = {"EffectiveCost", "BilledCost", "ListCost", "PricingQuantity", "line_item_unblended_cost",
+            "reservation_effective_cost", "savings_plan_savings_plan_effective_cost", "pricing_public_on_demand_cost",
+            "line_item_usage_amount"}
+_CSV_TYPES = {name: pa.float64() if name in _NUMBERS else pa.string()
+              for name in FOCUS_COLUMNS + CUR_COLUMNS + FOCUS_OPTIONAL + CUR_OPTIONAL}
 
 
 def _names(path: Path) -> list[str]:
@@ -191,9 +209,23 @@ def _number(column: pa.Array) -> pa.Array:
 def _focus_lines(batch: pa.RecordBatch) -> pa.Table:
     effective = _number(batch["EffectiveCost"])
     hourly = pc.fill_null(pc.equal(pc.utf8_lower(pc.cast(batch["PricingUnit"], pa.string())), "hours"), False)
+    category = pc.fill_null(pc.cast(batch["ChargeCategory"], pa.string()), "(none)")
+    usage = pc.and_(hourly, pc.equal(category, "Usage"))
+    hours = pc.if_else(usage, _number(batch["PricingQuantity"]), 0.0)
+    described = _text(batch, "ChargeDescription")
+    spot = pc.equal(_text(batch, "PricingCategory"), "Dynamic")
+    block = pc.match_substring(described, "Capacity Block")
+    capacity = pc.if_else(spot, "spot", pc.if_else(block, "reserved", "on-demand"))
     return _lines(batch["ResourceId"], batch["ChargePeriodStart"], batch["ChargePeriodEnd"], effective, hourly,
-                  _number(batch["BilledCost"]), _number(batch["ListCost"]),
-                  pc.fill_null(pc.cast(batch["ChargeCategory"], pa.string()), "(none)"))
+                  _number(batch["BilledCost"]), _number(batch["ListCost"]), category,
+                  (hours, pc.if_else(usage, described, pa.scalar(None, pa.string())), capacity))
+
+
+def _text(batch: pa.RecordBatch | pa.Table, name: str) -> pa.Array:
+    """A text column, "" where the bill leaves it empty or lacks it."""
+    if name not in batch.schema.names:
+        return pa.array([""] * batch.num_rows, pa.string())
+    return pc.fill_null(pc.cast(batch[name], pa.string()), "")
 
 
 def _cur_lines(batch: pa.RecordBatch) -> pa.Table:
@@ -206,21 +238,36 @@ def _cur_lines(batch: pa.RecordBatch) -> pa.Table:
                            _number(batch["savings_plan_savings_plan_effective_cost"]),
                            pc.if_else(pc.equal(kind, "DiscountedUsage"), _number(batch["reservation_effective_cost"]),
                                       pc.if_else(pc.is_in(kind, value_set=pa.array(_CUR_FREE)), 0.0, unblended)))
-    hourly = pc.fill_null(pc.match_substring_regex(pc.cast(batch["line_item_usage_type"], pa.string()), _CUR_HOURLY),
-                          False)
+    usage_type = _text(batch, "line_item_usage_type")
+    hourly = pc.match_substring_regex(usage_type, _CUR_HOURLY)
+    usage = pc.and_(hourly, pc.is_in(kind, value_set=pa.array(_CUR_USAGE)))
+    hours = pc.if_else(usage, _number(batch["line_item_usage_amount"]), 0.0)
+    named = usage_type  # the type follows its last `:`; product_instance_type, where given, names it alone
+    if "product_instance_type" in batch.schema.names:
+        product = _text(batch, "product_instance_type")
+        named = pc.if_else(pc.greater(pc.utf8_length(product), 0), pc.binary_join_element_wise(":", product, ""),
+                           usage_type)
+    capacity = pc.if_else(pc.match_substring(usage_type, "SpotUsage"), "spot",
+                          pc.if_else(pc.match_substring(usage_type, "CapacityBlock"), "reserved", "on-demand"))
     return _lines(batch["line_item_resource_id"], batch["line_item_usage_start_date"],
                   batch["line_item_usage_end_date"], effective, hourly, unblended,
-                  _number(batch["pricing_public_on_demand_cost"]), kind)
+                  _number(batch["pricing_public_on_demand_cost"]), kind,
+                  (hours, pc.if_else(usage, named, pa.scalar(None, pa.string())), capacity))
 
 
 def _lines(resource: pa.Array, start: pa.Array, end: pa.Array, effective: pa.Array, hourly: pa.Array,
-           billed: pa.Array, listed: pa.Array, category: pa.Array) -> pa.Table:
-    """One row per line: its instance (null: none), period, costs and category."""
+           billed: pa.Array, listed: pa.Array, category: pa.Array, usage: tuple[pa.Array, pa.Array, pa.Array]) -> pa.Table:
+    """One row per line: its instance (null: none), period, costs and category; `usage`: the
+    instance-hours it charges for, the text that names its instance type (null: none; `_TYPE` finds
+    it there) and its capacity type."""
     zero = pa.scalar(0.0)
+    hours, instance_type, capacity_type = usage
     return pa.table({
         "instance": _instance(resource), "start": _seconds(start), "end": _seconds(end),
         "compute": pc.if_else(hourly, effective, zero), "other": pc.if_else(hourly, zero, effective),
-        "billed": pc.if_else(hourly, billed, zero), "list": pc.if_else(hourly, listed, zero), "category": category, "effective": effective})
+        "billed": pc.if_else(hourly, billed, zero), "list": pc.if_else(hourly, listed, zero), "hours": hours,
+        "category": category, "effective": effective, "instance_type": instance_type,
+        "capacity_type": capacity_type})
 
 
 def _summed(lines: pa.Table) -> pa.Table:
@@ -242,6 +289,23 @@ def _tally(unmatched: dict[str, tuple[int, float]], lines: pa.Table) -> None:
                                       counted["effective_count"].to_pylist()):
         lines_before, cost_before = unmatched.get(category, (0, 0.0))
         unmatched[category] = (lines_before + n_line, cost_before + cost)
+
+
+def _kinds(kinds: dict[str, tuple[str, str]], lines: pa.Table, kind: str) -> None:
+    """The type and capacity type of each instance its usage lines name (the first seen): only the
+    lines of instances not known yet are looked at."""
+    new = pc.and_(pc.is_valid(lines["instance_type"]),
+                  pc.invert(pc.is_in(lines["instance"], value_set=pa.array(list(kinds), pa.string()))))
+    named = lines.filter(new)
+    if not named.num_rows:
+        return
+    found = pc.struct_field(pc.extract_regex(named["instance_type"], _TYPE[kind]), [0])
+    named = named.set_column(named.schema.get_field_index("instance_type"), "instance_type", found)
+    named = named.filter(pc.is_valid(named["instance_type"]))
+    seen = named.group_by(["instance", "instance_type", "capacity_type"]).aggregate([])
+    for instance, instance_type, capacity_type in zip(*(seen[c].to_pylist() for c in
+                                                        ("instance", "instance_type", "capacity_type"))):
+        kinds.setdefault(instance, (instance_type, capacity_type))
 
 
 def _empty(instance: pa.DataType = pa.string()) -> pa.Table:
