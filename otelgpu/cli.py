@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "serve": lambda a: _serve(a.config), "warm-up": lambda a: _warm_up(), "rules": _rules, "report": _report,
-        "nvml": _nvml, "check-config": _check_config, "demo": _demo}
+        "nvml": _nvml, "check-config": _check_config, "demo": _demo, "prices": _prices}
     try:
         return commands[args.command](args)
     except ConfigError as err:
@@ -299,8 +299,24 @@ def _parser() -> argparse.ArgumentParser:
     rules.add_argument("--prometheusrule", action="store_true", help="as a Prometheus Operator PrometheusRule")
     rules.add_argument("--namespace", default="monitoring", help="the PrometheusRule's namespace")
     _report_parser(sub)
+    _prices_parser(sub)
     _nvml_parser(sub)
     return parser
+
+
+def _prices_parser(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
+    prices = sub.add_parser("prices", help="write a price file of the effective rates a cloud bill charged",
+                            description="Read a FOCUS 1.x or AWS CUR 2.0 bill and write a price file (prices.file) "
+                                        "of its effective rates per instance type and capacity type, which a running "
+                                        "sidecar reloads. See docs/cost-model.md section 3.")
+    prices.add_argument("--from-bill", required=True, metavar="FILE",
+                        help="the bill: CSV, gzip CSV or Parquet, a file or a folder")
+    prices.add_argument("--output", required=True, help="the price file to write (replaced whole, never in part)")
+    prices.add_argument("--config", help="the sidecar's configuration: its prices the bill does not replace are kept")
+    prices.add_argument("--start", help="only the bill's charge periods from this ISO 8601 time (default: all)")
+    prices.add_argument("--end", help="only the bill's charge periods up to this ISO 8601 time (default: all)")
+    prices.add_argument("--per-instance", action="store_true",
+                        help="also each instance's own rate (instance_hour_by_instance_id), beating its type's")
 
 
 def _report_parser(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
@@ -344,6 +360,39 @@ def _rules(args: argparse.Namespace) -> int:
     given = f" {given}" if given else ""
     sys.stdout.write(alerts.prometheus_rule(settings, namespace=args.namespace, args=given)
                      if args.prometheusrule else alerts.rule_file(settings, args=given))
+    return 0
+
+
+def _prices(args: argparse.Namespace) -> int:
+    from otelgpu.attribution.config import PricesConfig
+    from otelgpu.report import parse_time
+    from otelgpu.report.bill import read_bill
+    from otelgpu.report.billprices import bill_rates, header, price_file, shadowed, write_price_file
+
+    try:
+        start = parse_time(args.start) if args.start else None
+        end = parse_time(args.end) if args.end else None
+        base = load_config(args.config).attribution.prices if args.config else PricesConfig()
+        if args.config and base.file:  # the file in force now, over the configuration
+            base = load_prices_file(base.file, base) if os.path.exists(base.file) else base
+        rates = bill_rates(read_bill(args.from_bill), start, end)
+        mapping = price_file(rates, base, args.per_instance)
+        command = " ".join(["otelgpu prices", *sys.argv[2:]]) if sys.argv[1:2] == ["prices"] else "otelgpu prices"
+        write_price_file(args.output, mapping, header(args.from_bill, rates, command))
+    except ValueError as exc:
+        raise ConfigError([f"prices: {exc}"]) from exc
+    for rate in rates.rates:
+        print(f"{rate.instance_type} {rate.capacity_type}: {rate.per_hour:.6f} per instance-hour "
+              f"({rate.hours:,.2f} hours of {rate.instances} instances)", file=sys.stderr)
+    for what, found in (("instances whose type the bill does not name", rates.unknown),
+                        ("instances with a cost and no usage hours (discount or credit lines alone)", rates.no_hours)):
+        if found:
+            print(f"otelgpu: warning: {len(found)} {what}, not priced: {sum(found.values()):,.6f}", file=sys.stderr)
+    hidden = shadowed(rates, base)
+    if hidden and not args.per_instance:
+        print(f"otelgpu: warning: per-GPU prices of the configuration beat these types' bill rates: "
+              f"{', '.join(hidden)}; remove them or use --per-instance", file=sys.stderr)
+    print(f"{args.output}: {len(rates.rates)} rates written", file=sys.stderr)
     return 0
 
 

@@ -181,7 +181,8 @@ class Pipeline:
         self.devices = DeviceMemory(self.strings, remembered_ns)
         self.joiner = Joiner(self.strings, source, tags, hardware, self.devices,
                              pod_resources=self.models.needs_pods(),
-                             cpu_only=(lambda info: pricer.prices_instance(info.instance_type, info.capacity_type))
+                             cpu_only=(lambda info: pricer.prices_instance(info.instance_type, info.capacity_type,
+                                                                           info.instance_id))
                              if attribution.scad.cpu_only_nodes else None)
         self.costs = IntervalCosts(self.joiner, self.pricer, self.models, self.strings, self.metrics, self.tenants)
         self.store = CostStore(attribution.currency, config.series.end_after_intervals, keep_ended=keep_ended)

@@ -61,6 +61,9 @@ class PricesConfig:
     gpu_hour_by_gpu_model: dict[str, float] = Field(default_factory=dict)
     gpu_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
     instance_hour_by_instance_type: dict[str, float] = Field(default_factory=dict)
+    # One instance's own rate (its EC2 instance id): what the bill charged it, beating every other
+    # price of the node (`otelgpu prices --from-bill --per-instance` writes them)
+    instance_hour_by_instance_id: dict[str, float] = Field(default_factory=dict)
     default_gpu_hour: Optional[float] = Field(None, ge=0)
     instance_price_split: Literal["scad", "opencost", "gpu_only"] = "scad"
     capacity_types: CapacityTypesConfig = CapacityTypesConfig()
@@ -68,7 +71,7 @@ class PricesConfig:
     file: Optional[str] = None  # a YAML file of these keys, re-read when it changes
 
     _check = field_validator("gpu_hour_by_gpu_model", "gpu_hour_by_instance_type",
-                             "instance_hour_by_instance_type")(_non_negative)
+                             "instance_hour_by_instance_type", "instance_hour_by_instance_id")(_non_negative)
 
 
 COST_MODELS = ("request", "scad", "opencost", "hybrid")

@@ -131,9 +131,17 @@ class Pricer:
         return True
 
     def node_price(self, instance_type: str, gpu_models: tuple[str, ...], capacity_type: str, gpus: int,
-                   vcpus: float = 0.0, memory_gib: float = 0.0) -> NodePrice:
-        """`gpu_models`: names the node's GPU goes by (DCGM modelName, GFD product label).
-        `gpus`, `vcpus`, `memory_gib`: the node's own figures, used where the catalog lacks the type."""
+                   vcpus: float = 0.0, memory_gib: float = 0.0, instance_id: str = "") -> NodePrice:
+        """`gpu_models`: names the node's GPU goes by (DCGM modelName, GFD product label). `gpus`,
+        `vcpus`, `memory_gib`: the node's own figures, used where the catalog lacks the type.
+        `instance_id`: its EC2 instance, whose own rate (`instance_hour_by_instance_id`) beats all."""
+        if instance_id in self.config.instance_hour_by_instance_id:
+            return self._instance_own(instance_type, instance_id, gpus, vcpus, memory_gib)
+        return self._type_price(instance_type, gpu_models, capacity_type, gpus, vcpus, memory_gib)
+
+    def _type_price(self, instance_type: str, gpu_models: tuple[str, ...], capacity_type: str, gpus: int,
+                    vcpus: float, memory_gib: float) -> NodePrice:
+        """The node's price by its type, GPU model and capacity type (section 3's order)."""
         cfg = self.config
         rate_name = _RATE_OF_CAPACITY.get(capacity_type, "on_demand")
         rate = self._rates[rate_name]
@@ -180,10 +188,21 @@ class Pricer:
             memory_gib=known.memory_gib if known else memory_gib,
         )
 
-    def prices_instance(self, instance_type: str, capacity_type: str) -> bool:
-        """Whether the type's whole instance has a price (configured, or in the catalog): the
-        nodes without GPUs that scad costs are those."""
-        return self.node_price(instance_type, (), capacity_type, 0).instance_hour is not None
+    def _instance_own(self, instance_type: str, instance_id: str, gpus: int, vcpus: float,
+                      memory_gib: float) -> NodePrice:
+        """The node at its instance's own rate: the whole instance's price, split by the model's
+        convention; no per-GPU price and no discount apply."""
+        known = self.catalog.get(instance_type)
+        return NodePrice(
+            gpu_hour=None, gpu_source="", instance_hour=self.config.instance_hour_by_instance_id[instance_id],
+            instance_source="config:instance_id", default_gpu_hour=None, gpu_suffix="", instance_suffix="",
+            default_suffix="", gpus=known.gpus if known else gpus, vcpus=known.vcpus if known else vcpus,
+            memory_gib=known.memory_gib if known else memory_gib)
+
+    def prices_instance(self, instance_type: str, capacity_type: str, instance_id: str = "") -> bool:
+        """Whether the type's whole instance (or the instance itself) has a price (configured, or in
+        the catalog): the nodes without GPUs that scad costs are those."""
+        return self.node_price(instance_type, (), capacity_type, 0, instance_id=instance_id).instance_hour is not None
 
     def gpu_hour(self, instance_type: str, gpu_models: tuple[str, ...], gpus: int,
                  vcpus: float = 0.0, memory_gib: float = 0.0, capacity_type: str = "on-demand") -> GpuPrice:

@@ -44,7 +44,7 @@ class Priced:
 def node_cost(pricer: Pricer, node: NodeSpec) -> NodeCost:
     info = node.info
     price = pricer.node_price(info.instance_type, (node.gpu_model, info.gpu_product), info.capacity_type,
-                              node.gpus, info.vcpus, info.memory_gib)
+                              node.gpus, info.vcpus, info.memory_gib, info.instance_id)
     return NodeCost(node.name, price, node.attrs, node.gpus, price.vcpus or info.vcpus,
                     price.memory_gib or info.memory_gib)
 

@@ -303,3 +303,21 @@ def test_a_missing_price_file_is_reported_once(tmp_path) -> None:
     (tmp_path / "absent.yaml").write_text("default_gpu_hour: 2.5\n")
     assert pricer.reload_if_changed() is True
     assert pricer.node_price("x", (), "on-demand", 1).per_gpu("scad") == GpuPrice(2.5, "config:default")
+
+
+def test_an_instances_own_rate_beats_every_other_price_of_its_node() -> None:
+    cfg = PricesConfig(gpu_hour_by_gpu_model={"NVIDIA A100-SXM4-40GB": 4.0},
+                       instance_hour_by_instance_type={"p4d.24xlarge": 30.0},
+                       instance_hour_by_instance_id={"i-0abc": 13.5},
+                       capacity_types={"spot": {"discount": 0.5, "gpu_hour_by_gpu_model": {"NVIDIA A100-SXM4-40GB": 1.0}}})
+    pricer = Pricer(cfg)
+    for capacity_type in ("on-demand", "spot"):
+        own = pricer.node_price("p4d.24xlarge", ("NVIDIA A100-SXM4-40GB",), capacity_type, 8, instance_id="i-0abc")
+        assert own.instance_hour == 13.5 and own.per_gpu("gpu_only") == GpuPrice(13.5 / 8, "config:instance_id:gpu_only")
+        rates, source = own.scad_rates()
+        assert source == "config:instance_id:scad" and 8 * rates[0] + 96 * rates[1] + 1152 * rates[2] == pytest.approx(13.5)
+    other = pricer.node_price("p4d.24xlarge", ("NVIDIA A100-SXM4-40GB",), "on-demand", 8, instance_id="i-0other")
+    assert other.per_gpu("scad") == GpuPrice(4.0, "config:gpu_model")  # another instance: the usual order
+    assert pricer.prices_instance("m5.large", "on-demand", "i-0abc") and not pricer.prices_instance("x9.none", "on-demand")
+    with pytest.raises(ValueError, match=">= 0"):
+        PricesConfig(instance_hour_by_instance_id={"i-0abc": -1.0})
