@@ -11,10 +11,14 @@
 
 Every dashboard has a data source, `cluster` and `cost_model` variable, and a `resolution`
 constant: the graphs' minimum step, twice otelgpu's attribution interval (each series gets one
-sample per interval, and a rate needs two). Totals over the time range
-use `increase()` over `$__range`, which counts a counter that ends and starts again (a pod that
-holds a unit again later) as Prometheus counts resets; rates use `$__rate_interval`. Money panels
-add `allocated` and `unused` (what a group is charged) under one cost model, never across models.
+sample per interval, and a rate needs two). Totals over the time range are exact, as `otelgpu
+report` reads them: each series' last value in the range less its last value before it (0 for a
+series born inside the range), never `increase()`'s extrapolation beyond a series' first and last
+samples. The one thing they cannot see is a series that ended and started again inside the range
+(a pod that held a unit, stopped, and held one again under the same name): the "Restarted series"
+panel counts those and bounds what they leave out. Rates per hour (`$__rate_interval`) are trends,
+not totals. Money panels add `allocated` and `unused` (what a group is charged) under one cost
+model, never across models.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, Vari
 HERE = Path(__file__).resolve().parent
 SOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'cluster=~"$cluster", cost_model="$cost_model"'
-CHARGED = f'{{__name__=~"gpu_cost_(allocated|unused)_total", {SEL}}}'
+ALLOCATED = f"gpu_cost_allocated_total{{{SEL}}}"
+UNUSED = f"gpu_cost_unused_total{{{SEL}}}"
 CLUSTER = 'cluster=~"$cluster"'
 SELF = 'job="otelgpu", cluster=~"$cluster"'
 GPU_ALLOCATED = f'gpu_cost_allocated_total{{{SEL}, resource="gpu"}}'
@@ -39,17 +44,45 @@ HELD = f"gpu_held_seconds_total{{{CLUSTER}}}"
 RESOLUTION = "2m"  # graphs' minimum step: twice otelgpu's attribution interval (60 s by default)
 
 
+LOOKBACK = "7d"  # how far before the range a series' last value is looked for (`otelgpu report --lookback`)
+
+
+def exact(selector: str) -> str:
+    """Each series' increase over the range, exactly: its last value in the range less its last
+    value before the range, where that is no more than its smallest value in the range; a series
+    born inside the range, or that started again after ending before it, counts from 0."""
+    now = f"last_over_time({selector}[$__range])"
+    before = f"last_over_time({selector}[{LOOKBACK}] offset $__range)"
+    return f"({now} - ({before} <= min_over_time({selector}[$__range]) or {now} * 0))"
+
+
 def total(selector: str, by: str = "", also: str = "") -> str:
-    """The sum over the time range of a cumulative series selection (and of `also`'s), optionally grouped."""
+    """The sum over the time range of one metric's series (and of `also`'s, another metric's:
+    their series kept apart before the sum), optionally grouped."""
     group = f" by ({by})" if by else ""
-    more = f" or increase({also}[$__range])" if also else ""
-    return f"sum{group} (increase({selector}[$__range]){more})"
+    if not also:
+        return f"sum{group} {exact(selector)}"
+    return (f'sum{group} (label_replace({exact(selector)}, "part", "a", "", "") or '
+            f'label_replace({exact(also)}, "part", "b", "", ""))')
+
+
+def restarted(*selectors: str) -> tuple[str, str]:
+    """How many series of these metrics ended and started again inside the range, and at most what
+    their earlier lives in the range add (each such series' largest value in it)."""
+    again = [f"resets({selector}[$__range]) > 0" for selector in selectors]
+    count = " + ".join(f"(count({a}) or vector(0))" for a in again)
+    bound = " + ".join(f"(sum(max_over_time({selector}[$__range]) and {a}) or vector(0))"
+                       for selector, a in zip(selectors, again))
+    return count, bound
 
 
 def hourly(selector: str, by: str = "", also: str = "") -> str:
+    """The trend per hour of one metric's series (and `also`'s, kept apart before the sum)."""
     group = f" by ({by})" if by else ""
-    more = f" or rate({also}[$__rate_interval])" if also else ""
-    return f"3600 * sum{group} (rate({selector}[$__rate_interval]){more})"
+    if not also:
+        return f"3600 * sum{group} (rate({selector}[$__rate_interval]))"
+    return (f'3600 * sum{group} (label_replace(rate({selector}[$__rate_interval]), "part", "a", "", "") or '
+            f'label_replace(rate({also}[$__rate_interval]), "part", "b", "", ""))')
 
 
 def idle(extra: str = "") -> tuple[str, str]:
@@ -108,7 +141,7 @@ def _query_variable(name: str, label: str, query: str, multi: bool = False) -> d
 def executive() -> Board:
     b = Board("otelgpu-executive", "GPU cost: executive",
               "Who spent what on GPUs over the time range, under one cost model (otelgpu).")
-    b.add(stat.Panel, "Charged", "Allocated + unused: what the teams are charged.", [(total(CHARGED), "")], w=6, h=4,
+    b.add(stat.Panel, "Charged", "Allocated + unused: what the teams are charged.", [(total(ALLOCATED, also=UNUSED), "")], w=6, h=4,
           instant=True)
     b.add(stat.Panel, "Capacity", "The cost of the GPU capacity (and, under scad, the instances) the model splits.",
           [(total(f"gpu_cost_capacity_total{{{SEL}}}"), "")], w=6, h=4, instant=True)
@@ -117,9 +150,17 @@ def executive() -> Board:
           unit="percentunit", w=6, h=4, instant=True)
     b.add(stat.Panel, "Cost per GPU-hour", "Allocated GPU cost over the GPU-hours held.",
           [(f"{total(GPU_ALLOCATED)} / ({total(HELD)} / 3600)", "")], w=6, h=4, instant=True)
+    count, bound = restarted(ALLOCATED, UNUSED)
+    b.add(stat.Panel, "Restarted series", "Charged series that ended and started again inside the time range (a "
+          "pod that held a unit, stopped, and held one again under its name). 0: every total on this dashboard is "
+          "exact, as `otelgpu report` gives it. Otherwise their earlier lives in the range are left out of the "
+          "totals here (next panel: by at most how much); `otelgpu report` counts them.",
+          [(count, "")], unit="none", w=12, h=3, instant=True)
+    b.add(stat.Panel, "Left out by restarted series, at most", "The most the totals here leave out: the largest "
+          "value in the range of each restarted series (0: nothing).", [(bound, "")], w=12, h=3, instant=True)
     for tag in ("team", "project", "model", "cost_center"):
         b.add(bargauge.Panel, f"Charged by {tag.replace('_', ' ')}", f"Allocated + unused per {tag}.",
-              [(f"sort_desc({total(CHARGED, tag)})", f"{{{{{tag}}}}}")], w=6, h=8, instant=True)
+              [(f"sort_desc({total(ALLOCATED, tag, UNUSED)})", f"{{{{{tag}}}}}")], w=6, h=8, instant=True)
     tenant_cost = f"gpu_cost_tenant_total{{{SEL}}}"
     b.add(bargauge.Panel, "Charged by tenant", "Shared inference pods' cost split among the tenants they served, "
           "by weighted tokens (served model and tenant; '(no tokens)': intervals a pod served nothing).",
@@ -128,22 +169,24 @@ def executive() -> Board:
     b.add(table.Panel, "Cost per million tokens", "Each tenant's cost over the tokens it was served "
           "(prompt and generation), per served model.",
           [(f"{total(tenant_cost, 'tenant, served_model')} / "
-            f"{total(f'llm_tokens_total{{{CLUSTER}}}', 'tenant, served_model')} * 1e6", "")],
+            f"({total(f'llm_tokens_total{{{CLUSTER}}}', 'tenant, served_model')} > 0) * 1e6", "")],
           w=12, h=8, instant=True)
     b.add(timeseries.Panel, "Allocated, effective, waste and idle per hour",
-          "Allocated = effective + waste + unmeasured; idle: capacity nobody held.",
+          "Allocated = effective + waste + unmeasured; idle: capacity nobody held. A trend: rates over each step "
+          "are estimates; the totals above are exact.",
           [(hourly(f"gpu_cost_allocated_total{{{SEL}}}"), "allocated"),
            (hourly(f"gpu_cost_effective_total{{{SEL}}}"), "effective"),
            (hourly(f"gpu_cost_waste_total{{{SEL}}}"), "waste"),
            (hourly(idle()[0], also=idle()[1]), "idle")], unit="currencyUSD", w=12, h=9)
-    b.add(timeseries.Panel, "Charged per hour by team", "The trend of each team's charge.",
-          [(hourly(CHARGED, "team"), "{{team}}")], w=12, h=9)
+    b.add(timeseries.Panel, "Charged per hour by team", "The trend of each team's charge (an estimate per step; "
+          "the totals are exact).",
+          [(hourly(ALLOCATED, "team", UNUSED), "{{team}}")], w=12, h=9)
     b.add(table.Panel, "Top spenders", "The ten workloads charged most over the time range.",
-          [(f"topk(10, {total(CHARGED, 'cluster, namespace, workload_kind, workload_name')})", "")], w=12, h=9,
+          [(f"topk(10, {total(ALLOCATED, 'cluster, namespace, workload_kind, workload_name', UNUSED)})", "")], w=12, h=9,
           instant=True)
     b.add(table.Panel, "Cost models side by side", "Each model's charge per team (the models split the same "
           "capacity differently; never add them up).",
-          [(total(f'{{__name__=~"gpu_cost_(allocated|unused)_total", {CLUSTER}}}', "cost_model, team"), "")],
+          [(total(f"gpu_cost_allocated_total{{{CLUSTER}}}", "cost_model, team", f"gpu_cost_unused_total{{{CLUSTER}}}"), "")],
           w=12, h=9, instant=True)
     return b
 
