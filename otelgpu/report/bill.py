@@ -10,7 +10,9 @@ Each line's cost is its amortised, discounted cost:
 - CUR 2.0: as AWS's Cloud Intelligence Dashboards amortise it: `SavingsPlanCoveredUsage` costs
   `savings_plan_savings_plan_effective_cost`, `DiscountedUsage` (a Reserved Instance) costs
   `reservation_effective_cost`, `SavingsPlanNegation` and `SavingsPlanUpfrontFee` cost nothing
-  (the covered usage carries them), anything else its `line_item_unblended_cost`. Split cost
+  (the covered usage carries them), `SavingsPlanRecurringFee` and `RIFee` what the commitment
+  left unused (where the export has the columns that say so; else the fee as billed), anything
+  else its `line_item_unblended_cost`. Split cost
   allocation rows (`EKSPod-EC2`, `ECSTask-EC2`) repeat their instance's cost and are left out.
 
 A line belongs to an instance when its resource id is an EC2 instance id, bare (`i-0abc...`) or
@@ -48,7 +50,14 @@ CUR_COLUMNS = ("line_item_resource_id", "line_item_usage_start_date", "line_item
 # Read where the bill has them: what tells an instance's type and purchase (FOCUS only describes
 # them in words: AWS writes "$0.34 per On Demand Linux c5.2xlarge Instance Hour")
 FOCUS_OPTIONAL = ("PricingCategory", "ChargeDescription")
-CUR_OPTIONAL = ("product_instance_type",)
+# A commitment's fees at their amortised cost, as AWS's dashboards take it: what the commitment
+# left unused (the covered usage carries the rest); without these columns, the fee as billed.
+_CUR_FEES = {  # fee -> (columns added, columns taken away)
+    "SavingsPlanRecurringFee": (("savings_plan_total_commitment_to_date",), ("savings_plan_used_commitment",)),
+    "RIFee": (("reservation_unused_amortized_upfront_fee_for_billing_period", "reservation_unused_recurring_fee"), ()),
+}
+CUR_OPTIONAL = ("product_instance_type", "savings_plan_total_commitment_to_date", "savings_plan_used_commitment",
+                "reservation_unused_amortized_upfront_fee_for_billing_period", "reservation_unused_recurring_fee")
 _CUR_FREE = ("SavingsPlanNegation", "SavingsPlanUpfrontFee")  # carried by the usage they cover
 _CUR_SPLIT = ("EKSPod-EC2", "ECSTask-EC2")  # split cost allocation: their instance's cost again
 _CUR_HOURLY = r"(BoxUsage|SpotUsage|DedicatedUsage|HostUsage|CapacityBlock)"
@@ -238,6 +247,14 @@ def _cur_lines(batch: pa.RecordBatch) -> pa.Table:
                            _number(batch["savings_plan_savings_plan_effective_cost"]),
                            pc.if_else(pc.equal(kind, "DiscountedUsage"), _number(batch["reservation_effective_cost"]),
                                       pc.if_else(pc.is_in(kind, value_set=pa.array(_CUR_FREE)), 0.0, unblended)))
+    for fee, (added, taken) in _CUR_FEES.items():
+        if set(added + taken) <= set(batch.schema.names):
+            unused = pa.array(np.zeros(batch.num_rows))
+            for name in added:
+                unused = pc.add(unused, _number(batch[name]))
+            for name in taken:
+                unused = pc.subtract(unused, _number(batch[name]))
+            effective = pc.if_else(pc.equal(kind, fee), unused, effective)
     usage_type = _text(batch, "line_item_usage_type")
     hourly = pc.match_substring_regex(usage_type, _CUR_HOURLY)
     usage = pc.and_(hourly, pc.is_in(kind, value_set=pa.array(_CUR_USAGE)))
