@@ -250,3 +250,7 @@ def test_the_report_command_ties_a_known_run_out_to_a_cur_and_a_focus_bill(prome
     teams = {r["team"]: float(r["charged"]) for r in csv.DictReader(io.StringIO((tmp_path / "teams.csv").read_text()))}
     assert teams == pytest.approx({"vision": 28.0 * factor, "nlp": 5.0 * factor, "research": 5.0 * factor,
                                    "(idle)": 10.0 * factor, "(total)": 25.65}, abs=1e-9)
+    done = subprocess.run([*base, "--bill", str(tmp_path / "focus.csv"), "--format", "html", "--output",
+                           str(tmp_path / "teams.html")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"{25.65:,.2f}" in (tmp_path / "teams.html").read_text()  # the bill's total, not the list price's 48.00
