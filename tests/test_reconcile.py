@@ -24,7 +24,7 @@ from test_focus import focus_validate
 from otelgpu.enrich.window import NS
 from otelgpu.report import focus
 from otelgpu.report.bill import Bill
-from otelgpu.report.reconcile import BillPeriodError, reconcile, showback_of, write_csv
+from otelgpu.report.reconcile import NO_PERIOD_OF_NODE, BillPeriodError, reconcile, showback_of, write_csv
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
@@ -120,6 +120,13 @@ def test_a_merged_period_takes_the_lines_of_every_hour_it_spans():
     result = reconcile(data(merged), bill(*[("i-01", T0 + k * HOUR, T0 + (k + 1) * HOUR, 50.0, 0.0, 50.0)
                                             for k in range(3)]), [T0 + k * HOUR for k in range(4)])
     assert merged.effective_cost == pytest.approx(150.0) and result.strays == []
+    # With one of its hours missing from the bill, the merged period keeps otelgpu's prices and the
+    # lines of the other two are listed: two hours of the bill are not the three hours' cost.
+    partly = origin("n1", "i-01", T0, T0 + 3 * HOUR, {"vision": 300.0}, idle=0.0)
+    result = reconcile(data(partly), bill(*[("i-01", T0 + k * HOUR, T0 + (k + 1) * HOUR, 50.0, 0.0, 50.0)
+                                            for k in (0, 2)]), [T0 + k * HOUR for k in range(4)])
+    assert partly.effective_cost is None and result.nodes[0].unbilled_periods == 1
+    assert [(s.instance_id, s.periods, s.cost) for s in result.strays] == [("i-01", 2, 100.0)]
 
 
 def test_what_does_not_match_is_listed_and_nothing_is_lost():
@@ -134,7 +141,7 @@ def test_what_does_not_match_is_listed_and_nothing_is_lost():
     result = reconcile(dataset, the_bill, [T0 + k * HOUR for k in range(4)])
     assert result.outside == 1
     assert [(s.instance_id, s.periods, s.cost, s.reason) for s in result.strays] == [
-        ("i-01", 1, 60.0, "no cost series of its node in these periods"), ("i-cpu", 1, 3.0, "no node")]
+        ("i-01", 1, 60.0, NO_PERIOD_OF_NODE), ("i-cpu", 1, 3.0, "no node")]
     ties = {t.node: t for t in result.nodes}
     assert (ties["n2"].unbilled_periods, ties["n2"].reconciled) == (1, 12.0)
     assert (ties["n1"].unbilled_periods, ties["n1"].reconciled) == (1, 60.0 + 98.0)

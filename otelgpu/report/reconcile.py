@@ -68,6 +68,10 @@ class NodeTie:
         return self.billed / matched if matched > 0 else float("nan")
 
 
+NO_PERIOD_OF_NODE = ("no node-period took them: its node has no cost series then, or a period merged over an "
+                     "outage has bill lines in only some of its hours")
+
+
 @dataclass
 class Stray:
     """An instance's bill lines in the period that no node-period took."""
@@ -77,7 +81,7 @@ class Stray:
     cost: float  # effective, compute
     billed_cost: float
     other: float
-    reason: str  # "no node" or "no cost series of its node in these periods"
+    reason: str  # "no node" or NO_PERIOD_OF_NODE
 
 
 @dataclass
@@ -119,7 +123,7 @@ def reconcile(data: Dataset, bill: Bill, bounds: list[float]) -> Reconciliation:
     shares = _shares(data.origins, grid)
     ties: dict[tuple[str, str, str], NodeTie] = {}
     for origin, share in zip(data.origins, shares):
-        _tie(ties, origin, share, grid)
+        _tie(ties, origin, share)
     result.nodes = sorted(ties.values(), key=lambda t: (t.cluster, t.node, t.instance_id))
     result.strays = grid.strays(lines, ids)
     return result
@@ -175,7 +179,7 @@ class _Grid:
                 out.append(Stray(name, int(left[row].sum()), float(self.cells["compute"][row][left[row]].sum()),
                                  float(self.cells["billed"][row][left[row]].sum()),
                                  float(self.cells["other"][row][left[row]].sum()),
-                                 "no cost series of its node in these periods"))
+                                 NO_PERIOD_OF_NODE))
         others = lines.filter(pc.invert(pc.is_in(lines["instance"], value_set=pa.array(ids, pa.string()))))
         if others.num_rows:
             summed = others.group_by("instance").aggregate(
@@ -188,7 +192,9 @@ class _Grid:
 
 def _shares(origins: list[Origin], grid: _Grid) -> list[dict[str, float]]:
     """Each origin's part of its instance's bill in its periods: the whole, or, where several
-    origins name one instance in one period, a part in proportion to their cost per period."""
+    origins name one instance in one period, a part in proportion to their cost per period. An
+    origin merged over several periods (a delivery outage, focus.py) is matched only if the bill
+    has lines of its instance in every one of them: part of the bill would not be its cost."""
     weight = np.zeros_like(grid.cells["compute"])
     spans = []
     for origin in origins:
@@ -199,7 +205,7 @@ def _shares(origins: list[Origin], grid: _Grid) -> list[dict[str, float]]:
             weight[row, span] += origin.cost / max(span.stop - span.start, 1)
     shares = []
     for origin, (row, span) in zip(origins, spans):
-        if row is None or not grid.lines[row, span].any():
+        if row is None or not grid.lines[row, span].all():  # a merged period takes its lines only all together
             shares.append({})
             continue
         per_period = origin.cost / max(span.stop - span.start, 1)
@@ -210,7 +216,7 @@ def _shares(origins: list[Origin], grid: _Grid) -> list[dict[str, float]]:
     return shares
 
 
-def _tie(ties: dict[tuple[str, str, str], NodeTie], origin: Origin, share: dict[str, float], grid: _Grid) -> None:
+def _tie(ties: dict[tuple[str, str, str], NodeTie], origin: Origin, share: dict[str, float]) -> None:
     instance = origin.labels.get("instance_id", "")
     key = (origin.cluster, origin.node, instance)
     tie = ties.get(key)
