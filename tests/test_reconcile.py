@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import subprocess
 import sys
@@ -239,6 +240,8 @@ def test_the_report_command_ties_a_known_run_out_to_a_cur_and_a_focus_bill(prome
     eval_row = next(r for r in rows if r["AllocatedResourceName"] == "eval")
     assert float(eval_row["EffectiveCost"]) == pytest.approx(5.0 * factor, abs=1e-9)
     assert {r["x_InstanceId"] for r in rows} == {INSTANCE} and {r["x_CostBasis"] for r in rows} == {"bill"}
+    elements = [e for r in rows for e in json.loads(r["AllocatedMethodDetails"])["Elements"]]
+    assert {(e["x_CostBasis"], round(e["x_BillFactor"], 12)) for e in elements} == {("bill", round(factor, 12))}
     tie = {f"{r['kind']}:{r['instance_id']}": r for r in csv.DictReader(io.StringIO(
         (tmp_path / "tie.csv").read_text())) if r["kind"] != "no_instance"}
     node = tie[f"node:{INSTANCE}"]

@@ -357,7 +357,8 @@ def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[d
                 "ResourceId": o.node or None, "ResourceName": o.node or None,
                 "ResourceType": "Kubernetes node" if o.node else None,
                 "AllocatedMethodId": method_id(data.cost_model, policy, billed),
-                "AllocatedMethodDetails": json.dumps(_details(c, cost), separators=(",", ":")),
+                "AllocatedMethodDetails": json.dumps(_details(c, cost, factor if billed else None),
+                                                     separators=(",", ":")),
                 "AllocatedResourceId": resource_id,
                 "AllocatedResourceName": _resource_name(c) if resource_id else None,
                 "AllocatedTags": _tags(c),
@@ -398,7 +399,9 @@ def _tags(charge: Charge) -> Optional[str]:
     return json.dumps(tags, sort_keys=True, separators=(",", ":")) if tags else None
 
 
-def _details(charge: Charge, cost: float) -> dict[str, object]:
+def _details(charge: Charge, cost: float, factor: Optional[float] = None) -> dict[str, object]:
+    """The charge's parts and their ratios of the origin; `factor`: the origin is tied out to the
+    bill, and each element says so (x_CostBasis `bill`, x_BillFactor: the bill over otelgpu's cost)."""
     elements = []
     for (resource, part), value in sorted(charge.parts.items()):
         if value == 0:
@@ -411,6 +414,9 @@ def _details(charge: Charge, cost: float) -> dict[str, object]:
     if not elements:  # a holder with GPU-hours and no cost (a zero price)
         elements.append({"AllocatedRatio": 0.0, "UsageUnit": "GPU-Hours", "UsageQuantity": charge.gpu_seconds / 3600.0,
                          "x_Resource": "gpu", "x_Part": "held"})
+    if factor is not None:
+        for element in elements:
+            element["x_CostBasis"], element["x_BillFactor"] = "bill", factor
     return {"Elements": elements}
 
 
