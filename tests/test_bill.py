@@ -43,7 +43,7 @@ def reference(path: Path) -> tuple[dict, dict]:
                 unmatched[row["ChargeCategory"]][1] += effective
                 continue
             key = (instance, seconds(row["ChargePeriodStart"]), seconds(row["ChargePeriodEnd"]))
-            hourly = row["PricingUnit"].lower() == "hours"
+            hourly = row["PricingUnit"].lower() == "hours" or row["ChargeCategory"] == "Credit"
             sums[key][0 if hourly else 1] += effective
             if hourly:
                 sums[key][2] += number(row["BilledCost"])
@@ -110,12 +110,14 @@ FOCUS_ROWS = [
     [SP, *HOUR, "Usage", "Committed", "Unused", "Hours", 0.0, 6.0, 0.0, 1.0, ""],
     # A credit and tax, of no instance.
     ["", *HOUR, "Credit", "", "", "", -10.0, -10.0, 0.0, "", ""],
+    # A credit applied to the g5: part of its compute.
+    ["i-0g5", *HOUR, "Credit", "", "", "", -0.1, -0.1, 0.0, "", "Service credit"],
     # An instance's line without its period (FOCUS forbids it): counted, not guessed at.
     ["i-0p5", "", "", "Usage", "Standard", "", "Hours", 1.25, 1.25, 1.25, 1.0, ""],
     ["", *HOUR, "Tax", "", "", "", 3.5, 3.5, 0.0, "", ""],
 ]
 START, END = seconds(HOUR[0]), seconds(HOUR[1])
-FOCUS_WANT = {("i-0g5", START, END): [0.42, 0.0, 0.42, 1.006, 1.0],
+FOCUS_WANT = {("i-0g5", START, END): [0.42 - 0.1, 0.0, 0.42 - 0.1, 1.006, 1.0],
               ("i-0p5", START, END): [44.0 + 19.664, 0.09, 19.664, 78.656 + 19.664, 1.0]}
 FOCUS_UNMATCHED = {"Purchase": (1, 0.0), "Usage": (1, 6.0), "Credit": (1, -10.0), "Tax": (1, 3.5), NO_PERIOD: (1, 1.25)}
 
@@ -167,6 +169,7 @@ def cur_table() -> pa.Table:
         ("", "RIFee", "USE1-HeavyUsage:g5.12xlarge", "RunInstances", 1.2, None, None, 0.0, 720.0),
         ("", "SavingsPlanRecurringFee", "ComputeSP:1yrNoUpfront", "", 2.5, None, None, 0.0, 1.0),
         ("", "Credit", "", "", -7.0, None, None, 0.0, 0.0),
+        ("i-0g4", "Credit", "", "", -0.04, None, None, 0.0, 0.0),  # a credit applied to the g4dn: its compute's
     ]
     names = ["line_item_resource_id", "line_item_line_item_type", "line_item_usage_type", "line_item_operation",
              "line_item_unblended_cost", "savings_plan_savings_plan_effective_cost", "reservation_effective_cost",
@@ -184,9 +187,9 @@ def test_a_cur_2_0_bill_worked_by_hand(tmp_path: Path) -> None:
     pq.write_table(cur_table(), tmp_path / "cur.parquet")
     bill = read_bill(tmp_path / "cur.parquet", batch_rows=3, regroup_rows=2)
     start, end = START, END
-    assert bill.format == "cur2" and bill.lines == 10 and bill.split_lines == 1
+    assert bill.format == "cur2" and bill.lines == 11 and bill.split_lines == 1
     assert close(summed(bill), {
-        ("i-0g4", start, end): [0.19, 0.0, 0.19, 0.526, 0.5],  # spot, half an hour
+        ("i-0g4", start, end): [0.19 - 0.04, 0.0, 0.19 - 0.04, 0.526, 0.5],  # spot, half an hour, less a credit
         ("i-0g5", start, end): [3.4, 0.0, 0.0, 5.672, 1.0],  # a Reserved Instance's amortised rate
         ("i-0p4", start, end): [21.3, 0.0, 0.0, 32.77, 1.0],  # the plan's effective rate; its negation nothing
         ("i-0p5", start, end): [98.32, 0.05, 98.32, 98.32, 1.0],  # on demand, and its data transfer apart

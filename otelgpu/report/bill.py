@@ -17,7 +17,9 @@ Each line's cost is its amortised, discounted cost:
 
 A line belongs to an instance when its resource id is an EC2 instance id, bare (`i-0abc...`) or
 ending an ARN (`...:instance/i-0abc...`). An instance's lines priced by the hour are its compute
-(`compute`); its others (data transfer, say) are kept apart (`other`). Lines of no instance
+(`compute`), and so are the credits and discounts that name it (FOCUS ChargeCategory `Credit`;
+CUR `Credit`, `EdpDiscount`, `PrivateRateDiscount`, `BundledDiscount`, `Discount`); its others
+(data transfer, say) are kept apart (`other`). Lines of no instance
 (credits, taxes, unused commitments, other services) are totalled by their category and counted:
 none is dropped unseen.
 """
@@ -62,6 +64,9 @@ _CUR_FREE = ("SavingsPlanNegation", "SavingsPlanUpfrontFee")  # carried by the u
 _CUR_SPLIT = ("EKSPod-EC2", "ECSTask-EC2")  # split cost allocation: their instance's cost again
 _CUR_HOURLY = r"(BoxUsage|SpotUsage|DedicatedUsage|HostUsage|CapacityBlock)"
 _CUR_USAGE = ("Usage", "SavingsPlanCoveredUsage", "DiscountedUsage")  # lines whose amount is instance-hours
+# Lines that adjust an instance's usage: where they name the instance, part of its compute whatever
+# their usage type says (a private pricing discount, a credit applied to it)
+_CUR_ADJUSTMENTS = ("EdpDiscount", "PrivateRateDiscount", "BundledDiscount", "Discount", "Credit")
 _CUR_TYPE = r":(?P<type>[a-z][a-z0-9-]*\.[a-z0-9]+)$"  # USE1-BoxUsage:p5.48xlarge
 _FOCUS_TYPE = r"(?P<type>\b[a-z][a-z0-9-]*\.[a-z0-9]+) (?:Instance|Dedicated Host|Capacity Block)"
 _TYPE = {"focus": _FOCUS_TYPE, "cur2": _CUR_TYPE}  # where a usage line's text names its instance type
@@ -220,6 +225,7 @@ def _focus_lines(batch: pa.RecordBatch) -> pa.Table:
     hourly = pc.fill_null(pc.equal(pc.utf8_lower(pc.cast(batch["PricingUnit"], pa.string())), "hours"), False)
     category = pc.fill_null(pc.cast(batch["ChargeCategory"], pa.string()), "(none)")
     usage = pc.and_(hourly, pc.equal(category, "Usage"))
+    hourly = pc.or_(hourly, pc.equal(category, "Credit"))  # a credit that names the instance: its compute's
     hours = pc.if_else(usage, _number(batch["PricingQuantity"]), 0.0)
     described = _text(batch, "ChargeDescription")
     spot = pc.equal(_text(batch, "PricingCategory"), "Dynamic")
@@ -258,6 +264,7 @@ def _cur_lines(batch: pa.RecordBatch) -> pa.Table:
     usage_type = _text(batch, "line_item_usage_type")
     hourly = pc.match_substring_regex(usage_type, _CUR_HOURLY)
     usage = pc.and_(hourly, pc.is_in(kind, value_set=pa.array(_CUR_USAGE)))
+    hourly = pc.or_(hourly, pc.is_in(kind, value_set=pa.array(_CUR_ADJUSTMENTS)))
     hours = pc.if_else(usage, _number(batch["line_item_usage_amount"]), 0.0)
     named = usage_type  # the type follows its last `:`; product_instance_type, where given, names it alone
     if "product_instance_type" in batch.schema.names:
