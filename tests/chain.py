@@ -26,7 +26,7 @@ import otelcol
 import pytest
 import requests
 import yaml
-from scrapecluster import A10G, H100, NODE_A, NODE_B, GpuCluster, Holder
+from scrapecluster import A10G, H100, INSTANCES, NODE_A, NODE_B, GpuCluster, Holder
 from sidecar import Sidecar, free_port
 from sigv4gate import SigV4Gate
 from support import eventually
@@ -192,6 +192,9 @@ class Chain:
         if NODE_B in nodes:
             assert capacity[NODE_B] == pytest.approx(PRICE[A10G] / 3600 * span, rel=1e-6)
         assert set(capacity) == set(nodes), capacity
+        # Each node's instance, from kube_node_info through the Collector, or the API's Node (node mode).
+        instances = window(prometheus, "gpu_cost_capacity_total", "node, instance_id", start_s, cut_s, pair=True)
+        assert set(instances) == {(node, INSTANCES[node]) for node in nodes}, instances
         for node in nodes:
             assert allocated[node] + idle[node] == pytest.approx(capacity[node], rel=1e-9), node
         # By team: the pods' tags from kube-state-metrics and the Kubernetes API.
@@ -251,20 +254,24 @@ def changed_ms(served: list, now: Callable) -> int:
 
 
 def window(prom: PrometheusServer, metric: str, label: str, start_s: float, end_s: float,
-           model: str = "request") -> dict[str, float]:
-    """What the intervals from `start_s` to `end_s` added, by `label`."""
-    before = by(prom, metric, label, start_s, model)
-    return {k: v - before.get(k, 0.0) for k, v in by(prom, metric, label, end_s, model).items()}
+           model: str = "request", pair: bool = False) -> dict:
+    """What the intervals from `start_s` to `end_s` added, by `label` (with `pair`, by the tuple of
+    the labels `label` lists)."""
+    before = by(prom, metric, label, start_s, model, pair)
+    return {k: v - before.get(k, 0.0) for k, v in by(prom, metric, label, end_s, model, pair).items()}
 
 
-def by(prom: PrometheusServer, metric: str, label: str, at_s: float, model: str = "request") -> dict[str, float]:
+def by(prom: PrometheusServer, metric: str, label: str, at_s: float, model: str = "request",
+       pair: bool = False) -> dict:
     """Totals through `at_s` by `label`: each series' last value, ended series included (an ended
     series is stale at `at_s`, so an instant query alone would miss what it carried; the range
     reaches back past any run's start)."""
-    out: dict[str, float] = {}
+    out: dict = {}
+    names = [name.strip() for name in label.split(",")]
     for labels, value in prom.query(
             f'sum by ({label}) (max_over_time({metric}{{cluster="e2e", cost_model="{model}"}}[2h]))', at_s):
-        out[labels.get(label, "")] = value
+        key = tuple(labels.get(name, "") for name in names) if pair else labels.get(label, "")
+        out[key] = value
     return out
 
 

@@ -29,6 +29,9 @@ from support import fixtures_dir
 
 NODE_A = "ip-10-20-3-41.us-west-2.compute.internal"  # p5.48xlarge, 8 H100, GPU 0 in MIG mode
 NODE_B = "ip-10-20-7-12.us-west-2.compute.internal"  # g5.2xlarge, one A10G time-sliced 4 ways
+# Each node's EC2 instance (its providerID: kube_node_info's provider_id, the Node's spec.providerID)
+INSTANCES = {NODE_A: "i-0a7c3e91f5b2d4068", NODE_B: "i-05e9d2c7a1f3b8046"}
+ZONES = {NODE_A: "us-west-2b", NODE_B: "us-west-2a"}
 H100, A10G = "NVIDIA H100 80GB HBM3", "NVIDIA A10G"
 SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
 LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -202,6 +205,7 @@ class GpuCluster:
         assert all(gfd >= {k for k in labels if k.startswith("nvidia.com/")} for _, labels, _ in nodes.values())
         for name, (kubelet, labels, capacity) in nodes.items():
             api.apply({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "labels": labels},
+                       "spec": {"providerID": f"aws:///{ZONES[name]}/{INSTANCES[name]}"},
                        "status": {"capacity": capacity, "addresses": [{"type": "InternalIP", "address": self.ip[kubelet]},
                                                                       {"type": "Hostname", "address": name}],
                                   "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}})
@@ -357,7 +361,7 @@ class GpuCluster:
                 for pod, f in started.items():
                     out.extend(_ksm_started(family, pod, f))
         self._record(Served("ksm", ms, False))
-        return "\n".join(out) + "\n"
+        return "\n".join(_node_info() + out) + "\n"
 
     def _vllm(self, ms: int) -> str:
         elapsed = self._elapsed(ms)
@@ -410,6 +414,18 @@ WORKLOADS = [  # namespace, pod, node, labels, uid, requests, container, owner, 
     ("tenant-green", "embedder-85b4d6f9c-wz8pl", NODE_B, {"app": "embedder", "team": "tenant-green"},
      "a1d7e0c4-2b6f-4f0a-9c55-7e2b8d9f6c22", {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}, "embed",
      ("ReplicaSet", "embedder-85b4d6f9c"), "Running")]
+
+
+def _node_info() -> list[str]:
+    """kube_node_info of the two nodes, as kube-state-metrics writes it (its golden node test's labels)."""
+    out = ["# HELP kube_node_info [STABLE] Information about a cluster node.", "# TYPE kube_node_info gauge"]
+    for node, ip in ((NODE_A, "10.20.3.41"), (NODE_B, "10.20.7.12")):
+        out.append(f'kube_node_info{{container_runtime_version="containerd://1.7.27",internal_ip="{ip}",'
+                   f'kernel_version="6.1.141-155.222.amzn2023.x86_64",kubelet_version="v1.32.3-eks-473151a",'
+                   f'kubeproxy_version="deprecated",node="{node}",os_image="Amazon Linux 2023.7.20250623",'
+                   f'pod_cidr="",provider_id="aws:///{ZONES[node]}/{INSTANCES[node]}",'
+                   f'system_uuid="ec2{INSTANCES[node][2:10]}-0000-0000-0000-000000000000"}} 1')
+    return out
 
 
 def _ksm_started(family: str, pod: str, f: dict[str, str]) -> list[str]:
