@@ -157,7 +157,9 @@ def _billed(args: argparse.Namespace, client, start: float, end: float, by: tupl
     except QueryError as exc:
         print(f"otelgpu: {exc}", file=sys.stderr)
         return 1
-    _write_showback(args, showback_of(data, by, matchers, start, end, unattributed))
+    result = showback_of(data, by, matchers, start, end, unattributed)
+    result.basis = f"costs tied out to the bill {os.path.basename(os.path.normpath(args.bill))}"
+    _write_showback(args, result)
     return 0
 
 

@@ -263,4 +263,5 @@ def test_the_report_command_ties_a_known_run_out_to_a_cur_and_a_focus_bill(prome
     done = subprocess.run([*base, "--bill", str(tmp_path / "focus.csv"), "--format", "html", "--output",
                            str(tmp_path / "teams.html")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert f"{25.65:,.2f}" in (tmp_path / "teams.html").read_text()  # the bill's total, not the list price's 48.00
+    page = (tmp_path / "teams.html").read_text()
+    assert f"{25.65:,.2f}" in page and "costs tied out to the bill focus.csv" in page  # not the list price's 48.00

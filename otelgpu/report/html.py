@@ -47,7 +47,8 @@ def write_html(showback: Showback, out: TextIO, currency: str = "USD") -> None:
              f"</title><style>{STYLE}</style></head><body>",
              f"<h1>GPU showback by {escape(', '.join(showback.by) or 'everything')}</h1>",
              f"<div class=\"sub\">{escape(period)} (UTC) &middot; cost model "
-             f"<b>{escape(showback.cost_model)}</b> &middot; {escape(selection)}</div>"]
+             f"<b>{escape(showback.cost_model)}</b> &middot; {escape(selection)}"
+             + (f" &middot; {escape(showback.basis)}" if showback.basis else "") + "</div>"]
     if abs(showback.gap) > 1e-6 * max(showback.capacity, 1.0):
         parts.append(f"<p class=\"warn\">The groups and the idle add up to "
                      f"{money(showback.charged + showback.idle)} of a capacity of {escape(money(showback.capacity))}: "

@@ -57,6 +57,7 @@ class Showback:
     idle: float = 0.0  # capacity nobody held, kept as idle
     capacity: float = 0.0
     unattributed: float = 0.0  # allocated cost without all five tags (`request` allocation)
+    basis: str = ""  # where the costs come from, when not otelgpu's prices (the bill tied out to)
 
     @property
     def charged(self) -> float:
