@@ -387,7 +387,9 @@ def _prices(args: argparse.Namespace) -> int:
         print(f"{rate.instance_type} {rate.capacity_type}: {rate.per_hour:.6f} per instance-hour "
               f"({rate.hours:,.2f} hours of {rate.instances} instances)", file=sys.stderr)
     for what, found in (("instances whose type the bill does not name", rates.unknown),
-                        ("instances with a cost and no usage hours (discount or credit lines alone)", rates.no_hours)):
+                        ("instances with a cost and no usage hours (discount or credit lines alone)", rates.no_hours),
+                        ("instances whose usage cost nothing (a Capacity Block's: its fee is the block's); hours",
+                         rates.free)):
         if found:
             print(f"otelgpu: warning: {len(found)} {what}, not priced: {sum(found.values()):,.6f}", file=sys.stderr)
     hidden = shadowed(rates, base)

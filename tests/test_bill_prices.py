@@ -59,6 +59,8 @@ BILL = [
     (0, "i-0g512", "DiscountedUsage", "USE1-BoxUsage:g5.12xlarge", 0.0, None, 3.4, 1.0),
     (0, "i-0odd", "Usage", "USE1-BoxUsage", 1.0, None, None, 1.0),
     (0, None, "Credit", None, -7.0, None, None, 0.0),
+    # A Capacity Block's instance: its usage costs nothing (the block's upfront fee is elsewhere).
+    (0, "i-0cb", "Usage", "USE1-CapacityBlock:p5.48xlarge", 0.0, None, None, 1.0),
 ]
 
 
@@ -69,7 +71,7 @@ def test_the_rates_of_a_bill_worked_by_hand(tmp_path: Path) -> None:
                    ("g5.12xlarge", "on-demand"): (3.4, 1.0, 1), ("g5.xlarge", "spot"): (0.42, 1.0, 1),
                    ("p5.48xlarge", "reserved"): (31.464, 1.0, 1)}
     assert rates.instances["i-0p4a"] == pytest.approx((21.3 * 2 - 1.0) / 2) and rates.instances["i-0p4b"] == 32.77
-    assert rates.unknown == {"i-0odd": 1.0}
+    assert rates.unknown == {"i-0odd": 1.0} and rates.free == {"i-0cb": 1.0}  # no rate of 0 for a Capacity Block
     only_second = bill_rates(read_bill(tmp_path / "cur.parquet"), START.timestamp() + 3600)
     assert {r.instance_type for r in only_second.rates} == {"p4d.24xlarge"}
 

@@ -25,7 +25,7 @@ from test_focus import focus_validate
 from otelgpu.enrich.window import NS
 from otelgpu.report import focus
 from otelgpu.report.bill import Bill
-from otelgpu.report.reconcile import NO_PERIOD_OF_NODE, BillPeriodError, reconcile, showback_of, write_csv
+from otelgpu.report.reconcile import FREE, NO_PERIOD_OF_NODE, BillPeriodError, reconcile, showback_of, write_csv
 
 if TYPE_CHECKING:
     from promserver import PrometheusServer
@@ -161,6 +161,15 @@ def test_what_does_not_match_is_listed_and_nothing_is_lost():
         "Credit: lines of no instance, not allocated", "Tax: lines of no instance, not allocated"}
     rows = list(focus.rows(dataset, focus.Provider()))
     assert {r["x_CostBasis"] for r in rows if r["x_InstanceId"] != "i-01" or r["ChargePeriodStart"] != T0} == {"prices"}
+
+
+def test_an_instance_whose_usage_cost_nothing_keeps_otelgpus_prices_and_is_listed():
+    """A Capacity Block's instances: their usage lines cost nothing, the block's upfront fee is a
+    line of no instance. Scaling the node to 0 would make its pods' GPUs free: it keeps its prices."""
+    block = origin("n1", "i-0cb", T0, T0 + HOUR, {"vision": 31.464}, idle=0.0)
+    result = reconcile(data(block), bill(("i-0cb", T0, T0 + HOUR, 0.0, 0.0, 0.0)), [T0, T0 + HOUR])
+    assert block.effective_cost is None and result.nodes[0].unbilled_periods == 1
+    assert [(s.instance_id, s.reason) for s in result.strays] == [("i-0cb", FREE)]
 
 
 def test_a_daily_bill_under_hourly_periods_is_refused_and_fits_daily_ones():

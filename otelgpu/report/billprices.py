@@ -55,6 +55,7 @@ class BillRates:
     instances: dict[str, float]  # instance -> its own rate
     unknown: dict[str, float]  # instances whose type the bill does not name -> their cost (not priced)
     no_hours: dict[str, float]  # instances with a cost and no usage hours (a discount alone) -> cost
+    free: dict[str, float]  # instances whose usage cost nothing (a Capacity Block's: paid by its fee) -> hours
     start: float
     end: float
 
@@ -73,11 +74,14 @@ def bill_rates(bill: Bill, start: Optional[float] = None, end: Optional[float] =
         raise ValueError("the bill has no instance's lines in the period asked for")
     summed = table.group_by("instance").aggregate([("compute", "sum"), ("hours", "sum")])
     per_type: dict[tuple[str, str], Rate] = {}
-    out = BillRates([], {}, {}, {}, float(pc.min(table["start"]).as_py()), float(pc.max(table["end"]).as_py()))
+    out = BillRates([], {}, {}, {}, {}, float(pc.min(table["start"]).as_py()), float(pc.max(table["end"]).as_py()))
     for instance, cost, hours in zip(*(summed[c].to_pylist() for c in ("instance", "compute_sum", "hours_sum"))):
         if not hours > 0:
             if cost:
                 out.no_hours[instance] = cost
+            continue
+        if cost == 0:  # no rate: the capacity was paid for elsewhere (a Capacity Block's upfront fee)
+            out.free[instance] = hours
             continue
         kind = bill.kinds.get(instance)
         if kind is None:

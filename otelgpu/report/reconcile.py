@@ -68,6 +68,8 @@ class NodeTie:
         return self.billed / matched if matched > 0 else float("nan")
 
 
+FREE = ("its usage lines cost nothing: a Capacity Block's instances are paid by the block's upfront fee, a line "
+        "of no instance; the node keeps otelgpu's prices")
 NO_PERIOD_OF_NODE = ("no node-period took them: its node has no cost series then, or a period merged over an "
                      "outage has bill lines in only some of its hours")
 
@@ -81,7 +83,7 @@ class Stray:
     cost: float  # effective, compute
     billed_cost: float
     other: float
-    reason: str  # "no node" or NO_PERIOD_OF_NODE
+    reason: str  # "no node", NO_PERIOD_OF_NODE or FREE
 
 
 @dataclass
@@ -158,6 +160,7 @@ class _Grid:
         self.index = {name: k for k, name in enumerate(ids)}
         self.cells = {c: np.zeros(shape) for c in ("compute", "billed", "other")}
         self.taken = np.zeros(shape, bool)
+        self.free = np.zeros(shape, bool)  # lines of a node-period that cost nothing (FREE)
         self.lines = np.zeros(shape, bool)
         found = pc.index_in(lines["instance"], value_set=pa.array(ids, pa.string()))
         code = pc.fill_null(found, -1).to_numpy().astype(np.int64)
@@ -173,13 +176,13 @@ class _Grid:
 
     def strays(self, lines: pa.Table, ids: list[str]) -> list[Stray]:
         out = []
-        left = self.lines & ~self.taken
-        for name, row in self.index.items():
-            if left[row].any():
-                out.append(Stray(name, int(left[row].sum()), float(self.cells["compute"][row][left[row]].sum()),
-                                 float(self.cells["billed"][row][left[row]].sum()),
-                                 float(self.cells["other"][row][left[row]].sum()),
-                                 NO_PERIOD_OF_NODE))
+        for cells, reason in ((self.lines & ~self.taken & ~self.free, NO_PERIOD_OF_NODE), (self.free, FREE)):
+            for name, row in self.index.items():
+                if cells[row].any():
+                    picked = cells[row]
+                    out.append(Stray(name, int(picked.sum()), float(self.cells["compute"][row][picked].sum()),
+                                     float(self.cells["billed"][row][picked].sum()),
+                                     float(self.cells["other"][row][picked].sum()), reason))
         others = lines.filter(pc.invert(pc.is_in(lines["instance"], value_set=pa.array(ids, pa.string()))))
         if others.num_rows:
             summed = others.group_by("instance").aggregate(
@@ -211,8 +214,13 @@ def _shares(origins: list[Origin], grid: _Grid) -> list[dict[str, float]]:
         per_period = origin.cost / max(span.stop - span.start, 1)
         part = np.divide(per_period, weight[row, span], out=np.zeros(span.stop - span.start),
                          where=weight[row, span] > 0)
+        share = {column: float((cells[row, span] * part).sum()) for column, cells in grid.cells.items()}
+        if share["compute"] == 0 and origin.cost > 0:  # billed as nothing: not the node's cost (FREE)
+            grid.free[row, span] |= grid.lines[row, span]
+            shares.append({})
+            continue
         grid.taken[row, span] |= grid.lines[row, span]
-        shares.append({column: float((cells[row, span] * part).sum()) for column, cells in grid.cells.items()})
+        shares.append(share)
     return shares
 
 
@@ -337,7 +345,8 @@ def summary(result: Reconciliation, currency: str = "USD") -> list[str]:
     unbilled = sum(t.unbilled_periods for t in result.nodes)
     if unbilled:
         lines.append(f"warning: {unbilled} node-periods have no bill lines and keep otelgpu's prices "
-                     f"({result.unbilled:,.6f} {currency}): nodes without an instance id, or outside this bill")
+                     f"({result.unbilled:,.6f} {currency}): nodes without an instance id, outside this bill, or whose usage "
+                     "the bill charged nothing (a Capacity Block's instances: its fee is the block's)")
     if result.strays:
         lines.append(f"warning: {len(result.strays)} instances' compute in the bill is no node's "
                      f"({sum(s.cost for s in result.strays):,.6f} {currency}): instances outside the cluster, or "
