@@ -16,7 +16,9 @@ same instance in one period (a node re-registered under a new name) share its li
 to their cost.
 
 Nothing is dropped unseen:
-- a node-period without bill lines keeps otelgpu's price and is listed (`unbilled`);
+- a node-period without bill lines keeps otelgpu's price and is listed (`unbilled`), and so does
+  one whose instance's lines cost nothing (a Capacity Block's instance: the block's upfront fee is
+  no instance's line), rather than being scaled to nothing;
 - bill lines of an instance no node-period takes (an instance outside the cluster, or a node whose
   series are missing for that period) are listed per instance (`strays`);
 - lines of no instance (credits, taxes, fees, unused commitments) are totalled by category, as the
