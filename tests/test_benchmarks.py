@@ -84,3 +84,16 @@ def test_bench_bill_reads_the_month_it_wrote():
                           "--transfer-lines", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert "bill: 3,312 lines (20 instances x 48 hours)" in res.stdout and "960 instance-hours" in res.stdout
+
+
+@pytest.mark.parametrize("mode", ["memory", "cpu"])
+def test_bench_profile_names_the_owners_of_memory_and_cpu(mode: str):
+    res = subprocess.run([sys.executable, "benchmarks/bench_profile.py", "--gpus", "40", "--minutes", "3", "--mode",
+                          mode, "--top", "5"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    if mode == "memory":
+        owners = re.findall(r"MiB +\d+\.\d% +(otelgpu/\S+)", res.stdout)
+        assert len(owners) == 4 * 5 and all(not o.startswith("otelgpu/demo/") for o in owners)  # 2 moments, 2 views
+    else:
+        assert re.search(r"decode: +\d+\.\d\d CPU-s +\d+\.\d\d us a point", res.stdout)
+        assert re.search(r"apply and close: +\d+\.\d\d CPU-s", res.stdout) and "close:" in res.stdout

@@ -1,0 +1,244 @@
+"""Where the memory and the CPU go, by owner, at 10,000 GPUs (or any size): one pipeline with the
+gateway's otelgpu.yaml in this process, fed the benchmark fleet (bench_scale.py's: whole, MIG and
+time-sliced GPUs; dcgm-exporter's default counters and kube-state-metrics every 30 s, the kubelet
+every 60 s) in requests of the Collector's batch size, as decoded protobuf (no gRPC, no export).
+
+    python benchmarks/bench_profile.py [--gpus 10000] [--minutes 6] [--mode memory|cpu] [--top 25]
+
+- `--mode memory` (tracemalloc, `--frames` 12): what the process holds, by owner, at two moments of
+  the last interval: just before it closes (the open interval's points buffered, the state) and
+  just after. The owner of an allocation is the innermost frame in otelgpu/ (module and
+  function); allocations by no otelgpu frame (the request protobufs this process builds, the
+  interpreter) are left out. tracemalloc sees Python objects and numpy's buffers, not numba's or
+  gRPC's native heaps: the RSS beside it says how much it does not see.
+- `--mode cpu`: CPU seconds by stage, from the process clock around each step (decoding the
+  requests, applying the points, closing intervals), the pipeline's own `otelgpu_work_seconds_total`
+  per step, and, with `--py-spy`, py-spy's samples of the whole run by owner (innermost otelgpu
+  frame, and the function that frame called when it is a library's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_footprint as bf  # noqa: E402 - the fleet, its scrapes
+from bench_scale import Scrapes, nodes_for, physical_gpus  # noqa: E402
+
+from otelgpu.config import parse_config  # noqa: E402
+from otelgpu.enrich.window import NS  # noqa: E402
+from otelgpu.pipeline import Pipeline  # noqa: E402
+from otelgpu.telemetry import by_label, total  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+START_NS = 1_790_000_000 // 3600 * 3600 * NS
+SCRAPE_S = bf.SCRAPE_S
+
+
+def gateway_pipeline() -> Pipeline:
+    """The gateway's otelgpu.yaml in this process: facts from kube-state-metrics (no API server
+    here), no receivers, exporters or checkpoint (what they cost is bench_scale.py's to measure)."""
+    doc = yaml.safe_load((ROOT / "k8s" / "gateway" / "otelgpu.yaml").read_text())
+    doc["cluster"]["name"] = "fleet"
+    doc["kubernetes"] = {"enabled": False}
+    doc["receiver"] = {**doc.get("receiver", {}), "grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False},
+                       "max_point_age_seconds": 0}
+    doc["exporter"] = {"prometheus": {"enabled": False}}
+    doc.pop("checkpoint", None)
+    return Pipeline(parse_config(doc), serve_receivers=False)
+
+
+def rounds(fleet: Scrapes, minutes: int) -> Iterator[tuple[float, list[tuple[bytes, int]]]]:
+    """Each scrape round's data time and its requests (bytes, points): the fleet's one round,
+    built once and re-stamped, so that building them costs next to nothing per round."""
+    for k in range(minutes * 60 // SCRAPE_S):
+        elapsed = SCRAPE_S * (k + 1)
+        yield elapsed, fleet.at(START_NS + elapsed * NS, with_kubelet=bool(k % 2))
+
+
+class Stages:
+    """CPU seconds (process clock) per stage."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+
+    def timed(self, stage: str, work: Any) -> Any:
+        began = time.process_time()
+        try:
+            return work()
+        finally:
+            self.seconds[stage] += time.process_time() - began
+
+
+def feed(pipeline: Pipeline, requests: list, stages: Stages) -> None:
+    """One round: decode each request (the receiver's work), then apply the batches and close what
+    is due (the processing thread's)."""
+    for request, _ in requests:
+        stages.timed("decode", lambda: pipeline.ingest.consume(request))
+        while (batch := pipeline.ingest.get(timeout=0)) is not None:
+            stages.timed("apply and close", lambda: pipeline.process(batch))
+            pipeline.ingest.task_done()
+
+
+OURS, DEMO = str(ROOT / "otelgpu") + os.sep, str(ROOT / "otelgpu" / "demo") + os.sep
+
+
+def owner(traceback: tracemalloc.Traceback) -> Optional[str]:
+    """The innermost frame of an allocation in otelgpu's own files, as `path:line`."""
+    for frame in reversed(traceback):
+        name = frame.filename
+        if name.startswith(OURS) and not name.startswith(DEMO):
+            return f"{name[len(str(ROOT)) + 1:]}:{frame.lineno}"
+    return None
+
+
+def by_owner(snapshot: tracemalloc.Snapshot) -> dict[str, int]:
+    sizes: dict[str, int] = defaultdict(int)
+    ours = snapshot.filter_traces([tracemalloc.Filter(True, OURS + "*", all_frames=True)])
+    for stat in ours.statistics("traceback"):
+        where = owner(stat.traceback)
+        if where is not None:
+            sizes[where] += stat.size
+    return sizes
+
+
+def by_module(sizes: dict[str, int]) -> dict[str, int]:
+    modules: dict[str, int] = defaultdict(int)
+    for where, size in sizes.items():
+        modules[where.rsplit(":", 1)[0]] += size
+    return modules
+
+
+def rss_mib() -> float:
+    return bf.proc_status(os.getpid())["VmRSS"] / 1024
+
+
+def print_sizes(title: str, sizes: dict[str, int], top: int) -> None:
+    total = sum(sizes.values())
+    print(f"\n{title}: {total / 2**20:,.1f} MiB traced in otelgpu's frames")
+    for where, size in sorted(sizes.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {size / 2**20:9.2f} MiB  {size / total:6.1%}  {where}")
+
+
+def memory(args: argparse.Namespace) -> None:
+    tracemalloc.start(args.frames)
+    pipeline = gateway_pipeline()
+    print(f"ready: RSS {rss_mib():.0f} MiB, traced {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MiB")
+    stages = Stages()
+    all_rounds = list(range(args.minutes * 60 // SCRAPE_S))
+    snapshots = {}
+    for k, (elapsed, requests) in zip(all_rounds, rounds(Scrapes(nodes_for(args.gpus)), args.minutes)):
+        closes = (elapsed + SCRAPE_S) % 60 == 30 and elapsed >= 60  # this round's data closes an interval
+        if k == len(all_rounds) - 1:
+            gc.collect()
+            snapshots["before the last round (an interval open, its points buffered)"] = tracemalloc.take_snapshot()
+            before_rss = rss_mib()
+        feed(pipeline, requests, stages)
+        del requests
+        if k == len(all_rounds) - 1:
+            gc.collect()
+            snapshots["after it (the interval closed)" if closes else "after it"] = tracemalloc.take_snapshot()
+    print(f"RSS before the last round {before_rss:.0f} MiB, after {rss_mib():.0f} MiB; tracemalloc peak "
+          f"{tracemalloc.get_traced_memory()[1] / 2**20:.0f} MiB (all frames)")
+    for title, snapshot in snapshots.items():
+        sizes = by_owner(snapshot)
+        print_sizes(f"{title}, by module", by_module(sizes), args.top)
+        print_sizes(f"{title}, by line", sizes, args.top)
+    pipeline.shutdown()
+
+
+def cpu(args: argparse.Namespace) -> None:
+    fleet = Scrapes(nodes_for(args.gpus))
+    pipeline = gateway_pipeline()
+    stages = Stages()
+    spy = None
+    if args.py_spy:
+        spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "200",
+                                "--nonblocking", "--output", args.py_spy_out], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        time.sleep(2)  # attached
+    points = 0
+    began = time.process_time()
+    for _, requests in rounds(fleet, args.minutes):
+        points += sum(n for _, n in requests)
+        feed(pipeline, requests, stages)
+    spent = time.process_time() - began
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait(timeout=60)
+    intervals = total(pipeline.metrics.intervals_computed)
+    print(f"{points:,} points, {intervals:.0f} intervals computed, {spent:.1f} CPU-s in this process "
+          f"(building the requests: {spent - sum(stages.seconds.values()):.1f} CPU-s of it)")
+    for stage, seconds in stages.seconds.most_common():
+        print(f"  {stage:>16}: {seconds:7.2f} CPU-s  {seconds / points * 1e6:6.2f} us a point")
+    work = by_label(pipeline.metrics.work_seconds)
+    print("the pipeline's otelgpu_work_seconds_total (wall) per interval computed:")
+    for step, seconds in sorted(work.items(), key=lambda kv: -kv[1]):
+        print(f"  {step!s:>16}: {seconds / max(intervals, 1):7.3f} s")
+    pipeline.shutdown()
+    if spy is not None:
+        summarize_py_spy(args.py_spy_out, args.top)
+
+
+def summarize_py_spy(path: str, top: int) -> None:
+    """py-spy's collapsed stacks by owner: the innermost otelgpu frame, and what it called."""
+    mine: Counter[str] = Counter()
+    total = 0
+    for line in Path(path).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        samples = int(count)
+        total += samples
+        inner = [i for i, f in enumerate(frames) if _ours(f.partition(" (")[2])]
+        if not inner:
+            mine["(no otelgpu frame: building the requests, the interpreter)"] += samples
+            continue
+        i = inner[-1]
+        callee = frames[i + 1].split(" (")[0] if i + 1 < len(frames) else "(itself)"
+        mine[f"{_short(frames[i])} -> {callee}"] += samples
+    print(f"\npy-spy: {total:,} samples, by the innermost otelgpu frame and what it called")
+    for where, samples in mine.most_common(top):
+        print(f"  {samples / total:6.1%}  {where}")
+
+
+def _ours(path: str) -> bool:
+    """A file of otelgpu's own (not the demo's scrapes, which only build this load)."""
+    return path.startswith("otelgpu/") and not path.startswith("otelgpu/demo/")
+
+
+def _short(frame: str) -> str:
+    name, _, where = frame.partition(" (")
+    return f"{name} ({where.rstrip(')').split(':')[0]})"
+
+
+def main(argv: list[str] = sys.argv[1:]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=10_000)
+    ap.add_argument("--minutes", type=int, default=6)
+    ap.add_argument("--mode", choices=("memory", "cpu"), default="memory")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--frames", type=int, default=12, help="frames tracemalloc keeps of each allocation")
+    ap.add_argument("--py-spy", help="py-spy's path: sample the run with it (--mode cpu)")
+    ap.add_argument("--py-spy-out", default=os.path.join(tempfile.gettempdir(), "otelgpu-py-spy.txt"))
+    args = ap.parse_args(argv)
+    nodes, _ = bf.fleet(nodes_for(args.gpus), 0)
+    print(f"{sum(physical_gpus(n) for n in nodes):,} GPUs on {len(nodes):,} nodes "
+          f"({sum(len(n.devices) for n in nodes):,} units), {args.minutes} minutes of data")
+    (memory if args.mode == "memory" else cpu)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
