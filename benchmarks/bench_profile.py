@@ -168,7 +168,8 @@ def cpu(args: argparse.Namespace) -> None:
         spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "200",
                                 "--nonblocking", "--output", args.py_spy_out], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-        time.sleep(2)  # attached
+        # Not waited for: py-spy says nothing it has attached until it exits, and the first tenth of
+        # a second it may miss is none of a round's work worth counting.
     points = 0
     began = time.process_time()
     for _, requests in rounds(fleet, args.minutes):

@@ -223,6 +223,19 @@ def cardinality_bomb(rng: random.Random, t: int, req: Req) -> Hostile:
     return harmless(dcgm, ksm)
 
 
+def hostile_provider_ids(rng: random.Random, t: int, req: Req) -> Hostile:
+    """kube_node_info of hostile nodes whose provider_id is 100 kB, a path, markup or newlines, one
+    of them with a GPU in use: none may name an instance beyond what its id says, nor touch valid nodes."""
+    ids = rng.sample(["aws:///us-east-1a/" + "i-" + "f" * 100_000, "aws:///zone/i-0abc/../../etc/passwd",
+                      "aws:///zone/i-0abc\nteam=\"x\"", "<script>i-0abc</script>", "i-", "gce://p/z/i-0abc"], 3)
+    nodes = [f"evil-pid-{k}" for k in range(len(ids))]
+    info = _ksm({"kube_node_info": [point({"node": n, "provider_id": pid}, t, 1.0) for n, pid in zip(nodes, ids)],
+                 NODE_LABELS: [point({"node": n, COUNT: "1", INSTANCE: "g5.xlarge"}, t, 1.0) for n in nodes]})
+    gpu = target("dcgm-exporter", nodes[0], {ACTIVE: [point({"Hostname": nodes[0], "UUID": "EVIL-PID-0",
+                                                             "modelName": A10G}, t, 0.5)]})
+    return harmless(info, gpu)
+
+
 def foreign_nodes(rng: random.Random, t: int, req: Req) -> Hostile:
     """Well-formed scrapes of nodes that are not the valid cluster's: the control class."""
     return harmless(*hostile_scrape(t).resource_metrics)
@@ -251,7 +264,7 @@ def skewed_node(rng: random.Random, t: int, req: Req) -> Hostile:
 STRUCTURED: dict[str, Generator] = {g.__name__: g for g in (
     foreign_nodes, non_finite, out_of_range, absurd_requests, absurd_capacity, absurd_gpu_count, absurd_replicas,
     mig_ids, empty_names, far_future, far_past, int_overflow, swapped_types, huge_labels, cardinality_bomb,
-    skewed_target, skewed_node)}
+    skewed_target, skewed_node, hostile_provider_ids)}
 
 
 # --- wire bytes ----------------------------------------------------------------------------------

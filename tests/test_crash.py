@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from sidecar import Sidecar
 from support import eventually
-from test_prometheus_end_to_end import INTERVAL_S, TOTALS, config, in_process, scenario
+from test_prometheus_end_to_end import INSTANCE, INTERVAL_S, TOTALS, config, in_process, scenario
 
 from otelgpu.enrich.window import NS
 
@@ -104,6 +104,11 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
     assert tokens[("", "acme", "prompt")] == 30.0 * 1440  # 30 a second from the first scrape to the last, at 1440 s
     resets = prometheus.query('resets(gpu_cost_allocated_total{cluster="killed"}[2h])', end)
     assert resets and all(v == 0 for _, v in resets)
+    # The node's instance came back with its facts at every restart: one instance_id, never none.
+    for metric in ("gpu_cost_allocated_total", "gpu_cost_capacity_total", "gpu_cost_idle_total"):
+        instances = {(m.get("node"), m.get("instance_id")) for m, _ in prometheus.query(
+            f'count by (node, instance_id) (count_over_time({metric}{{cluster="killed"}}[2h]))', end)}
+        assert instances == {("gpu-1", INSTANCE)}, metric
     window = 'sum by (team) (increase(gpu_cost_allocated_total{{cluster="{}", cost_model="request"}}[30m]))'
     for at in (c.t0 / NS + 1800, c.t0 / NS + 2700):
         ref = {m["team"]: v for m, v in prometheus.query(window.format("uninterrupted"), at)}

@@ -37,13 +37,14 @@ pytest_plugins = ["promserver"]  # the `prometheus` fixture
 A100 = "NVIDIA A100-SXM4-40GB"
 INTERVAL_S = 300
 PER_INTERVAL = 12.0 * INTERVAL_S / 3600  # one A100 at $12/h for one interval
+INSTANCE = "i-0123456789abcdef0"  # gpu-1's EC2 instance
 TOTALS = 'sum by (cost_model, team) (max_over_time(gpu_cost_allocated_total{{cluster="{cluster}"}}[2h]))'
 
 
 def scenario() -> Cluster:
     t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
-                capacity={"nvidia_com_gpu": 4})
+                capacity={"nvidia_com_gpu": 4}, provider_id=f"aws:///us-east-1a/{INSTANCE}")
     pods = [Pod("ml", "train", "gpu-1", labels={"team": "vision"}, cpu=8, memory_gib=64, gpu=("nvidia_com_gpu", 2),
                 holds=("GPU-0", "GPU-1"), activity=0.7, cpu_used=10, memory_used_gib=50),
             Pod("ml", "serve", "gpu-1", labels={"team": "nlp"}, cpu=4, memory_gib=32, gpu=("nvidia_com_gpu", 1),
