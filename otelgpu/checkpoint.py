@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
+from otelgpu.core.files import write_whole
 from otelgpu.errors import ConfigError
 from otelgpu.telemetry import CheckpointError, DurabilityTelemetry, SelfMetrics
 
@@ -235,22 +236,11 @@ class Checkpoint:
     def save(self, state: Mapping[str, Any]) -> bool:
         """Write atomically; False (logged, counted) when the write fails, the old file stays."""
         path = self.directory / FILE
-        tmp = self.directory / f".{FILE}.tmp"
         try:
-            with open(tmp, "wb") as file:
-                for piece in encode_parts(self.identity, state, time.time_ns()):
-                    file.write(piece)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
+            write_whole(path, encode_parts(self.identity, state, time.time_ns()))
             if self.path != path:  # the version 1 file it continued from is superseded
                 self.path.unlink(missing_ok=True)
                 self.path = path
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)  # the rename itself must survive a power loss
-            finally:
-                os.close(dir_fd)
         except (OSError, ValueError) as exc:
             self.telemetry.checkpoint_failed(CheckpointError.WRITE)
             log.error("checkpoint not written to %s: %s (the previous one stays)", path, exc)

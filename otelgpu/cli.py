@@ -379,7 +379,7 @@ def _prices(args: argparse.Namespace) -> int:
             base = load_prices_file(base.file, base) if os.path.exists(base.file) else base
         rates = bill_rates(read_bill(args.from_bill), start, end)
         mapping = price_file(rates, base, args.per_instance)
-        command = " ".join(["otelgpu prices", *sys.argv[2:]]) if sys.argv[1:2] == ["prices"] else "otelgpu prices"
+        command = f"otelgpu prices --from-bill {args.from_bill}" + (" --per-instance" if args.per_instance else "")
         write_price_file(args.output, mapping, header(args.from_bill, rates, command))
     except ValueError as exc:
         raise ConfigError([f"prices: {exc}"]) from exc

@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Optional
 
+from otelgpu.core.files import sync_directory
 from otelgpu.telemetry import DurabilityTelemetry, SelfMetrics, WalCorruption
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,7 @@ class Wal:
         return file
 
     def _fsync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_directory(self.directory)
 
     @property
     def position(self) -> Position:

@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from otelgpu.core.attrs import Attrs, pair
+from otelgpu.core.files import write_whole
 
 _RECORD = struct.Struct("<III")  # id, payload bytes, CRC32 of id, length and payload
 COMPACT_FROM = 4096  # sets: below this a log is never rewritten
@@ -136,11 +137,6 @@ class AttrTable:
             return False
         kept = {attrs: i for attrs, i in self._ids.items() if i in keep}
         data = b"".join(_record(i, attrs) for attrs, i in kept.items())
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, self.path)
+        write_whole(self.path, [data])
         self._ids, self._size = kept, len(data)
         return True

@@ -25,6 +25,7 @@ import numpy as np
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.core.attrs import Attrs
+from otelgpu.core.files import sync_directory, write_whole
 from otelgpu.exporter.columns import Points
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import Point
@@ -192,17 +193,7 @@ class Outbox:
         log.error("%s export queue: %s", self.exporter, message)
 
     def _write(self, path: Path, data: bytes) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-        self._sync_directory()
+        write_whole(path, [data])
 
     def _sync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename or unlink itself must survive a power loss
-        finally:
-            os.close(fd)
+        sync_directory(self.directory)  # an unlink itself must survive a power loss

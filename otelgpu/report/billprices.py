@@ -18,9 +18,6 @@ discounts, so writing it loses nothing the configuration had.
 
 from __future__ import annotations
 
-import math
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,9 +28,10 @@ import pyarrow.compute as pc
 import yaml
 
 from otelgpu.attribution.config import PricesConfig, load_prices_file
+from otelgpu.core.files import write_whole
 from otelgpu.report.bill import Bill
 
-CAPACITY_KEYS = {"spot": "spot", "reserved": "reserved"}  # capacity type -> capacity_types key
+OWN_RATES = ("spot", "reserved")  # capacity types whose rates are their own capacity_types key
 
 
 @dataclass
@@ -98,11 +96,11 @@ def price_file(rates: BillRates, base: PricesConfig, per_instance: bool = False)
     """The price file's mapping: `rates` over what `base` (the configuration's prices) has."""
     on_demand = dict(base.instance_hour_by_instance_type)
     capacity_types = {"on_demand": {"discount": base.capacity_types.on_demand.discount}}
-    own = {key: dict(getattr(base.capacity_types, key).instance_hour_by_instance_type) for key in ("spot", "reserved")}
+    own = {key: dict(getattr(base.capacity_types, key).instance_hour_by_instance_type) for key in OWN_RATES}
     for rate in rates.rates:
-        key = CAPACITY_KEYS.get(rate.capacity_type)
-        (own[key] if key else on_demand)[rate.instance_type] = _rounded(rate.per_hour)
-    for key in ("spot", "reserved"):
+        (own[rate.capacity_type] if rate.capacity_type in OWN_RATES else on_demand)[rate.instance_type] = \
+            round(rate.per_hour, 6)
+    for key in OWN_RATES:
         given = getattr(base.capacity_types, key)
         capacity_types[key] = {"gpu_hour_by_gpu_model": dict(given.gpu_hour_by_gpu_model),
                                "gpu_hour_by_instance_type": dict(given.gpu_hour_by_instance_type),
@@ -111,7 +109,7 @@ def price_file(rates: BillRates, base: PricesConfig, per_instance: bool = False)
     out: dict = {"instance_hour_by_instance_type": dict(sorted(on_demand.items())), "capacity_types": capacity_types}
     if per_instance:
         instances = {**base.instance_hour_by_instance_id,
-                     **{name: _rounded(rate) for name, rate in sorted(rates.instances.items())}}
+                     **{name: round(rate, 6) for name, rate in sorted(rates.instances.items())}}
         out["instance_hour_by_instance_id"] = instances
     return out
 
@@ -126,8 +124,7 @@ def shadowed(rates: BillRates, base: PricesConfig) -> list[str]:
     out = []
     for rate in rates.rates:
         # a capacity type's own instance price beats the on-demand per-GPU prices, not its own ones
-        own = getattr(base.capacity_types, CAPACITY_KEYS[rate.capacity_type]) \
-            if rate.capacity_type in CAPACITY_KEYS else base
+        own = getattr(base.capacity_types, rate.capacity_type) if rate.capacity_type in OWN_RATES else base
         known = catalog.get(rate.instance_type)
         models = {gpu_model_key(model) for model in own.gpu_hour_by_gpu_model}
         if rate.instance_type in own.gpu_hour_by_instance_type or \
@@ -139,21 +136,10 @@ def shadowed(rates: BillRates, base: PricesConfig) -> list[str]:
 def write_price_file(path: str | Path, mapping: dict, header: str) -> None:
     """Write the file whole or not at all (a sidecar reloads it when it changes: it must never
     see half of it), after checking the sidecar would take it."""
-    path = Path(path)
     text = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + \
         yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False)
-    folder = path.parent if str(path.parent) else Path(".")
-    handle, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        load_prices_file(scratch, PricesConfig())  # ConfigError naming every problem
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    # checked as the sidecar reads it: a ConfigError naming every problem
+    write_whole(path, [text.encode("utf-8")], check=lambda written: load_prices_file(written, PricesConfig()))
 
 
 def header(source: str, rates: BillRates, command: str) -> str:
@@ -163,10 +149,7 @@ def header(source: str, rates: BillRates, command: str) -> str:
     lines = [f"Effective rates of {source}, {day(rates.start)} to {day(rates.end)}: each instance type's compute cost",
              "over its instance-hours, per capacity type (USD per instance-hour).", f"Written by: {command}", ""]
     for rate in rates.rates:
-        lines.append(f"{rate.instance_type} {rate.capacity_type}: {_rounded(rate.per_hour)} "
+        lines.append(f"{rate.instance_type} {rate.capacity_type}: {round(rate.per_hour, 6)} "
                      f"({rate.hours:,.2f} instance-hours of {rate.instances} instances)")
     return "\n".join(lines)
 
-
-def _rounded(value: float) -> float:
-    return float(f"{value:.6f}") if math.isfinite(value) else value
