@@ -279,6 +279,18 @@ def _same_row(a, b, metric, value_bits, stale, attr_off, attr_key, attr_val):  #
     return True
 
 
+def latest(batch: PointBatch) -> PointBatch:
+    """The rows of `batch` (kube-state-metrics rows) in time order, each series' last alone: what
+    `KsmFacts.update` applies of them, so applying the result instead of `batch`, or the result
+    followed by newer-arriving rows, changes no fact and no order of first meeting. An open
+    interval folds its rows with it as they arrive (enrich/window.py): every scrape repeats the
+    whole state, and without the fold an interval would hold every copy until it closes."""
+    ordered = batch.select(np.argsort(batch.time_ns, kind="stable"))
+    keep = last_of_each(np.arange(len(ordered), dtype=np.int64), ordered.metric, ordered.value.view(np.int64),
+                        ordered.stale, ordered.attr_off, ordered.attr_key, ordered.attr_val)
+    return ordered.select(keep)
+
+
 def last_of_each_reference(rows: np.ndarray, batch: PointBatch) -> np.ndarray:
     """`last_of_each`, readable: the same, with a set of row keys."""
     seen: set = set()

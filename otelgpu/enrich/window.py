@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from otelgpu.core.grouping import group_ids
 from otelgpu.core.state import nothing_to_undo
+from otelgpu.enrich.facts import latest
 from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.steps import Steps
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.receiver.decode import PointBatch, empty_batch
-from otelgpu.receiver.interner import Coded
 
 NS = 1_000_000_000
+FOLD_ROWS = 8192  # an open interval's samples and facts are folded once they are this many rows (see _Folded)
 Position = tuple[int, int]  # write-ahead log (segment, offset)
 
 
@@ -55,73 +56,56 @@ class Interval:
         return (self.end_ns - self.start_ns) / NS
 
 
-@dataclass
-class PackedSamples(Coded):
-    """DCGM samples as they wait for their interval to close. A batch's rows name few distinct
-    combinations of labels (a scrape target's devices and their holders), so the ten code columns
-    are kept once per combination (`labels`, a row each) and each sample points at its row: 23
-    bytes a sample where `Samples` takes 59 (at 10,000 GPUs the open intervals hold some 700,000)."""
+class _Folded:
+    """Parts of one kind waiting in an open interval, folded into one (`fold`) whenever they have
+    doubled since the last fold and are at least `fold_rows`: what the interval holds stays near
+    what its fold leaves, and folding costs time in proportion to the rows added."""
 
-    CODES: ClassVar[tuple[str, ...]] = ("labels",)
-    metric: np.ndarray
-    time_ns: np.ndarray
-    value: np.ndarray
-    stale: np.ndarray
-    label: np.ndarray  # int32 [n]: row of `labels`
-    labels: np.ndarray  # int32 [k, len(Samples.CODES)]
+    def __init__(self, fold: Callable[[list], Any]) -> None:
+        self.parts: list = []
+        self._fold = fold
+        self._rows = self._folded = 0
 
-    def __len__(self) -> int:
-        return len(self.metric)
+    def add(self, part: Any, fold_rows: int) -> None:
+        self.parts.append(part)
+        self._rows += len(part)
+        if self._rows >= max(fold_rows, 2 * self._folded):
+            self.parts = [self._fold(self.parts)]
+            self._rows = self._folded = len(self.parts[0])
 
-    def codes(self) -> list[np.ndarray]:
-        return [self.labels.reshape(-1)]
+    def whole(self) -> Any:
+        """The parts folded into one."""
+        return self._fold(self.parts)
 
-    @staticmethod
-    def pack(samples: Samples) -> "PackedSamples":
-        cols = [getattr(samples, name) for name in Samples.CODES]
-        label, first = group_ids(*cols)
-        labels = np.stack([c[first] for c in cols], axis=1).astype(np.int32, copy=False)
-        return PackedSamples(samples.metric, samples.time_ns, samples.value, samples.stale, label.astype(np.int32),
-                             labels)
-
-    @staticmethod
-    def concat(parts: list["PackedSamples"]) -> "PackedSamples":
-        """The parts one after the other, their label tables stacked (each part's rows pointing
-        into its own block): unpacking once costs one set of full columns, not two."""
-        blocks = np.cumsum([0] + [len(p.labels) for p in parts[:-1]])
-        return PackedSamples(*(np.concatenate([getattr(p, name) for p in parts])
-                               for name in ("metric", "time_ns", "value", "stale")),
-                             np.concatenate([p.label + np.int32(b) for p, b in zip(parts, blocks.tolist())]),
-                             np.concatenate([p.labels for p in parts]))
-
-    def unpack(self) -> Samples:
-        rows = self.labels[self.label]
-        return Samples(self.metric, self.time_ns, self.value, self.stale,
-                       **{name: np.ascontiguousarray(rows[:, j]) for j, name in enumerate(Samples.CODES)})
+    def __bool__(self) -> bool:
+        return bool(self.parts)
 
 
 @dataclass
 class _Open:
-    samples: list[PackedSamples] = field(default_factory=list)
+    # DCGM samples, as steps (enrich/steps.py)
+    samples: _Folded = field(default_factory=lambda: _Folded(Steps.merge))
     pods: list[PodSamples] = field(default_factory=list)
-    facts: list[PointBatch] = field(default_factory=list)
+    # kube-state-metrics rows, each series' last of them (enrich/facts.py `latest`)
+    facts: _Folded = field(default_factory=lambda: _Folded(lambda parts: latest(PointBatch.concat(parts))))
     first_record: Optional[Position] = None  # earliest log record that put rows here
     version: int = 0  # parts added so far
 
-    def parts(self) -> list:  # Samples, PodSamples and PointBatch alike: len, codes(), remap()
-        return [*self.samples, *self.pods, *self.facts]
+    def parts(self) -> list:  # Steps, PodSamples and PointBatch alike: len, codes(), remap()
+        return [*self.samples.parts, *self.pods, *self.facts.parts]
 
 
 class Windows:
     key = "windows"  # its checkpoint entry (core/state.py)
 
     def __init__(self, interval_s: int, lateness_s: int, max_gap_intervals: int = 10,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fold_rows: int = FOLD_ROWS) -> None:
         self.dt_ns = interval_s * NS
         self.lateness_ns = lateness_s * NS
         self.max_gap = max_gap_intervals
         self.silence_s = float(interval_s + lateness_s)
         self.clock = clock  # the receive clock, in seconds
+        self.fold_rows = fold_rows
         self.watermark_ns = 0
         self.closed_through = -1  # highest interval index already closed
         self.closed_ns = 0  # the time through which intervals count as closed (a checkpoint's, or the last close's end)
@@ -146,14 +130,17 @@ class Windows:
             late += int((~on_time).sum())
             for i in np.unique(idx[on_time]):
                 rows = part.take(np.flatnonzero(idx == i))
-                getattr(self._slot(int(i), record), slot).append(PackedSamples.pack(rows) if slot == "samples" else rows)
+                if slot == "samples":
+                    self._slot(int(i), record).samples.add(Steps.of(rows), self.fold_rows)
+                else:
+                    self._slot(int(i), record).pods.append(rows)
         late_facts = empty_batch()
         if facts is not None and len(facts):
             idx = facts.time_ns // self.dt_ns
             on_time = idx > self.closed_through
             late_facts = facts.select(~on_time)
             for i in np.unique(idx[on_time]):
-                self._slot(int(i), record).facts.append(facts.select(idx == i))
+                self._slot(int(i), record).facts.add(facts.select(idx == i), self.fold_rows)
         return late, late_facts
 
     def _slot(self, index: int, record: Optional[Position]) -> _Open:
@@ -213,10 +200,9 @@ class Windows:
         if bare:
             return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns, Samples.empty(), PodSamples.empty(),
                             empty_batch(), slot.version)
-        facts = PointBatch.concat(slot.facts) if slot.facts else empty_batch()
-        facts = facts.select(np.argsort(facts.time_ns, kind="stable"))
+        facts = slot.facts.whole() if slot.facts else empty_batch()  # in time order
         return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns,
-                        PackedSamples.concat(slot.samples).unpack() if slot.samples else Samples.empty(),
+                        slot.samples.whole().unpack() if slot.samples else Samples.empty(),
                         PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts, slot.version)
 
     def next_complete(self) -> Optional[int]:

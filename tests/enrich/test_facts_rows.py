@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelgpu.enrich.facts import KsmFacts, last_of_each, last_of_each_reference
+from otelgpu.enrich.facts import KsmFacts, last_of_each, last_of_each_reference, latest
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
@@ -180,3 +180,29 @@ def test_rows_applied_a_chunk_at_a_time_are_applied_as_all_at_once(rows, chunk):
         module.APPLY_CHUNK = default
     for name in ("pods", "nodes", "namespaces", "owners"):  # the same facts, met in the same order
         assert list(getattr(whole, name).items()) == list(getattr(chunked, name).items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scrapes(), st.randoms(use_true_random=False))
+def test_rows_folded_as_they_arrive_apply_as_all_of_them_at_the_close(rows, rnd):
+    """An open interval folds its rows (`latest`) as batches arrive, in any order and resent;
+    at its close what is left, in time order, makes the same facts, met in the same order, as
+    every row it was sent."""
+    from otelgpu.receiver.decode import PointBatch as Batch
+
+    strings = Interner()
+    arrival = rnd.sample(rows, len(rows)) + rnd.sample(rows, rnd.randint(0, len(rows)))  # any order, some resent
+    batches = [_batch(strings, arrival[lo:lo + 3]) for lo in range(0, len(arrival), 3)]
+    every = Batch.concat(batches)
+    every = every.select(np.argsort(every.time_ns, kind="stable"))  # as the close ordered them before folding
+    folded: list = []
+    for batch in batches:
+        folded = [latest(Batch.concat(folded + [batch]))] if rnd.random() < 0.5 else folded + [batch]
+    at_close = latest(Batch.concat(folded))
+    assert len(at_close) <= len(every)
+    want, got = KsmFacts(strings, ttl_ns=NS), KsmFacts(strings, ttl_ns=NS)
+    want.update(every)
+    got.update(at_close)
+    for name in ("pods", "nodes", "namespaces", "owners"):
+        assert list(getattr(want, name).items()) == list(getattr(got, name).items())
+    assert want.reported_ns == got.reported_ns

@@ -1,0 +1,141 @@
+"""DCGM samples as an open interval keeps them: one row per label combination and timestamp.
+
+What the interval join reads of DCGM samples (enrich/timeline.py, enrich/claims.py) is, per
+entity and timestamp, who was shown holding it and four values: the graphics engine's activity,
+GPU_UTIL, and the framebuffer used and free. dcgm-exporter sends six series per device (and more
+with its other fields), each with the device's and its holder's labels: so the samples of one
+label combination at one timestamp fold into one row, the four values as columns and a bit per
+value present. Any other consumed field (power, energy) only says the entity was there: a bit,
+without its value.
+
+Rows merge on (label combination, timestamp, staleness) as they arrive, the first value of each
+column winning, as the join's deduplication keeps the first of samples resent with the same series
+and timestamp: a resent batch adds nothing. What an interval holds then grows with its units,
+holders and scrape times, not with the series each sends or the times a batch is sent. Unpacked at
+the close they are the samples the join reads: the same steps, holders and values, with the
+fields read only for presence left out where a value column already says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from otelgpu.core.grouping import group_ids
+from otelgpu.enrich.samples import Samples
+from otelgpu.receiver.interner import Coded
+from otelgpu.receiver.schema import Metric
+
+# The metrics whose values the join reads, a column each; the last bit marks any other.
+VALUED = (Metric.GR_ENGINE_ACTIVE, Metric.GPU_UTIL, Metric.FB_USED, Metric.FB_FREE)
+PRESENT_ONLY = len(VALUED)  # the bit of a field read only for presence
+PRESENT_METRIC = Metric.POWER_USAGE  # the metric such a row unpacks as
+_CELL = np.full(int(max(Metric)) + 1, PRESENT_ONLY, np.int64)
+_CELL[list(map(int, VALUED))] = np.arange(len(VALUED))
+_METRIC_OF_CELL = np.array([*map(int, VALUED), int(PRESENT_METRIC)], np.int16)
+
+
+@dataclass
+class Steps(Coded):
+    """Rows of (label combination, timestamp, staleness), each with its values (NaN where absent)
+    and a bit per column present (and `PRESENT_ONLY`'s). `labels` holds each combination once,
+    as the ten label columns of `Samples`; 46 bytes a row, where the samples it stands for took
+    23 bytes each."""
+
+    CODES: ClassVar[tuple[str, ...]] = ("labels",)
+    time_ns: np.ndarray  # int64 [n]
+    stale: np.ndarray  # bool [n]
+    label: np.ndarray  # int32 [n]: row of `labels`
+    present: np.ndarray  # uint8 [n]: bit c set where column c (or PRESENT_ONLY) has a value
+    value: np.ndarray  # float64 [n, len(VALUED)]
+    labels: np.ndarray  # int32 [k, len(Samples.CODES)]
+
+    def __len__(self) -> int:
+        return len(self.time_ns)
+
+    def codes(self) -> list[np.ndarray]:
+        return [self.labels.reshape(-1)]
+
+    def remap(self, table: np.ndarray) -> None:
+        self.labels = table[self.labels].astype(np.int32)
+
+    @staticmethod
+    def of(samples: Samples) -> "Steps":
+        """The samples folded: each sample first a row of its own with one bit, then merged."""
+        n_sample = len(samples)
+        cell = _CELL[samples.metric.astype(np.int64)]
+        value = np.full((n_sample, len(VALUED)), np.nan)
+        valued = np.flatnonzero(cell < PRESENT_ONLY)
+        value[valued, cell[valued]] = samples.value[valued]
+        labels = np.stack([getattr(samples, name) for name in Samples.CODES], axis=1).astype(np.int32, copy=False)
+        one = Steps(samples.time_ns, samples.stale, np.arange(n_sample, dtype=np.int32),
+                    (np.uint8(1) << cell.astype(np.uint8)).astype(np.uint8), value, labels)
+        return Steps.merge([one])
+
+    @staticmethod
+    def merge(parts: list["Steps"]) -> "Steps":
+        """The parts' rows one after the other, rows of the same label combination, timestamp
+        and staleness merged: each column's first value (in that order) wins."""
+        if not parts:
+            return Steps.of(Samples.empty())
+        labels = np.concatenate([p.labels for p in parts]).reshape(-1, len(Samples.CODES))
+        bases = np.cumsum([0] + [len(p.labels) for p in parts[:-1]]).tolist()
+        label_of, first_label = group_ids(*labels.T) if len(labels) else (np.zeros(0, np.int64),) * 2
+        label = np.concatenate([label_of[p.label.astype(np.int64) + base] for p, base in zip(parts, bases)])
+        time_ns = np.concatenate([p.time_ns for p in parts])
+        stale = np.concatenate([p.stale for p in parts])
+        row, first = group_ids(label, time_ns, stale)
+        bits = _bits(np.concatenate([p.present for p in parts]))
+        at, cell = np.nonzero(bits)  # row-major: each row's cells, rows in order
+        key, first_cell = np.unique(row[at] * (PRESENT_ONLY + 1) + cell, return_index=True)
+        merged_row, merged_cell = key // (PRESENT_ONLY + 1), key % (PRESENT_ONLY + 1)
+        present = np.bincount(merged_row, weights=np.left_shift(1, merged_cell), minlength=len(first))
+        value = np.full((len(first), len(VALUED)), np.nan)
+        valued = merged_cell < PRESENT_ONLY
+        value[merged_row[valued], merged_cell[valued]] = \
+            np.concatenate([p.value for p in parts])[at[first_cell[valued]], merged_cell[valued]]
+        return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value,
+                     np.ascontiguousarray(labels[first_label]).astype(np.int32, copy=False))
+
+    def unpack(self) -> Samples:
+        """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
+        (value NaN) for a row with none."""
+        bits = _bits(self.present)
+        bits[:, PRESENT_ONLY] &= ~bits[:, :PRESENT_ONLY].any(axis=1)
+        at, cell = np.nonzero(bits)
+        valued = cell < PRESENT_ONLY
+        value = np.full(len(at), np.nan)
+        value[valued] = self.value[at[valued], cell[valued]]
+        rows = self.labels[self.label[at]]
+        return Samples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at],
+                       **{name: np.ascontiguousarray(rows[:, j]) for j, name in enumerate(Samples.CODES)})
+
+
+def _bits(present: np.ndarray) -> np.ndarray:
+    """bool [n, PRESENT_ONLY + 1]: whether each bit of each row is set."""
+    return ((present[:, None] >> np.arange(PRESENT_ONLY + 1, dtype=np.uint8)) & 1).astype(bool)
+
+
+def unpack_reference(samples: Samples) -> Samples:
+    """What `Steps.of(samples).unpack()` gives, the readable way: the first sample of each series
+    and timestamp (as the join's deduplication keeps it), fields read only for presence kept
+    where their label combination, timestamp and staleness have no valued sample, then ordered by
+    (label combination, timestamp, staleness) and column."""
+    seen: dict[tuple, dict[int, float]] = {}
+    for i in range(len(samples)):
+        labels = tuple(int(getattr(samples, name)[i]) for name in Samples.CODES)
+        key = (labels, int(samples.time_ns[i]), bool(samples.stale[i]))
+        cell = int(_CELL[int(samples.metric[i])])
+        seen.setdefault(key, {}).setdefault(cell, float(samples.value[i]) if cell < PRESENT_ONLY else np.nan)
+    out = []
+    for key in sorted(seen):
+        cells = seen[key]
+        kept = [c for c in sorted(cells) if c < PRESENT_ONLY] or [PRESENT_ONLY]
+        out += [(key, int(_METRIC_OF_CELL[c]), cells[c]) for c in kept]
+    n_row = len(out)
+    labels = np.array([key[0] for key, _, _ in out], np.int32).reshape(n_row, len(Samples.CODES))
+    return Samples(np.array([m for _, m, _ in out], np.int16), np.array([k[1] for k, _, _ in out], np.int64),
+                   np.array([v for _, _, v in out], np.float64), np.array([k[2] for k, _, _ in out], bool),
+                   **{name: labels[:, j].copy() for j, name in enumerate(Samples.CODES)})

@@ -1,0 +1,163 @@
+"""DCGM samples fold into steps as they arrive (enrich/steps.py): one row per label combination,
+timestamp and staleness. Unpacked at the close they must give the join exactly what the samples
+themselves gave it: the same steps, holders, held seconds, activity and device memory, whatever
+the batching, resends and arrival order; and an open interval folded early must close as one
+folded only at its close."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otelgpu.enrich.claims import _device_memory_mib
+from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.steps import PRESENT_METRIC, Steps, unpack_reference
+from otelgpu.enrich.timeline import dedupe, entities_of, tenures
+from otelgpu.enrich.usage import PodSamples
+from otelgpu.enrich.window import NS, Windows
+from otelgpu.receiver.decode import empty_batch
+from otelgpu.receiver.schema import Metric
+
+FIELDS = ("metric", "time_ns", "value", "stale", *Samples.CODES)
+DCGM = [int(m) for m in (Metric.GR_ENGINE_ACTIVE, Metric.GPU_UTIL, Metric.FB_USED, Metric.FB_FREE,
+                         Metric.POWER_USAGE, Metric.ENERGY)]
+code = st.integers(-1, 6)
+
+
+def same(a: Samples, b: Samples) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f), equal_nan=f == "value")
+               and getattr(a, f).dtype == getattr(b, f).dtype for f in FIELDS)
+
+
+@st.composite
+def any_samples(draw: st.DrawFn) -> Samples:
+    """Samples of a few label combinations (any codes), metrics and timestamps."""
+    n_sample = draw(st.integers(0, 30))
+    combos = draw(st.lists(st.lists(code, min_size=10, max_size=10), min_size=1, max_size=4))
+    rows = np.array([combos[draw(st.integers(0, len(combos) - 1))] for _ in range(n_sample)],
+                    np.int32).reshape(n_sample, 10)
+    stale = np.array(draw(st.lists(st.booleans(), min_size=n_sample, max_size=n_sample)), bool)
+    values = draw(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=n_sample, max_size=n_sample))
+    return Samples(np.array(draw(st.lists(st.sampled_from(DCGM), min_size=n_sample, max_size=n_sample)), np.int16),
+                   np.array(draw(st.lists(st.integers(0, 3), min_size=n_sample, max_size=n_sample)), np.int64),
+                   np.where(stale, np.nan, np.array(values, np.float64)), stale, *(rows[:, j].copy() for j in range(10)))
+
+
+def cut(samples: Samples, cuts: list[int]) -> list[Samples]:
+    bounds = [0, *sorted(min(c, len(samples)) for c in cuts), len(samples)]
+    return [samples.take(np.arange(lo, hi)) for lo, hi in zip(bounds, bounds[1:])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_samples())
+def test_steps_unpack_to_their_reference(samples):
+    steps = Steps.of(samples)
+    assert same(steps.unpack(), unpack_reference(samples))
+    assert len(steps.labels) == len({tuple(r) for r in np.stack([getattr(samples, c) for c in Samples.CODES],
+                                                                  1).tolist()})
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_samples(), st.lists(st.integers(0, 30), max_size=4))
+def test_parts_merged_are_the_whole_folded_at_once(samples, cuts):
+    parts = [Steps.of(part) for part in cut(samples, cuts)]
+    assert same(Steps.merge(parts).unpack(), Steps.of(samples).unpack())
+    assert same(Steps.merge([Steps.merge(parts[:2]), *parts[2:]]).unpack(), Steps.of(samples).unpack())
+
+
+@settings(max_examples=100, deadline=None)
+@given(any_samples(), st.permutations(range(7)), st.integers(0, 20))
+def test_a_compaction_rewrites_steps_as_it_rewrites_samples(samples, order, offset):
+    table = np.array([c + offset for c in order] + [-1], np.int64)  # as Interner.compact returns it: table[-1] is -1
+    steps, plain = Steps.of(samples), samples.take(np.arange(len(samples)))
+    steps.remap(table)
+    plain.remap(table)
+    assert steps.labels.dtype == np.int32
+    assert same(Steps.merge([steps]).unpack(), Steps.of(plain).unpack())  # merged again: in the new codes' order
+
+
+def test_a_row_with_only_presence_fields_unpacks_as_one_sample():
+    one = np.zeros(3, np.int32)
+    samples = Samples(np.array([Metric.POWER_USAGE, Metric.ENERGY, Metric.ENERGY], np.int16),
+                      np.array([5, 5, 6], np.int64), np.array([300.0, 1e9, 2e9]), np.zeros(3, bool),
+                      *(one for _ in Samples.CODES))
+    out = Steps.of(samples).unpack()
+    assert out.metric.tolist() == [PRESENT_METRIC] * 2 and out.time_ns.tolist() == [5, 6]
+    assert np.isnan(out.value).all()
+
+
+# The join's reading of the samples: consistent devices (a device's profile and model are its
+# own), holders shown and not, time-sliced replicas, per-pod series, staleness markers, resends.
+DEVICES = [(0, 1, -1, -1, 7), (0, 2, 3, 4, 8), (0, 2, 5, 4, 8), (1, 1, -1, -1, 7)]  # node, uuid, gi, profile, model
+HOLDERS = [(-1, -1, -1, -1, -1), (10, 11, 12, -1, -1), (10, 13, 12, -1, 0), (10, 13, 12, 14, 1), (15, 16, 12, -1, -1)]
+VALUES = {int(Metric.GR_ENGINE_ACTIVE): [0.0, 0.25, 0.5, 1.0], int(Metric.GPU_UTIL): [0.0, 25.0, 50.0, 100.0],
+          int(Metric.FB_USED): [0.0, 1024.0, 40960.0], int(Metric.FB_FREE): [80.0, 40960.0],
+          int(Metric.POWER_USAGE): [70.5], int(Metric.ENERGY): [1e6]}
+
+
+@st.composite
+def dcgm_arrivals(draw: st.DrawFn) -> list[Samples]:
+    """Batches as a cluster's Collector sends them: each scrape's samples (some devices, some
+    holders, some fields), split into batches, some batches resent, in any order."""
+    rows = []
+    for step in range(draw(st.integers(1, 4))):
+        time_ns = draw(st.integers(0, 59)) * NS if draw(st.booleans()) else step * 15 * NS
+        for device in draw(st.lists(st.sampled_from(DEVICES), min_size=1, max_size=4, unique=True)):
+            stale = draw(st.integers(0, 9)) == 0
+            for holder in draw(st.lists(st.sampled_from(HOLDERS), min_size=1, max_size=2, unique=True)):
+                for metric in draw(st.lists(st.sampled_from(DCGM), min_size=1, max_size=6, unique=True)):
+                    value = np.nan if stale else draw(st.sampled_from(VALUES[metric]))
+                    rows.append((metric, time_ns, value, stale, *device, *holder))
+    batches = [rows[lo:lo + 7] for lo in range(0, len(rows), 7)]
+    batches += [batches[i] for i in draw(st.lists(st.integers(0, len(batches) - 1), max_size=3))]  # resent
+    order = draw(st.permutations(range(len(batches))))
+    return [_samples([batches[i] for i in order][k]) for k in range(len(batches))]
+
+
+def _samples(rows: list[tuple]) -> Samples:
+    cols = list(zip(*rows))
+    dtypes = (np.int16, np.int64, np.float64, bool) + (np.int32,) * 10
+    return Samples(*(np.array(col, dtype) for col, dtype in zip(cols, dtypes)))
+
+
+def reading(samples: Samples) -> tuple[dict, dict]:
+    """Per (entity, holder): held, measured and active seconds, replicas, own activity; and per
+    entity its device memory. Keyed by labels, so that numbering and row order do not count."""
+    samples = dedupe(samples)
+    entity, entities = entities_of(samples)
+    shared = (entities.uuid == 2)  # the MIG GPU's instances, time-shared
+    held = tenures(samples, entity, shared, 0, 60 * NS)
+    names = list(zip(entities.node.tolist(), entities.uuid.tolist(), entities.gi.tolist(), entities.profile.tolist(),
+                     entities.model.tolist()))
+    out = {(names[e], ns, pod): (h, a, i, r, p) for e, ns, pod, h, a, i, r, p in zip(
+        held.entity.tolist(), held.holder_ns.tolist(), held.holder_pod.tolist(), held.held_s.tolist(),
+        held.act_s.tolist(), held.act_integral.tolist(), held.replicas.tolist(), held.per_pod_activity.tolist())}
+    memory = _device_memory_mib(SimpleNamespace(samples=samples, sample_entity=entity), np.arange(len(names)))
+    return out, {names[e]: mib for e, mib in memory.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(dcgm_arrivals(), st.lists(st.integers(1, 12), max_size=3))
+def test_the_join_reads_from_steps_what_it_read_from_the_samples(batches, folds):
+    as_sent = Samples.concat(batches)
+    parts, folded = [Steps.of(batch) for batch in batches], []
+    for at in sorted(folds):  # folded early, as an open interval does
+        folded, parts = [Steps.merge(folded + parts[:at])], parts[at:]
+    assert reading(Steps.merge(folded + parts).unpack()) == reading(as_sent)
+
+
+@settings(max_examples=100, deadline=None)
+@given(dcgm_arrivals())
+def test_an_interval_folded_as_it_fills_closes_as_one_folded_at_its_close(batches):
+    def closed(fold_rows: int) -> Samples:
+        windows = Windows(60, 30, fold_rows=fold_rows)
+        for batch in batches:
+            windows.add(batch, empty_batch(), PodSamples.empty(), empty_batch())
+        windows.watermark_ns = 10**6 * NS
+        return windows.due(flush=True)[0].samples
+
+    assert same(closed(1), closed(1 << 40))
+    assert reading(closed(1)) == reading(Samples.concat(batches))
