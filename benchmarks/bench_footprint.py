@@ -149,6 +149,25 @@ def proc_status(pid: int) -> dict[str, int]:
                 if k in ("VmRSS", "VmHWM", "RssAnon")}
 
 
+def resident_by_mapping(pid: int) -> dict[str, int]:
+    """A process's resident memory in KiB by kind of mapping (/proc/PID/smaps): "heap" (malloc's
+    main heap, [heap]), "anonymous" (anonymous mappings: malloc's other arenas and its large
+    blocks, numpy's large arrays, LLVM's code and data, thread stacks), "files" (pages of
+    mapped files: the interpreter, libraries, their data) and "other" (stacks, vdso)."""
+    out = {"heap": 0, "anonymous": 0, "files": 0, "other": 0}
+    kind = "other"
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if not head[0].endswith(":"):  # a mapping's first line: range, perms, offset, dev, inode[, path]
+                path = head[5] if len(head) > 5 else ""
+                kind = ("heap" if path == "[heap]" else "anonymous" if not path
+                        else "files" if path.startswith("/") else "other")
+            elif head[0] == "Rss:":
+                out[kind] += int(head[1])
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()

@@ -65,7 +65,7 @@ def rounds(fleet: Scrapes, minutes: int) -> Iterator[tuple[float, list[tuple[byt
     built once and re-stamped, so that building them costs next to nothing per round."""
     for k in range(minutes * 60 // SCRAPE_S):
         elapsed = SCRAPE_S * (k + 1)
-        yield elapsed, fleet.at(START_NS + elapsed * NS, with_kubelet=bool(k % 2))
+        yield elapsed, list(fleet.at(START_NS + elapsed * NS, with_kubelet=bool(k % 2)))
 
 
 class Stages:
@@ -139,7 +139,8 @@ def memory(args: argparse.Namespace) -> None:
     stages = Stages()
     all_rounds = list(range(args.minutes * 60 // SCRAPE_S))
     snapshots = {}
-    for k, (elapsed, requests) in zip(all_rounds, rounds(Scrapes(nodes_for(args.gpus)), args.minutes)):
+    fleet = Scrapes(*bf.fleet(nodes_for(args.gpus), 0))
+    for k, (elapsed, requests) in zip(all_rounds, rounds(fleet, args.minutes)):
         closes = (elapsed + SCRAPE_S) % 60 == 30 and elapsed >= 60  # this round's data closes an interval
         if k == len(all_rounds) - 1:
             gc.collect()
@@ -160,7 +161,7 @@ def memory(args: argparse.Namespace) -> None:
 
 
 def cpu(args: argparse.Namespace) -> None:
-    fleet = Scrapes(nodes_for(args.gpus))
+    fleet = Scrapes(*bf.fleet(nodes_for(args.gpus), 0))
     pipeline = gateway_pipeline()
     stages = Stages()
     spy = None

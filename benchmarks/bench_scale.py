@@ -37,8 +37,13 @@ Measured from outside the sidecar:
 - start-up: seconds from exec to /readyz with an empty numba cache (cold, every kernel compiled)
   and with the cache that run left (warm).
 
+Per-node mode (`--node-pods`): a pod of k8s/node's otelgpu.yaml for each kind of node in the
+fleet, side by side in real time for the same minutes, each fed its own node's scrapes; per-node
+mode at each size is then the fleet's nodes, each kind at what its pod took, printed beside the
+gateway: CPU and steady memory of all pods together, and per GPU.
+
 Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
-       [--no-compute-ahead] [--sidecar-cpus 0]
+       [--no-compute-ahead] [--compression gzip|none] [--node-pods] [--sidecar-cpus 0]
 """
 
 from __future__ import annotations
@@ -55,12 +60,14 @@ import tempfile
 import threading
 import time
 import urllib.request
+from typing import Iterable, Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import yaml
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_footprint as bf  # noqa: E402 - the fleet, its scrapes, /proc readers
@@ -70,6 +77,8 @@ from otelgpu.enrich.window import NS  # noqa: E402
 
 SCRAPE_S = bf.SCRAPE_S
 INTERVAL_S, LATENESS_S = 60, 30  # k8s/gateway/otelgpu.yaml
+KINDS = 3  # kinds of node in the fleet (the demo cluster's: p4d with MIG, p5 time-sliced, g5), in turn
+COMPRESSION = {"gzip": grpc.Compression.Gzip, "none": grpc.Compression.NoCompression}
 
 
 def physical_gpus(node) -> int:  # noqa: ANN001 (scenario.Node)
@@ -88,25 +97,84 @@ def nodes_for(gpus: int) -> int:
 
 
 class Scrapes:
-    """One scrape of the fleet as request bytes, re-stamped for any time."""
+    """One scrape of the fleet as request bytes, re-stamped for any time. Built a slice of nodes
+    at a time, each request serialized as soon as it is full (at 100,000 GPUs the messages of a
+    whole scrape would not fit in this machine's memory); a target larger than the Collector's
+    batch size (kube-state-metrics) is split across requests, as the batch processor splits it."""
 
-    def __init__(self, n_nodes: int) -> None:
-        nodes, ns_labels = bf.fleet(n_nodes, 0)
+    SLICE = 500  # nodes whose scrapes are built at once
+
+    def __init__(self, nodes: list, ns_labels: dict[str, dict[str, str]]) -> None:
         self.gpus = sum(physical_gpus(n) for n in nodes)
         self.units = sum(len(n.devices) for n in nodes)
-        self.nodes = n_nodes
+        self.nodes = len(nodes)
         self.stamp = (time.time_ns() // NS - 10 * 86400) * NS  # a time no other field of a request holds
-        targets = [scrapes.ksm(nodes, ns_labels, self.stamp)] + [bf.dcgm(n, self.stamp, 0.3) for n in nodes]
-        kubelet = [scrapes.cadvisor(n, self.stamp, 3600) for n in nodes]
-        self.every = [(r.SerializeToString(), sum(bf.points(rm) for rm in r.resource_metrics))
-                      for r in bf.batches(targets)]
-        self.kubelet = [(r.SerializeToString(), sum(bf.points(rm) for rm in r.resource_metrics))
-                        for r in bf.batches(kubelet)]
+        slices = [nodes[lo:lo + self.SLICE] for lo in range(0, len(nodes), self.SLICE)]
+        self.every = encoded(target for k, part in enumerate(slices) for target in
+                             [self._ksm(part, ns_labels, first=k == 0)] + [bf.dcgm(n, self.stamp, 0.3) for n in part])
+        self.kubelet = encoded(scrapes.cadvisor(n, self.stamp, 3600) for n in nodes)
         self._old = struct.pack("<Q", self.stamp)
 
-    def at(self, time_ns: int, with_kubelet: bool) -> list[tuple[bytes, int]]:
+    def _ksm(self, nodes: list, ns_labels: dict[str, dict[str, str]], first: bool) -> ResourceMetrics:
+        """kube-state-metrics' series of these nodes; the namespaces' and its own `up` with the first."""
+        target = scrapes.ksm(nodes, ns_labels if first else {}, self.stamp)
+        if not first:
+            for scope in target.scope_metrics:
+                kept = [m for m in scope.metrics if m.name != "up"]
+                del scope.metrics[:]
+                scope.metrics.extend(kept)
+        return target
+
+    def at(self, time_ns: int, with_kubelet: bool) -> Iterator[tuple[bytes, int]]:
+        """The scrape's requests stamped `time_ns`, each made as it is taken."""
         new = struct.pack("<Q", time_ns)
-        return [(raw.replace(self._old, new), n) for raw, n in self.every + (self.kubelet if with_kubelet else [])]
+        return ((raw.replace(self._old, new), n) for raw, n in self.every + (self.kubelet if with_kubelet else []))
+
+
+def encoded(targets: Iterable[ResourceMetrics]) -> list[tuple[bytes, int]]:
+    """The targets' points in requests of at most the batch size, serialized as each fills:
+    (bytes, points) each."""
+    out: list[tuple[bytes, int]] = []
+    current, size = metrics_service_pb2.ExportMetricsServiceRequest(), 0
+    for target in targets:
+        for piece in pieces(target, bf.BATCH_POINTS):
+            n_point = bf.points(piece)
+            if size and size + n_point > bf.BATCH_POINTS:
+                out.append((current.SerializeToString(), size))
+                current, size = metrics_service_pb2.ExportMetricsServiceRequest(), 0
+            current.resource_metrics.append(piece)
+            size += n_point
+    return out + ([(current.SerializeToString(), size)] if size else [])
+
+
+def pieces(target: ResourceMetrics, limit: int) -> Iterator[ResourceMetrics]:
+    """The target whole if it has at most `limit` points, else its points in pieces of `limit`,
+    each with the target's resource and scope and its metrics' names and kinds."""
+    if bf.points(target) <= limit:
+        yield target
+        return
+    piece, room = None, 0
+    for scope in target.scope_metrics:
+        for metric in scope.metrics:
+            kind = metric.WhichOneof("data")
+            points = getattr(metric, kind).data_points
+            at = 0
+            while at < len(points):
+                if piece is None or room == 0:
+                    if piece is not None:
+                        yield piece
+                    piece, room = ResourceMetrics(resource=target.resource), limit
+                    piece.scope_metrics.add(scope=scope.scope)
+                part = points[at:at + room]
+                into = piece.scope_metrics[-1].metrics.add(name=metric.name, description=metric.description,
+                                                           unit=metric.unit)
+                getattr(into, kind).MergeFrom(type(getattr(metric, kind))(data_points=part))
+                if kind == "sum":
+                    into.sum.is_monotonic = metric.sum.is_monotonic
+                    into.sum.aggregation_temporality = metric.sum.aggregation_temporality
+                at, room = at + len(part), room - len(part)
+    if piece is not None:
+        yield piece
 
 
 class Sampler:
@@ -228,7 +296,7 @@ def export(channel_export, raw: bytes) -> int:  # noqa: ANN001
 
 
 def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict:
-    load = Scrapes(nodes_for(gpus))
+    load = Scrapes(*bf.fleet(nodes_for(gpus), 0))
     sink = Receiver()
     grpc_port, metrics_port = bf.free_port(), bf.free_port()
     work = Path(tempfile.mkdtemp(dir=tmp))
@@ -250,7 +318,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         received: dict[int, float] = {}  # scrape time -> when its last request was accepted
         rss, sent, retries = [], 0, 0
         sampler = Sampler(child.pid)
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=grpc.Compression.Gzip,
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=COMPRESSION[args.compression],
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
             call = channel.unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)
             for k in range(n_scrapes):
@@ -266,6 +334,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 rss.append(bf.proc_status(child.pid)["VmRSS"] / 1024)
             sampler.stop()
             steady, steady_anon = sampler.steady(since=wall0 + n_scrapes * SCRAPE_S / args.speed / 2)
+            mappings = bf.resident_by_mapping(child.pid)  # at the last scrape's end
             closes = [end for end in range(t0 + INTERVAL_S * NS, t + 1, INTERVAL_S * NS)
                       if end + LATENESS_S * NS <= t]  # intervals the data closes (the rest close at shutdown)
             for end in closes:  # wait for each to be delivered
@@ -304,6 +373,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
         "rss_steady": steady, "rss_steady_anon": steady_anon,
         "rss_at_scrape": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
+        "mappings": {kind: kib / 1024 for kind, kib in mappings.items()}, "metrics": metrics,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
         "scrape": scrape,
@@ -312,6 +382,67 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "ahead": {name.split('"')[1]: int(value) for name, value in metrics.items()
                   if name.startswith("otelgpu_intervals_ahead_total{")},
     }
+
+
+def run_node_pods(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> list[dict]:
+    """Per-node mode: one pod (k8s/node's otelgpu.yaml, facts from kube-state-metrics as no API
+    server runs here) for each kind of node in the fleet, side by side, each fed its own node's
+    scrapes in real time for the run's minutes. Per pod: its node's kind, GPUs and units, CPU
+    cores, and ready, steady and peak RSS."""
+    nodes, ns_labels = bf.fleet(KINDS, 0)  # one node of each kind: the fleet repeats them in this order
+    pods = []
+    for node in nodes:
+        sink, grpc_port, metrics_port = Receiver(), bf.free_port(), bf.free_port()
+        config = bf.sidecar_config("node", Path(tempfile.mkdtemp(dir=tmp)), grpc_port, sink.port, metrics_port)
+        child, _ = start(config, {**env, "NODE_NAME": node.name}, metrics_port)
+        pods.append({"load": Scrapes([node], ns_labels), "sink": sink, "child": child, "node": node,
+                     "channel": grpc.insecure_channel(f"127.0.0.1:{grpc_port}"),
+                     "ready": bf.proc_status(child.pid)["VmRSS"] / 1024, "cpu0": bf.cpu_seconds(child.pid),
+                     "sampler": Sampler(child.pid)})
+    n_scrapes = int(args.minutes * 60 / SCRAPE_S)
+    t0 = (time.time_ns() // NS - 3 * INTERVAL_S) // INTERVAL_S * INTERVAL_S * NS
+    wall0 = time.monotonic()
+    try:
+        for k in range(n_scrapes):
+            time.sleep(max(0.0, wall0 + k * SCRAPE_S / args.speed - time.monotonic()))
+            for pod in pods:
+                call = pod["channel"].unary_unary(bf.EXPORT, request_serializer=None, response_deserializer=None)
+                for raw, _ in pod["load"].at(t0 + (k + 1) * SCRAPE_S * NS, with_kubelet=k % 2 == 1):
+                    export(call, raw)
+        time.sleep(max(0.0, wall0 + n_scrapes * SCRAPE_S / args.speed - time.monotonic()))
+    finally:
+        out = []
+        for pod in pods:
+            child = pod["child"]
+            pod["sampler"].stop()
+            steady, _ = pod["sampler"].steady(since=wall0 + n_scrapes * SCRAPE_S / args.speed / 2)
+            cpu = bf.cpu_seconds(child.pid) - pod["cpu0"]
+            out.append({"kind": pod["node"].labels.get("node.kubernetes.io/instance-type", "?"),
+                        "gpus": pod["load"].gpus, "units": pod["load"].units, "cores": cpu / (n_scrapes * SCRAPE_S),
+                        "rss_ready": pod["ready"], "rss_steady": steady,
+                        "rss_peak": bf.proc_status(child.pid)["VmHWM"] / 1024})
+            pod["channel"].close()
+            stop(child)
+            pod["sink"].server.stop(0)
+    return out
+
+
+def print_node_mode(pods: list[dict], sizes: list[dict]) -> None:
+    """Each node pod's figures, and per-node mode at each gateway size: the fleet's nodes, each
+    kind as its pod measured, beside the one gateway measured."""
+    print("per-node pods, in real time beside each other (CPU cores, RSS ready / steady / peak):")
+    for pod in pods:
+        print(f"  {pod['kind']}: {pod['gpus']} GPUs, {pod['units']} units: {pod['cores'] * 1000:.1f} millicores, "
+              f"{pod['rss_ready']:.0f} / {pod['rss_steady']:.0f} / {pod['rss_peak']:.0f} MiB")
+    print("GPUs | mode | pods | CPU cores, all pods | steady RSS, all pods | per GPU: millicores, steady MiB")
+    for size in sizes:
+        count = [len(range(kind, size["nodes"], KINDS)) for kind in range(KINDS)]
+        node_cores = sum(n * pod["cores"] for n, pod in zip(count, pods))
+        node_rss = sum(n * pod["rss_steady"] for n, pod in zip(count, pods))
+        for mode, n_pods, cores, rss in (("gateway", 1, size["cores"], size["rss_steady"]),
+                                         ("per-node", size["nodes"], node_cores, node_rss)):
+            print(f"{size['gpus']:,} | {mode} | {n_pods:,} | {cores:.2f} | {rss / 1024:,.1f} GiB | "
+                  f"{cores * 1000 / size['gpus']:.3f} mc, {rss / size['gpus']:.2f} MiB")
 
 
 def start_up(tmp: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -340,6 +471,12 @@ def main() -> None:
                     help="serve the cost series on /metrics too (the gateway config does not)")
     ap.add_argument("--no-compute-ahead", action="store_true",
                     help="attribution.compute_ahead off: every interval computed when it closes")
+    ap.add_argument("--compression", choices=sorted(COMPRESSION), default="gzip",
+                    help="the requests' compression (gzip, as a Collector's otlp exporter sends by default; none "
+                         "spares the load generator compressing every request of a large fleet each scrape)")
+    ap.add_argument("--node-pods", action="store_true",
+                    help="also run a per-node pod (k8s/node) for each kind of node, and print per-node mode's "
+                         "CPU and memory at each size beside the gateway's")
     ap.add_argument("--sidecar-cpus", type=int, nargs="+", default=[],
                     help="run the sidecar on these CPUs and the load and the receiving end on the others, as a "
                          "pod with its own cores would be (default: all share every CPU)")
@@ -360,6 +497,7 @@ def main() -> None:
               f"{INTERVAL_S} s intervals, request and scad models, checkpoint on; the sidecar on "
               + (f"CPUs {sorted(SIDECAR_CPUS)}, the load on the others" if SIDECAR_CPUS else "every CPU, beside the load"))
         rows = [run_size(g, args, tmp, env) for g in args.gpus]
+        node_pods = run_node_pods(args, tmp, env) if args.node_pods else []
     base = rows[0]["cpu_ms_per_gpu_hour"]
     head = ("GPUs", "nodes", "units", "pts/scrape", "cost pts/intv", "CPU s/intv", "cores", "pts/CPU-s",
             "ms/GPU-h", "flat", "close->exp p50", "max", "RSS ready", "steady", "peak")
@@ -378,6 +516,14 @@ def main() -> None:
               f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
         print(f"  {r['gpus']:,} GPUs: steady RSS {r['rss_steady']:.0f} MiB, of which {r['rss_steady_anon']:.0f} MiB "
               f"not backed by a file; {r['rss_at_scrape']:.0f} MiB at the moments a scrape was in (median)")
+        print(f"  {r['gpus']:,} GPUs: resident at the last scrape's end, by mapping: "
+              + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in r["mappings"].items()))
+        heap = {state: r["metrics"].get(f'otelgpu_process_heap_bytes{{state="{state}"}}', float("nan")) / 2**20
+                for state in ("in_use", "free")}
+        print(f"  {r['gpus']:,} GPUs: malloc's heaps after the run: {heap['in_use']:.0f} MiB in use, "
+              f"{heap['free']:.0f} MiB freed and kept")
+        print(f"  {r['gpus']:,} GPUs: per GPU, {(r['rss_steady'] - r['rss_ready']) * 1024 / r['gpus']:.1f} KiB of steady "
+              f"RSS above ready and {r['cpu_per_interval'] * 1000 / r['gpus']:.2f} CPU-ms an interval")
         first = r["after_first"][len(r["after_first"]) // 2:] or [float("nan")]
         print(f"  {r['gpus']:,} GPUs: from the first request of the scrape that closes an interval instead: "
               f"{statistics.median(first):.2f} s median, {max(first):.2f} s worst")
@@ -392,6 +538,8 @@ def main() -> None:
     per_core = big["gpus"] / big["cores"] * 0.5
     print(f"at {big['gpus']:,} GPUs: {big['cores']:.3f} cores in real time, so half a core keeps up with about "
           f"{per_core:,.0f} GPUs at this rate")
+    if node_pods:
+        print_node_mode(node_pods, rows)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,27 @@ def limit_arenas(arenas: int = ARENAS) -> bool:
     return _MALLOPT is not None and _MALLOPT(_M_ARENA_MAX, arenas) == 1
 
 
+class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h, 2.33 and later)
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+_MALLINFO2 = _libc_function("mallinfo2", [], _MallInfo2)
+
+
+def heap_bytes() -> Optional[tuple[int, int]]:
+    """(in use, free) bytes of malloc's heaps, every arena and its large blocks: what the
+    process's allocations hold, and what the allocator keeps of memory freed (in its heaps'
+    bins, resident until reused or given back). None where the C library cannot say (before
+    glibc 2.33, musl). numpy's arrays and Python's objects over 512 bytes come from malloc;
+    Python's smaller objects live in the interpreter's own arenas, mapped apart from these heaps,
+    as do LLVM's code, thread stacks and mapped files."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return info.uordblks + info.hblkhd, info.fordblks
+
+
 def give_back() -> bool:
     """Return the free pages of every heap to the kernel; False where the C library cannot."""
     if _TRIM is None:

@@ -29,6 +29,7 @@ from prometheus_client.metrics import disable_created_metrics
 
 import otelgpu
 from otelgpu.errors import Refusal
+from otelgpu.heap import heap_bytes
 
 if TYPE_CHECKING:
     from otelgpu.memory import MemoryLimiter
@@ -61,6 +62,7 @@ class SelfMetrics:
         Info("target", "The service exposing these series", registry=registry).info({
             "service_name": "otelgpu", "service_version": otelgpu.__version__,
             "service_instance_id": instance or socket.gethostname()})
+        self._heap()
         self._receivers()
         self._points()
         self._progress()
@@ -74,6 +76,16 @@ class SelfMetrics:
 
     def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
         return Gauge(name, doc, labels, namespace="otelgpu", registry=self.registry)
+
+    def _heap(self) -> None:
+        """What malloc's heaps hold (otelgpu/heap.py `heap_bytes`), read at each scrape: beside
+        the resident size, whether it is the state (in use) or memory freed and kept (free)."""
+        if heap_bytes() is None:
+            return
+        heap = self._gauge("process_heap_bytes", "Bytes of malloc's heaps in use by allocations (in_use) and freed "
+                           "but kept by the allocator (free), by state", "state")
+        heap.labels(state="in_use").set_function(lambda: heap_bytes()[0])
+        heap.labels(state="free").set_function(lambda: heap_bytes()[1])
 
     def _receivers(self) -> None:
         """The receivers, in the Collector's terms."""

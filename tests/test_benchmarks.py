@@ -97,3 +97,29 @@ def test_bench_profile_names_the_owners_of_memory_and_cpu(mode: str):
     else:
         assert re.search(r"decode: +\d+\.\d\d CPU-s +\d+\.\d\d us a point", res.stdout)
         assert re.search(r"apply and close: +\d+\.\d\d CPU-s", res.stdout) and "close:" in res.stdout
+
+
+def test_scale_benchmark_splits_a_large_target_as_the_batch_processor_does():
+    """bench_scale.py's requests: a target larger than the batch size (kube-state-metrics) in
+    pieces, every request within the batch size, and every point of every target sent once."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_footprint as bf
+    import bench_scale
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otelgpu.demo import scrapes
+
+    nodes, ns_labels = bf.fleet(400, 0)
+    targets = [scrapes.ksm(nodes, ns_labels, 7)] + [bf.dcgm(node, 7, 0.3) for node in nodes[:40]]
+    assert bf.points(targets[0]) > bf.BATCH_POINTS
+
+    def points_of(messages: list) -> list[tuple]:
+        return sorted((rm.resource.SerializeToString(), metric.name, metric.WhichOneof("data"),
+                       point.SerializeToString())
+                      for rm in messages for scope in rm.scope_metrics for metric in scope.metrics
+                      for point in getattr(metric, metric.WhichOneof("data")).data_points)
+
+    requests = [(ExportMetricsServiceRequest.FromString(raw), n) for raw, n in bench_scale.encoded(targets)]
+    assert all(0 < n <= bf.BATCH_POINTS for _, n in requests)
+    assert [n for _, n in requests] == [sum(map(bf.points, r.resource_metrics)) for r, _ in requests]
+    assert points_of([rm for r, _ in requests for rm in r.resource_metrics]) == points_of(targets)

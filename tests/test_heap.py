@@ -115,3 +115,39 @@ def test_the_cyclic_collector_is_paused_while_an_interval_closes_and_resumes_aft
     except RuntimeError:
         pass
     assert gc.isenabled()
+
+
+HEAP_CHILD = textwrap.dedent("""
+    from otelgpu.heap import heap_bytes
+
+    base_used, _ = heap_bytes()
+    blocks = [bytearray(48 * 1024) for _ in range(2048)]  # 96 MiB below the mmap threshold: in the heap
+    pinned = bytearray(48 * 1024)  # above them: the heap cannot shrink by itself once they are freed
+    used, _ = heap_bytes()
+    del blocks
+    after_used, after_free = heap_bytes()
+    print(used - base_used, used - after_used, after_free)
+""")
+
+
+def test_the_heap_in_use_and_freed_is_measured():
+    """otelgpu_process_heap_bytes: allocations count as in use, and once freed as free (kept by
+    the allocator, under an allocation still in use)."""
+    out = subprocess.run([sys.executable, "-c", HEAP_CHILD], capture_output=True, text=True, timeout=120,
+                         check=True)
+    grew, fell, kept = map(int, out.stdout.split())
+    mib = 1 << 20
+    assert grew >= 96 * mib and fell >= 96 * mib, out.stdout
+    assert kept >= 96 * mib, out.stdout  # freed inside the heap: kept, not returned
+
+
+def test_the_heap_gauge_is_served():
+    from prometheus_client import generate_latest
+
+    from otelgpu.telemetry import SelfMetrics
+
+    text = generate_latest(SelfMetrics().registry).decode()
+    served = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("otelgpu_process_heap_bytes{")}
+    assert set(served) == {'otelgpu_process_heap_bytes{state="in_use"}', 'otelgpu_process_heap_bytes{state="free"}'}
+    assert served['otelgpu_process_heap_bytes{state="in_use"}'] > 0
