@@ -18,7 +18,7 @@ from otelgpu.enrich.steps import PRESENT_METRIC, Steps, unpack_reference
 from otelgpu.enrich.timeline import dedupe, entities_of, tenures
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.enrich.window import NS, Windows
-from otelgpu.receiver.decode import empty_batch
+from otelgpu.receiver.decode import PointBatch, empty_batch
 from otelgpu.receiver.schema import Metric
 
 FIELDS = ("metric", "time_ns", "value", "stale", *Samples.CODES)
@@ -161,3 +161,32 @@ def test_an_interval_folded_as_it_fills_closes_as_one_folded_at_its_close(batche
 
     assert same(closed(1), closed(1 << 40))
     assert reading(closed(1)) == reading(Samples.concat(batches))
+
+
+def test_an_interval_resent_over_and_over_holds_what_it_was_sent_once():
+    """A Collector replaying its queue sends the same batches again and again: an open interval
+    folds them, so what it holds stays within twice the distinct rows (and one batch) instead of
+    growing with every resend. Facts alike: each kube-state-metrics series' last row."""
+    devices = [(metric, 10 * NS, 0.5, False, 0, uuid, -1, -1, 7, 10, 11, 12, -1, -1)
+               for uuid in range(200) for metric in DCGM]
+    batch = _samples(devices)
+    distinct = len(Steps.of(batch))
+    assert distinct == 200  # one row a device: its six fields folded
+    rows = _pod_info_rows(50, 10 * NS)
+    windows = Windows(60, 30, fold_rows=64)
+    for _ in range(100):
+        windows.add(batch, empty_batch(), PodSamples.empty(), rows)
+        assert windows.ahead() <= 2 * (distinct + len(rows)) + len(batch) + len(rows)
+    windows.watermark_ns = 10**6 * NS
+    closed = windows.due(flush=True)[0]
+    assert len(closed.facts) == len(rows)
+    assert reading(closed.samples) == reading(batch)
+
+
+def _pod_info_rows(pods: int, time_ns: int) -> PointBatch:
+    """kube_pod_info of `pods` pods (namespace and pod labels, codes 0 and 1..pods) at `time_ns`."""
+    none = np.full(pods, -1, np.int32)
+    keys = np.tile(np.array([0, 1], np.int32), pods)
+    values = np.stack([np.zeros(pods, np.int32), np.arange(1, pods + 1, dtype=np.int32)], axis=1).reshape(-1)
+    return PointBatch(np.full(pods, Metric.POD_INFO, np.int16), np.full(pods, time_ns, np.int64), np.ones(pods),
+                      np.zeros(pods, bool), none, none, np.arange(0, 2 * pods + 1, 2, dtype=np.int64), keys, values)
