@@ -3,8 +3,10 @@
 Everything a batch brings (DCGM samples, pod phases and use, kube-state-metrics facts) waits in the
 interval its timestamp falls in until the watermark passes that interval's end plus the lateness
 allowance; then the interval closes with exactly what was stamped inside it, so a fact that changed
-after an interval ended never rewrites it. A resent batch is deduplicated when the interval closes;
-a sample for an interval already closed is counted as late.
+after an interval ended never rewrites it. What waits is folded as it arrives, to what the close
+reads of it: DCGM samples into one row per label combination and timestamp (enrich/steps.py),
+kube-state-metrics rows to each series' last; so a resent batch adds nothing to what an interval
+holds. A sample for an interval already closed is counted as late.
 
 The watermark is the data time the cluster as a whole has reached: each scrape target's newest
 timestamp is kept, and the watermark is the one a majority of targets has reached (the median,
