@@ -101,13 +101,13 @@ class Windows:
     key = "windows"  # its checkpoint entry (core/state.py)
 
     def __init__(self, interval_s: int, lateness_s: int, max_gap_intervals: int = 10,
-                 clock: Callable[[], float] = time.monotonic, fold_rows: int = FOLD_ROWS) -> None:
+                 clock: Callable[[], float] = time.monotonic, fold_rows: Optional[int] = None) -> None:
         self.dt_ns = interval_s * NS
         self.lateness_ns = lateness_s * NS
         self.max_gap = max_gap_intervals
         self.silence_s = float(interval_s + lateness_s)
         self.clock = clock  # the receive clock, in seconds
-        self.fold_rows = fold_rows
+        self.fold_rows = FOLD_ROWS if fold_rows is None else fold_rows
         self.watermark_ns = 0
         self.closed_through = -1  # highest interval index already closed
         self.closed_ns = 0  # the time through which intervals count as closed (a checkpoint's, or the last close's end)
