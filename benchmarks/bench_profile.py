@@ -198,8 +198,11 @@ def summarize_py_spy(path: str, top: int) -> None:
     """py-spy's collapsed stacks by owner: the innermost otelgpu frame, and what it called."""
     mine: Counter[str] = Counter()
     total = 0
-    for line in Path(path).read_text().splitlines():
+    # split on newlines alone: a frame py-spy read torn can hold bytes str.splitlines takes for one
+    for line in Path(path).read_bytes().decode(errors="replace").split("\n"):
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue  # empty, or a stack torn into two lines: its samples are left out
         frames = stack.split(";")
         samples = int(count)
         total += samples
