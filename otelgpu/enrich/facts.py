@@ -55,12 +55,11 @@ class KsmFacts:
         time order every row is newer than what is known. Only the order in which new objects
         (or a pod's requests, a node's capacities) are first met can change, never a value."""
         self.version += 1
-        rows = np.flatnonzero(is_ksm(batch.metric))
+        rows = batch.select(is_ksm(batch.metric))
         used = len(rows)
-        if used > 1 and np.all(np.diff(batch.time_ns[rows]) >= 0):
-            rows = rows[last_of_each(rows, batch.metric, batch.value.view(np.int64), batch.stale,
-                                     batch.attr_off, batch.attr_key, batch.attr_val)]
-        self._apply_rows(batch.select(rows))
+        if used > 1 and np.all(np.diff(rows.time_ns) >= 0):
+            rows = latest(rows)  # in time order already: the sort keeps it
+        self._apply_rows(rows)
         return used
 
     def _apply_rows(self, rows: PointBatch) -> None:

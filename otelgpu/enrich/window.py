@@ -76,8 +76,14 @@ class _Folded:
             self._rows = self._folded = len(self.parts[0])
 
     def whole(self) -> Any:
-        """The parts folded into one."""
-        return self._fold(self.parts)
+        """The parts folded into one, kept so: an interval computed ahead and then closed folds
+        them once."""
+        if not self.parts:
+            return self._fold(self.parts)
+        if self._rows != self._folded or len(self.parts) > 1:  # anything added since the last fold
+            self.parts = [self._fold(self.parts)]
+            self._rows = self._folded = len(self.parts[0])
+        return self.parts[0]
 
     def __bool__(self) -> bool:
         return bool(self.parts)
