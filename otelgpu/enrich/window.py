@@ -25,11 +25,13 @@ being invented from facts that old.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
+from sortedcontainers import SortedList
 
 from otelgpu.core.state import nothing_to_undo
 from otelgpu.enrich.facts import latest
@@ -163,9 +165,7 @@ class Windows:
         self._sources.update(sources, now)
         self._sources.forget_silent(now - self.silence_s)
         if len(self._sources):
-            newest = self._sources.newest()
-            middle = len(newest) - 1 - len(newest) // 2  # the upper median: sorted newest first, the middle one
-            self.watermark_ns = int(np.partition(newest, middle)[middle])
+            self.watermark_ns = self._sources.median()
 
     def due(self, flush: bool = False, computed: frozenset[int] = frozenset()) -> list[Interval]:
         """Intervals whose end plus lateness the watermark has passed, and, once an interval has
@@ -285,41 +285,63 @@ class Windows:
 
 
 class _Sources:
-    """Per scrape target, its newest timestamp and when it was last heard from, as arrays: a batch
-    updates its own targets, and the watermark and the silence check are array operations over all
-    targets (a cluster has thousands; a batch names a few)."""
+    """Per scrape target, its newest timestamp and when it was last heard from: a batch updates its
+    own targets (a cluster has thousands; a batch names a few). The newest timestamps are also kept
+    in order, so the watermark is read in the time of a batch's own targets, not of the cluster's
+    (`median`; `median_reference` sorts them all); the silence check looks at every target only
+    once the oldest time one was heard is older than the cutoff."""
 
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
         self._newest = np.zeros(0, np.int64)
         self._heard = np.zeros(0, np.float64)
+        self._ordered = SortedList()  # every target's newest timestamp
+        self._heard_from = math.inf  # no target was last heard before this
 
     def __len__(self) -> int:
         return len(self._index)
 
     def update(self, sources: dict[str, int], now: float) -> None:
-        for src, t in sources.items():
+        for src, newest in sources.items():
+            newest = int(newest)
             index = self._index.get(src)
             if index is None:
                 index = self._index[src] = len(self._index)
                 if index == len(self._newest):
                     self._newest = np.concatenate([self._newest, np.zeros(max(16, index), np.int64)])
                     self._heard = np.concatenate([self._heard, np.zeros(max(16, index), np.float64)])
-                self._newest[index] = t
-            else:
-                self._newest[index] = max(int(self._newest[index]), t)
+                self._newest[index] = newest
+                self._ordered.add(newest)
+            elif newest > self._newest[index]:
+                self._ordered.remove(int(self._newest[index]))
+                self._ordered.add(newest)
+                self._newest[index] = newest
             self._heard[index] = now
+            self._heard_from = min(self._heard_from, now)
 
     def forget_silent(self, heard_before: float) -> None:
         """Forget the targets last heard before `heard_before`."""
+        if heard_before <= self._heard_from:
+            return  # times heard only grow: none is older than the oldest was
         before = len(self._index)
         keep = self._heard[:before] >= heard_before
-        if keep.all():
-            return
-        names = [src for src, i in sorted(self._index.items(), key=lambda kv: kv[1]) if keep[i]]
-        self._index = {src: i for i, src in enumerate(names)}
-        self._newest, self._heard = self._newest[:before][keep], self._heard[:before][keep]
+        if not keep.all():
+            names = [src for src, i in sorted(self._index.items(), key=lambda kv: kv[1]) if keep[i]]
+            self._index = {src: i for i, src in enumerate(names)}
+            self._newest, self._heard = self._newest[:before][keep], self._heard[:before][keep]
+            self._ordered = SortedList(self._newest.tolist())
+        self._heard_from = float(self._heard[:len(self._index)].min()) if len(self._index) else math.inf
 
     def newest(self) -> np.ndarray:
         return self._newest[:len(self._index)]
 
+    def median(self) -> int:
+        """The targets' newest timestamp the older half has reached: the median, the older of the
+        two middle ones for an even number of targets (at least one target)."""
+        return int(self._ordered[(len(self._ordered) - 1) // 2])
+
+    def median_reference(self) -> int:
+        """`median`, from the newest timestamps themselves."""
+        newest = self.newest()
+        middle = len(newest) - 1 - len(newest) // 2  # sorted newest first, the middle one
+        return int(np.partition(newest, middle)[middle])

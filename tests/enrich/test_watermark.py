@@ -4,15 +4,18 @@ after a while of the receive clock; a stop closes only what the cluster has begu
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.window import NS, Windows
+from otelgpu.enrich.window import NS, Windows, _Sources
 from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import Interner
 
 DT, LATE = 300, 60
+SILENCE = 45.0  # seconds of the receive clock
 T0 = 1_700_000_100 * NS // (DT * NS) * (DT * NS)  # an interval start
 
 
@@ -91,3 +94,22 @@ def test_a_stop_closes_what_a_target_scraped_more_often_than_the_rest_reached():
     assert w.watermark_ns == T0 + 10 * NS
     assert [i.start_ns for i in w.due(flush=True)] == [T0, T0 + DT * NS]
     assert w.ahead() == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 40), max_size=5),
+                          st.integers(0, 30)), min_size=1, max_size=40))
+def test_the_median_kept_in_order_is_the_median_of_the_targets(steps):
+    """Targets sending in any order (timestamps repeated, going back, new targets, targets falling
+    silent and coming back): the watermark read from the ordered timestamps is the one the whole
+    set of targets gives, and the silence check forgets exactly the targets a full look forgets."""
+    sources, now, heard = _Sources(), 0.0, {}
+    for batch, wait in steps:
+        now += wait
+        sources.update(batch, now)
+        heard.update(dict.fromkeys(batch, now))
+        sources.forget_silent(now - SILENCE)
+        heard = {src: at for src, at in heard.items() if at >= now - SILENCE}
+        assert len(sources) == len(heard)
+        if len(sources):
+            assert sources.median() == sources.median_reference()
