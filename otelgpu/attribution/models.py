@@ -193,6 +193,11 @@ class CostModels:
                 sums["tenant_cost"] = self.reduce(tenants)
         return sums, self._gauges(priced, base)
 
+    def done(self) -> None:
+        """The interval's series are all made (`attribute`, `reduce`): keep only its attribute sets
+        for the next one to hand back."""
+        self._with.done()
+
     def reduce(self, series: Mapping[Attrs, float]) -> Mapping[Attrs, float]:
         """Series without the attributes `series.detail` and `series.drop_attributes` drop, those
         that merge added up: what every sum the models make goes through."""
@@ -436,6 +441,12 @@ class _Extender:
         return self._extras.setdefault(items, items)
 
     def tick(self) -> None:
+        """An interval begins: what the last one made is what this one looks up."""
         self._last, self._now = self._now, {}
         if len(self._extras) > 4096:  # node and price-source combinations come and go
             self._extras = {}
+
+    def done(self) -> None:
+        """An interval's series are made: only they are kept until the next one (the interval
+        before's, half of what the memo held, are let go now rather than at the next tick)."""
+        self._last = {}

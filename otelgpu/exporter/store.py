@@ -93,8 +93,9 @@ class CostStore:
     with a new start time, which Prometheus reads as a new counter.
 
     The sums are columns (metric, attribute set, start, value, intervals quiet) indexed by a row
-    per series; a dict finds a series' row, and each distinct attribute set is kept once, so a
-    snapshot is built from the columns with no object per point (`Points`).
+    per series; each distinct attribute set is kept once, with its series' rows by metric in one
+    array (no dict per series), so a snapshot is built from the columns with no object per point
+    (`Points`).
 
     `keep_ended` keeps ended sums' final values for `totals()` (run reports such as the demo's);
     exporters never see them again.
@@ -114,7 +115,7 @@ class CostStore:
 
     def _reset(self) -> None:
         self._sets = _AttrSets()
-        self._rows: dict[str, dict[Attrs, int]] = {m: {} for m in self.metric_keys}  # live sum -> its row
+        self._row_of = np.full((1024, len(self.metric_keys)), -1, np.int32)  # [attribute set, metric]: its live sum's row
         cap = 1024
         self._free = np.arange(cap - 1, -1, -1, dtype=np.int32)  # free rows: the first `_n_free`, lowest last
         self._n_free = cap
@@ -152,8 +153,8 @@ class CostStore:
         rows = np.where(found, rows_of[at] if len(known) else -1, -1)
         missed = np.flatnonzero(~found)
         if len(missed):
-            get = self._rows[metric].get
-            rows[missed] = [get(keys[i], -1) for i in missed.tolist()]
+            sets = np.array([self._sets.find(keys[i]) for i in missed.tolist()], np.int64)
+            rows[missed] = np.where(sets >= 0, self._row_of[np.maximum(sets, 0), code], -1)
         return rows
 
     def _index(self) -> tuple[np.ndarray, np.ndarray]:
@@ -217,10 +218,12 @@ class CostStore:
             self._grow()
         self._n_free -= 1
         row = int(self._free[self._n_free])
-        self._rows[metric][attrs] = row
         self._by_object = None
         self._metric[row] = self._code[metric]
-        self._aset[row] = self._sets.add(attrs)
+        self._aset[row] = aset = self._sets.add(attrs)
+        if aset >= len(self._row_of):
+            self._row_of = np.concatenate([self._row_of, np.full_like(self._row_of, -1)])
+        self._row_of[aset, self._metric[row]] = row
         self._start[row], self._value[row], self._quiet[row] = start_ns, value, quiet
         self._born[row] = self._births
         self._births += 1
@@ -228,22 +231,24 @@ class CostStore:
         return row
 
     def _grow(self) -> None:
-        n_live = len(self._live)
+        """Half as many rows again: at most a third of the columns is room."""
+        n_row = len(self._live)
+        size = n_row + n_row // 2
         for name in ("_metric", "_aset", "_start", "_value", "_quiet", "_born", "_live"):
             old = getattr(self, name)
-            new = np.zeros(2 * n_live, old.dtype)
-            new[:n_live] = old
+            new = np.zeros(size, old.dtype)
+            new[:n_row] = old
             setattr(self, name, new)
-        self._free = np.zeros(2 * n_live, np.int32)  # room for every row
-        self._free[:n_live] = np.arange(2 * n_live - 1, n_live - 1, -1)  # lowest rows first
-        self._n_free = n_live
+        self._free = np.zeros(size, np.int32)  # room for every row
+        self._free[:size - n_row] = np.arange(size - 1, n_row - 1, -1)  # lowest rows first
+        self._n_free = size - n_row
 
     def _drop(self, rows: np.ndarray) -> None:
         asets = self._aset[rows].tolist()
-        for metric, aset, value in zip(self._metric[rows].tolist(), asets, self._value[rows].tolist()):
-            key = (self.metric_keys[metric], self._sets.attrs[aset])
-            del self._rows[key[0]][key[1]]
-            if self.keep_ended:
+        self._row_of[self._aset[rows], self._metric[rows]] = -1
+        if self.keep_ended:
+            for metric, aset, value in zip(self._metric[rows].tolist(), asets, self._value[rows].tolist()):
+                key = (self.metric_keys[metric], self._sets.attrs[aset])
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
         self._sets.release(asets)
         self._by_object = None
@@ -305,7 +310,7 @@ class CostStore:
 
     def active_series(self) -> int:
         with self._lock:
-            return sum(map(len, self._rows.values())) + sum(map(len, self._gauges.values()))
+            return int(self._live.sum()) + sum(map(len, self._gauges.values()))
 
     # Checkpoint state: the sums and the last interval end, all a restart needs to continue them.
 
@@ -446,6 +451,10 @@ class _AttrSets:
             self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
         self._ids[gone] = 0
         self._free.extend(gone)
+
+    def find(self, attrs: Attrs) -> int:
+        """The index of the set equal to `attrs`, -1 when no live series uses one."""
+        return self._index.get(attrs, -1)
 
     def object_ids(self) -> np.ndarray:
         """id() of the object kept for each set (0 for a released one)."""

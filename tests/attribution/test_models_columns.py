@@ -12,6 +12,7 @@ import pytest
 from cluster import Cluster, Node, Pod, Unit
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.models_reference import CostModelsReference
+from otelgpu.core.attrs import Attrs
 from otelgpu.telemetry import SelfMetrics, by_label
 from support import feed, make_config, offline_pipeline
 
@@ -118,3 +119,29 @@ def test_the_clusters_have_unknown_pods_and_busy_units_nobody_holds() -> None:
         p.close_due(flush=True)
         kinds |= {k[0] for k in p.store.totals("held", ("attribution",))}
     assert {"pod", "pod_unknown", "ksm_request", "active_without_pod"} <= kinds
+
+
+def test_an_interval_hands_back_the_last_ones_sets_and_keeps_only_its_own() -> None:
+    """The same series interval after interval are the very objects of the interval before (the
+    store finds them by identity), and once an interval's series are made the models keep only
+    its sets: the interval before's are let go. (The tag coverage gauges, a few per namespace,
+    are made afresh.)"""
+    p = offline_pipeline(make_config(attribution__interval_seconds=900, attribution__lateness_seconds=3600,
+                                     attribution__cost_models=["request", "scad"]))
+    made: list[dict[Attrs, Attrs]] = []
+    attribute = p.models.attribute
+
+    def spy(j, dt, split=None):  # noqa: ANN001
+        sums, gauges = attribute(j, dt, split)
+        made.append({a: a for series in [*sums.values(), gauges["activity"]] for a in series})
+        return sums, gauges
+
+    p.models.attribute = spy
+    feed(p, *random_cluster(random.Random(7)).scrapes(300, 3600))
+    p.close_due(flush=True)
+    assert len(made) == 4
+    for before, after in zip(made, made[1:]):
+        again = before.keys() & after.keys()
+        assert again and all(after[a] is before[a] for a in again)
+    memo = p.models._with
+    assert not memo._last and set(memo._now.values()) == set(made[-1])
