@@ -77,8 +77,8 @@ def test_a_request_decoded_across_a_compaction_is_decoded_again():
     t0 = (1_700_000_000 * NS) // (3600 * NS) * 3600 * NS
     first, second = valid_cluster(t0).scrapes(60, 120)
     p.ingest.consume(first)
-    for dp in points_of(second):  # new label sets: the second request interns strings as it decodes
-        dp.attributes.add(key="pod_uid", value=None).value.string_value = "second"
+    for k, dp in enumerate(points_of(second)):  # new label sets: the second request interns strings as it decodes
+        dp.attributes.add(key="pod_uid", value=None).value.string_value = f"second-{k}"
     strings, real_code = p.strings, p.strings.code
     calls = []
 

@@ -4,7 +4,9 @@ per point.
 The numba kernel (`wire.scan`) reads the bytes once and matches each point's attributes, by their
 wire bytes, against a table of the label sets seen before. A label set is decoded, checked and
 interned the first time it is seen; every later point carrying the same bytes (the next scrape of
-the same GPU or pod, the other metrics of the same series) reuses it. What is left per point is
+the same GPU or pod, the other metrics of the same series) reuses it. A set is kept as the ids of
+its attribute fields' bytes ("pieces", each kept once with its label's interned codes: the
+namespace every pod of it carries is one piece), so a set costs a few bytes per label. What is left per point is
 numpy over whole columns: timestamp, label and value checks, the attribute rows of the accepted
 points. A point some fast check cannot pass is judged by the reference's own checks
 (decode.time_problem, point_problem), so rejections carry the reference's reasons.
@@ -42,6 +44,7 @@ from otelgpu.receiver.decode import (
     LabelShape,
     PointBatch,
     _any_value_str,
+    is_wanted,
     label_shape,
     own_pod,
     own_pod_problem,
@@ -83,6 +86,7 @@ SET_IDLE_NS = 300 * 10**9  # a set no point carried for this long (data time) is
 MAX_RESOURCES = 4096  # distinct scrape-target resources remembered
 SCAN_POINTS = 1 << 16  # consumed points room is made for before a scan; a request with more is scanned again
 UNREAD = -3  # a point's set: not looked up (its scrape target may not send its kind)
+UNSEEN, UNWANTED = -2, -1  # a piece's key code: not yet read (only sets with a problem used it), a label not read
 
 
 def _names() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -137,17 +141,17 @@ class ColumnarDecoder:
         self.newest_ns = 0
         self.kept = 0  # sets the last sweep kept
         # Each set as the ids of its attribute fields' distinct bytes ("pieces": a pod's name, a
-        # GPU's UUID, the same namespace on every pod of it), each piece kept once.
+        # GPU's UUID, the same namespace on every pod of it), each piece kept once with its label's
+        # interned key and value: a set's labels are those of its pieces otelgpu reads, in order.
         self.set_pieces = np.zeros(1 << 12, np.int32)
         self.set_off = np.zeros((1 << 10) + 1, np.int64)
         self.pieces = np.zeros(1 << 14, np.uint8)
         self.piece_off = np.zeros((1 << 10) + 1, np.int64)
         self.piece_hash = np.zeros(1 << 10, np.uint64)
         self.piece_slots = np.full(1 << 11, -1, np.int32)
+        self.piece_key = np.full(1 << 10, UNSEEN, np.int32)
+        self.piece_val = np.full(1 << 10, UNSEEN, np.int32)
         self.n_pieces = 0
-        self.label_off = np.zeros((1 << 10) + 1, np.int64)
-        self.label_key = np.zeros(1 << 12, np.int32)
-        self.label_val = np.zeros(1 << 12, np.int32)
         # Distinct label shapes, with what the vectorised checks need of each.
         self.shapes: list[LabelShape] = []
         self._shape_index: dict[LabelShape, int] = {}
@@ -181,13 +185,13 @@ class ColumnarDecoder:
                 self._learn(raw, buf, cols)
             except _Unsure:
                 return None
-            label_off, label_key, label_val = self.label_off, self.label_key, self.label_val
+            set_off, set_pieces, piece_key, piece_val = self.set_off, self.set_pieces, self.piece_key, self.piece_val
             shapes, shape_ok, shape_q = self.shapes, self.shape_ok, self.shape_q
             set_shape = self.set_shape[:self.sets]  # a view: sets are only appended, sweeps make new arrays
             numbering = self.renumbered
             own_keys = (self.strings.code(OWN_POD_KEYS[0]), self.strings.code(OWN_POD_KEYS[1]))
         batch, rows = _columns(cols, resources, floor, horizon, set_shape, shapes, shape_ok, shape_q,
-                               label_off, label_key, label_val, own_keys, lim.trust)
+                               (set_off, set_pieces, piece_key, piece_val), own_keys, lim.trust)
         if len(rows):
             with self.lock:
                 if self.renumbered == numbering:  # not emptied or swept meanwhile
@@ -198,7 +202,8 @@ class ColumnarDecoder:
 
     def _piece_bytes(self) -> int:
         """What the pieces and the sets' references to them take."""
-        return sum(a.nbytes for a in (self.pieces, self.piece_off, self.piece_hash, self.piece_slots, self.set_pieces))
+        return sum(a.nbytes for a in (self.pieces, self.piece_off, self.piece_hash, self.piece_slots, self.set_pieces,
+                                      self.piece_key, self.piece_val))
 
     def sweep(self, cutoff_ns: int) -> None:
         """Drop the label sets no accepted point carried since `cutoff_ns`."""
@@ -209,10 +214,8 @@ class ColumnarDecoder:
         self.set_pieces = renumbered.reshape(-1).astype(np.int32)
         self.pieces, self.piece_off = _gather(self.pieces, self.piece_off, used)
         self.piece_hash, self.n_pieces = self.piece_hash[used], len(used)
+        self.piece_key, self.piece_val = self.piece_key[used], self.piece_val[used]
         self._rehash_pieces(max(1 << 11, 1 << (2 * self.n_pieces).bit_length()))
-        label_off = self.label_off
-        self.label_key, self.label_off = _gather(self.label_key, label_off, keep)
-        self.label_val, _ = _gather(self.label_val, label_off, keep)
         self.set_hash, self.set_shape, self.set_seen = self.set_hash[keep], self.set_shape[keep], self.set_seen[keep]
         self.sets = self.kept = len(keep)
         self.renumbered += 1
@@ -281,29 +284,27 @@ class ColumnarDecoder:
             raise _Unsure() from None
         labels = wanted_labels(point.attributes, self.limits)
         shape = label_shape(len(point.attributes), labels, self.limits)
-        codes = [] if shape.problem else [(self.strings.code(k), self.strings.code(v)) for k, v in labels]
         set_id = self.sets
         self.set_hash = _grown(self.set_hash, set_id + 1)
         self.set_shape = _grown(self.set_shape, set_id + 1)
         self.set_seen = _grown(self.set_seen, set_id + 1)
         self.set_off = _grown(self.set_off, set_id + 2)
-        self.label_off = _grown(self.label_off, set_id + 2)
         at, fields = int(self.set_off[set_id]), self.limits.max_attributes  # a set of more is never entered
         self.set_pieces = _grown(self.set_pieces, at + fields)
         self.piece_hash = _grown(self.piece_hash, self.n_pieces + fields)
+        self.piece_key = _grown(self.piece_key, self.n_pieces + fields, UNSEEN)
+        self.piece_val = _grown(self.piece_val, self.n_pieces + fields, UNSEEN)
         self.piece_off = _grown(self.piece_off, self.n_pieces + fields + 1)
         self.pieces = _grown(self.pieces, int(self.piece_off[self.n_pieces]) + (end - start))
         if 2 * (self.n_pieces + fields) > len(self.piece_slots):
             self._rehash_pieces(1 << (2 * (self.n_pieces + fields)).bit_length())
         n_piece, self.n_pieces = wire.enter_pieces(buf, start, end, self.seed, self.piece_slots, self.piece_hash,
                                                    self.pieces, self.piece_off, self.n_pieces, self.set_pieces[at:])
+        if n_piece != len(point.attributes):
+            raise _Unsure()  # the kernel and protobuf count its labels differently
+        if not shape.problem:
+            self._read_pieces(point, self.set_pieces[at:at + n_piece].tolist())
         self.set_off[set_id + 1] = at + n_piece
-        lat = int(self.label_off[set_id])
-        self.label_key = _grown(self.label_key, lat + len(codes))
-        self.label_val = _grown(self.label_val, lat + len(codes))
-        if codes:
-            self.label_key[lat:lat + len(codes)], self.label_val[lat:lat + len(codes)] = zip(*codes)
-        self.label_off[set_id + 1] = lat + len(codes)
         self.set_hash[set_id] = hashed
         self.set_shape[set_id] = self._shape(shape)
         self.set_seen[set_id] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
@@ -312,6 +313,17 @@ class ColumnarDecoder:
             self._rehash(2 * len(self.slots))
         else:
             wire.place_set(self.slots, self.set_hash, set_id)
+
+    def _read_pieces(self, point: NumberDataPoint, pieces: list[int]) -> None:
+        """The key and value codes of the pieces of `point`'s attributes (`pieces`, in order) not
+        read before; strings are interned in the order of the labels met, as for a whole set."""
+        code, key, val = self.strings.code, self.piece_key, self.piece_val
+        for piece, kv in zip(pieces, point.attributes):
+            if key[piece] == UNSEEN:
+                if is_wanted(kv.key, self.limits):
+                    key[piece], val[piece] = code(kv.key), code(_any_value_str(kv.value))
+                else:
+                    key[piece] = val[piece] = UNWANTED
 
     def _shape(self, shape: LabelShape) -> int:
         index = self._shape_index.get(shape)
@@ -362,6 +374,20 @@ def _untrusted(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str,
     cols["untrusted"] = untrusted
 
 
+def _labels(chosen: np.ndarray, set_off: np.ndarray, set_pieces: np.ndarray, piece_key: np.ndarray,
+            piece_val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labels of the sets `chosen` (sets of usable points: every piece of theirs is read), as
+    a batch's offsets, key codes and value codes: each set's pieces otelgpu reads, in order."""
+    pieces, off = _gather(set_pieces, set_off, chosen)
+    keys, vals = piece_key[pieces], piece_val[pieces]
+    wanted = keys >= 0
+    if wanted.all():
+        return off, keys, vals
+    kept = np.zeros(len(pieces) + 1, np.int64)  # pieces read before each
+    np.cumsum(wanted, out=kept[1:])
+    return kept[off], keys[wanted], vals[wanted]
+
+
 def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The runs values[off[k]:off[k+1]] of the sets `keep`, packed, and their new offsets."""
     counts = off[keep + 1] - off[keep]
@@ -373,10 +399,11 @@ def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.n
 
 def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str, int, int]], floor: int, horizon: int,
              set_shape: np.ndarray, shapes: list[LabelShape], shape_ok: np.ndarray, shape_q: np.ndarray,
-             label_off: np.ndarray, label_key: np.ndarray, label_val: np.ndarray, own_keys: tuple[int, int],
+             pieces: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], own_keys: tuple[int, int],
              trust: Optional[SourceTrust] = None) -> tuple[PointBatch, np.ndarray]:
-    """The batch, and the scanned points it kept (indices into c's columns). `own_keys`: the codes
-    of `namespace` and `pod`, which points of OWN_POD_METRICS take from their resource."""
+    """The batch, and the scanned points it kept (indices into c's columns). `pieces`: the sets'
+    offsets and pieces, the pieces' key and value codes (`_labels`). `own_keys`: the codes of
+    `namespace` and `pod`, which points of OWN_POD_METRICS take from their resource."""
     metric, time_ns = columns["p_metric"].astype(np.int64), columns["p_time"]
     value, sets = columns["p_value"], columns["p_set"]
     stale = (columns["p_flags"] & NO_RECORDED_VALUE) != 0
@@ -400,9 +427,7 @@ def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str
     res = columns["p_res"][rows]
     res_node = np.array([r[0] for r in resources], np.int32)
     res_pod = np.array([r[1] for r in resources], np.int32)
-    chosen = sets[rows].astype(np.int64)
-    keys, off = _gather(label_key, label_off, chosen)
-    vals, _ = _gather(label_val, label_off, chosen)
+    off, keys, vals = _labels(sets[rows].astype(np.int64), *pieces)
     times = time_ns[rows]
     batch = PointBatch(metric[rows].astype(np.int16), times, np.where(stale[rows], np.nan, value[rows]),
                        stale[rows], res_node[res] if len(rows) else np.zeros(0, np.int32),

@@ -324,9 +324,13 @@ def time_problem(name: str, time_ns: int, floor: int, horizon: int) -> Optional[
 
 
 def wanted_labels(attributes, lim: Limits) -> list[tuple[str, str]]:  # noqa: ANN001 - repeated KeyValue
+    return [(kv.key, _any_value_str(kv.value)) for kv in attributes if is_wanted(kv.key, lim)]
+
+
+def is_wanted(key: str, lim: Limits) -> bool:
+    """Whether otelgpu reads the label `key` (the others are never interned)."""
     wanted, prefixes = lim.wanted, lim.wanted_prefixes
-    return [(kv.key, _any_value_str(kv.value)) for kv in attributes
-            if wanted is None or kv.key in wanted or (prefixes and kv.key.startswith(prefixes))]
+    return wanted is None or key in wanted or bool(prefixes and key.startswith(prefixes))
 
 
 @dataclass(frozen=True)

@@ -429,6 +429,28 @@ def test_each_distinct_attribute_field_is_kept_once_and_sets_refer_to_it():
     assert len(set(d.set_pieces[:d.set_off[d.sets]].tolist())) == d.n_pieces
 
 
+def test_a_sets_labels_are_its_pieces_otelgpu_reads_whoever_met_them_first():
+    """A piece first met in a set refused for its labels (an empty pod name) is read when a usable
+    set carries it; labels otelgpu does not read are kept as pieces but never interned; the same
+    piece twice in one point gives the label twice, as protobuf reads it."""
+    both = Both()
+    both.same(request_bytes(("kube_pod_info", {"namespace": "ml", "pod": "", "node": "n-1"}, 1.0)))
+    assert both.strings.find("ml") == -1  # a refused set interns nothing
+    got = both.same(request_bytes(
+        ("kube_pod_info", {"namespace": "ml", "pod": "p-1", "node": "n-1", "unread": "x"}, 1.0),
+        ("kube_pod_labels", {"namespace": "ml", "pod": "p-1", "label_team": "vision", "label_other": "y"}, 1.0)))[0]
+    assert [dict(row[-1]) for row in got] == [{"namespace": "ml", "pod": "p-1", "node": "n-1"},
+                                             {"namespace": "ml", "pod": "p-1", "label_team": "vision"}]
+    assert both.strings.find("unread") == both.strings.find("x") == both.strings.find("label_other") == -1
+    d = both.columnar
+    assert d.n_pieces == 3 + 1 + 1 + 2  # the refused set's three, p-1, unread, and the two labels
+    twice = ExportMetricsServiceRequest.FromString(request_bytes(("kube_pod_info", {"namespace": "ml"}, 1.0)))
+    attrs = twice.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes
+    attrs.extend([KeyValue(key="pod", value=AnyValue(string_value="p-2"))] * 2)
+    got = both.same(twice.SerializeToString())[0]
+    assert got[0][-1] == (("namespace", "ml"), ("pod", "p-2"), ("pod", "p-2"))
+
+
 def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch):
     from otelgpu.receiver import columnar
 
