@@ -17,6 +17,7 @@ code is final. A server's RetryInfo delay is honoured.
 from __future__ import annotations
 
 import logging
+from itertools import chain
 from typing import Iterator, Mapping, Optional, Sequence
 
 import grpc
@@ -100,10 +101,11 @@ def requests_reference(points: Sequence[Point], specs: Mapping[str, MetricSpec],
 
 class RequestWriter:
     """`requests_reference` as protobuf bytes, with no message object per point: each (key, value)
-    pair is encoded once and kept (a set's bytes are its pairs' bytes laid end to end, so what is
-    kept grows with the distinct pairs, some 17,000 at 10,000 GPUs, not with the series), the points
-    of each metric are written by one kernel call from the snapshot's columns, and the request,
-    scope and metric headers are encoded once."""
+    pair is encoded once and kept (what is kept grows with the distinct pairs, some 17,000 at
+    10,000 GPUs, not with the series), a snapshot's attribute sets are the ids of their pairs (4
+    bytes a pair: a set's bytes are laid out only in the request that carries its point), the
+    points of each metric are written by one kernel call from the snapshot's columns, and the
+    request, scope and metric headers are encoded once."""
 
     def __init__(self, specs: Mapping[str, MetricSpec], cluster: str, instance: str = "") -> None:
         self.specs = specs
@@ -118,7 +120,9 @@ class RequestWriter:
             tail = b"\x10\x02\x18\x01" if spec.kind == "sum" else b""  # cumulative, monotonic
             self._heads[key] = (head, 7 if spec.kind == "sum" else 5, tail)
         self._rank = {key: i for i, key in enumerate(specs)}
-        self._pairs: dict[tuple[str, str], bytes] = {}
+        self._pairs: dict[tuple[str, str], int] = {}  # each pair's id: its bytes are _pair_bytes[_pair_off[id]:...]
+        self._pair_bytes = np.zeros(0, np.uint8)
+        self._pair_off = np.zeros(1, np.int64)
 
     def requests(self, points: Sequence[Point], max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[bytes]:
         columns = Points.of(points)
@@ -126,8 +130,8 @@ class RequestWriter:
             return
         used = np.zeros(len(columns.attrs), dtype=bool)
         used[columns.aset] = True
-        attr_bytes, offsets = arena([self._attr_bytes(columns.attrs[i]) if u else b"" for i,
-                                     u in enumerate(used.tolist())])
+        pair_ids, set_off = self._set_pairs([columns.attrs[i] if u else () for i, u in enumerate(used.tolist())])
+        sets = (self._pair_bytes, self._pair_off, pair_ids, set_off)
         rank = np.array([self._rank[m] for m in columns.metrics], np.int64)[columns.metric]
         order = np.argsort(rank, kind="stable")  # spec order, each metric's points as they come
         ordered_rank = rank[order]
@@ -141,24 +145,30 @@ class RequestWriter:
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
                 key = keys[int(ranks[lo])]
                 run = rows[lo:hi]
-                data = write_points(attr_bytes, offsets, columns.aset[run].astype(np.int64), columns.start_ns[run],
-                                    columns.time_ns[run],
-                                    bits[run], columns.ended[run], self.specs[key].kind == "sum")
+                data = write_points(*sets, columns.aset[run].astype(np.int64), columns.start_ns[run],
+                                    columns.time_ns[run], bits[run], columns.ended[run], self.specs[key].kind == "sum")
                 body.append(self._metric(key, data.tobytes()))
             scope_metrics = len_field(2, self._scope + b"".join(body))
             yield len_field(1, self._resource + scope_metrics)
 
-    def _attr_bytes(self, attrs: Attrs) -> bytes:
-        """A set's KeyValue fields: its pairs' bytes, each encoded the first time it is met."""
-        try:
-            return b"".join(map(self._pairs.__getitem__, attrs))
-        except KeyError:
-            if len(self._pairs) >= PAIRS_KEPT:
-                self._pairs.clear()  # pods come and go: start afresh rather than keep every pair ever met
-            for kv in attrs:
-                if kv not in self._pairs:
-                    self._pairs[kv] = len_field(7, _keyvalue(*kv))
-            return b"".join(map(self._pairs.__getitem__, attrs))
+    def _set_pairs(self, sets: list[Attrs]) -> tuple[np.ndarray, np.ndarray]:
+        """Each set as the ids of its pairs, end to end, and where each set starts (set i is
+        ids[off[i]:off[i + 1]]); pairs not met before are encoded first. Past PAIRS_KEPT pairs
+        the writer starts afresh (pods come and go) with those of these sets."""
+        off = np.zeros(len(sets) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, sets), np.int64, len(sets)), out=off[1:])
+        pairs = self._pairs
+        if not all(kv in pairs for kv in chain.from_iterable(sets)):
+            new = dict.fromkeys(kv for kv in chain.from_iterable(sets) if kv not in pairs)
+            if len(pairs) + len(new) > PAIRS_KEPT:
+                pairs.clear()
+                self._pair_bytes, self._pair_off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
+                new = dict.fromkeys(chain.from_iterable(sets))
+            encoded, offsets = arena([len_field(7, _keyvalue(*kv)) for kv in new])
+            pairs.update(zip(new, range(len(pairs), len(pairs) + len(new))))
+            self._pair_bytes = np.concatenate([self._pair_bytes, encoded])
+            self._pair_off = np.concatenate([self._pair_off, offsets[1:] + self._pair_off[-1]])
+        return np.fromiter(map(pairs.__getitem__, chain.from_iterable(sets)), np.int32, int(off[-1])), off
 
     def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]
@@ -166,16 +176,22 @@ class RequestWriter:
 
 
 @kernel
-def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start_ns: np.ndarray,
-                 time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray, is_sum: bool) -> np.ndarray:
+def write_points(pair_bytes: np.ndarray, pair_off: np.ndarray, pair_ids: np.ndarray, set_off: np.ndarray,
+                 aset: np.ndarray, start_ns: np.ndarray, time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray,
+                 is_sum: bool) -> np.ndarray:
     """The data_points fields (NumberDataPoint, field 1) of one metric's points, as `_point` of
     the readable writer lays them out: start time (sums), time, the value or, for an ended point,
-    the attributes and then flags = NO_RECORDED_VALUE; `bits` are the values' IEEE-754 bits."""
+    the attributes and then flags = NO_RECORDED_VALUE; `bits` are the values' IEEE-754 bits. A
+    point's attributes are the pairs of its set (pair_ids[set_off[s]:set_off[s + 1]]), each pair's
+    KeyValue field pair_bytes[pair_off[p]:pair_off[p + 1]]."""
     n = len(aset)
     sizes = np.empty(n, np.int64)
     total = 0
     for i in range(n):
-        body = 9 + (9 if is_sum else 0) + (offsets[aset[i] + 1] - offsets[aset[i]]) + (2 if ended[i] else 9)
+        attrs = 0
+        for j in range(set_off[aset[i]], set_off[aset[i] + 1]):
+            attrs += pair_off[pair_ids[j] + 1] - pair_off[pair_ids[j]]
+        body = 9 + (9 if is_sum else 0) + attrs + (2 if ended[i] else 9)
         sizes[i] = body
         total += 1 + varint_size(body) + body
     out = np.empty(total, np.uint8)
@@ -188,9 +204,10 @@ def write_points(arena: np.ndarray, offsets: np.ndarray, aset: np.ndarray, start
         at = put_fixed64(out, at, 0x19, time_ns[i])
         if not ended[i]:
             at = put_fixed64(out, at, 0x21, bits[i])
-        for k in range(offsets[aset[i]], offsets[aset[i] + 1]):
-            out[at] = arena[k]
-            at += 1
+        for j in range(set_off[aset[i]], set_off[aset[i] + 1]):
+            for k in range(pair_off[pair_ids[j]], pair_off[pair_ids[j] + 1]):
+                out[at] = pair_bytes[k]
+                at += 1
         if ended[i]:
             out[at] = 0x40
             out[at + 1] = 0x01

@@ -1,6 +1,7 @@
-"""The OTLP export requests written as bytes (RequestWriter: cached attribute bytes, one pack per
-point) are byte for byte the requests the protobuf messages give (requests_reference, the reference),
-for any snapshot, in any split, and again from the cache on the next snapshot."""
+"""The OTLP export requests written as bytes (RequestWriter: each attribute pair encoded once, sets
+as the ids of their pairs, one pack per point) are byte for byte the requests the protobuf messages
+give (requests_reference, the reference), for any snapshot, in any split, and again from the cache
+on the next snapshot."""
 
 from __future__ import annotations
 
