@@ -215,9 +215,10 @@ class SeriesWriter:
         self._names, self._name_offsets = arena(blobs)
         self._sets: dict[Attrs, _LabelSet] = {}  # the last snapshot's, as in the OTLP writer
 
-    def requests(self, points: Sequence[Point], done: int, max_samples: int) -> tuple[list[tuple[int, bytes]], Counter[str]]:
-        """The requests left after the first `done` samples, each with its sample count, and the
-        series left out by reason."""
+    def requests(self, points: Sequence[Point], done: int,
+                 max_samples: int) -> tuple[Iterator[tuple[int, bytes]], Counter[str]]:
+        """The requests left after the first `done` samples, each with its sample count, written
+        as they are asked for (one request's bytes at a time), and the series left out by reason."""
         columns = Points.of(points)
         rejected: Counter[str] = Counter()
         cached, self._sets = self._sets, {}
@@ -228,7 +229,7 @@ class SeriesWriter:
             rejected["unknown_metric"] += int((~known).sum())
         rows = np.flatnonzero(known)
         if not len(rows):
-            return [], rejected
+            return iter(()), rejected
         sets, lid = self._label_sets(columns, rows, cached)
         row_lid = lid[columns.aset[rows]]
         prefix, suffix = _ranks([s.prefix_key for s in sets]), _ranks([s.suffix_key for s in sets])
@@ -252,14 +253,16 @@ class SeriesWriter:
         last[:-1] = (series[1:] != series[:-1]) | (ms[1:] != ms[:-1])
         rows, series, ms = rows[last][done:], series[last][done:], ms[last][done:]
         bits = np.where(columns.ended[rows], _STALE_BITS, columns.value[rows].view(np.int64))
-        labels, label_offsets, splits = _label_arena(sets)
-        out = []
-        for lo in range(0, len(rows), max_samples):
-            hi = min(lo + max_samples, len(rows))
-            body = write_series(labels, label_offsets, splits, self._names, self._name_offsets, series_lid,
-                                series_name, series[lo:hi], ms[lo:hi].view(np.uint64), bits[lo:hi])
-            out.append((hi - lo, body.tobytes()))
-        return out, rejected
+        return self._bodies(_label_arena(sets), series_lid, series_name, series, ms, bits, max_samples), rejected
+
+    def _bodies(self, label_arena: tuple[np.ndarray, np.ndarray, np.ndarray], series_lid: np.ndarray,
+                series_name: np.ndarray, series: np.ndarray, ms: np.ndarray, bits: np.ndarray,
+                max_samples: int) -> Iterator[tuple[int, bytes]]:
+        for lo in range(0, len(series), max_samples):
+            hi = min(lo + max_samples, len(series))
+            body = write_series(*label_arena, self._names, self._name_offsets, series_lid, series_name, series[lo:hi],
+                                ms[lo:hi].view(np.uint64), bits[lo:hi])
+            yield hi - lo, body.tobytes()
 
     def _label_sets(self, points: Points, rows: np.ndarray,
                     cached: dict[Attrs, _LabelSet]) -> tuple[list[_LabelSet], np.ndarray]:
@@ -279,6 +282,11 @@ class SeriesWriter:
 
 
 _STALE_BITS = np.float64(STALE_NAN).view(np.int64)
+
+
+def _encode_failed(exc: Exception) -> SendResult:
+    log.exception("remote write: encoding failed")
+    return SendResult(ok=False, retryable=False, reason="encode", detail=str(exc))
 
 
 def _label_arena(sets: list[_LabelSet]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -349,7 +357,8 @@ def warm_up() -> str:
     from otelgpu.core.jit import how_loaded
     from otelgpu.exporter.store import cost_metrics
 
-    SeriesWriter(cost_metrics(), "warm-up", {}).requests([Point("allocated", (("team", "a"),), 1, 2, 1.0)], 0, 10)
+    list(SeriesWriter(cost_metrics(), "warm-up", {}).requests([Point("allocated", (("team", "a"),), 1, 2, 1.0)], 0,
+                                                             10)[0])
     return how_loaded(write_series)
 
 
@@ -415,11 +424,10 @@ class RemoteWriteSender:
         try:
             todo, rejected = self._writer.requests(points, progress.done, self._config.max_samples_per_request)
             self._count_rejected(rejected)
-            requests = [(n, bytes(cramjam.snappy.compress_raw(body))) for n, body in todo]
         except Exception as exc:  # an encoding bug must not take the exporter thread down
-            log.exception("remote write: encoding failed")
-            return SendResult(ok=False, retryable=False, reason="encode", detail=str(exc))
-        # One after the other; the first failure stops the send and the queue sends the snapshot
+            return _encode_failed(exc)
+        # One after the other, each written and compressed as it is sent (one request's bytes at a
+        # time); the first failure stops the send and the queue sends the snapshot
         # again later. Prometheus takes a sample identical to a series' newest stored one (same
         # timestamp, same value bits) as a no-op, but refuses any older sample, identical or not, as
         # "out of order sample" (400, and the whole request is rolled back), as the tests against a
@@ -428,7 +436,14 @@ class RemoteWriteSender:
         # and its advance resends that one request: a no-op where it holds one sample per series
         # (an interval's snapshot); a merged snapshot's older samples may then be refused (400,
         # counted), and the next snapshot carries every total again.
-        for n, body in requests:
+        requests = ((n, bytes(cramjam.snappy.compress_raw(body))) for n, body in todo)
+        while True:
+            try:
+                n, body = next(requests, (0, b""))
+            except Exception as exc:  # noqa: BLE001 - as above
+                return _encode_failed(exc)
+            if not n:
+                return DELIVERED
             try:
                 result = self._post(body)
             except Exception as exc:  # a bug would fail the same way again: not retried
@@ -437,7 +452,6 @@ class RemoteWriteSender:
             if not result.ok:
                 return result
             progress.advance(n)
-        return DELIVERED
 
     def close(self) -> None:
         self._pool.clear()

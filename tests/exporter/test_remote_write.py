@@ -379,6 +379,29 @@ def test_a_partly_failed_snapshot_resends_only_the_rest(receiver) -> None:
                     [("p0", 3.0), ("p1", 10.0)], [("p0", 5.0)]]
 
 
+def test_each_request_is_written_as_it_is_sent_and_a_failure_to_write_one_keeps_the_rest(receiver,
+                                                                                       monkeypatch) -> None:
+    """Requests are written one at a time as they are sent: one that cannot be written (an encoding
+    bug) stops the send after those already accepted, which the progress keeps."""
+    from otelgpu.exporter import remote_write
+
+    written, real = [], remote_write.write_series
+
+    def write_series(*args):  # noqa: ANN002, ANN202
+        written.append(len(receiver.received))  # requests the receiver had when this one was written
+        if len(written) == 3:
+            raise ValueError("no room")
+        return real(*args)
+
+    monkeypatch.setattr(remote_write, "write_series", write_series)
+    points = [Point("allocated", (("k8s.pod.name", f"p{i}"),), T, T + MIN, 1.0) for i in range(5)]
+    sender = RemoteWriteSender(_config(receiver.url, max_samples_per_request=2), SPECS, "c1")
+    progress = Progress()
+    result = sender.send(points, progress)
+    assert (result.ok, result.retryable, result.reason, result.detail) == (False, False, "encode", "no room")
+    assert written == [0, 1, 2] and progress.done == 4  # each written after the one before was sent
+
+
 def test_nothing_to_send_sends_nothing(receiver) -> None:
     assert RemoteWriteSender(_config(receiver.url), SPECS, "c1").send([]).ok
     assert receiver.received == []

@@ -38,21 +38,26 @@ def reference(snapshot: list[Point], done: int, max_samples: int, external: dict
             for r in requests_reference(after(series, done), max_samples)], rejected
 
 
+def written(writer: SeriesWriter, snapshot, done: int, max_samples: int):  # noqa: ANN001, ANN201
+    requests, rejected = writer.requests(snapshot, done, max_samples)
+    return list(requests), rejected
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(points(), max_size=30), st.integers(0, 12), st.integers(1, 7),
        st.sampled_from([{}, {"region": "eu"}, {"team": "external", "A": "x"}]))
 def test_written_bytes_are_the_reference_requests_bytes(snapshot, done, max_samples, external) -> None:
     writer = SeriesWriter(SPECS, "prod", external)
-    assert writer.requests(snapshot, done, max_samples) == reference(snapshot, done, max_samples, external)
+    assert written(writer, snapshot, done, max_samples) == reference(snapshot, done, max_samples, external)
     # Again from the columns of the snapshot in another order (the cache of the first call in use):
     # a series' samples of one millisecond may then keep another one, as in the reference.
     shuffled = Points.of(snapshot[::-1])
-    assert writer.requests(shuffled, done, max_samples) == reference(snapshot[::-1], done, max_samples, external)
+    assert written(writer, shuffled, done, max_samples) == reference(snapshot[::-1], done, max_samples, external)
 
 
 def test_a_series_over_the_label_limit_is_left_out_and_the_rest_written() -> None:
     wide = attrs_of({f"k{i}": "v" for i in range(MAX_LABELS)})  # with __name__ and cluster: 72
     snapshot = [Point("allocated", wide, 0, 60 * MS, 1.0), Point("allocated", (("team", "a"),), 0, 60 * MS, 2.0)]
-    requests, rejected = SeriesWriter(SPECS, "prod", {}).requests(snapshot, 0, 10)
+    requests, rejected = written(SeriesWriter(SPECS, "prod", {}), snapshot, 0, 10)
     assert rejected == {"too_many_labels": 1} and [n for n, _ in requests] == [1]
     assert (requests, rejected) == reference(snapshot, 0, 10, {})
