@@ -107,8 +107,8 @@ def _series(k: int) -> tuple[tuple[str, str], ...]:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sets(st.integers(0, 11), max_size=12), min_size=1, max_size=10))
 def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(intervals: list[set[int]]) -> None:
-    """Series come and go in batches (many end in one interval, sharing their strings): the
-    store's tables must hold every string a live series uses, and no other."""
+    """Series come and go in batches (many end in one interval, sharing their pairs and strings):
+    the store's tables must hold every pair and string a live series uses, and no other."""
     store = CostStore(end_after_intervals=1)
     for i, keys in enumerate(intervals):
         store.record(i * 60, (i + 1) * 60, {"allocated": {_series(k): 1.0 for k in keys},
@@ -116,6 +116,7 @@ def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(interva
         live = {p.attrs for p in store.points()}
         assert live == {_series(k) for k in keys}
         assert set(store._sets._index) == live
+        assert set(store._sets._pairs._ids) == {kv for attrs in live for kv in attrs}
         assert set(store._sets._strings._ids) == {x for attrs in live for kv in attrs for x in kv}
         again = CostStore()
         again.restore(store.state())

@@ -402,23 +402,25 @@ class _Gauges:
 
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
-    index is reused by the next new set. Each set is also kept as the ids of its strings (key,
-    value, key, value, ...) in a reference-counted string table, so a checkpoint writes the sets as
-    arrays without visiting their pairs."""
+    index is reused by the next new set. Each set is also kept as the ids of its pairs in a
+    reference-counted pair table (4 bytes a pair), each pair as the ids of its key and value in a
+    reference-counted string table, so a checkpoint writes the sets as arrays without visiting
+    their pairs."""
 
     def __init__(self) -> None:
         self.attrs: list[Attrs] = []
-        self._codes: list[bytes] = []  # each set's string ids, uint32 (bytes: a fraction of an array's overhead)
+        self._codes: list[bytes] = []  # each set's pair ids, uint32 (bytes: a fraction of an array's overhead)
         self._ids = np.zeros(1024, np.int64)  # id() of each set's object (0 once released)
         self._index: dict[Attrs, int] = {}
         self._users: list[int] = []
         self._free: list[int] = []
         self._strings = _Strings()
+        self._pairs = _Pairs(self._strings)
 
     def add(self, attrs: Attrs) -> int:
         index = self._index.get(attrs)
         if index is None:
-            codes = np.array([self._strings.add(x) for pair in attrs for x in pair], np.uint32).tobytes()
+            codes = np.fromiter(map(self._pairs.add, attrs), np.uint32, len(attrs)).tobytes()
             if self._free:
                 index = self._free.pop()
                 self.attrs[index], self._codes[index] = attrs, codes
@@ -446,7 +448,7 @@ class _AttrSets:
                 gone.append(i)
         if not gone:
             return
-        self._strings.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
+        self._pairs.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
         for i in gone:
             self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
         self._ids[gone] = 0
@@ -464,8 +466,8 @@ class _AttrSets:
         """These sets as arrays: their string ids, where each set ends, the strings' UTF-8 bytes
         and where each string ends (ids of released strings are empty strings)."""
         codes = [self._codes[i] for i in sets]
-        pairs = np.frombuffer(b"".join(codes), np.uint32)
-        set_ends = np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 4)
+        pairs = self._pairs.strings_of(np.frombuffer(b"".join(codes), np.uint32)).reshape(-1)
+        set_ends = np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 2)  # two strings a pair
         strings, string_ends = self._strings.encoded()
         return pairs, set_ends, strings, string_ends
 
@@ -483,6 +485,55 @@ class _AttrSets:
             out.append(tuple(map(pair, zip(words[first:end:2], words[first + 1:end:2]))))
             first = end
         return out
+
+
+class _Pairs:
+    """(key, value) pairs by id, each kept while a set refers to it, as the ids of its two strings;
+    a released id is reused."""
+
+    def __init__(self, strings: "_Strings") -> None:
+        self._strings = strings
+        self._ids: dict[tuple[str, str], int] = {}
+        self._pairs: list[tuple[str, str]] = []
+        self._refs: list[int] = []
+        self._free: list[int] = []
+        self._texts = np.zeros((1024, 2), np.uint32)  # each pair's key and value string ids
+
+    def add(self, kv: tuple[str, str]) -> int:
+        index = self._ids.get(kv)
+        if index is None:
+            if self._free:
+                index = self._free.pop()
+                self._pairs[index], self._refs[index] = kv, 0
+            else:
+                index = len(self._pairs)
+                self._pairs.append(kv)
+                self._refs.append(0)
+                if index == len(self._texts):
+                    self._texts = np.concatenate([self._texts, np.zeros_like(self._texts)])
+            self._texts[index] = self._strings.add(kv[0]), self._strings.add(kv[1])
+            self._ids[kv] = index
+        self._refs[index] += 1
+        return index
+
+    def release(self, codes: np.ndarray) -> None:
+        """One reference fewer per occurrence of an id in `codes`; a pair left without is
+        forgotten, and its strings released."""
+        ids, counts = np.unique(codes, return_counts=True)
+        gone = []
+        for i, n in zip(ids.tolist(), counts.tolist()):
+            self._refs[i] -= n
+            if not self._refs[i]:
+                del self._ids[self._pairs[i]]
+                self._pairs[i] = ("", "")
+                gone.append(i)
+        if gone:
+            self._strings.release(self._texts[gone].reshape(-1))
+            self._free.extend(gone)
+
+    def strings_of(self, codes: np.ndarray) -> np.ndarray:
+        """The key and value string ids of each pair of `codes`: shape (len(codes), 2)."""
+        return self._texts[codes.astype(np.int64)]
 
 
 class _Strings:
