@@ -19,11 +19,10 @@ from otelgpu.errors import ConfigError
 
 
 def _serve(path: str) -> int:
-    from otelgpu.heap import fixed_mmap_threshold, limit_arenas
+    from otelgpu.heap import limit_arenas
     from otelgpu.pipeline import Pipeline
 
     limit_arenas()  # before the receivers' threads allocate (otelgpu/heap.py)
-    fixed_mmap_threshold()
 
     config = load_config(path)
     prices = config.attribution.prices

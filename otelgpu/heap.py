@@ -43,9 +43,8 @@ def _libc_function(name: str, argtypes: list, restype: type) -> Optional[Callabl
 
 _TRIM = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
 _MALLOPT = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
-_M_ARENA_MAX, _M_MMAP_THRESHOLD = -8, -3  # malloc.h
+_M_ARENA_MAX = -8  # malloc.h
 ARENAS = 2
-MMAP_THRESHOLD = 1 << 20  # bytes: a block this large or larger is mapped apart, and unmapped when freed
 _MADVISE = _libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
 _MADV_DONTNEED, _MADV_PAGEOUT = 4, 21  # linux/mman.h
 
@@ -59,17 +58,6 @@ def limit_arenas(arenas: int = ARENAS) -> bool:
     interpreter's lock serialises most allocation anyway. Call before the threads start; False
     where the C library has no such setting."""
     return _MALLOPT is not None and _MALLOPT(_M_ARENA_MAX, arenas) == 1
-
-
-def fixed_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
-    """Blocks of `size` bytes or more get a mapping of their own, returned to the kernel when
-    they are freed (glibc's M_MMAP_THRESHOLD). glibc's default moves: once such a block is freed,
-    blocks up to its size (up to 32 MiB) come from the heaps after it, and an interval's close
-    allocates and frees its large arrays among the state that stays, so their room is kept in the
-    heaps' holes (at 10,000 GPUs, 66 MiB freed and kept after a run; 27 MiB with 1 MiB fixed, and
-    steady RSS 304 where 312-324 MiB, benchmarks/bench_scale.py). A decoded request's columns stay
-    below it. False where the C library has no such setting."""
-    return _MALLOPT is not None and _MALLOPT(_M_MMAP_THRESHOLD, size) == 1
 
 
 class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h, 2.33 and later)
