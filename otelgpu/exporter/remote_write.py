@@ -436,13 +436,13 @@ class RemoteWriteSender:
         # and its advance resends that one request: a no-op where it holds one sample per series
         # (an interval's snapshot); a merged snapshot's older samples may then be refused (400,
         # counted), and the next snapshot carries every total again.
-        requests = ((n, bytes(cramjam.snappy.compress_raw(body))) for n, body in todo)
+        requests = ((samples, bytes(cramjam.snappy.compress_raw(body))) for samples, body in todo)
         while True:
             try:
-                n, body = next(requests, (0, b""))
+                samples, body = next(requests, (0, b""))
             except Exception as exc:  # noqa: BLE001 - as above
                 return _encode_failed(exc)
-            if not n:
+            if not samples:
                 return DELIVERED
             try:
                 result = self._post(body)
@@ -451,7 +451,7 @@ class RemoteWriteSender:
                 return SendResult(ok=False, retryable=False, reason="error", detail=str(exc))
             if not result.ok:
                 return result
-            progress.advance(n)
+            progress.advance(samples)
 
     def close(self) -> None:
         self._pool.clear()
