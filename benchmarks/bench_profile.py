@@ -189,6 +189,9 @@ def cpu(args: argparse.Namespace) -> None:
     print("the pipeline's otelgpu_work_seconds_total (wall) per interval computed:")
     for step, seconds in sorted(work.items(), key=lambda kv: -kv[1]):
         print(f"  {step!s:>16}: {seconds / max(intervals, 1):7.3f} s")
+    decoder = pipeline.ingest.columnar
+    print(f"the decoder's label-set table: {len(decoder):,} sets, {decoder.table_bytes() / 2**20:.1f} MiB; "
+          f"the store: {pipeline.store.active_series():,} series")
     pipeline.shutdown()
     if spy is not None:
         summarize_py_spy(args.py_spy_out, args.top)

@@ -97,6 +97,8 @@ def test_bench_profile_names_the_owners_of_memory_and_cpu(mode: str):
     else:
         assert re.search(r"decode: +\d+\.\d\d CPU-s +\d+\.\d\d us a point", res.stdout)
         assert re.search(r"apply and close: +\d+\.\d\d CPU-s", res.stdout) and "close:" in res.stdout
+        table = re.search(r"label-set table: ([\d,]+) sets, (\d+\.\d) MiB; the store: ([\d,]+) series", res.stdout)
+        assert table and int(table[1].replace(",", "")) > 40 and float(table[2]) > 0, res.stdout
 
 
 def test_scale_benchmark_splits_a_large_target_as_the_batch_processor_does():

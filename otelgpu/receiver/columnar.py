@@ -200,6 +200,11 @@ class ColumnarDecoder:
         batch.epoch = epoch
         return batch
 
+    def table_bytes(self) -> int:
+        """What the label-set table's arrays take."""
+        with self.lock:
+            return sum(a.nbytes for a in vars(self).values() if isinstance(a, np.ndarray))
+
     def _piece_bytes(self) -> int:
         """What the pieces and the sets' references to them take."""
         return sum(a.nbytes for a in (self.pieces, self.piece_off, self.piece_hash, self.piece_slots, self.set_pieces,
