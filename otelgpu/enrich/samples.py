@@ -60,6 +60,10 @@ def _first_present(*cols: np.ndarray) -> np.ndarray:
     return out
 
 
+_LIFTED = ("Hostname", "hostname", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName", "exported_namespace", "namespace",
+           "exported_pod", "pod", "exported_container", "container", "pod_uid", "vgpu")  # the labels dcgm_samples reads
+
+
 def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
     """Select the DCGM rows and lift the labels the join needs into columns.
 
@@ -70,10 +74,8 @@ def dcgm_samples(batch: PointBatch, strings: Interner) -> Samples:
     `k8s.node.name`.
     """
     dcgm = batch.select(is_dcgm(batch.metric))
-
-    def col(key: str) -> np.ndarray:
-        return dcgm.column(strings.find(key))
-
+    lifted = dict(zip(_LIFTED, dcgm.columns([strings.find(key) for key in _LIFTED])))
+    col = lifted.__getitem__
     return Samples(
         metric=dcgm.metric, time_ns=dcgm.time_ns, value=dcgm.value, stale=dcgm.stale,
         node=_first_present(col("Hostname"), col("hostname"), dcgm.resource_node),

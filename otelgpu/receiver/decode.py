@@ -15,7 +15,7 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -82,6 +82,18 @@ class PointBatch(Coded):
             hit = self.attr_key == key_code
             out[self.rows_of_attrs()[hit]] = self.attr_val[hit]
         return out
+
+    def columns(self, key_codes: Sequence[int]) -> list[np.ndarray]:
+        """`column` of each of `key_codes`, from one pass over the labels (a batch's labels are
+        read once, not once per key)."""
+        codes = np.asarray(key_codes, np.int64).reshape(-1)
+        wanted = np.unique(codes[codes >= 0])
+        out = np.full((len(wanted) + 1, len(self.metric)), -1, np.int32)  # the last row: keys absent (-1)
+        if len(wanted) and len(self.attr_key):
+            at = np.minimum(np.searchsorted(wanted, self.attr_key), len(wanted) - 1)
+            hit = np.flatnonzero(wanted[at] == self.attr_key)
+            out[at[hit], self.rows_of_attrs()[hit]] = self.attr_val[hit]
+        return list(out[np.where(codes >= 0, np.searchsorted(wanted, codes), len(wanted))])
 
     def select(self, rows: np.ndarray) -> "PointBatch":
         """A new batch with only `rows` (a boolean mask, or indices in the order wanted)."""
