@@ -158,16 +158,19 @@ class RequestWriter:
         off = np.zeros(len(sets) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, sets), np.int64, len(sets)), out=off[1:])
         pairs = self._pairs
-        if not all(kv in pairs for kv in chain.from_iterable(sets)):
-            new = dict.fromkeys(kv for kv in chain.from_iterable(sets) if kv not in pairs)
-            if len(pairs) + len(new) > PAIRS_KEPT:
-                pairs.clear()
-                self._pair_bytes, self._pair_off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
-                new = dict.fromkeys(chain.from_iterable(sets))
-            encoded, offsets = arena([len_field(7, _keyvalue(*kv)) for kv in new])
-            pairs.update(zip(new, range(len(pairs), len(pairs) + len(new))))
-            self._pair_bytes = np.concatenate([self._pair_bytes, encoded])
-            self._pair_off = np.concatenate([self._pair_off, offsets[1:] + self._pair_off[-1]])
+        try:  # as a rule every pair is known: one walk over the sets
+            return np.fromiter(map(pairs.__getitem__, chain.from_iterable(sets)), np.int32, int(off[-1])), off
+        except KeyError:
+            pass
+        new = dict.fromkeys(kv for kv in chain.from_iterable(sets) if kv not in pairs)
+        if len(pairs) + len(new) > PAIRS_KEPT:
+            pairs.clear()
+            self._pair_bytes, self._pair_off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
+            new = dict.fromkeys(chain.from_iterable(sets))
+        encoded, offsets = arena([len_field(7, _keyvalue(*kv)) for kv in new])
+        pairs.update(zip(new, range(len(pairs), len(pairs) + len(new))))
+        self._pair_bytes = np.concatenate([self._pair_bytes, encoded])
+        self._pair_off = np.concatenate([self._pair_off, offsets[1:] + self._pair_off[-1]])
         return np.fromiter(map(pairs.__getitem__, chain.from_iterable(sets)), np.int32, int(off[-1])), off
 
     def _metric(self, key: str, points: bytes) -> bytes:

@@ -244,8 +244,9 @@ class CostStore:
         self._n_free = size - n_row
 
     def _drop(self, rows: np.ndarray) -> None:
-        asets = self._aset[rows].tolist()
-        self._row_of[self._aset[rows], self._metric[rows]] = -1
+        asets = self._aset[rows]
+        self._row_of[asets, self._metric[rows]] = -1
+        asets = asets.tolist()
         if self.keep_ended:
             for metric, aset, value in zip(self._metric[rows].tolist(), asets, self._value[rows].tolist()):
                 key = (self.metric_keys[metric], self._sets.attrs[aset])
@@ -487,91 +488,112 @@ class _AttrSets:
         return out
 
 
-class _Pairs:
-    """(key, value) pairs by id, each kept while a set refers to it, as the ids of its two strings;
-    a released id is reused."""
+class _Counted:
+    """Keys by id, each kept while something refers to it; a released id is reused by the next
+    new key. Subclasses keep what they need of each key by its id."""
 
-    def __init__(self, strings: "_Strings") -> None:
-        self._strings = strings
-        self._ids: dict[tuple[str, str], int] = {}
-        self._pairs: list[tuple[str, str]] = []
+    def __init__(self) -> None:
+        self._ids: dict = {}
         self._refs: list[int] = []
         self._free: list[int] = []
-        self._texts = np.zeros((1024, 2), np.uint32)  # each pair's key and value string ids
 
-    def add(self, kv: tuple[str, str]) -> int:
-        index = self._ids.get(kv)
-        if index is None:
+    def _take(self, key) -> tuple[int, bool]:  # noqa: ANN001 - a string or a pair
+        """`key`'s id, with one reference more, and whether it is new (given an id now)."""
+        index = self._ids.get(key)
+        new = index is None
+        if new:
             if self._free:
                 index = self._free.pop()
-                self._pairs[index], self._refs[index] = kv, 0
+                self._refs[index] = 0
             else:
-                index = len(self._pairs)
-                self._pairs.append(kv)
+                index = len(self._refs)
                 self._refs.append(0)
-                if index == len(self._texts):
-                    self._texts = np.concatenate([self._texts, np.zeros_like(self._texts)])
-            self._texts[index] = self._strings.add(kv[0]), self._strings.add(kv[1])
-            self._ids[kv] = index
+            self._ids[key] = index
         self._refs[index] += 1
-        return index
+        return index, new
 
-    def release(self, codes: np.ndarray) -> None:
-        """One reference fewer per occurrence of an id in `codes`; a pair left without is
-        forgotten, and its strings released."""
+    def _let_go(self, codes: np.ndarray) -> list[int]:
+        """One reference fewer per occurrence of an id in `codes`; the ids left without are
+        forgotten and returned (ascending)."""
         ids, counts = np.unique(codes, return_counts=True)
         gone = []
         for i, n in zip(ids.tolist(), counts.tolist()):
             self._refs[i] -= n
             if not self._refs[i]:
-                del self._ids[self._pairs[i]]
-                self._pairs[i] = ("", "")
+                del self._ids[self._key(i)]
                 gone.append(i)
+        self._free.extend(gone)
+        return gone
+
+    def _key(self, index: int):  # noqa: ANN202 - a string or a pair
+        raise NotImplementedError
+
+
+class _Pairs(_Counted):
+    """(key, value) pairs by id, each kept while a set refers to it, as the ids of its two strings."""
+
+    def __init__(self, strings: "_Strings") -> None:
+        super().__init__()
+        self._strings = strings
+        self._pairs: list[tuple[str, str]] = []
+        self._texts = np.zeros((1024, 2), np.uint32)  # each pair's key and value string ids
+
+    def add(self, kv: tuple[str, str]) -> int:
+        index, new = self._take(kv)
+        if new:
+            if index == len(self._pairs):
+                self._pairs.append(kv)
+                if index == len(self._texts):
+                    self._texts = np.concatenate([self._texts, np.zeros_like(self._texts)])
+            else:
+                self._pairs[index] = kv
+            self._texts[index] = self._strings.add(kv[0]), self._strings.add(kv[1])
+        return index
+
+    def release(self, codes: np.ndarray) -> None:
+        """One reference fewer per occurrence of an id in `codes`; a pair left without is
+        forgotten, and its strings released."""
+        gone = self._let_go(codes)
+        for i in gone:
+            self._pairs[i] = ("", "")
         if gone:
             self._strings.release(self._texts[gone].reshape(-1))
-            self._free.extend(gone)
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The key and value string ids of each pair of `codes`: shape (len(codes), 2)."""
         return self._texts[codes.astype(np.int64)]
 
+    def _key(self, index: int) -> tuple[str, str]:
+        return self._pairs[index]
 
-class _Strings:
-    """Strings by id, each kept while something refers to it; a released id is reused."""
+
+class _Strings(_Counted):
+    """Strings by id, each kept while something refers to it."""
 
     def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
+        super().__init__()
         self._utf8: list[bytes] = []
-        self._refs: list[int] = []
-        self._free: list[int] = []
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, text: str) -> int:
-        index = self._ids.get(text)
-        if index is None:
+        index, new = self._take(text)
+        if new:
             utf8 = text.encode("utf-8", "surrogatepass")
-            if self._free:
-                index = self._free.pop()
-                self._utf8[index], self._refs[index] = utf8, 0
-            else:
-                index = len(self._utf8)
+            if index == len(self._utf8):
                 self._utf8.append(utf8)
-                self._refs.append(0)
-            self._ids[text] = index
+            else:
+                self._utf8[index] = utf8
             self._cache = None
-        self._refs[index] += 1
         return index
 
     def release(self, codes: np.ndarray) -> None:
         """One reference fewer per occurrence of an id in `codes`; a string left without is forgotten."""
-        ids, counts = np.unique(codes, return_counts=True)
-        for i, n in zip(ids.tolist(), counts.tolist()):
-            self._refs[i] -= n
-            if not self._refs[i]:
-                del self._ids[self._utf8[i].decode("utf-8", "surrogatepass")]
-                self._utf8[i] = b""
-                self._free.append(i)
-                self._cache = None
+        for i in self._let_go(codes):
+            self._utf8[i] = b""
+            self._cache = None
+
+    def _key(self, index: int) -> str:
+        return self._utf8[index].decode("utf-8", "surrogatepass")
 
     def encoded(self) -> tuple[np.ndarray, np.ndarray]:
         """All strings as one UTF-8 byte array and the end of each (unchanged ones are not re-joined)."""

@@ -6,9 +6,9 @@ wire bytes, against a table of the label sets seen before. A label set is decode
 interned the first time it is seen; every later point carrying the same bytes (the next scrape of
 the same GPU or pod, the other metrics of the same series) reuses it. A set is kept as the ids of
 its attribute fields' bytes ("pieces", each kept once with its label's interned codes: the
-namespace every pod of it carries is one piece), so a set costs a few bytes per label. What is left per point is
-numpy over whole columns: timestamp, label and value checks, the attribute rows of the accepted
-points. A point some fast check cannot pass is judged by the reference's own checks
+namespace every pod of it carries is one piece), so a set costs a few bytes per label. What is
+left per point is numpy over whole columns: timestamp, label and value checks, the attribute rows
+of the accepted points. A point some fast check cannot pass is judged by the reference's own checks
 (decode.time_problem, point_problem), so rejections carry the reference's reasons.
 
 Where the kernel is not sure it reads the bytes as protobuf does, `decode` returns None and the
