@@ -12,7 +12,7 @@ per hour of data. `--churn-minutes` replaces every pod that often (new names and
 and rollouts do): what makes cost series end and interned label values accumulate.
 
 Usage: python benchmarks/bench_footprint.py [--mode gateway|node] [--nodes 100] [--hours 1]
-                                            [--churn-minutes 0]
+                                            [--churn-minutes 0] [--kernels compiled|interpreted]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import grpc
 import yaml
@@ -201,8 +201,13 @@ def cores(quantity: str) -> float:
     return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
 
 
-def sidecar_config(mode: str, tmp: Path, grpc_port: int, sink_port: int, metrics_port: int) -> Path:
+def sidecar_config(mode: str, tmp: Path, grpc_port: int, sink_port: int, metrics_port: int,
+                   kernels: Optional[str] = None) -> Path:
+    """k8s/<mode>'s otelgpu.yaml on these ports, facts from kube-state-metrics, the checkpoint in
+    `tmp`; `kernels` instead of the file's setting when given."""
     config = yaml.safe_load((ROOT / "k8s" / mode / "otelgpu.yaml").read_text())
+    if kernels:
+        config["kernels"] = kernels
     config["receiver"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc_port}"
     config["exporter"]["otlp"]["endpoint"] = f"127.0.0.1:{sink_port}"
     config["exporter"]["prometheus"]["endpoint"] = f"127.0.0.1:{metrics_port}"
@@ -219,6 +224,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, help="GPU nodes (gateway: default 100; node: always 1, the p4d)")
     ap.add_argument("--hours", type=float, default=1.0, help="hours of cluster data to send")
     ap.add_argument("--churn-minutes", type=float, default=0, help="replace every pod this often (0: never)")
+    ap.add_argument("--kernels", choices=("compiled", "interpreted"),
+                    help="run the kernels so instead of as the mode's otelgpu.yaml says")
     args = ap.parse_args()
     n_nodes = 1 if args.mode == "node" else (args.nodes or 100)
     limits = pod_resources(args.mode)
@@ -230,7 +237,7 @@ def main() -> None:
     server.start()
     grpc_port, metrics_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        config = sidecar_config(args.mode, Path(tmp), grpc_port, sink_port, metrics_port)
+        config = sidecar_config(args.mode, Path(tmp), grpc_port, sink_port, metrics_port, args.kernels)
         with serving(config, server, stderr=subprocess.PIPE) as child:
             run(args, n_nodes, limits, child, grpc_port, metrics_port, sink)
 

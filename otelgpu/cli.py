@@ -19,12 +19,15 @@ from otelgpu.errors import ConfigError
 
 
 def _serve(path: str) -> int:
+    from otelgpu.core import jit
     from otelgpu.heap import limit_arenas
-    from otelgpu.pipeline import Pipeline
 
     limit_arenas()  # before the receivers' threads allocate (otelgpu/heap.py)
 
     config = load_config(path)
+    jit.choose(config.kernels)  # before the pipeline's modules define their kernels
+    from otelgpu.pipeline import Pipeline
+
     prices = config.attribution.prices
     if prices.file:  # a bad price file stops the start; a bad change later keeps the prices in force
         load_prices_file(prices.file, prices)

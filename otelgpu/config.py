@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
@@ -38,6 +38,7 @@ class ClusterConfig:
 @dataclass(config=STRICT)
 class Config:
     cluster: ClusterConfig = ClusterConfig()
+    kernels: Literal["compiled", "interpreted"] = "compiled"  # see otelgpu/core/jit.py
     receiver: ReceiverConfig = ReceiverConfig()
     attribution: AttributionConfig = AttributionConfig()
     tags: dict[str, TagRule] = Field(default_factory=default_tags)

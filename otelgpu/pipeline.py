@@ -17,6 +17,7 @@ from otelgpu.checkpoint import Checkpoint, Identity
 from otelgpu.commit import Committer
 from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config
+from otelgpu.core import jit
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.mig import MigProfiles
 from otelgpu.core.state import States, Undo
@@ -311,10 +312,11 @@ class Pipeline:
                             "retrying in the background", wait)
 
     def start(self) -> None:
-        kernels = warm_up()  # the first request and the first export must never wait for the JIT
+        kernels = warm_up(self.config)  # the first request and the first export must never wait for the JIT
         log.info("kernels ready: %s", ", ".join(f"{name} {how}" for name, how in kernels.items()))
-        released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
-        log.debug("%.0f MiB of LLVM's resident pages handed back", released / 2**20)
+        if jit.mode() == "compiled":
+            released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
+            log.debug("%.0f MiB of LLVM's resident pages handed back", released / 2**20)
         self.start_sources()
         if self.metrics_server:
             self.metrics_server.start()

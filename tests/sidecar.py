@@ -35,18 +35,40 @@ class Sidecar:
                  credentials: Optional[grpc.ChannelCredentials] = None, token: Optional[str] = None) -> None:
         """`credentials`, `token`: what export() presents (the config's receiver.grpc tls and auth
         are kept; only its endpoint is set here)."""
-        self.grpc_port, self.metrics_port = free_port(), free_port()
         self.credentials, self.token = credentials, token
+        self._given = config
+        self.config = workdir / f"{name}.yaml"
+        self.log = workdir / f"{name}.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self._listen_on(free_port(), free_port())
+
+    def _listen_on(self, grpc_port: int, metrics_port: int) -> None:
+        self.grpc_port, self.metrics_port = grpc_port, metrics_port
+        config = self._given
         receiver = config.get("receiver", {})
         grpc_config = {**receiver.get("grpc", {}), "endpoint": f"127.0.0.1:{self.grpc_port}"}
         doc = {**config, "receiver": {**receiver, "grpc": grpc_config, "http": {"enabled": False}}}
         doc["exporter"] = {**config.get("exporter", {}), "prometheus": {"endpoint": f"127.0.0.1:{self.metrics_port}"}}
-        self.config = workdir / f"{name}.yaml"
         self.config.write_text(yaml.safe_dump(doc))
-        self.log = workdir / f"{name}.log"
-        self.proc: Optional[subprocess.Popen] = None
 
     def start(self, timeout: float = 90) -> "Sidecar":
+        """Start and wait for /readyz. A port found free and taken before the sidecar bound it (by
+        another test's connection, say) makes the start fail on "cannot listen": it is then tried
+        again on other ports, only at the first start (a restart keeps the ports a test knows)."""
+        first = self.proc is None
+        for attempt in range(3):
+            began = self.log.stat().st_size if self.log.exists() else 0
+            try:
+                return self._start(timeout)
+            except AssertionError:
+                said = self.log.read_text()[began:]
+                lost_port = "cannot listen on" in said or "Address already in use" in said
+                if not (first and lost_port) or attempt == 2:
+                    raise
+                self._listen_on(free_port(), free_port())
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> "Sidecar":
         with self.log.open("a") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(self.config)],
                                          stdout=out, stderr=subprocess.STDOUT)

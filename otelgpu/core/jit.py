@@ -1,25 +1,66 @@
-"""The numba kernels' one decorator, and how a kernel came to be loaded.
+"""The numba kernels' one decorator, how the process runs them, and how a kernel came to be loaded.
 
 Every kernel is compiled once per process at most and cached on disk (`otelgpu warm-up` fills the
 cache when an image is built), and releases the GIL while it runs, so the receivers' threads keep
-taking requests. Small helpers the kernels call are inlined into them."""
+taking requests. Small helpers the kernels call are inlined into them.
+
+A process may instead run its kernels as the plain Python they are written in (`choose
+("interpreted")`, the `kernels: interpreted` setting): numba and LLVM are then never imported,
+some 65 MiB of resident memory that a pod attributing one node's few dozen rows has no use for.
+The figures are the same either way (tests/test_kernels_interpreted.py); the time is not."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Optional
 
-from numba import njit
+MODES = ("compiled", "interpreted")
+_mode = {"chosen": "compiled", "fixed": False}  # fixed once the first kernel is defined
 
 
-def kernel(fn: Optional[Callable[..., Any]] = None, *, inline: bool = False) -> Any:
-    """`@kernel`, or `@kernel(inline=True)` for a helper that the kernels calling it inline."""
+def choose(mode: str) -> None:
+    """Run this process's kernels `mode`: before the first module with a kernel is imported, since
+    a kernel is compiled or not as it is defined. Choosing the mode already in force is a no-op."""
+    if mode not in MODES:
+        raise ValueError(f"kernels must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode != _mode["chosen"] and _mode["fixed"]:
+        raise RuntimeError(f"kernels are already {_mode['chosen']}: the mode is chosen before the first "
+                           "kernel is defined, once per process")
+    _mode["chosen"] = mode
+    if mode == "interpreted":  # the kernels' unsigned arithmetic wraps by design, as it does compiled
+        warnings.filterwarnings("ignore", r"overflow encountered in scalar (multiply|add|subtract|left_shift)",
+                                RuntimeWarning, r"otelgpu\.")
+
+
+def mode() -> str:
+    """"compiled" or "interpreted": how this process runs its kernels."""
+    return _mode["chosen"]
+
+
+def kernel(fn: Optional[Callable[..., Any]] = None, *, inline: bool = False,
+           interpreted: Optional[Callable[..., Any]] = None) -> Any:
+    """`@kernel`, or `@kernel(inline=True)` for a helper that the kernels calling it inline.
+    `interpreted`: what runs instead when the kernels are interpreted, for a helper whose loop
+    compiles to one instruction but costs Python a dozen operations; it must return the same
+    values (its test holds the two together)."""
+    _mode["fixed"] = True
+    if _mode["chosen"] == "interpreted":
+        if interpreted is not None:
+            return lambda _: interpreted
+        return fn if fn is not None else _as_written
+    from numba import njit
+
     jit = njit(cache=True, nogil=True, **({"inline": "always"} if inline else {}))
     return jit(fn) if fn is not None else jit
 
 
+def _as_written(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return fn
+
+
 def how_loaded(compiled: Any) -> str:
     """"cached", "compiled" or "interpreted": how a kernel that has run came to be."""
-    stats = getattr(compiled, "stats", None)  # none under NUMBA_DISABLE_JIT=1 (coverage runs)
+    stats = getattr(compiled, "stats", None)  # none when interpreted, or under NUMBA_DISABLE_JIT=1
     if stats is None:
         return "interpreted"
     return "cached" if sum(stats.cache_hits.values()) and not sum(stats.cache_misses.values()) else "compiled"

@@ -122,8 +122,14 @@ def _varint(buf, i, end):  # noqa: ANN001, ANN202 - numba
     return np.uint64(0), -1
 
 
-@kernel
+def _fixed64_interpreted(buf, at):  # noqa: ANN001, ANN202
+    """_fixed64 in one step for Python (the loop below is one load compiled, 40 operations interpreted)."""
+    return np.uint64(int.from_bytes(buf[at:at + 8].tobytes(), "little"))
+
+
+@kernel(interpreted=_fixed64_interpreted)
 def _fixed64(buf, i):  # noqa: ANN001, ANN202
+    """The little-endian unsigned 64-bit integer at buf[i:i + 8]."""
     v = np.uint64(0)
     for k in range(8):
         v |= np.uint64(buf[i + k]) << np.uint64(8 * k)

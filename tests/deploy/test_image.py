@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from manifests import MODES, REPO, pod, render
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -55,16 +56,23 @@ def test_the_pods_use_the_image_as_built(mode):
     p = pod(render(mode))
     from otelgpu import __version__ as version
     ops = dict(instructions())
-    built_cache = env()["NUMBA_CACHE_DIR"]
-    # the init container copies the image's cache into the emptyDir otelgpu then uses
-    init = p.container("numba-cache")
-    assert init["image"] == p.container("otelgpu")["image"] == f"otelgpu:{version}"
-    assert init["command"][:2] == ["cp", "-R"] and init["command"][2] == built_cache + "/."
-    (mount,) = init["volumeMounts"]
     otelgpu = p.container("otelgpu")
-    assert init["command"][3].rstrip("/") == mount["mountPath"] == p.env("otelgpu")["NUMBA_CACHE_DIR"]
-    assert {"name": mount["name"], "mountPath": mount["mountPath"]} in otelgpu["volumeMounts"]
-    assert "NUMBA_CPU_NAME" not in p.env("otelgpu")  # the image's generic CPU name stays in force
+    assert otelgpu["image"] == f"otelgpu:{version}"
+    kernels = yaml.safe_load(p.mounted("otelgpu", p.otelgpu_config_path())).get("kernels", "compiled")
+    if kernels == "compiled":
+        built_cache = env()["NUMBA_CACHE_DIR"]
+        # the init container copies the image's cache into the emptyDir otelgpu then uses
+        init = p.container("numba-cache")
+        assert init["image"] == otelgpu["image"]
+        assert init["command"][:2] == ["cp", "-R"] and init["command"][2] == built_cache + "/."
+        (mount,) = init["volumeMounts"]
+        assert init["command"][3].rstrip("/") == mount["mountPath"] == p.env("otelgpu")["NUMBA_CACHE_DIR"]
+        assert {"name": mount["name"], "mountPath": mount["mountPath"]} in otelgpu["volumeMounts"]
+        assert "NUMBA_CPU_NAME" not in p.env("otelgpu")  # the image's generic CPU name stays in force
+    else:  # interpreted: numba is never imported, and there is no cache to copy
+        assert kernels == "interpreted"
+        assert "numba-cache" not in [c["name"] for c in p.containers()]
+        assert "NUMBA_CACHE_DIR" not in p.env("otelgpu")
     # the image's command is `otelgpu serve --config ...`, with the file the pod mounts
     assert shlex.split(ops["ENTRYPOINT"].strip("[]").replace(",", " ")) == ["otelgpu"]
     args = otelgpu["args"]
