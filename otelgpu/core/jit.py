@@ -6,7 +6,8 @@ taking requests. Small helpers the kernels call are inlined into them.
 
 A process may instead run its kernels as the plain Python they are written in (`choose
 ("interpreted")`, the `kernels: interpreted` setting): numba and LLVM are then never imported,
-some 65 MiB of resident memory that a pod attributing one node's few dozen rows has no use for.
+some 40 MiB of resident memory once ready and 100 MiB at the peak (benchmarks/bench_ready.py,
+bench_footprint.py) that a pod attributing one node's few dozen rows has no use for.
 The figures are the same either way (tests/test_kernels_interpreted.py); the time is not."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def kernel(fn: Optional[Callable[..., Any]] = None, *, inline: bool = False,
     _mode["fixed"] = True
     if _mode["chosen"] == "interpreted":
         if interpreted is not None:
-            return lambda _: interpreted
+            return interpreted if fn is not None else (lambda _: interpreted)
         return fn if fn is not None else _as_written
     from numba import njit
 
