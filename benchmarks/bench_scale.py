@@ -43,7 +43,8 @@ mode at each size is then the fleet's nodes, each kind at what its pod took, pri
 gateway: CPU and steady memory of all pods together, and per GPU.
 
 Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
-       [--no-compute-ahead] [--compression gzip|none] [--node-pods] [--sidecar-cpus 0]
+       [--no-compute-ahead] [--compression gzip|none] [--node-pods [--node-kernels compiled|interpreted]]
+       [--sidecar-cpus 0]
 """
 
 from __future__ import annotations
@@ -393,7 +394,8 @@ def run_node_pods(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> l
     pods = []
     for node in nodes:
         sink, grpc_port, metrics_port = Receiver(), bf.free_port(), bf.free_port()
-        config = bf.sidecar_config("node", Path(tempfile.mkdtemp(dir=tmp)), grpc_port, sink.port, metrics_port)
+        config = bf.sidecar_config("node", Path(tempfile.mkdtemp(dir=tmp)), grpc_port, sink.port, metrics_port,
+                                   args.node_kernels)
         child, _ = start(config, {**env, "NODE_NAME": node.name}, metrics_port)
         pods.append({"load": Scrapes([node], ns_labels), "sink": sink, "child": child, "node": node,
                      "channel": grpc.insecure_channel(f"127.0.0.1:{grpc_port}"),
@@ -477,6 +479,8 @@ def main() -> None:
     ap.add_argument("--node-pods", action="store_true",
                     help="also run a per-node pod (k8s/node) for each kind of node, and print per-node mode's "
                          "CPU and memory at each size beside the gateway's")
+    ap.add_argument("--node-kernels", choices=("compiled", "interpreted"),
+                    help="with --node-pods: run the pods' kernels so instead of as k8s/node's otelgpu.yaml says")
     ap.add_argument("--sidecar-cpus", type=int, nargs="+", default=[],
                     help="run the sidecar on these CPUs and the load and the receiving end on the others, as a "
                          "pod with its own cores would be (default: all share every CPU)")
