@@ -18,7 +18,7 @@ def warm_up(config: Optional["Config"] = None) -> dict[str, str]:
     from otelgpu.enrich import facts
     from otelgpu.receiver import columnar
 
-    kernels = engine.warm_up(cost_kernels(config) if config else tuple(engine.KERNELS))
+    kernels = engine.warm_up(cost_kernels(config)) if config else engine.warm_up()
     kernels["decode"] = columnar.warm_up()
     kernels["facts"] = facts.warm_up()
     if config is None or config.exporter.otlp:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
@@ -488,9 +489,9 @@ class _AttrSets:
         return out
 
 
-class _Counted:
+class _Counted(ABC):
     """Keys by id, each kept while something refers to it; a released id is reused by the next
-    new key. Subclasses keep what they need of each key by its id."""
+    new key. Subclasses keep what they need of each key by its id, and give it back (`_key`)."""
 
     def __init__(self) -> None:
         self._ids: dict = {}
@@ -525,8 +526,9 @@ class _Counted:
         self._free.extend(gone)
         return gone
 
+    @abstractmethod
     def _key(self, index: int):  # noqa: ANN202 - a string or a pair
-        raise NotImplementedError
+        """The key whose id is `index`."""
 
 
 class _Pairs(_Counted):
