@@ -70,15 +70,19 @@ def totals(prom: PrometheusServer, cluster: str, at: float) -> dict[tuple[str, s
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: PrometheusServer,
-                                                                    tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernels", ["compiled", "interpreted"])  # interpreted: k8s/node's pods
+def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: PrometheusServer, tmp_path: Path,
+                                                                    kernels: str) -> None:
+    """The uninterrupted reference runs compiled kernels in this process; the killed sidecar runs
+    `kernels`: the money is the same either way, through every kill."""
     c = scenario()
     end = c.t0 / NS + 3600
     in_process(c, config("uninterrupted", prometheus.write_url))
     rng = random.Random(20261123)
     requests = c.scrapes(60, 3600)
     kills = set(rng.sample(range(3, len(requests) - 2), 12))
-    side = Sidecar(tmp_path, config("killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")}))
+    side = Sidecar(tmp_path, config("killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")},
+                                    kernels=kernels))
     side.start()
     try:
         for i, request in enumerate(requests):
@@ -90,7 +94,9 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
     log = side.log.read_text()
     # Every kill was followed by a start that replayed the log (and continued from a checkpoint,
     # once the first interval had closed).
-    assert log.count("kernels ready") == len(kills) + 1
+    starts = [line for line in log.splitlines() if "kernels ready" in line]
+    assert len(starts) == len(kills) + 1
+    assert all(("scad interpreted" in line) == (kernels == "interpreted") for line in starts)  # as configured
     assert "continuing" in log and "replayed" in log
 
     reference, killed = totals(prometheus, "uninterrupted", end), totals(prometheus, "killed", end)
