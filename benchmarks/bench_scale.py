@@ -78,6 +78,9 @@ from otelgpu.enrich.window import NS  # noqa: E402
 
 SCRAPE_S = bf.SCRAPE_S
 INTERVAL_S, LATENESS_S = 60, 30  # k8s/gateway/otelgpu.yaml
+# The first scrape of the steady part of a run: the first interval has closed, and every label set
+# and series of the cluster has been met (the first scrapes learn them all, once per process).
+STEADY_FROM = (INTERVAL_S + LATENESS_S) // SCRAPE_S + 1
 KINDS = 3  # kinds of node in the fleet (the demo cluster's: p4d with MIG, p5 time-sliced, g5), in turn
 COMPRESSION = {"gzip": grpc.Compression.Gzip, "none": grpc.Compression.NoCompression}
 
@@ -318,6 +321,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         accepted: dict[int, float] = {}  # scrape time -> when its first request was accepted
         received: dict[int, float] = {}  # scrape time -> when its last request was accepted
         rss, sent, retries = [], 0, 0
+        cpu_steady0 = float("nan")  # runs too short to have a steady part
         sampler = Sampler(child.pid)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=COMPRESSION[args.compression],
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
@@ -325,6 +329,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
             for k in range(n_scrapes):
                 due = wall0 + k * SCRAPE_S / args.speed
                 time.sleep(max(0.0, due - time.monotonic()))
+                if k == STEADY_FROM:
+                    cpu_steady0 = bf.cpu_seconds(child.pid)
                 t = t0 + (k + 1) * SCRAPE_S * NS
                 for i, (raw, n) in enumerate(load.at(t, with_kubelet=k % 2 == 1)):
                     retries += export(call, raw)
@@ -345,6 +351,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
             time.sleep(1.0)  # let the last requests of the newest interval land
             sink.drain()
         cpu = bf.cpu_seconds(child.pid) - cpu0
+        steady_s = (n_scrapes - STEADY_FROM) * SCRAPE_S  # its closes: as many as its intervals of data
+        cpu_steady = (bf.cpu_seconds(child.pid) - cpu_steady0) / steady_s * INTERVAL_S if steady_s > 0 else float("nan")
         status = bf.proc_status(child.pid)
         latency, after_first = [], []
         for end in closes:
@@ -369,6 +377,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "points_per_scrape": sum(n for _, n in load.every), "sent": sent, "retries": retries,
         "cost_points": sink.points, "intervals": len(closes), "delivered": len(latency),
         "cpu_s": cpu, "data_s": data_s, "cores": cpu / data_s, "cpu_per_interval": cpu / data_s * INTERVAL_S,
+        "cpu_per_interval_steady": cpu_steady,
         "points_per_cpu_s": sent / cpu if cpu else float("inf"),
         "cpu_ms_per_gpu_hour": cpu / load.gpus / (data_s / 3600) * 1000,
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
@@ -528,6 +537,9 @@ def main() -> None:
               f"{heap['free']:.0f} MiB freed and kept")
         print(f"  {r['gpus']:,} GPUs: per GPU, {(r['rss_steady'] - r['rss_ready']) * 1024 / r['gpus']:.1f} KiB of steady "
               f"RSS above ready and {r['cpu_per_interval'] * 1000 / r['gpus']:.2f} CPU-ms an interval")
+        print(f"  {r['gpus']:,} GPUs: steady, from the scrape at {STEADY_FROM * SCRAPE_S + SCRAPE_S} s of data on (every "
+              f"label set and series already met): {r['cpu_per_interval_steady']:.2f} CPU-s an interval, "
+              f"{r['cpu_per_interval_steady'] / INTERVAL_S:.3f} cores")
         first = r["after_first"][len(r["after_first"]) // 2:] or [float("nan")]
         print(f"  {r['gpus']:,} GPUs: from the first request of the scrape that closes an interval instead: "
               f"{statistics.median(first):.2f} s median, {max(first):.2f} s worst")

@@ -178,3 +178,33 @@ def test_an_ended_series_object_is_no_longer_found_by_identity() -> None:
     keys, _ = store._index()
     assert id(gone) not in (keys // len(store.metric_keys)).tolist()
     assert (keys // len(store.metric_keys)).tolist() == [id(kept)]
+
+
+METRICS = ("allocated", "held", "waste")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 7), st.sampled_from(METRICS), st.booleans()), max_size=16),
+                min_size=1, max_size=10), st.integers(1, 3))
+def test_each_metric_of_a_set_lives_and_ends_on_its_own(intervals: list[list[tuple[int, str, bool]]],
+                                                        end_after: int) -> None:
+    """A set's sums end one metric at a time (a pod's waste stops while its allocation goes on),
+    and come back: each (metric, set) is a series of its own, found by object or by value, and
+    its total is the sum of its increments since it (re)started, as a plain dict keeps them."""
+    pool = {k: _series(k) for k in range(8)}
+    store = CostStore(end_after_intervals=end_after)
+    kept: dict[tuple[str, tuple], list[float]] = {}  # (metric, set) -> [value, intervals quiet]
+    for i, named in enumerate(intervals):
+        sums: dict[str, dict[tuple, float]] = {m: {} for m in METRICS}
+        for k, metric, copy in named:
+            sums[metric][tuple(list(pool[k])) if copy else pool[k]] = 1.0 + k + i / 8
+        got = {(p.metric, p.attrs): p.value for p in store.record(i * 60, (i + 1) * 60, sums, {}) if not p.ended}
+        for series in kept.values():
+            series[1] += 1
+        for metric, values in sums.items():
+            for attrs, value in values.items():
+                series = kept.setdefault((metric, attrs), [0.0, 0])
+                series[0] += value
+                series[1] = 0
+        kept = {key: series for key, series in kept.items() if series[1] < end_after}
+        assert got == {key: series[0] for key, series in kept.items()}

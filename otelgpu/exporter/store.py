@@ -116,8 +116,11 @@ class CostStore:
 
     def _reset(self) -> None:
         self._sets = _AttrSets()
-        self._row_of = np.full((1024, len(self.metric_keys)), -1, np.int32)  # [attribute set, metric]: its live sum's row
+        # Each attribute set's live sums, chained: its newest row, and each row the next of its set
+        # (a few per set where a row per set and metric would take 60 MiB at 100,000 GPUs)
+        self._head = np.full(1024, -1, np.int32)  # [attribute set]
         cap = 1024
+        self._next = np.full(cap, -1, np.int32)  # [row]
         self._free = np.arange(cap - 1, -1, -1, dtype=np.int32)  # free rows: the first `_n_free`, lowest last
         self._n_free = cap
         self._metric = np.zeros(cap, np.uint16)
@@ -154,9 +157,21 @@ class CostStore:
         rows = np.where(found, rows_of[at] if len(known) else -1, -1)
         missed = np.flatnonzero(~found)
         if len(missed):
-            sets = np.array([self._sets.find(keys[i]) for i in missed.tolist()], np.int64)
-            rows[missed] = np.where(sets >= 0, self._row_of[np.maximum(sets, 0), code], -1)
+            rows[missed] = self._rows_of(np.array([self._sets.find(keys[i]) for i in missed.tolist()], np.int64), code)
         return rows
+
+    def _rows_of(self, sets: np.ndarray, code: int) -> np.ndarray:
+        """The live row of metric `code` of each attribute set (-1: none, or no set: -1)."""
+        found = np.full(len(sets), -1, np.int64)
+        at = np.flatnonzero(sets >= 0)
+        row = self._head[sets[at]].astype(np.int64)
+        while len(at):  # one step along every chain at once
+            more = row >= 0
+            at, row = at[more], row[more]
+            hit = self._metric[row] == code
+            found[at[hit]] = row[hit]
+            at, row = at[~hit], self._next[row[~hit]].astype(np.int64)
+        return found
 
     def _index(self) -> tuple[np.ndarray, np.ndarray]:
         """The live sums keyed by the identity of their attribute set's object (its id times the
@@ -222,9 +237,9 @@ class CostStore:
         self._by_object = None
         self._metric[row] = self._code[metric]
         self._aset[row] = aset = self._sets.add(attrs)
-        if aset >= len(self._row_of):
-            self._row_of = np.concatenate([self._row_of, np.full_like(self._row_of, -1)])
-        self._row_of[aset, self._metric[row]] = row
+        if aset >= len(self._head):
+            self._head = np.concatenate([self._head, np.full(len(self._head) // 2, -1, np.int32)])
+        self._next[row], self._head[aset] = self._head[aset], row
         self._start[row], self._value[row], self._quiet[row] = start_ns, value, quiet
         self._born[row] = self._births
         self._births += 1
@@ -235,7 +250,7 @@ class CostStore:
         """Half as many rows again: at most a third of the columns is room."""
         n_row = len(self._live)
         size = n_row + n_row // 2
-        for name in ("_metric", "_aset", "_start", "_value", "_quiet", "_born", "_live"):
+        for name in ("_metric", "_aset", "_start", "_value", "_quiet", "_born", "_live", "_next"):
             old = getattr(self, name)
             new = np.zeros(size, old.dtype)
             new[:n_row] = old
@@ -245,9 +260,8 @@ class CostStore:
         self._n_free = size - n_row
 
     def _drop(self, rows: np.ndarray) -> None:
-        asets = self._aset[rows]
-        self._row_of[asets, self._metric[rows]] = -1
-        asets = asets.tolist()
+        asets = self._aset[rows].tolist()
+        self._unchain(rows.tolist(), asets)
         if self.keep_ended:
             for metric, aset, value in zip(self._metric[rows].tolist(), asets, self._value[rows].tolist()):
                 key = (self.metric_keys[metric], self._sets.attrs[aset])
@@ -257,6 +271,18 @@ class CostStore:
         self._live[rows] = False
         self._free[self._n_free:self._n_free + len(rows)] = rows[::-1]
         self._n_free += len(rows)
+
+    def _unchain(self, rows: list[int], asets: list[int]) -> None:
+        """Take each row out of its set's chain (a set has a row per metric it has, a few)."""
+        head, chained = self._head, self._next
+        for row, aset in zip(rows, asets):
+            at = int(head[aset])
+            if at == row:
+                head[aset] = chained[row]
+                continue
+            while chained[at] != row:
+                at = int(chained[at])
+            chained[at] = chained[row]
 
     def _columns(self, rows: np.ndarray, end_ns: int, table: list[Attrs], ended: bool = False) -> Points:
         """Sums of these rows at `end_ns`, over `table` (a copy of the attribute sets)."""
