@@ -68,6 +68,12 @@ class Packed(Mapping[Attrs, float]):
     def values(self) -> list[float]:  # type: ignore[override]
         return self._values.tolist()
 
+    def array(self) -> np.ndarray:
+        """The values, in the order of the keys (read-only: the mapping's own)."""
+        view = self._values.view()
+        view.flags.writeable = False
+        return view
+
     def __iter__(self) -> Iterator[Attrs]:
         return iter(self._keys)
 

@@ -55,9 +55,10 @@ class KsmFacts:
         time order every row is newer than what is known. Only the order in which new objects
         (or a pod's requests, a node's capacities) are first met can change, never a value."""
         self.version += 1
-        rows = batch.select(is_ksm(batch.metric))
+        ksm = is_ksm(batch.metric)
+        rows = batch if ksm.all() else batch.select(ksm)  # an interval's facts: all of them, no copy
         used = len(rows)
-        if used > 1 and np.all(np.diff(rows.time_ns) >= 0):
+        if used > 1 and _in_time_order(rows):
             rows = latest(rows)  # in time order already: the sort keeps it
         self._apply_rows(rows)
         return used
@@ -284,10 +285,14 @@ def latest(batch: PointBatch) -> PointBatch:
     followed by newer-arriving rows, changes no fact and no order of first meeting. An open
     interval folds its rows with it as they arrive (enrich/window.py): every scrape repeats the
     whole state, and without the fold an interval would hold every copy until it closes."""
-    ordered = batch.select(np.argsort(batch.time_ns, kind="stable"))
+    ordered = batch if _in_time_order(batch) else batch.select(np.argsort(batch.time_ns, kind="stable"))
     keep = last_of_each(np.arange(len(ordered), dtype=np.int64), ordered.metric, ordered.value.view(np.int64),
                         ordered.stale, ordered.attr_off, ordered.attr_key, ordered.attr_val)
     return ordered.select(keep)
+
+
+def _in_time_order(batch: PointBatch) -> bool:
+    return bool(np.all(batch.time_ns[1:] >= batch.time_ns[:-1]))
 
 
 def last_of_each_reference(rows: np.ndarray, batch: PointBatch) -> np.ndarray:

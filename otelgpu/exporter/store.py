@@ -197,23 +197,23 @@ class CostStore:
             if plan is not None and plan.records != self._records:
                 plan = None
             self._records += 1
-            rows, incs = [], []
+            rows, incs = [np.zeros(0, np.int64)], [np.zeros(0, np.float64)]  # arrays: no Python number per series
             looked_up = plan.rows if plan is not None else {m: self._look_up(m, series) for m, series in sums.items()}
             for metric, series in sums.items():
-                rows_of = looked_up[metric]
-                new, found = np.flatnonzero(rows_of < 0).tolist(), rows_of.tolist()
+                found = np.array(looked_up[metric], np.int64)
+                new = np.flatnonzero(found < 0).tolist()
                 if new:
                     keys = list(series)
                     for i in new:  # in the mapping's order, as they were found
                         found[i] = self._add(metric, keys[i], start_ns, 0.0, 0)
-                rows += found
-                incs += series.values()
+                rows.append(found)
+                incs.append(_values(series))
             table = list(self._sets.attrs)  # the snapshot's own: a set's index is reused once it is released
-            seen = np.array(rows, np.int64)
+            seen = np.concatenate(rows)
             live = self._live
             self._quiet[live] += 1
             self._quiet[seen] = 0
-            self._value[seen] += np.array(incs, np.float64)  # one row per series: no index twice
+            self._value[seen] += np.concatenate(incs)  # one row per series: no index twice
             gone = np.flatnonzero(live & (self._quiet >= self.end_after_intervals))
             gone = gone[np.argsort(self._born[gone], kind="stable")]
             ended = self._columns(gone, end_ns, table, ended=True)
@@ -402,6 +402,12 @@ class CostStore:
             for m, attrs, start, value, quiet in restored:
                 self._add(m, attrs, start, value, quiet)
             self.last_time_ns = last
+
+
+def _values(series: Mapping[Attrs, float]) -> np.ndarray:
+    """The values of `series` in its order, as an array (the cost models' `Packed` has one)."""
+    values = getattr(series, "array", None)
+    return values() if values is not None else np.fromiter(series.values(), np.float64, len(series))
 
 
 @dataclass
