@@ -280,8 +280,10 @@ class CostStore:
             if at == row:
                 head[aset] = chained[row]
                 continue
-            while chained[at] != row:
-                at = int(chained[at])
+            while (following := int(chained[at])) != row:
+                if following < 0:  # never so: a clear error rather than a walk off the chain's end
+                    raise RuntimeError(f"cost store: row {row} is not in its attribute set's chain")
+                at = following
             chained[at] = chained[row]
 
     def _columns(self, rows: np.ndarray, end_ns: int, table: list[Attrs], ended: bool = False) -> Points:
