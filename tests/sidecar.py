@@ -55,18 +55,17 @@ class Sidecar:
         """Start and wait for /readyz. A port found free and taken before the sidecar bound it (by
         another test's connection, say) makes the start fail on "cannot listen": it is then tried
         again on other ports, only at the first start (a restart keeps the ports a test knows)."""
-        first = self.proc is None
-        for attempt in range(3):
+        retries = 2 if self.proc is None else 0
+        while True:
             began = self.log.stat().st_size if self.log.exists() else 0
             try:
                 return self._start(timeout)
             except AssertionError:
                 said = self.log.read_text()[began:]
-                lost_port = "cannot listen on" in said or "Address already in use" in said
-                if not (first and lost_port) or attempt == 2:
+                if not retries or ("cannot listen on" not in said and "Address already in use" not in said):
                     raise
+                retries -= 1
                 self._listen_on(free_port(), free_port())
-        raise AssertionError("unreachable")
 
     def _start(self, timeout: float) -> "Sidecar":
         with self.log.open("a") as out:

@@ -59,7 +59,7 @@ class KsmFacts:
         rows = batch if ksm.all() else batch.select(ksm)  # an interval's facts: all of them, no copy
         used = len(rows)
         if used > 1 and _in_time_order(rows):
-            rows = latest(rows)  # in time order already: the sort keeps it
+            rows = _latest_in_order(rows)  # what latest() keeps of rows in time order already
         self._apply_rows(rows)
         return used
 
@@ -286,6 +286,11 @@ def latest(batch: PointBatch) -> PointBatch:
     interval folds its rows with it as they arrive (enrich/window.py): every scrape repeats the
     whole state, and without the fold an interval would hold every copy until it closes."""
     ordered = batch if _in_time_order(batch) else batch.select(np.argsort(batch.time_ns, kind="stable"))
+    return _latest_in_order(ordered)
+
+
+def _latest_in_order(ordered: PointBatch) -> PointBatch:
+    """`latest` of rows in time order: each series' last row alone."""
     keep = last_of_each(np.arange(len(ordered), dtype=np.int64), ordered.metric, ordered.value.view(np.int64),
                         ordered.stale, ordered.attr_off, ordered.attr_key, ordered.attr_val)
     return ordered.select(keep)
