@@ -162,7 +162,7 @@ class Pipeline:
                             600) * NS  # facts and devices not reported
         self.facts = KsmFacts(self.strings, ttl_ns=remembered_ns)
         self.windows = Windows(attribution.interval_seconds, attribution.lateness_seconds,
-                               max_gap_intervals=FACT_TTL_INTERVALS)
+                               max_gap_intervals=FACT_TTL_INTERVALS, fold_rows=attribution.fold_rows)
         self.models = CostModels(attribution, {name: rule.default for name, rule in config.tags.items()}, self.metrics,
                                  dropped=config.series.dropped)
         self.pricer = pricer = Pricer(attribution.prices)

@@ -109,10 +109,11 @@ def captured(doc: dict[str, Any], requests: Any) -> list[dict[str, str]]:
     return out
 
 
-def demo(variant: str) -> list[dict[str, str]]:
-    """The demo cluster (`otelgpu demo`'s scrapes) under one variant of its configuration."""
+def demo(variant: str, over: Mapping[str, Any] = {}) -> list[dict[str, str]]:  # noqa: B006 - read only
+    """The demo cluster (`otelgpu demo`'s scrapes) under one variant of its configuration (and
+    `over` on top of it)."""
     base = yaml.safe_load(resources.files("otelgpu.demo").joinpath("config.yaml").read_text())
-    return captured(merged(base, VARIANTS[variant]), scrape_requests(DEMO_START_NS, DEMO_HOURS * 3600))
+    return captured(merged(merged(base, VARIANTS[variant]), over), scrape_requests(DEMO_START_NS, DEMO_HOURS * 3600))
 
 
 def fleet_config() -> dict[str, Any]:

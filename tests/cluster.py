@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
@@ -57,7 +57,7 @@ class Pod:
     memory_gib: float = 0.0  # requested
     gpu: Optional[tuple[str, int]] = None  # (KSM resource, count) requested
     holds: tuple[str, ...] = ()  # UUIDs (or UUID/GI) of the units it holds, as DCGM maps them
-    activity: float = 0.5
+    activity: float | Callable[[float], float] = 0.5  # or its activity at each scrape (seconds after T0)
     cpu_used: Optional[float] = None  # cores; None: no cAdvisor series
     memory_used_gib: Optional[float] = None
     start_s: float = 0.0  # running from (seconds after T0)
@@ -201,7 +201,8 @@ class Cluster:
             if not holders:
                 active.append((base, u.busy))
             for p in holders:  # time-sliced devices repeat the device series per pod
-                active.append(({**base, "namespace": p.namespace, "pod": p.name, "container": "main"}, p.activity))
+                activity = p.activity(t_s) if callable(p.activity) else p.activity
+                active.append(({**base, "namespace": p.namespace, "pod": p.name, "container": "main"}, activity))
         return scrape("dcgm-exporter", f"{node.name}:9400", node.name, t,
                       {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": active, **{k: v for k, v in memory.items() if v}})
 

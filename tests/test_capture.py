@@ -29,14 +29,13 @@ def test_every_interval_is_what_was_recorded(recorded, variant):
 @pytest.mark.parametrize("variant", ["demo", "hybrid-activity"])
 def test_folding_every_batch_as_it_arrives_moves_no_figure(recorded, variant, monkeypatch):
     """The demo cluster is too small for its open intervals to fold before they close: folded
-    from their first batch on, whenever what they hold doubles (samples into steps, facts to each
-    series' last), every interval is still the one recorded."""
+    from their first batch on (`attribution.fold_rows: 1`), whenever what they hold doubles
+    (samples into steps, facts to each series' last), every interval is still the one recorded."""
     from otelgpu.enrich import window
 
     merges = []
     merge = window.Steps.merge
-    monkeypatch.setattr(window, "FOLD_ROWS", 1)
     monkeypatch.setattr(window.Steps, "merge", staticmethod(lambda parts: merges.append(len(parts)) or merge(parts)))
-    assert differences(recorded[variant], demo(variant)) == []
+    assert differences(recorded[variant], demo(variant, {"attribution": {"fold_rows": 1}})) == []
     folds = sum(1 for parts in merges if parts > 1)  # a batch's own samples are one part
     assert folds > 2 * len(recorded[variant])  # folded as they filled, not only at each close

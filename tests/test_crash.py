@@ -56,6 +56,7 @@ def send_until_acknowledged(side: Sidecar, request, kill_after_s: float | None =
             side.start()  # killed after the answer: the next request goes to a fresh process
 
 
+EFFECTIVE = 'sum by (cost_model, team) (max_over_time(gpu_cost_effective_total{{cluster="{cluster}"}}[2h]))'
 TENANTS = 'sum by (cost_model, tenant) (max_over_time(gpu_cost_tenant_total{{cluster="{cluster}"}}[2h]))'
 TOKENS = 'sum by (tenant, token_kind) (max_over_time(llm_tokens_total{{cluster="{cluster}"}}[2h]))'
 
@@ -65,24 +66,32 @@ def keyed(prom: PrometheusServer, query: str, cluster: str, at: float) -> dict[t
             for m, v in prom.query(query.format(cluster=cluster), at)}
 
 
-def totals(prom: PrometheusServer, cluster: str, at: float) -> dict[tuple[str, str], float]:
-    return {(m["cost_model"], m["team"]): v for m, v in prom.query(TOTALS.format(cluster=cluster), at)}
+def totals(prom: PrometheusServer, cluster: str, at: float, query: str = TOTALS) -> dict[tuple[str, str], float]:
+    return {(m["cost_model"], m["team"]): v for m, v in prom.query(query.format(cluster=cluster), at)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["compiled", "interpreted"])  # interpreted: k8s/node's pods
+@pytest.mark.parametrize("kernels, fold_rows", [("compiled", None), ("interpreted", None), ("compiled", 1)],
+                         ids=["compiled", "interpreted", "folded"])  # interpreted: k8s/node's pods
 def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: PrometheusServer, tmp_path: Path,
-                                                                    kernels: str) -> None:
-    """The uninterrupted reference runs compiled kernels in this process; the killed sidecar runs
-    `kernels`: the money is the same either way, through every kill."""
+                                                                    kernels: str, fold_rows: int | None) -> None:
+    """The uninterrupted reference runs compiled kernels in this process, its open intervals too
+    small to fold; the killed sidecar runs `kernels`, and with `fold_rows` 1 folds what each open
+    interval holds from its first batch on, whenever that doubles (so a kill finds intervals
+    folded, and folded again as the log replays): the money is the same, through every kill."""
     c = scenario()
+    # The first pod's activity changes at every scrape, so that each interval's effective cost
+    # depends on every DCGM sample of it: none may be lost or counted twice across a kill.
+    c.pods[0].activity = lambda t_s: 0.2 + 0.15 * (int(t_s // 60) % 5)
     end = c.t0 / NS + 3600
     in_process(c, config("uninterrupted", prometheus.write_url))
     rng = random.Random(20261123)
     requests = c.scrapes(60, 3600)
     kills = set(rng.sample(range(3, len(requests) - 2), 12))
-    side = Sidecar(tmp_path, config("killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")},
-                                    kernels=kernels))
+    doc = config("killed", prometheus.write_url, checkpoint={"directory": str(tmp_path / "state")}, kernels=kernels)
+    if fold_rows is not None:
+        doc["attribution"]["fold_rows"] = fold_rows
+    side = Sidecar(tmp_path, doc)
     side.start()
     try:
         for i, request in enumerate(requests):
@@ -101,6 +110,8 @@ def test_kill_9_at_random_instants_loses_and_double_counts_nothing(prometheus: P
 
     reference, killed = totals(prometheus, "uninterrupted", end), totals(prometheus, "killed", end)
     assert killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
+    reference, killed = (totals(prometheus, cluster, end, EFFECTIVE) for cluster in ("uninterrupted", "killed"))
+    assert reference and killed == pytest.approx(reference, rel=1e-12, abs=1e-12)
     # The serving pod's tenants too: their split and the tokens it is split by (the token counters'
     # last values came back from the checkpoint at every restart: no token counted twice or lost).
     for query in (TENANTS, TOKENS):

@@ -41,7 +41,8 @@ from otelgpu.enrich.usage import PodSamples
 from otelgpu.receiver.decode import PointBatch, empty_batch
 
 NS = 1_000_000_000
-FOLD_ROWS = 8192  # an open interval's samples and facts are folded once they are this many rows (see _Folded)
+FOLD_ROWS = 8192  # an open interval's samples and facts are folded once they are this many rows (see _Folded;
+# `attribution.fold_rows` in the configuration)
 Position = tuple[int, int]  # write-ahead log (segment, offset)
 
 
