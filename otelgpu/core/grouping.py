@@ -40,17 +40,24 @@ def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n_row = len(cols[0])
     if not n_row:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # Each temporary is let go as soon as it is read: the join of 100,000 GPUs' samples groups
+    # millions of rows, and what is held at once is the close's peak.
     keys = _packed(cols)
     order = np.argsort(keys[0]) if len(keys) == 1 else np.lexsort(keys[::-1])
     change = np.zeros(n_row, dtype=bool)
     change[0] = True
-    for k in keys:
-        ordered = k[order]
+    while keys:
+        ordered = keys.pop()[order]
         change[1:] |= ordered[1:] != ordered[:-1]
+        del ordered
     starts = np.flatnonzero(change)
+    ids = np.cumsum(change, dtype=np.int64)
+    del change
+    ids -= 1
     inverse = np.empty(n_row, np.int64)
-    inverse[order] = np.cumsum(change) - 1
-    return inverse, np.minimum.reduceat(order, starts).astype(np.int64)
+    inverse[order] = ids
+    del ids
+    return inverse, np.minimum.reduceat(order, starts).astype(np.int64, copy=False)
 
 
 def group_ids_reference(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +75,8 @@ def _packed(cols: tuple[np.ndarray, ...]) -> list[np.ndarray]:
     keys: list[np.ndarray] = []
     key, room = None, 1
     for column in cols:
-        column = column.astype(np.int64, copy=False)
+        if column.dtype.kind not in "biu" or column.dtype.itemsize == 8:  # as int64 (uint64 wraps)
+            column = column.astype(np.int64, copy=False)  # narrower integers are read as they are
         lo, hi = int(column.min()), int(column.max())
         span = hi - lo + 1
         if span >= 1 << 62:  # a column of its own, as it is
@@ -80,8 +88,15 @@ def _packed(cols: tuple[np.ndarray, ...]) -> list[np.ndarray]:
         if key is not None and room * span >= 1 << 62:
             keys.append(key)
             key, room = None, 1
-        shifted = column - lo if lo else column
-        key = shifted.copy() if key is None else key * span + shifted
+        if key is None:
+            key = column.astype(np.int64)  # a copy
+            if lo:
+                key -= lo
+        else:  # in place: no temporary the size of the column
+            key *= span
+            key += column
+            if lo:
+                key -= lo
         room *= span
     if key is not None:
         keys.append(key)

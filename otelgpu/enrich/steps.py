@@ -108,9 +108,9 @@ class Steps(Coded):
         valued = cell < PRESENT_ONLY
         value = np.full(len(at), np.nan)
         value[valued] = self.value[at[valued], cell[valued]]
-        rows = self.labels[self.label[at]]
+        label = self.label[at]  # each label column gathered on its own: no [samples, columns] copy
         return Samples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at],
-                       **{name: np.ascontiguousarray(rows[:, j]) for j, name in enumerate(Samples.CODES)})
+                       **{name: np.ascontiguousarray(self.labels[:, j])[label] for j, name in enumerate(Samples.CODES)})
 
 
 def _bits(present: np.ndarray) -> np.ndarray:

@@ -12,6 +12,11 @@ COLUMN_KINDS = {
     "time": lambda rng, n: (1_790_000_000_000_000_000 + rng.integers(0, 4, n) * 15_000_000_000).astype(np.int64),
     "wide": lambda rng, n: rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True),
     "extremes": lambda rng, n: rng.choice(np.array([-2**63, -1, 0, 2**63 - 1], dtype=np.int64), n),
+    # narrower integers are packed as they are, without an int64 copy; uint64 wraps to int64
+    "metric": lambda rng, n: rng.integers(0, 40, n).astype(np.int16),
+    "bits": lambda rng, n: rng.integers(0, 256, n).astype(np.uint8),
+    "unsigned": lambda rng, n: rng.choice(np.array([0, 1, 2**31, 2**32 - 1], dtype=np.uint32), n),
+    "hash": lambda rng, n: rng.choice(np.array([0, 5, 2**63, 2**64 - 1], dtype=np.uint64), n),
 }
 
 
@@ -21,7 +26,9 @@ COLUMN_KINDS = {
 def test_same_ids_and_first_rows_as_unique_rows(seed, n, kinds):
     rng = np.random.default_rng(seed)
     cols = [COLUMN_KINDS[k](rng, n) for k in kinds]
+    copies = [c.copy() for c in cols]
     ids, first = group_ids(*cols)
+    assert all(np.array_equal(c, copy) for c, copy in zip(cols, copies))  # the columns are left as they were
     want_ids, want_first = group_ids_reference(*cols)
     assert ids.tolist() == want_ids.tolist()
     assert first.tolist() == want_first.tolist()
