@@ -23,7 +23,7 @@ from otelgpu.core.mig import MigProfiles
 from otelgpu.core.state import States, Undo
 from otelgpu.enrich import sharing
 from otelgpu.enrich.devices import DeviceMemory
-from otelgpu.enrich.facts import KsmFacts, MergedFacts
+from otelgpu.enrich.facts import KsmFacts, MergedFacts, fact_rows
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.labels import NODE_LABELS, TagResolver, TagValues
 from otelgpu.enrich.model import FactSource, FactsView
@@ -48,7 +48,6 @@ from otelgpu.receiver.ingest import Ingest
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.limits import Limits, wanted_keys
 from otelgpu.receiver.record import RecordError, decode_batch
-from otelgpu.receiver.schema import is_ksm
 from otelgpu.telemetry import (AheadOutcome, CheckpointError, DurabilityTelemetry, IntervalTelemetry, SelfMetrics,
                                WalCorruption, WorkStep)
 from otelgpu.wal import Position, Wal
@@ -348,7 +347,7 @@ class Pipeline:
         samples = dcgm_samples(batch, self.strings)
         # Pods' phases always (how long a GPU grant's or claim's pod ran); their use for scad; tokens.
         pods = self.usage.pod_samples(batch, use=self.models.needs_pods(), tokens=self.tenants is not None, phases=True)
-        facts = batch.select(is_ksm(batch.metric))
+        facts = batch.select(fact_rows(batch))
         late, late_facts = self.windows.add(samples, batch, pods, facts)
         self.metrics.watermark.set(self.windows.watermark_ns / NS)
         if len(late_facts):

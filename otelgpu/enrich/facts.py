@@ -212,6 +212,18 @@ class KsmFacts:
         self.reported_ns = max((p.seen_ns for p in pods.values()), default=0)
 
 
+def fact_rows(batch: PointBatch) -> np.ndarray:
+    """Which rows of `batch` the facts read: its kube-state-metrics rows, but for
+    kube_pod_status_phase's series of the phases a pod is not in. kube-state-metrics writes a
+    series per phase, 1 for the pod's phase and 0 for the four others, all at one scrape's
+    timestamp: a 0 says nothing the 1 beside it does not (the pod, its uid, that it was reported
+    then), and it was four rows in ten of what an open interval held of the facts. Their staleness
+    markers stay: they end the pod. (Pods' phases for their use are read from the whole batch:
+    enrich/usage.py.)"""
+    phase_not_held = (batch.metric == Metric.POD_PHASE) & (batch.value != 1.0) & ~batch.stale
+    return is_ksm(batch.metric) & ~phase_not_held
+
+
 def _copy(obj: Any, *dicts: str) -> Any:
     """A shallow copy of a facts object (faster than dataclasses.replace), with copies of the
     dicts named."""

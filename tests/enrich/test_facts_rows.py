@@ -206,3 +206,87 @@ def test_rows_folded_as_they_arrive_apply_as_all_of_them_at_the_close(rows, rnd)
     for name in ("pods", "nodes", "namespaces", "owners"):
         assert list(getattr(want, name).items()) == list(getattr(got, name).items())
     assert want.reported_ns == got.reported_ns
+
+
+def _phases_facts(batch: PointBatch, strings: Interner) -> tuple[dict, dict]:
+    """The facts of every kube-state-metrics row of `batch`, and those of the rows `fact_rows`
+    keeps, each with the newest pod row applied."""
+    from otelgpu.enrich.facts import fact_rows
+    from otelgpu.receiver.schema import is_ksm
+
+    every, kept = KsmFacts(strings, ttl_ns=NS), KsmFacts(strings, ttl_ns=NS)
+    every.update(batch.select(is_ksm(batch.metric)))
+    kept.update(batch.select(fact_rows(batch)))
+    return ({**_canonical(every), "reported": [every.reported_ns]},
+            {**_canonical(kept), "reported": [kept.reported_ns]})
+
+
+def test_the_facts_leave_out_only_the_phases_a_pod_is_not_in_of_a_real_scrape():
+    """kube-state-metrics as the Collector's prometheus receiver sends it (shared fixture): the
+    facts keep every row but kube_pod_status_phase's 0s, and come out the same as from every row."""
+    from support import otlp_fixture
+
+    from otelgpu.enrich.facts import fact_rows
+    from otelgpu.receiver.decode import decode_reference
+    from otelgpu.receiver.schema import is_ksm
+
+    strings = Interner()
+    batch = decode_reference(otlp_fixture("otlp_ksm_scrape_collector_v0.142.json"), strings)
+    kept = fact_rows(batch)
+    phase = batch.metric == Metric.POD_PHASE
+    assert (phase & (batch.value == 0.0)).sum() >= 4 * (phase & (batch.value == 1.0)).sum() > 0  # 4 in 5
+    assert kept.tolist() == (is_ksm(batch.metric) & ~(phase & (batch.value == 0.0))).tolist()
+    every, some = _phases_facts(batch, strings)
+    assert some == every and every["pods"]
+
+
+def test_a_phase_row_is_left_out_only_when_it_is_a_value_other_than_1():
+    from otelgpu.enrich.facts import fact_rows
+
+    strings = Interner()
+    pod = {"namespace": "ml", "pod": "a"}
+    rows = [(0, int(Metric.POD_PHASE), {**pod, "phase": "Running"}, 1.0, False),
+            (0, int(Metric.POD_PHASE), {**pod, "phase": "Pending"}, 0.0, False),
+            (NS, int(Metric.POD_PHASE), {**pod, "phase": "Running"}, math.nan, True),  # the pod ends
+            (NS, int(Metric.POD_PHASE), {**pod, "phase": "Pending"}, math.nan, True),
+            (0, int(Metric.POD_LABELS), {**pod, "label_team": "x"}, 1.0, False),
+            (0, int(Metric.GPU_UTIL), {"UUID": "GPU-1"}, 0.0, False)]  # not kube-state-metrics
+    assert fact_rows(_batch(strings, rows)).tolist() == [True, False, True, True, True, False]
+
+
+@st.composite
+def _ksm_scrapes(draw: st.DrawFn) -> list[tuple[int, int, dict[str, str], float, bool]]:
+    """Scrapes as kube-state-metrics writes them: each pod reported has one kube_pod_status_phase
+    series per phase, 1 for its phase and 0 for the others, beside its other series; a pod gone
+    has staleness markers on all of them at the first scrape without it; phases change."""
+    phases = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+    pods = [("ml", name) for name in "abcd"]
+    rows: list = []
+    alive: dict[tuple[str, str], str] = {}
+    for k in range(draw(st.integers(1, 5))):
+        t = k * 15 * NS
+        for key in pods:
+            ns, name = key
+            here = draw(st.booleans()) if key in alive else draw(st.integers(0, 2)) > 0
+            ident = {"namespace": ns, "pod": name, "uid": f"{name}-{draw(st.integers(0, 1))}"}
+            if not here:
+                if alive.pop(key, None) is not None:  # its series end
+                    rows += [(t, int(Metric.POD_PHASE), {**ident, "phase": p}, math.nan, True) for p in phases]
+                    rows.append((t, int(Metric.POD_LABELS), {**ident, "label_team": "x"}, math.nan, True))
+                continue
+            alive[key] = draw(st.sampled_from(phases))
+            extra = [(m, draw(_ROWS[m])) for m in draw(st.lists(st.sampled_from(sorted(_ROWS)), max_size=2))]
+            series = [(int(Metric.POD_PHASE), {**ident, "phase": p}, 1.0 if p == alive[key] else 0.0) for p in phases]
+            series += [(int(Metric.POD_LABELS), {**ident, "label_team": draw(st.sampled_from("xy"))}, 1.0)]
+            series += [(int(m), {**labels, **ident}, 1.0) for m, labels in extra if m != Metric.POD_PHASE]  # one uid
+            order = draw(st.permutations(range(len(series))))
+            rows += [(t, series[i][0], series[i][1], series[i][2], False) for i in order]
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ksm_scrapes())
+def test_the_facts_of_a_pods_phase_are_the_same_without_the_phases_it_is_not_in(rows):
+    strings = Interner()
+    every, some = _phases_facts(_batch(strings, rows), strings)
+    assert some == every
