@@ -140,3 +140,16 @@ def test_a_checkpoint_of_the_layout_before_the_lifecycle_continues(tmp_path: Pat
     assert second.windows.closed_ns == now["store"]["last_time_ns"] == now["windows"]["closed_ns"]
     assert second.store.last_time_ns == now["store"]["last_time_ns"]
     second.shutdown()
+
+
+def test_device_memory_refuses_an_entity_without_its_four_fields() -> None:
+    from otelgpu.enrich.devices import DeviceMemory
+    from otelgpu.receiver.interner import Interner
+
+    memory = DeviceMemory(Interner(), memory_ns=1)
+    whole = [["gpu-1", 5, [["GPU-0", "", "", "A100"], ["GPU-1", "3", "1g.10gb", "A100"]]]]
+    memory.restore(whole)
+    assert same(memory.state(), [["gpu-1", 5, [("GPU-0", "", "", "A100"), ("GPU-1", "3", "1g.10gb", "A100")]]])
+    with pytest.raises(ValueError, match="without its four fields"):  # fields would otherwise shift to the next
+        memory.restore([["gpu-1", 5, [["GPU-0", "", "", "A100"], ["GPU-1", "", "A100"]]]])
+    assert same(memory.state(), whole)  # what it had is kept
