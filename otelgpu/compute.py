@@ -62,16 +62,17 @@ class IntervalCosts:
                 tokens: Optional[Tokens] = None) -> Costs:
         """`tokens`: what each serving pod served in the interval, by model and tenant."""
         facts = self.joiner.source.view(interval.end_ns)
-        samples = self.joiner.devices.fill(interval.samples, interval.start_ns, interval.end_ns, set(facts.nodes))
-        interval = replace(interval, samples=samples)
+        # The framebuffer's values are read only where grants share a GPU, and then from the steps
+        samples = self.joiner.devices.fill(interval.steps.unpack(memory=False), interval.start_ns, interval.end_ns,
+                                           set(facts.nodes))
         tenants = self.tenants
         split: Optional[Split] = (lambda charged: split_by_tenant(charged, tokens, tenants)) if tokens and tenants else None
         try:
-            costs = self._one(interval, interval.samples, use, facts, None, split)
+            costs = self._one(interval, samples, use, facts, None, split)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
             log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
             self.telemetry.failed(IntervalScope.WHOLE)
-            costs = self._per_node(interval, use, facts, split)
+            costs = self._per_node(interval, samples, use, facts, split)
         if tokens and tenants:
             try:
                 counted = self.models.reduce(token_sums(tokens, tenants))
@@ -88,15 +89,15 @@ class IntervalCosts:
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
              only_node: Optional[str], split: Optional[Split] = None) -> Costs:
-        held = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts)
+        held = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts,
+                                memory=interval.steps.memory)
         costed = priced(held, self.pricer)
         sums, gauges = self.models.attribute(costed, interval.seconds, split)
         return Costs(sums, gauges, costed.unpriced_gpus, held.gpus_without_device_data,
                      fraction_problems=held.fraction_problems)
 
-    def _per_node(self, interval: Interval, use, facts: FactsView,  # noqa: ANN001
+    def _per_node(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
                   split: Optional[Split] = None) -> Costs:
-        samples = interval.samples
         names = {self.strings.string(int(c)) for c in np.unique(samples.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})
         for name in sorted(names):

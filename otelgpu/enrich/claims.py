@@ -218,7 +218,7 @@ def _shown(scope: Scope, rows: Rows) -> tuple[dict[int, set[PodKey]], dict[int, 
 
 def _device_memory_mib(units: Reported, entities: np.ndarray) -> dict[int, float]:
     """Device memory of these entities: the most DCGM_FI_DEV_FB_USED + FB_FREE of one sample time."""
-    samples, entity = units.samples, units.sample_entity
+    samples, entity = units.memory_samples()
     rows = np.flatnonzero(np.isin(entity, entities) & ~samples.stale
                           & ((samples.metric == Metric.FB_USED) | (samples.metric == Metric.FB_FREE)))
     if not len(rows):

@@ -49,16 +49,18 @@ class Joiner:
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
-             without_pods: bool = False, facts: FactsView | None = None) -> Holdings:
+             without_pods: bool = False, facts: FactsView | None = None,
+             memory: Callable[[], Samples] | None = None) -> Holdings:
         """`only_node`: the join of that node alone (its samples must be the only ones given);
         `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
-        `end_ns` when the caller has them already."""
+        `end_ns` when the caller has them already; `memory`: the interval's framebuffer samples,
+        when `samples` leave them out (`Steps.unpack`)."""
         facts = facts if facts is not None else self.source.view(end_ns)
         if only_node is not None:
             facts = _one_node(facts, only_node, without_pods)
         scope = Scope(self.strings, facts, start_ns, end_ns, use or {})
         claims = Claims(scope, self.hardware)
-        units = reported(samples, scope, self.hardware)
+        units = reported(samples, scope, self.hardware, memory)
         whole = units.whole_gpus(scope) if claims else {}
         if claims.sharing.claims:
             claims.admit_grants(units, whole)

@@ -10,6 +10,7 @@ it, for a GPU is never given out twice; what the share costs is attribution's.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import numpy as np
 
@@ -107,6 +108,19 @@ class Reported:
     fraction: np.ndarray  # per entity: its share of its GPU
     kind: np.ndarray  # int8 per entity: GPU or MIG
     profile: np.ndarray  # per entity: index into Scope.profiles
+    memory: Callable[[], Samples] | None = None  # the framebuffer samples, where `samples` leave them out
+
+    def memory_samples(self) -> tuple[Samples, np.ndarray]:
+        """The interval's DCGM samples that hold the framebuffer's values, resent ones dropped,
+        and each one's entity (-1: one this join has not, another node's)."""
+        if self.memory is None:
+            return self.samples, self.sample_entity
+        fb = dedupe(self.memory())
+        entities, n_entity = self.entities, len(self.entities.node)
+        ids, _ = group_ids(*(np.concatenate([getattr(entities, c), getattr(fb, c)]) for c in ("node", "uuid", "gi")))
+        entity_of = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
+        entity_of[ids[:n_entity]] = np.arange(n_entity)
+        return fb, entity_of[ids[n_entity:]]
 
     def whole_gpus(self, scope: Scope) -> dict[tuple[str, str], int]:
         """(node, GPU UUID) -> entity, for the entities that are whole GPUs (not MIG instances)."""
@@ -122,7 +136,8 @@ class Reported:
         return out
 
 
-def reported(samples: Samples, scope: Scope, hardware: Hardware) -> Reported:
+def reported(samples: Samples, scope: Scope, hardware: Hardware, memory: Callable[[], Samples] | None = None
+             ) -> Reported:
     samples = dedupe(samples)
     entity, entities = entities_of(samples)
     n_entity = len(entities.node)
@@ -138,7 +153,7 @@ def reported(samples: Samples, scope: Scope, hardware: Hardware) -> Reported:
     gpu, gpu_first = group_ids(entities.node, entities.uuid)
     fraction, kind = _base_fractions(scope, hardware, entities, gpu)
     return Reported(samples, entity, entities, held, names, infos, node, shared, replicas, gpu, gpu_first,
-                    fraction, kind, scope.indices(scope.profiles, entities.profile))
+                    fraction, kind, scope.indices(scope.profiles, entities.profile), memory)
 
 
 def _base_fractions(scope: Scope, hardware: Hardware, entities: Entities,

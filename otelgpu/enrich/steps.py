@@ -35,6 +35,8 @@ PRESENT_METRIC = Metric.POWER_USAGE  # the metric such a row unpacks as
 _CELL = np.full(int(max(Metric)) + 1, PRESENT_ONLY, np.int64)
 _CELL[list(map(int, VALUED))] = np.arange(len(VALUED))
 _METRIC_OF_CELL = np.array([*map(int, VALUED), int(PRESENT_METRIC)], np.int16)
+_ACTIVITY_CELLS = (VALUED.index(Metric.GR_ENGINE_ACTIVE), VALUED.index(Metric.GPU_UTIL))
+_MEMORY_CELLS = (VALUED.index(Metric.FB_USED), VALUED.index(Metric.FB_FREE))
 
 
 @dataclass
@@ -99,11 +101,38 @@ class Steps(Coded):
         return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value,
                      np.ascontiguousarray(labels[first_label]).astype(np.int32, copy=False))
 
-    def unpack(self) -> Samples:
+    def unpack(self, memory: bool = True) -> Samples:
         """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
-        (value NaN) for a row with none."""
+        (value NaN) for a row with none.
+
+        `memory` False leaves out a row's framebuffer samples (FB_USED, FB_FREE) where it has an
+        activity sample (GR_ENGINE_ACTIVE or GPU_UTIL), which comes first in the row: they would
+        only say again who held what and when (the row's labels, time and staleness), and the
+        join reads their values only for the device memory of GPUs that grants share
+        (`memory()`). Every group of rows keeps its first sample and its last row: half the
+        samples of dcgm-exporter's default fields, the same join."""
         bits = _bits(self.present)
         bits[:, PRESENT_ONLY] &= ~bits[:, :PRESENT_ONLY].any(axis=1)
+        if not memory:
+            active = bits[:, list(_ACTIVITY_CELLS)].any(axis=1)
+            for cell in _MEMORY_CELLS:
+                bits[:, cell] &= ~active
+        return self._samples(bits)
+
+    def memory(self) -> Samples:
+        """The framebuffer samples alone, in the order `unpack()` gives them."""
+        bits = _bits(self.present)
+        kept = np.zeros(PRESENT_ONLY + 1, bool)
+        kept[list(_MEMORY_CELLS)] = True
+        bits &= kept
+        return self._samples(bits)
+
+    @staticmethod
+    def empty() -> "Steps":
+        return Steps.of(Samples.empty())
+
+    def _samples(self, bits: np.ndarray) -> Samples:
+        """A sample per bit set, row after row, each row's in the order of its columns."""
         at, cell = np.nonzero(bits)
         valued = cell < PRESENT_ONLY
         value = np.full(len(at), np.nan)

@@ -51,7 +51,7 @@ class Interval:
     index: int
     start_ns: int
     end_ns: int
-    samples: Samples
+    steps: Steps  # DCGM samples, folded (enrich/steps.py)
     pods: PodSamples
     facts: PointBatch = field(default_factory=empty_batch)  # kube-state-metrics rows, in time order
     version: int = 0  # parts added to the interval while it was open
@@ -59,6 +59,11 @@ class Interval:
     @property
     def seconds(self) -> float:
         return (self.end_ns - self.start_ns) / NS
+
+    @property
+    def samples(self) -> Samples:
+        """Every DCGM sample of the interval, the framebuffer's too (`Steps.unpack`)."""
+        return self.steps.unpack()
 
 
 class _Folded:
@@ -207,11 +212,11 @@ class Windows:
     def _interval(self, index: int, slot: _Open, bare: bool = False) -> Interval:
         """Interval `i` of `slot`'s parts; `bare`: without them (computed already)."""
         if bare:
-            return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns, Samples.empty(), PodSamples.empty(),
+            return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns, Steps.empty(), PodSamples.empty(),
                             empty_batch(), slot.version)
         facts = slot.facts.whole() if slot.facts else empty_batch()  # in time order
         return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns,
-                        slot.samples.whole().unpack() if slot.samples else Samples.empty(),
+                        slot.samples.whole() if slot.samples else Steps.empty(),
                         PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts, slot.version)
 
     def next_complete(self) -> Optional[int]:

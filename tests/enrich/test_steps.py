@@ -7,12 +7,14 @@ folded only at its close."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelgpu.enrich.claims import _device_memory_mib
+from otelgpu.enrich.reported import Reported
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.steps import PRESENT_METRIC, Steps, unpack_reference
 from otelgpu.enrich.timeline import dedupe, entities_of, tenures
@@ -123,9 +125,11 @@ def _samples(rows: list[tuple]) -> Samples:
     return Samples(*(np.array(col, dtype) for col, dtype in zip(cols, dtypes)))
 
 
-def reading(samples: Samples) -> tuple[dict, dict]:
+def reading(samples: Samples, memory: Callable[[], Samples] | None = None) -> tuple[dict, dict]:
     """Per (entity, holder): held, measured and active seconds, replicas, own activity; and per
-    entity its device memory. Keyed by labels, so that numbering and row order do not count."""
+    entity its device memory (from `memory`'s samples where given, as the join reads it when
+    `samples` leave the framebuffer's out). Keyed by labels, so that numbering and row order do
+    not count."""
     samples = dedupe(samples)
     entity, entities = entities_of(samples)
     shared = (entities.uuid == 2)  # the MIG GPU's instances, time-shared
@@ -135,8 +139,10 @@ def reading(samples: Samples) -> tuple[dict, dict]:
     out = {(names[e], ns, pod): (h, a, i, r, p) for e, ns, pod, h, a, i, r, p in zip(
         held.entity.tolist(), held.holder_ns.tolist(), held.holder_pod.tolist(), held.held_s.tolist(),
         held.act_s.tolist(), held.act_integral.tolist(), held.replicas.tolist(), held.per_pod_activity.tolist())}
-    memory = _device_memory_mib(SimpleNamespace(samples=samples, sample_entity=entity), np.arange(len(names)))
-    return out, {names[e]: mib for e, mib in memory.items()}
+    units = SimpleNamespace(samples=samples, sample_entity=entity, entities=entities, memory=memory)
+    units.memory_samples = lambda: Reported.memory_samples(units)  # type: ignore[arg-type]
+    mib = _device_memory_mib(units, np.arange(len(names)))  # type: ignore[arg-type]
+    return out, {names[e]: m for e, m in mib.items()}
 
 
 @settings(max_examples=300, deadline=None)
@@ -147,6 +153,42 @@ def test_the_join_reads_from_steps_what_it_read_from_the_samples(batches, folds)
     for at in sorted(folds):  # folded early, as an open interval does
         folded, parts = [Steps.merge(folded + parts[:at])], parts[at:]
     assert reading(Steps.merge(folded + parts).unpack()) == reading(as_sent)
+
+
+@settings(max_examples=300, deadline=None)
+@given(dcgm_arrivals())
+def test_the_join_reads_the_same_without_the_framebuffer_samples_beside_an_activity_one(batches):
+    """What the interval's computation reads (`unpack(memory=False)`, and the framebuffer's values
+    from `memory()` for the device memory of shared GPUs) is what every sample gives."""
+    steps = Steps.merge([Steps.of(batch) for batch in batches])
+    every, slim = steps.unpack(), steps.unpack(memory=False)
+    assert reading(slim, steps.memory) == reading(every)
+    framebuffer = np.isin(every.metric, [Metric.FB_USED, Metric.FB_FREE])
+    assert len(slim) <= len(every) and len(steps.memory()) == framebuffer.sum()
+    assert same(steps.memory(), every.take(np.flatnonzero(framebuffer)))  # in the same order
+
+
+def test_an_activity_sample_stands_for_its_rows_framebuffer_samples():
+    devices = [(metric, 10 * NS, 0.5, False, 0, uuid, -1, -1, 7, 10, 11, 12, -1, -1)
+               for uuid in range(3) for metric in DCGM]
+    only_memory = [(Metric.FB_USED, 10 * NS, 9.0, False, 0, 9, -1, -1, 7, -1, -1, -1, -1, -1)]
+    steps = Steps.of(_samples(devices + only_memory))
+    slim = steps.unpack(memory=False)
+    assert sorted(map(int, slim.metric)) == sorted([int(Metric.GR_ENGINE_ACTIVE), int(Metric.GPU_UTIL)] * 3
+                                                   + [int(Metric.FB_USED)])  # a row of the framebuffer alone stays
+    assert len(steps.unpack()) == 3 * 4 + 1
+
+
+def test_a_device_named_with_two_models_at_once_keeps_the_memory_of_the_first():
+    """Resent samples are dropped by series and time, whatever the modelName: a device reported
+    under two model names at once keeps its first framebuffer samples, read from `memory()` too."""
+    rows = [(metric, 10 * NS, value, False, 0, 5, -1, -1, model, 10, 11, 12, -1, -1)
+            for model in (7, 8) for metric, value in ((Metric.GR_ENGINE_ACTIVE, 0.5), (Metric.FB_USED, 1000.0 * model),
+                                                      (Metric.FB_FREE, 500.0))]
+    steps = Steps.of(_samples(rows))
+    every = reading(steps.unpack())
+    assert every[1] == {(0, 5, -1, -1, 7): 7500.0}
+    assert reading(steps.unpack(memory=False), steps.memory) == every
 
 
 @settings(max_examples=100, deadline=None)
