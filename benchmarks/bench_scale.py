@@ -214,6 +214,7 @@ class Receiver:
         self.lock = threading.Lock()
         self.last_arrival: dict[int, float] = {}
         self.points = 0
+        self.latest = 0.0  # when the newest request arrived
         self._pending = 0  # requests received, not read yet
         self._arrived: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -228,6 +229,7 @@ class Receiver:
     def _export(self, raw: bytes, context) -> bytes:  # noqa: ANN001
         with self.lock:
             self._pending += 1
+            self.latest = time.monotonic()
         self._arrived.put((time.monotonic(), raw))
         return bf.EMPTY
 
@@ -255,6 +257,12 @@ class Receiver:
                 self.points += n
                 for end in ends:
                     self.last_arrival[end] = max(arrived, self.last_arrival.get(end, 0.0))
+
+    def quiet_for(self, seconds: float, timeout: float = 300) -> None:
+        """Wait until no request has arrived for `seconds`: the snapshot being sent is all in."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() - self.latest < seconds and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 SIDECAR_CPUS: set[int] = set()  # --sidecar-cpus: the CPUs `otelgpu serve` runs on (empty: any)
@@ -348,7 +356,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 deadline = time.monotonic() + 120
                 while end not in sink.last_arrival and time.monotonic() < deadline:
                     time.sleep(0.05)
-            time.sleep(1.0)  # let the last requests of the newest interval land
+            sink.quiet_for(3.0)  # the newest interval's snapshot sent whole (its first request is what arrived)
             sink.drain()
         cpu = bf.cpu_seconds(child.pid) - cpu0
         steady_s = (n_scrapes - STEADY_FROM) * SCRAPE_S  # its closes: as many as its intervals of data
