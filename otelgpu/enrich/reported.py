@@ -117,8 +117,9 @@ class Reported:
             return self.samples, self.sample_entity
         fb = dedupe(self.memory())
         entities, n_entity = self.entities, len(self.entities.node)
-        ids, _ = group_ids(*(np.concatenate([getattr(entities, c), getattr(fb, c)]) for c in ("node", "uuid", "gi")))
-        entity_of = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
+        ids, first = group_ids(*(np.concatenate([getattr(entities, name), getattr(fb, name)])
+                                 for name in ("node", "uuid", "gi")))
+        entity_of = np.full(len(first), -1, np.int64)
         entity_of[ids[:n_entity]] = np.arange(n_entity)
         return fb, entity_of[ids[n_entity:]]
 

@@ -109,8 +109,8 @@ class Steps(Coded):
         activity sample (GR_ENGINE_ACTIVE or GPU_UTIL), which comes first in the row: they would
         only say again who held what and when (the row's labels, time and staleness), and the
         join reads their values only for the device memory of GPUs that grants share
-        (`memory()`). Every group of rows keeps its first sample and its last row: half the
-        samples of dcgm-exporter's default fields, the same join."""
+        (`memory()`). Every group of rows keeps its first sample and its last row: the same join
+        from about a third of the samples of dcgm-exporter's default fields."""
         bits = _bits(self.present)
         bits[:, PRESENT_ONLY] &= ~bits[:, :PRESENT_ONLY].any(axis=1)
         if not memory:
