@@ -143,14 +143,14 @@ class KsmFacts:
             if value == 1.0:
                 pod.phase = attrs["phase"]
         elif metric == Metric.POD_REQUESTS:
-            pod.requests[(attrs.get("container", ""), attrs["resource"])] = value
+            pod.request(attrs.get("container", ""), attrs["resource"], value)
             pod.request_node = attrs.get("node") or pod.request_node
             pod.node = pod.info_node or pod.request_node
 
     def mark(self) -> Callable[[], None]:
         """What puts the facts back as they are now (updates mutate objects in place: each one
         that can change is copied, its dicts that updates write into with it)."""
-        pods = {k: _copy(p, "requests") for k, p in self.pods.items()}  # labels are replaced, not changed
+        pods = {k: _copy(p) for k, p in self.pods.items()}  # labels and requests are replaced, not changed
         nodes = {k: _copy(n, "capacity") for k, n in self.nodes.items()}
         namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
         owners = dict(self.owners)  # replaced whole, never changed in place
@@ -227,8 +227,14 @@ def fact_rows(batch: PointBatch) -> np.ndarray:
 def _copy(obj: Any, *dicts: str) -> Any:
     """A shallow copy of a facts object (faster than dataclasses.replace), with copies of the
     dicts named."""
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
+    cls = type(obj)
+    new = object.__new__(cls)
+    slots = getattr(cls, "__slots__", None)
+    if slots is None:
+        new.__dict__.update(obj.__dict__)
+    else:
+        for name in slots:
+            setattr(new, name, getattr(obj, name))
     for name in dicts:
         setattr(new, name, dict(getattr(obj, name)))
     return new
@@ -236,8 +242,10 @@ def _copy(obj: Any, *dicts: str) -> Any:
 
 def _pod(document: Mapping[str, Any]) -> PodFacts:
     fields = dict(document)
-    fields["requests"] = {(str(c), str(r)): float(q) for c, r, q in document["requests"]}
+    fields["requests"] = {}
     pod = PodFacts(**fields)
+    for c, r, q in document["requests"]:
+        pod.request(str(c), str(r), float(q))
     if not isinstance(pod.labels, dict) or not isinstance(pod.annotations, dict):
         raise TypeError("pod labels and annotations must be mappings")
     return pod

@@ -179,7 +179,7 @@ def _decode_pods(table: _Table, encoded: Mapping[str, Any]) -> dict[tuple[str, s
     table.attach(ids(encoded["annotations"], 3), pods, "annotations")
     requests = ids(encoded["requests"], 3)
     for (o, c, r), q in zip(requests, column(encoded["quantity"], len(requests), "f")):
-        _at(pods, o).requests[(word(c), word(r))] = float(q)
+        _at(pods, o).request(word(c), word(r), float(q))
     return dict(zip(keys, pods))
 
 

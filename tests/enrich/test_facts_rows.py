@@ -4,6 +4,7 @@ The facts must come out exactly as if every row had been applied one by one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -53,7 +54,7 @@ def _row(draw: st.DrawFn) -> tuple[int, dict[str, str], float, bool]:
     if metric in _ROWS:
         labels = {**draw(_POD), **labels}
     stale = draw(st.booleans().filter(lambda b: b) if draw(st.integers(0, 7)) == 0 else st.just(False))
-    value = math.nan if stale else draw(st.sampled_from([0.0, 1.0, 2.0, 0.5]))
+    value = math.nan if stale else draw(st.sampled_from([0.0, -0.0, 1.0, 2.0, 0.5]))
     return int(metric), labels, value, stale
 
 
@@ -92,7 +93,7 @@ def _canonical(facts: KsmFacts) -> dict:
     """The facts as comparable values, in no particular order (new objects, and the keys of a
     node's capacity or a pod's requests, may be met in another order)."""
     def plain(key: object, obj: object) -> str:
-        d = dict(vars(obj))
+        d = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         for name in ("requests", "capacity"):
             if name in d:
                 d[name] = sorted([list(k) if isinstance(k, tuple) else k, v] for k, v in d[name].items())
@@ -112,6 +113,45 @@ def test_once_per_series_is_the_same_as_row_by_row(rows):
     for i in range(len(rows)):
         one_by_one.update(batch.select(np.array([i])))
     assert _canonical(at_once) == _canonical(one_by_one)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scrapes(), _scrapes())
+def test_a_mark_puts_back_every_fact_that_rows_after_it_change(before, after):
+    """An interval computed ahead applies its rows, then may be put back: requests, labels and
+    every other fact come back as they were, though the pods' objects were copied, not their
+    dicts; applied again, the rows give what they give without the mark."""
+    strings = Interner()
+    facts, plain = KsmFacts(strings, ttl_ns=NS), KsmFacts(strings, ttl_ns=NS)
+    later = [(t + 100 * NS, *row) for t, *row in after]  # newer than every row before
+    for each in (facts, plain):
+        each.update(_batch(strings, before))
+    kept = _canonical(facts)
+    undo = facts.mark()
+    facts.update(_batch(strings, later))
+    undo()
+    assert _canonical(facts) == kept
+    facts.update(_batch(strings, later))
+    plain.update(_batch(strings, later))
+    assert _canonical(facts) == _canonical(plain)
+
+
+def test_pods_share_their_request_keys_and_quantities_and_a_zero_keeps_its_sign():
+    strings = Interner()
+    facts = KsmFacts(strings, ttl_ns=NS)
+
+    def request(t: int, pod: str, resource: str, quantity: float) -> tuple:
+        labels = {"namespace": "ml", "pod": pod, "container": "main", "resource": resource}
+        return t * NS, int(Metric.POD_REQUESTS), labels, quantity, False
+
+    facts.update(_batch(strings, [request(0, "a", "cpu", 4.0), request(0, "b", "cpu", 4.0),
+                                  request(0, "a", "memory", 0.0)]))
+    a, b = facts.pods[("ml", "a")], facts.pods[("ml", "b")]
+    (key_a, cpu_a), = [(k, v) for k, v in a.requests.items() if k[1] == "cpu"]
+    (key_b, cpu_b), = b.requests.items()
+    assert key_a is key_b and cpu_a is cpu_b and cpu_a == 4.0
+    facts.update(_batch(strings, [request(1, "a", "memory", -0.0)]))
+    assert math.copysign(1.0, facts.pods[("ml", "a")].requests[("main", "memory")]) == -1.0
 
 
 @settings(max_examples=300, deadline=None)

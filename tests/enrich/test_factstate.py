@@ -5,6 +5,7 @@ lists of older checkpoints are still read."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -62,7 +63,7 @@ def test_the_json_lists_of_older_checkpoints_are_still_read():
                    requests={("c", "nvidia_com_gpu"): 1.0}, seen_ns=5, info_node="n1")
     facts = _facts(({("ns", "p"): pod}, {"n1": NodeFacts({"label_x": "y"}, {"nvidia_com_gpu": 8.0}, 4)},
                     {"ns": NamespaceFacts({"label_team": "b"}, 3)}, {("ns", "ReplicaSet", "rs"): OwnerFacts("Deployment", "d", 2)}))
-    plain = dict(vars(pod), requests=[[c, r, q] for (c, r), q in pod.requests.items()])
+    plain = dict({f.name: getattr(pod, f.name) for f in dataclasses.fields(pod)}, requests=[[c, r, q] for (c, r), q in pod.requests.items()])
     older = {"pods": [["ns", "p", plain]], "nodes": [["n1", vars(facts.nodes["n1"])]],
              "namespaces": [["ns", vars(facts.namespaces["ns"])]],
              "owners": [[["ns", "ReplicaSet", "rs"], vars(facts.owners[("ns", "ReplicaSet", "rs")])]]}

@@ -41,7 +41,8 @@ F = TypeVar("F")
 
 def same_facts(before: Any, after: Any) -> bool:
     """Equal in everything kept but when they were seen."""
-    return type(before) is type(after) and {**vars(before), "seen_ns": 0} == {**vars(after), "seen_ns": 0}
+    return type(before) is type(after) and all(getattr(before, f.name) == getattr(after, f.name)
+                                               for f in dataclasses.fields(before) if f.name != "seen_ns")
 
 
 def since(known: bool, new_object: bool, created_ns: int, now_ns: int) -> int:
