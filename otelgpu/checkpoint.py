@@ -70,6 +70,16 @@ def text_arrays(utf8: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
             np.cumsum(np.fromiter(map(len, utf8), np.int64, len(utf8))))
 
 
+def string_arrays(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`text_arrays` of these strings, with no bytes object per string when all are ASCII (as
+    Kubernetes names, and most labels, are)."""
+    joined = "".join(strings)
+    if not joined.isascii():
+        return text_arrays([text.encode("utf-8", "surrogatepass") for text in strings])
+    return (np.frombuffer(joined.encode("ascii"), np.uint8),
+            np.cumsum(np.fromiter(map(len, strings), np.int64, len(strings))))
+
+
 def texts_of(blob: Any, ends: Any) -> list[str]:
     """The strings `text_arrays` wrote; ValueError when the arrays do not fit together."""
     blob, ends = np.asarray(blob), np.asarray(ends)

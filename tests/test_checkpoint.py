@@ -9,11 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from cluster import T0, Cluster, Node, Pod, Unit
 from otlpsink import MetricsSink, received_rows, serve_sink
 from support import feed, make_config, offline_pipeline
 
-from otelgpu.checkpoint import FILE, V1_FILE, VERSION, Checkpoint, CheckpointRejected, Identity, decode, encode
+from otelgpu.checkpoint import (FILE, V1_FILE, VERSION, Checkpoint, CheckpointRejected, Identity, decode, encode,
+                                string_arrays, text_arrays, texts_of)
 from otelgpu.enrich.window import NS
 from otelgpu.exporter.store import CostStore
 from otelgpu.errors import ConfigError
@@ -211,16 +214,52 @@ def earlier_layouts(store: CostStore) -> dict[str, dict]:
             "sums": {"last_time_ns": store.last_time_ns, "attrs": attrs, "sums": rows}}
 
 
-@pytest.mark.parametrize("layout", ["columns", "sums"])
+def with_string_ids(state: dict) -> dict:
+    """The store's state as the versions before pair ids wrote its table: each set's key and
+    value string ids end to end, cut at `set_ends` (in strings)."""
+    table = state["table"]
+    kinds = np.asarray(table["pair_strings"]).reshape(-1, 2)
+    return {**state, "table": {"pairs": kinds[table["set_pairs"]].reshape(-1).astype(np.uint32),
+                               "set_ends": table["pair_ends"] * 2, "strings": table["strings"],
+                               "string_ends": table["string_ends"]}}
+
+
+@pytest.mark.parametrize("layout", ["columns", "sums", "string ids"])
 def test_the_layouts_of_earlier_versions_restore(tmp_path: Path, layout: str) -> None:
-    """A checkpoint written before the store kept its state as arrays continues the same series."""
+    """A checkpoint written before the store kept its state as arrays, or before its table of
+    attribute sets held pair ids, continues the same series."""
     c = cluster()
     first = pipeline(tmp_path)
     feed(first, *c.scrapes(60, 1800))
     first.close_due()
     old = CostStore()
-    old.restore(earlier_layouts(first.store)[layout])
+    layouts = {**earlier_layouts(first.store), "string ids": with_string_ids(first.store.state())}
+    old.restore(through(layouts[layout]) if layout == "string ids" else layouts[layout])
     assert len(sums(first)) > 10 and list(old.points()) == sums(first)
+
+
+def through(state: dict) -> dict:
+    """`state` as a checkpoint file gives it back."""
+    identity = Identity("prod", "USD")
+    return decode(encode(identity, {"store": state}, 0), identity)["store"]
+
+
+def test_a_table_whose_arrays_do_not_fit_together_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    c = cluster()
+    first = pipeline(tmp_path)
+    feed(first, *c.scrapes(60, 1800))
+    first.close_due()
+    state = first.store.state()
+    table = state["table"]
+    broken = [{**table, "set_pairs": table["set_pairs"] + np.uint32(len(table["pair_strings"]))},
+              {**table, "pair_strings": table["pair_strings"] + np.uint32(len(table["string_ends"]))},
+              {**table, "pair_ends": table["pair_ends"][:-1]},
+              {**table, "pair_ends": table["pair_ends"][::-1].copy()}]
+    kept = list(first.store.points())
+    for bad in broken:
+        with pytest.raises(ValueError, match="attribute set table"):
+            first.store.restore({**state, "table": bad})
+        assert list(first.store.points()) == kept
 
 
 def test_a_version_1_file_is_continued_and_then_replaced(tmp_path: Path) -> None:
@@ -322,3 +361,14 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, caplog) -> N
     assert by_label(metrics.checkpoint_errors)["write"] == 1 and "previous one stays" in caplog.text
     assert (tmp_path / FILE).read_bytes() == before
     cp.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet=st.characters(max_codepoint=127)), st.text()), max_size=20))
+def test_a_string_table_is_the_same_whichever_way_it_is_built(strings: list[str]) -> None:
+    """ASCII strings are joined once, the others encoded one by one: the same arrays, the same
+    strings back."""
+    blob, ends = string_arrays(strings)
+    want_blob, want_ends = text_arrays([s.encode("utf-8", "surrogatepass") for s in strings])
+    assert blob.tobytes() == want_blob.tobytes() and ends.tolist() == want_ends.tolist()
+    assert texts_of(blob, ends) == strings

@@ -142,14 +142,24 @@ def test_a_checkpoint_of_the_layout_before_the_lifecycle_continues(tmp_path: Pat
     second.shutdown()
 
 
-def test_device_memory_refuses_an_entity_without_its_four_fields() -> None:
+def test_device_memory_reads_the_lists_of_earlier_versions_and_refuses_what_does_not_fit() -> None:
     from otelgpu.enrich.devices import DeviceMemory
     from otelgpu.receiver.interner import Interner
 
     memory = DeviceMemory(Interner(), memory_ns=1)
-    whole = [["gpu-1", 5, [["GPU-0", "", "", "A100"], ["GPU-1", "3", "1g.10gb", "A100"]]]]
-    memory.restore(whole)
-    assert same(memory.state(), [["gpu-1", 5, [("GPU-0", "", "", "A100"), ("GPU-1", "3", "1g.10gb", "A100")]]])
+    whole = [["gpu-1", 5, [["GPU-0", "", "", "A100"], ["GPU-1", "3", "1g.10gb", "A100"]]], ["gpu-2", 7, []]]
+    memory.restore(whole)  # as the versions before the arrays wrote it
+    arrays = memory.state()
+    assert arrays["entity_ends"].tolist() == [2, 2] and len(arrays["fields"]) == 8
+    again = DeviceMemory(Interner(), memory_ns=1)
+    again.restore(through_checkpoint(arrays))
+    listed = [[name, node.seen_ns, [list(e) for e in node.each()]] for name, node in again._nodes.items()]
+    assert listed == whole and same(again.state(), arrays)
     with pytest.raises(ValueError, match="without its four fields"):  # fields would otherwise shift to the next
         memory.restore([["gpu-1", 5, [["GPU-0", "", "", "A100"], ["GPU-1", "", "A100"]]]])
-    assert same(memory.state(), whole)  # what it had is kept
+    assert same(memory.state(), arrays)  # what it had is kept
+    for bad in ({**arrays, "fields": arrays["fields"][:-1]}, {**arrays, "names": arrays["names"] + 100},
+                {**arrays, "seen_ns": arrays["seen_ns"][:1]}, {**arrays, "entity_ends": np.array([3, 2])}):
+        with pytest.raises(ValueError, match="do not fit together"):
+            memory.restore(bad)
+        assert same(memory.state(), arrays)

@@ -13,10 +13,11 @@ it (drained, scaled in); a node only DCGM ever showed is remembered for `memory_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
+from otelgpu.checkpoint import string_arrays, texts_of
 from otelgpu.core.grouping import group_ids
 from otelgpu.enrich.samples import Samples
 from otelgpu.receiver.interner import Interner
@@ -119,13 +120,45 @@ class DeviceMemory:
     def expire(self, end_ns: int) -> None:
         """Nothing: `fill` forgets the nodes not seen for longer than it remembers them."""
 
-    def state(self) -> list[list]:
-        return [[name, n.seen_ns, list(n.each())] for name, n in self._nodes.items()]  # JSON writes tuples as arrays
+    def state(self) -> dict[str, np.ndarray]:
+        """Every node as arrays: its name and each field of its entities in turn as ids in one
+        table of strings (`text_arrays`), when it was seen, and where its entities end."""
+        ids: dict[str, int] = {}
 
-    def restore(self, state: list[list] | None) -> None:
+        def code(text: str) -> int:  # each string's id, given on first sight
+            return ids.setdefault(text, len(ids))
+
+        nodes = self._nodes.values()
+        names = np.fromiter(map(code, self._nodes), np.uint32, len(self._nodes))
+        fields = np.fromiter((code(f) for n in nodes for f in n.entities), np.uint32)
+        strings, string_ends = string_arrays(list(ids))
+        return {"names": names, "seen_ns": np.fromiter((n.seen_ns for n in nodes), np.int64, len(names)),
+                "entity_ends": np.cumsum(np.fromiter((len(n.entities) // 4 for n in nodes), np.int64, len(names))),
+                "fields": fields, "strings": strings, "string_ends": string_ends}
+
+    def restore(self, state: Mapping[str, np.ndarray] | list[list] | None) -> None:
+        """Reads `state()`'s arrays and the lists versions before them wrote (name, seen, the
+        entities' four fields each); ValueError when they do not fit together."""
+        if isinstance(state, Mapping):
+            state = _listed(state)
         nodes = {}
         for name, seen, ents in state or ():
             if any(len(e) != 4 for e in ents):
                 raise ValueError(f"device memory of node {name!r}: an entity without its four fields")
             nodes[str(name)] = _Node(int(seen), tuple(str(field) for e in ents for field in e))
         self._nodes = nodes
+
+
+def _listed(state: Mapping[str, np.ndarray]) -> list[list]:
+    """`DeviceMemory.state()`'s arrays as the lists versions before it wrote."""
+    text = texts_of(state["strings"], state["string_ends"])
+    names, fields, ends = (np.asarray(state[k], np.int64) for k in ("names", "fields", "entity_ends"))
+    seen = np.asarray(state["seen_ns"], np.int64)
+    if (len(seen) != len(names) or len(ends) != len(names) or np.any(np.diff(ends, prepend=0) < 0)
+            or 4 * (int(ends[-1]) if len(ends) else 0) != len(fields)
+            or np.any((names < 0) | (names >= len(text))) or np.any((fields < 0) | (fields >= len(text)))):
+        raise ValueError("device memory arrays do not fit together")
+    words = [text[c] for c in fields.tolist()]
+    entities = [tuple(words[k:k + 4]) for k in range(0, len(words), 4)]
+    return [[text[n], s, entities[a:b]]
+            for n, s, a, b in zip(names.tolist(), seen.tolist(), [0, *ends[:-1].tolist()], ends.tolist())]

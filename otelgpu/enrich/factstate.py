@@ -9,11 +9,12 @@ the arrays fit together before anything is built from them.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Mapping
 
 import numpy as np
 
-from otelgpu.checkpoint import text_arrays, texts_of
+from otelgpu.checkpoint import string_arrays, texts_of
 from otelgpu.enrich.model import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
 
 VERSION = 2
@@ -33,30 +34,37 @@ class _Texts:
         return code
 
     def arrays(self) -> dict[str, np.ndarray]:
-        utf8, ends = text_arrays([s.encode("utf-8", "surrogatepass") for s in self.ids])
+        utf8, ends = string_arrays(list(self.ids))
         return {"utf8": utf8, "ends": ends}
 
 
-def _rows(flat: list[int], width: int) -> np.ndarray:
-    return np.array(flat, np.int64).reshape(-1, width)
+def _rows(flat: array, width: int) -> np.ndarray:
+    """Rows of `width` numbers written end to end, as an array over their memory (no copy)."""
+    return np.frombuffer(flat, np.uint32 if flat.typecode == "I" else np.int64).reshape(-1, width)
+
+
+def _ids() -> array:
+    """Numbers gathered for `_rows`: 4 bytes each (string ids, object indices), with no Python
+    number kept per entry."""
+    return array("I")
 
 
 def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFacts],
            namespaces: Mapping[str, NamespaceFacts], owners: Mapping[OwnerKey, OwnerFacts]) -> dict[str, Any]:
     texts = _Texts()
     pod_arrays = _encode_pods(texts, pods)
-    node_labels, capacity, amounts = [], [], []
+    node_labels, capacity, amounts = _ids(), _ids(), []
     for i, node in enumerate(nodes.values()):
         for k, v in node.labels.items():
-            node_labels += (i, texts(k), texts(v))
+            node_labels.extend((i, texts(k), texts(v)))
         for resource, q in node.capacity.items():
-            capacity += (i, texts(resource))
+            capacity.extend((i, texts(resource)))
             amounts.append(q)
-    ns_labels: list[int] = []
+    ns_labels = _ids()
     for i, ns in enumerate(namespaces.values()):
         for k, v in ns.labels.items():
-            ns_labels += (i, texts(k), texts(v))
-    owner_text = [texts(x) for key, o in owners.items() for x in (*key, o.kind, o.name)]
+            ns_labels.extend((i, texts(k), texts(v)))
+    owner_text = array("I", [texts(x) for key, o in owners.items() for x in (*key, o.kind, o.name)])
     return {
         "version": VERSION,
         "pods": pod_arrays,
@@ -75,28 +83,24 @@ def encode(pods: Mapping[tuple[str, str], PodFacts], nodes: Mapping[str, NodeFac
 
 
 def _encode_pods(texts: _Texts, pods: Mapping[tuple[str, str], PodFacts]) -> dict[str, np.ndarray]:
-    keys: list[int] = []
-    text: list[int] = []
-    numbers: list[int] = []
+    keys, text, labels, annotations, requests = _ids(), _ids(), _ids(), _ids(), _ids()
+    numbers = array("q")
     ended: list[int] = []
     deleted: list[bool] = []
-    labels: list[int] = []
-    annotations: list[int] = []
-    requests: list[int] = []
     quantities: list[float] = []
     for i, ((namespace, name), p) in enumerate(pods.items()):
-        keys += (texts(namespace), texts(name))
-        text += (texts(p.uid), texts(p.node), texts(p.phase), texts(p.owner_kind), texts(p.owner_name),
-                 texts(p.info_node), texts(p.request_node))
-        numbers += (p.seen_ns, p.created_ns)
+        keys.extend((texts(namespace), texts(name)))
+        text.extend((texts(p.uid), texts(p.node), texts(p.phase), texts(p.owner_kind), texts(p.owner_name),
+                     texts(p.info_node), texts(p.request_node)))
+        numbers.extend((p.seen_ns, p.created_ns))
         ended.append(p.ended_ns)
         deleted.append(p.deleted)
         for k, v in p.labels.items():
-            labels += (i, texts(k), texts(v))
+            labels.extend((i, texts(k), texts(v)))
         for k, v in p.annotations.items():
-            annotations += (i, texts(k), texts(v))
+            annotations.extend((i, texts(k), texts(v)))
         for (container, resource), q in p.requests.items():
-            requests += (i, texts(container), texts(resource))
+            requests.extend((i, texts(container), texts(resource)))
             quantities.append(q)
     return {"key": _rows(keys, 2), "text": _rows(text, len(POD_TEXT)),
             "ns": _rows(numbers, 2), "ended": np.array(ended, np.int64), "deleted": np.array(deleted, bool),

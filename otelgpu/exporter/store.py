@@ -353,14 +353,13 @@ class CostStore:
 
     def state(self) -> dict:
         """The live sums as columns (oldest first) over a table of their attribute sets, all as
-        arrays: the table is the sets' string ids (key, value, key, value, ...) cut at `set_ends`
-        into one set each, over the UTF-8 strings cut at `string_ends`."""
+        arrays: the table is the sets' pair ids cut at `pair_ends` into one set each, each pair
+        the ids of its key and value (`pair_strings`) in the UTF-8 strings cut at `string_ends`."""
         with self._lock:
             rows = self._live_rows()
             sets, aset = np.unique(self._aset[rows], return_inverse=True)
-            pairs, set_ends, strings, string_ends = self._sets.table(sets.tolist())
             return {"last_time_ns": self.last_time_ns, "metrics": list(self.metric_keys),
-                    "table": {"pairs": pairs, "set_ends": set_ends, "strings": strings, "string_ends": string_ends},
+                    "table": self._sets.table(sets.tolist()),
                     "columns": {"metric": self._metric[rows], "attrs": aset.reshape(-1).astype(np.uint32),
                                 "start_ns": self._start[rows], "value": self._value[rows], "quiet": self._quiet[rows]}}
 
@@ -498,29 +497,46 @@ class _AttrSets:
         """id() of the object kept for each set (0 for a released one)."""
         return self._ids[:len(self.attrs)]
 
-    def table(self, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """These sets as arrays: their string ids, where each set ends, the strings' UTF-8 bytes
-        and where each string ends (ids of released strings are empty strings)."""
+    def table(self, sets: list[int]) -> dict[str, np.ndarray]:
+        """These sets as arrays: their pair ids end to end (4 bytes a pair, as kept), where each
+        set ends, each pair's key and value string ids, the strings' UTF-8 bytes and where each
+        string ends (released pairs and strings are left in, unused)."""
         codes = [self._codes[i] for i in sets]
-        pairs = self._pairs.strings_of(np.frombuffer(b"".join(codes), np.uint32)).reshape(-1)
-        set_ends = np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 2)  # two strings a pair
         strings, string_ends = self._strings.encoded()
-        return pairs, set_ends, strings, string_ends
+        return {"set_pairs": np.frombuffer(b"".join(codes), np.uint32),
+                "pair_ends": np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 4),
+                "pair_strings": self._pairs.texts(), "strings": strings, "string_ends": string_ends}
 
     @staticmethod
-    def read_table(pairs: np.ndarray, set_ends: np.ndarray, strings: np.ndarray, string_ends: np.ndarray) -> list[Attrs]:
-        """The attribute sets written by `table`; ValueError when the arrays do not fit together."""
+    def read_table(strings: np.ndarray, string_ends: np.ndarray, **arrays: np.ndarray) -> list[Attrs]:
+        """The attribute sets written by `table`, or by the versions before it (`pairs`: each
+        set's string ids, key, value, key, ..., cut at `set_ends`); ValueError when the arrays do
+        not fit together."""
         text = texts_of(strings, string_ends)
-        pairs, set_ends = (np.asarray(a, np.int64) for a in (pairs, set_ends))
-        if (np.any(np.diff(set_ends, prepend=0) < 0) or (len(set_ends) and set_ends[-1] != len(pairs))
-                or np.any(np.diff(set_ends, prepend=0) % 2) or np.any((pairs < 0) | (pairs >= len(text)))):
-            raise ValueError("attribute set table arrays do not fit together")
-        words = [text[c] for c in pairs.tolist()]
-        out, first = [], 0
-        for end in set_ends.tolist():
-            out.append(tuple(map(pair, zip(words[first:end:2], words[first + 1:end:2]))))
-            first = end
-        return out
+        if "set_pairs" in arrays:
+            kinds = np.asarray(arrays["pair_strings"], np.int64).reshape(-1, 2)
+            if np.any((kinds < 0) | (kinds >= len(text))):
+                raise ValueError("attribute set table: a pair refers to no string")
+            known = [pair((text[k], text[v])) for k, v in kinds.tolist()]
+            return _cut(np.asarray(arrays["set_pairs"], np.int64), np.asarray(arrays["pair_ends"], np.int64), known)
+        strings_of_sets, set_ends = (np.asarray(arrays[k], np.int64) for k in ("pairs", "set_ends"))
+        if np.any(np.diff(set_ends, prepend=0) % 2) or len(strings_of_sets) % 2:
+            raise ValueError("attribute set table: a set of an odd number of strings")
+        if np.any((strings_of_sets < 0) | (strings_of_sets >= len(text))):
+            raise ValueError("attribute set table: a pair refers to no string")
+        kv = strings_of_sets.reshape(-1, 2)
+        known = [pair((text[k], text[v])) for k, v in kv.tolist()]
+        return _cut(np.arange(len(known), dtype=np.int64), set_ends // 2, known)
+
+
+def _cut(codes: np.ndarray, ends: np.ndarray, known: list[tuple[str, str]]) -> list[Attrs]:
+    """The sets `known[codes[a:b]]` for each end b (a: the end before); ValueError when the ends
+    do not cut `codes` or a code is not in `known`."""
+    if (np.any(np.diff(ends, prepend=0) < 0) or (len(ends) and ends[-1] != len(codes)) or (not len(ends) and len(codes))
+            or np.any((codes < 0) | (codes >= len(known)))):
+        raise ValueError("attribute set table arrays do not fit together")
+    pairs = [known[c] for c in codes.tolist()]
+    return [tuple(pairs[a:b]) for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
 
 
 class _Counted(ABC):
@@ -595,9 +611,9 @@ class _Pairs(_Counted):
         if gone:
             self._strings.release(self._texts[gone].reshape(-1))
 
-    def strings_of(self, codes: np.ndarray) -> np.ndarray:
-        """The key and value string ids of each pair of `codes`: shape (len(codes), 2)."""
-        return self._texts[codes.astype(np.int64)]
+    def texts(self) -> np.ndarray:
+        """The key and value string ids of every pair id given so far (a copy): shape (ids, 2)."""
+        return self._texts[:len(self._pairs)].copy()
 
     def _key(self, index: int) -> tuple[str, str]:
         return self._pairs[index]
