@@ -42,9 +42,9 @@ class PodFacts:
             self.requests = {**self.requests, key: shared(quantity) if quantity > 0 else quantity}
 
 
-def _same(a: float, b: float) -> bool:
+def _same(known: float, new: float) -> bool:
     """The same number, the sign of a zero included (NaN is never the same)."""
-    return a == b and (a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+    return known == new and (known != 0 or math.copysign(1.0, known) == math.copysign(1.0, new))
 
 
 # Each (container, resource) key and positive quantity once, whatever the pods that repeat it (a
