@@ -208,3 +208,36 @@ def test_each_metric_of_a_set_lives_and_ends_on_its_own(intervals: list[list[tup
                 series[1] = 0
         kept = {key: series for key, series in kept.items() if series[1] < end_after}
         assert got == {key: series[0] for key, series in kept.items()}
+
+
+class _Checked(CostStore):
+    """A store whose every snapshot is also built the reference way, and held to it."""
+
+    def _snapshot(self, rows, end_ns, table, after):  # noqa: ANN001, ANN202
+        want = _plain(self._snapshot_reference(rows, end_ns, list(table), after))
+        got = super()._snapshot(rows, end_ns, table, after)
+        assert _plain(got) == want
+        self.checked += 1
+        return got
+
+
+def _plain(points) -> list[tuple]:  # noqa: ANN001 - points as comparable tuples (an ended point's NaN left out)
+    return [(p.metric, p.attrs, p.start_ns, p.time_ns, None if p.ended else p.value, p.ended) for p in points]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 7), st.sampled_from(METRICS)), max_size=12),
+                          st.sets(st.integers(0, 7), max_size=6)), min_size=1, max_size=8), st.integers(1, 3))
+def test_a_snapshot_taken_straight_into_its_columns_is_the_stacked_parts(
+        intervals: list[tuple[list[tuple[int, str]], set[int]]], end_after: int) -> None:
+    """Sums that go on, end and come back, gauges that come and go: every snapshot `record`
+    takes straight into its columns is the one its parts stacked give."""
+    pool = {k: _series(k) for k in range(8)}
+    store = _Checked(end_after_intervals=end_after)
+    store.checked = 0
+    for i, (named, gauged) in enumerate(intervals):
+        sums: dict[str, dict[tuple, float]] = {m: {} for m in METRICS}
+        for k, metric in named:
+            sums[metric][pool[k]] = 1.0 + k + i / 8
+        store.record(i * 60, (i + 1) * 60, sums, {"activity": {pool[k]: k / 8 for k in gauged}})
+    assert store.checked == len(intervals)

@@ -132,24 +132,37 @@ class RequestWriter:
         used[columns.aset] = True
         pair_ids, set_off = self._set_pairs([columns.attrs[i] if u else () for i, u in enumerate(used.tolist())])
         sets = (self._pair_bytes, self._pair_off, pair_ids, set_off)
-        rank = np.array([self._rank[m] for m in columns.metrics], np.int64)[columns.metric]
-        order = np.argsort(rank, kind="stable")  # spec order, each metric's points as they come
-        ordered_rank = rank[order]
-        keys = list(self.specs)
         bits = columns.value.view(np.int64)
-        for begin in range(0, len(order), max_points):
-            rows = order[begin:begin + max_points]
-            ranks = ordered_rank[begin:begin + max_points]
-            cuts = np.flatnonzero(np.diff(ranks)) + 1
-            body = []
-            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
-                key = keys[int(ranks[lo])]
-                run = rows[lo:hi]
+        body, room = [], max_points
+        for key, rows in self._runs(columns):
+            while len(rows):  # a request holds `max_points` points, of one metric or of several in turn
+                run, rows = rows[:room], rows[room:]
                 data = write_points(*sets, columns.aset[run].astype(np.int64), columns.start_ns[run],
                                     columns.time_ns[run], bits[run], columns.ended[run], self.specs[key].kind == "sum")
                 body.append(self._metric(key, data.tobytes()))
-            scope_metrics = len_field(2, self._scope + b"".join(body))
-            yield len_field(1, self._resource + scope_metrics)
+                room -= len(run)
+                if not room:
+                    yield self._request(body)
+                    body, room = [], max_points
+        if body:
+            yield self._request(body)
+
+    def _runs(self, columns: Points) -> Iterator[tuple[str, np.ndarray]]:
+        """Each metric's points (rows, as they come), metrics in the specs' order: found a metric
+        at a time, where a sort of every point would hold three arrays of them at once."""
+        codes: dict[str, list[int]] = {}
+        for code, metric in enumerate(columns.metrics):
+            if metric not in self._rank:
+                raise KeyError(metric)
+            codes.setdefault(metric, []).append(code)
+        for key in sorted(codes, key=self._rank.__getitem__):
+            mine = columns.metric == codes[key][0] if len(codes[key]) == 1 else np.isin(columns.metric, codes[key])
+            rows = np.flatnonzero(mine)
+            if len(rows):
+                yield key, rows
+
+    def _request(self, body: list[bytes]) -> bytes:
+        return len_field(1, self._resource + len_field(2, self._scope + b"".join(body)))
 
     def _set_pairs(self, sets: list[Attrs]) -> tuple[np.ndarray, np.ndarray]:
         """Each set as the ids of its pairs, end to end, and where each set starts (set i is

@@ -226,8 +226,8 @@ class CostStore:
             gone_gauges = {m: old.missing_from(self._gauges.get(m)) for m, old in old_gauges.items()}
             self.last_time_ns = end_ns
             self.series_ended += len(gone) + sum(map(len, gone_gauges.values()))
-            return Points.stack([self._columns(kept, end_ns, table), self._gauge_points(self._gauges, end_ns),
-                                 self._gauge_points(gone_gauges, end_ns, ended=True), ended])
+            return self._snapshot(kept, end_ns, table, [self._gauge_points(self._gauges, end_ns),
+                                                        self._gauge_points(gone_gauges, end_ns, ended=True), ended])
 
     def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
         if not self._n_free:
@@ -292,6 +292,36 @@ class CostStore:
         return Points(self.metric_keys, table, self._metric[rows], self._aset[rows], self._start[rows],
                       np.full(n_row, end_ns, np.int64), np.full(n_row, np.nan) if ended else self._value[rows],
                       np.full(n_row, ended, bool))
+
+    def _snapshot(self, rows: np.ndarray, end_ns: int, table: list[Attrs], after: list[Points]) -> Points:
+        """`_snapshot_reference`: the sums of `rows` then the points `after` (of this store's
+        metrics; each over `table` or a table of its own), with the rows' columns taken straight
+        into the snapshot's, where built apart and then copied they would be there twice."""
+        after = [part for part in after if len(part)]
+        if any(part.metrics != self.metric_keys for part in after):
+            raise ValueError("a snapshot's parts must name the store's metrics")
+        n_row, n_point = len(rows), len(rows) + sum(map(len, after))
+        columns = Points(self.metric_keys, table, np.empty(n_point, np.uint16), np.empty(n_point, np.uint32),
+                         np.empty(n_point, np.int64), np.full(n_point, end_ns, np.int64), np.empty(n_point),
+                         np.zeros(n_point, bool))
+        for name, column in (("metric", self._metric), ("aset", self._aset), ("start_ns", self._start),
+                             ("value", self._value)):
+            np.take(column, rows, out=getattr(columns, name)[:n_row])
+        at, placed = n_row, {id(table): 0}
+        for part in after:
+            if id(part.attrs) not in placed:
+                placed[id(part.attrs)] = len(columns.attrs)
+                columns.attrs.extend(part.attrs)
+            points = slice(at, at + len(part))
+            columns.aset[points] = part.aset + placed[id(part.attrs)]
+            for name in ("metric", "start_ns", "time_ns", "value", "ended"):
+                getattr(columns, name)[points] = getattr(part, name)
+            at += len(part)
+        return columns
+
+    def _snapshot_reference(self, rows: np.ndarray, end_ns: int, table: list[Attrs], after: list[Points]) -> Points:
+        """What `_snapshot` gives, built as parts and stacked."""
+        return Points.stack([self._columns(rows, end_ns, table), *after])
 
     def _gauge_points(self, gauges: Mapping[str, "_Gauges"], time_ns: int, ended: bool = False) -> Points:
         parts = [(self._code[m], g) for m, g in gauges.items() if len(g)]
