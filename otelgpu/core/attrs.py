@@ -10,21 +10,27 @@ from typing import Mapping
 Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
 
 
+class Shared:
+    """Each value once, so that what holds equal values holds one object: the value kept equal to
+    the one given (that one itself when it is new). Bounded: past `kept` values it starts afresh,
+    and values kept before are merely not shared."""
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._known: dict = {}
+
+    def __call__(self, value):  # noqa: ANN001, ANN204 - any hashable value; the kept one is returned
+        known = self._known.get(value)
+        if known is None:
+            if len(self._known) >= self._kept:
+                self._known.clear()
+            known = self._known.setdefault(value, value)
+        return known
+
+
 # Each (key, value) pair once: the sets of every series share their pairs instead of holding
 # copies (at 10,000 GPUs, some 17,000 distinct pairs where the sets would hold 1.1 million).
-# Bounded: past the bound it starts afresh, and pairs made before are merely not shared.
-_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
-PAIRS_KEPT = 65_536
-
-
-def pair(kv: tuple[str, str]) -> tuple[str, str]:
-    """The one tuple equal to `kv` (`kv` itself when it is new)."""
-    known = _PAIRS.get(kv)
-    if known is None:
-        if len(_PAIRS) >= PAIRS_KEPT:
-            _PAIRS.clear()
-        known = _PAIRS.setdefault(kv, kv)
-    return known
+pair = Shared(65_536)
 
 
 def attrs_of(pairs: Mapping[str, str]) -> Attrs:

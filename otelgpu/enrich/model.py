@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
+from otelgpu.core.attrs import Shared
+
 
 @dataclass(slots=True)  # no dict per pod: 76,000 pods and their copies while an interval is computed ahead
 class PodFacts:
@@ -48,18 +50,8 @@ def _same(known: float, new: float) -> bool:
 
 
 # Each (container, resource) key and positive quantity once, whatever the pods that repeat it (a
-# positive float equal to another has its bits). Bounded: past the bound it starts afresh.
-_SHARED: dict = {}
-SHARED_KEPT = 65_536
-
-
-def shared(value):  # noqa: ANN001, ANN201 - a request key or quantity, returned as the kept one
-    known = _SHARED.get(value)
-    if known is None:
-        if len(_SHARED) >= SHARED_KEPT:
-            _SHARED.clear()
-        known = _SHARED.setdefault(value, value)
-    return known
+# positive float equal to another has its bits).
+shared = Shared(65_536)
 
 
 @dataclass
