@@ -122,7 +122,7 @@ class DeviceMemory:
 
     def state(self) -> dict[str, np.ndarray]:
         """Every node as arrays: its name and each field of its entities in turn as ids in one
-        table of strings (`text_arrays`), when it was seen, and where its entities end."""
+        table of strings (`checkpoint.string_arrays`), when it was seen, and where its entities end."""
         ids: dict[str, int] = {}
 
         def code(text: str) -> int:  # each string's id, given on first sight

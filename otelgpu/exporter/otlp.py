@@ -156,8 +156,7 @@ class RequestWriter:
                 raise KeyError(metric)
             codes.setdefault(metric, []).append(code)
         for key in sorted(codes, key=self._rank.__getitem__):
-            mine = columns.metric == codes[key][0] if len(codes[key]) == 1 else np.isin(columns.metric, codes[key])
-            rows = np.flatnonzero(mine)
+            rows = np.flatnonzero(np.isin(columns.metric, codes[key]))
             if len(rows):
                 yield key, rows
 

@@ -545,18 +545,16 @@ class _AttrSets:
         text = texts_of(strings, string_ends)
         if "set_pairs" in arrays:
             kinds = np.asarray(arrays["pair_strings"], np.int64).reshape(-1, 2)
-            if np.any((kinds < 0) | (kinds >= len(text))):
-                raise ValueError("attribute set table: a pair refers to no string")
-            known = [pair((text[k], text[v])) for k, v in kinds.tolist()]
-            return _cut(np.asarray(arrays["set_pairs"], np.int64), np.asarray(arrays["pair_ends"], np.int64), known)
-        strings_of_sets, set_ends = (np.asarray(arrays[k], np.int64) for k in ("pairs", "set_ends"))
-        if np.any(np.diff(set_ends, prepend=0) % 2) or len(strings_of_sets) % 2:
-            raise ValueError("attribute set table: a set of an odd number of strings")
-        if np.any((strings_of_sets < 0) | (strings_of_sets >= len(text))):
+            codes, ends = (np.asarray(arrays[k], np.int64) for k in ("set_pairs", "pair_ends"))
+        else:  # each pair's strings written out where it is used: a pair for every two strings
+            strings_of_sets, set_ends = (np.asarray(arrays[k], np.int64) for k in ("pairs", "set_ends"))
+            if np.any(np.diff(set_ends, prepend=0) % 2) or len(strings_of_sets) % 2:
+                raise ValueError("attribute set table: a set of an odd number of strings")
+            kinds = strings_of_sets.reshape(-1, 2)
+            codes, ends = np.arange(len(kinds), dtype=np.int64), set_ends // 2
+        if np.any((kinds < 0) | (kinds >= len(text))):
             raise ValueError("attribute set table: a pair refers to no string")
-        kv = strings_of_sets.reshape(-1, 2)
-        known = [pair((text[k], text[v])) for k, v in kv.tolist()]
-        return _cut(np.arange(len(known), dtype=np.int64), set_ends // 2, known)
+        return _cut(codes, ends, [pair((text[k], text[v])) for k, v in kinds.tolist()])
 
 
 def _cut(codes: np.ndarray, ends: np.ndarray, known: list[tuple[str, str]]) -> list[Attrs]:
