@@ -104,8 +104,8 @@ class AttributionConfig:
     interval_seconds: int = Field(60, ge=1, le=3600)
     lateness_seconds: int = Field(30, ge=0, le=3600)
     # An open interval folds what waits in it (DCGM samples into steps, kube-state-metrics rows to
-    # each series' last) once it holds this many rows and twice what its last fold left: lower
-    # holds less between folds for more folding (enrich/window.py)
+    # each series' last) once it holds this many rows and, after that, twice (steps) or 1.25 times
+    # (facts) what its last fold left: lower holds less between folds for more folding (enrich/window.py)
     fold_rows: int = Field(8192, ge=1, le=1 << 30)
     cost_models: tuple[Literal["request", "scad", "opencost", "hybrid"], ...] = ("request",)
     hybrid_alpha: float = Field(0.5, ge=0, le=1)

@@ -225,6 +225,24 @@ def test_an_interval_resent_over_and_over_holds_what_it_was_sent_once():
     assert reading(closed.samples) == reading(batch)
 
 
+def test_an_open_interval_holds_its_facts_within_a_quarter_more_than_their_series():
+    """Each kube-state-metrics scrape resends every series; an interval folds its facts whenever
+    they grow by a quarter, so the copies it holds before its close stay within 1.25 times the
+    series (and one batch), where folding when doubled held twice. The close reads each series'
+    last row."""
+    pods, piece = 400, 10
+    windows = Windows(60, 30, fold_rows=1)
+    for scrape in range(12):
+        rows = _pod_info_rows(pods, (10 + scrape) * NS)
+        for start in range(0, pods, piece):
+            windows.add(Samples.empty(), empty_batch(), PodSamples.empty(), rows.select(np.arange(start, start + piece)))
+            held = sum(len(part) for part in windows._open[0].facts.parts)
+            assert held <= 1.25 * pods + piece
+    windows.watermark_ns = 10**6 * NS
+    closed = windows.due(flush=True)[0].facts
+    assert len(closed) == pods and set(closed.time_ns.tolist()) == {21 * NS}
+
+
 def _pod_info_rows(pods: int, time_ns: int) -> PointBatch:
     """kube_pod_info of `pods` pods (namespace and pod labels, codes 0 and 1..pods) at `time_ns`."""
     none = np.full(pods, -1, np.int32)
