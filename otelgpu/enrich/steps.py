@@ -14,12 +14,20 @@ and timestamp: a resent batch adds nothing. What an interval holds then grows wi
 holders and scrape times, not with the series each sends or the times a batch is sent. Unpacked at
 the close they are the samples the join reads: the same steps, holders and values, with the
 fields read only for presence left out where a value column already says so.
+
+The label combinations are a table a part may share (`LabelTable`): the open intervals' parts
+refer to the table the last fold left wherever it holds every combination they bring, so a
+combination is kept once for all of them, not once in each part and each interval (at 100,000
+GPUs some 400,000 combinations of 40 bytes). A table is always sorted by its codes and holds each
+combination once (`merge` makes them so, and a compaction of the interner keeps the order of the
+codes it keeps), so rows grouped by their combination's place in a shared table come in the
+order they would in a table of their own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -60,8 +68,22 @@ class Steps(Coded):
     def codes(self) -> list[np.ndarray]:
         return [self.labels.reshape(-1)]
 
-    def remap(self, table: np.ndarray) -> None:
-        self.labels = table[self.labels].astype(np.int32)
+    def remap(self, table: np.ndarray, done: Optional[dict[int, tuple[np.ndarray, np.ndarray]]] = None) -> None:
+        """`done`: the tables rewritten so far, by id (the old one kept with the new, so its id is
+        not reused meanwhile): parts that shared a table share its rewrite."""
+        if done is None:
+            self.labels = table[self.labels].astype(np.int32)
+            return
+        old = self.labels
+        self.labels = done.setdefault(id(old), (old, table[old].astype(np.int32)))[1]
+
+    def sharing(self, known: "LabelTable") -> "Steps":
+        """These rows referring to `known`'s table, when it holds every label combination they
+        have; themselves otherwise."""
+        found = known.find(self.labels)
+        if found is None:
+            return self
+        return Steps(self.time_ns, self.stale, found[self.label], self.present, self.value, known.labels)
 
     @staticmethod
     def of(samples: Samples) -> "Steps":
@@ -72,8 +94,9 @@ class Steps(Coded):
         valued = np.flatnonzero(cell < PRESENT_ONLY)
         value[valued, cell[valued]] = samples.value[valued]
         labels = np.stack([getattr(samples, name) for name in Samples.CODES], axis=1).astype(np.int32, copy=False)
-        one = Steps(samples.time_ns, samples.stale, np.arange(n_sample, dtype=np.int32),
-                    (np.uint8(1) << cell.astype(np.uint8)).astype(np.uint8), value, labels)
+        label_of, first = group_ids(*labels.T) if n_sample else (np.zeros(0, np.int64),) * 2
+        one = Steps(samples.time_ns, samples.stale, label_of.astype(np.int32),
+                    (np.uint8(1) << cell.astype(np.uint8)).astype(np.uint8), value, np.ascontiguousarray(labels[first]))
         return Steps.merge([one])
 
     @staticmethod
@@ -82,10 +105,7 @@ class Steps(Coded):
         and staleness merged: each column's first value (in that order) wins."""
         if not parts:
             return Steps.of(Samples.empty())
-        labels = np.concatenate([p.labels for p in parts]).reshape(-1, len(Samples.CODES))
-        bases = np.cumsum([0] + [len(p.labels) for p in parts[:-1]]).tolist()
-        label_of, first_label = group_ids(*labels.T) if len(labels) else (np.zeros(0, np.int64),) * 2
-        label = np.concatenate([label_of[p.label.astype(np.int64) + base] for p, base in zip(parts, bases)])
+        label, labels = _labels_of(parts)
         time_ns = np.concatenate([p.time_ns for p in parts])
         stale = np.concatenate([p.stale for p in parts])
         row, first = group_ids(label, time_ns, stale)
@@ -99,7 +119,7 @@ class Steps(Coded):
         value[merged_row[valued], merged_cell[valued]] = \
             np.concatenate([p.value for p in parts])[at[first_cell[valued]], merged_cell[valued]]
         return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value,
-                     np.ascontiguousarray(labels[first_label]).astype(np.int32, copy=False))
+                     labels)
 
     def unpack(self, memory: bool = True) -> Samples:
         """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
@@ -140,6 +160,66 @@ class Steps(Coded):
         label = self.label[at]  # each label column gathered on its own: no [samples, columns] copy
         return Samples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at],
                        **{name: np.ascontiguousarray(self.labels[:, j])[label] for j, name in enumerate(Samples.CODES)})
+
+
+def _labels_of(parts: list[Steps]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts' rows' label combinations, end to end, and the table they refer to: the one table
+    all of them share, or one of every combination of theirs (each table read once however many
+    parts share it), sorted."""
+    tables = {id(p.labels): p.labels for p in parts}
+    if len(tables) == 1 and _ordered(parts[0].labels):
+        return np.concatenate([p.label for p in parts]), parts[0].labels
+    bases = dict(zip(tables, np.cumsum([0] + [len(t) for t in tables.values()][:-1]).tolist()))
+    labels = np.concatenate(list(tables.values())).reshape(-1, len(Samples.CODES))
+    label_of, first_label = group_ids(*labels.T) if len(labels) else (np.zeros(0, np.int64),) * 2
+    label = np.concatenate([label_of[p.label.astype(np.int64) + bases[id(p.labels)]] for p in parts])
+    return label, np.ascontiguousarray(labels[first_label]).astype(np.int32, copy=False)
+
+
+def _ordered(labels: np.ndarray) -> bool:
+    """Whether the rows are in strictly increasing order of their codes, column after column (as
+    `merge` leaves a table; a compaction of the interner keeps that order, a table rewritten by
+    any other map of codes need not)."""
+    if len(labels) < 2:
+        return True
+    before, after = labels[:-1], labels[1:]
+    differ = before != after
+    column = np.argmax(differ, axis=1)  # each pair's first column that differs
+    rows = np.arange(len(column))
+    return bool(differ[rows, column].all() and (after[rows, column] > before[rows, column]).all())
+
+
+class LabelTable:
+    """A table of label combinations (`Steps.labels`), found by content: each combination's
+    fingerprint, sorted, and where each stands. Built on the first `find`."""
+
+    def __init__(self, labels: np.ndarray) -> None:
+        self.labels = labels
+        self._sorted: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+    def find(self, labels: np.ndarray) -> Optional[np.ndarray]:
+        """Where each row of `labels` stands in the table; None when one is not in it."""
+        if self._sorted is None:
+            prints = _fingerprints(self.labels)
+            order = np.argsort(prints)
+            self._sorted = (prints[order], order)
+        prints, order = self._sorted
+        if not len(prints):
+            return None if len(labels) else np.zeros(0, np.int64)
+        at = order[np.minimum(np.searchsorted(prints, _fingerprints(labels)), len(prints) - 1)]
+        # a fingerprint met twice finds the first row that has it: one that is not this row's is
+        # not taken for it
+        return at if np.array_equal(self.labels[at], labels) else None
+
+
+def _fingerprints(labels: np.ndarray) -> np.ndarray:
+    """uint64 [k]: a hash of each row's codes."""
+    out = np.zeros(len(labels), np.uint64)
+    for column in labels.T:
+        out ^= column.astype(np.int64).astype(np.uint64)
+        out *= np.uint64(0x9E3779B97F4A7C15)
+        out ^= out >> np.uint64(29)
+    return out
 
 
 def _bits(present: np.ndarray) -> np.ndarray:

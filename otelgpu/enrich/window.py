@@ -36,7 +36,7 @@ from sortedcontainers import SortedList
 from otelgpu.core.state import nothing_to_undo
 from otelgpu.enrich.facts import latest
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.steps import Steps
+from otelgpu.enrich.steps import LabelTable, Steps
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.receiver.decode import PointBatch, empty_batch
 
@@ -78,12 +78,15 @@ class _Folded:
         self._grow = grow
         self._rows = self._folded = 0
 
-    def add(self, part: Any, fold_rows: int) -> None:
+    def add(self, part: Any, fold_rows: int) -> Any:
+        """The parts folded, if they were now; None otherwise."""
         self.parts.append(part)
         self._rows += len(part)
-        if self._rows >= max(fold_rows, self._grow * self._folded):
-            self.parts = [self._fold(self.parts)]
-            self._rows = self._folded = len(self.parts[0])
+        if self._rows < max(fold_rows, self._grow * self._folded):
+            return None
+        self.parts = [self._fold(self.parts)]
+        self._rows = self._folded = len(self.parts[0])
+        return self.parts[0]
 
     def whole(self) -> Any:
         """The parts folded into one, kept so: an interval computed ahead and then closed folds
@@ -134,6 +137,9 @@ class Windows:
         self.skipped = 0  # intervals of long gaps not computed
         self._sources = _Sources()  # scrape target -> newest timestamp, last heard
         self._open: dict[int, _Open] = {}
+        # The label combinations the last fold of samples left: new parts that bring none other
+        # refer to its table (enrich/steps.py `Steps.sharing`)
+        self._labels: Optional[LabelTable] = None
 
     def add(self, samples: Samples, batch: PointBatch, pods: Optional[PodSamples] = None,
             facts: Optional[PointBatch] = None) -> tuple[int, PointBatch]:
@@ -153,7 +159,7 @@ class Windows:
             for i in np.unique(idx[on_time]):
                 rows = part.take(np.flatnonzero(idx == i))
                 if slot == "samples":
-                    self._slot(int(i), record).samples.add(Steps.of(rows), self.fold_rows)
+                    self._add_steps(self._slot(int(i), record), Steps.of(rows))
                 else:
                     self._slot(int(i), record).pods.append(rows)
         late_facts = empty_batch()
@@ -164,6 +170,13 @@ class Windows:
             for i in np.unique(idx[on_time]):
                 self._slot(int(i), record).facts.add(facts.select(idx == i), self.fold_rows)
         return late, late_facts
+
+    def _add_steps(self, slot: _Open, steps: Steps) -> None:
+        if self._labels is not None:
+            steps = steps.sharing(self._labels)
+        folded = slot.samples.add(steps, self.fold_rows)
+        if folded is not None and (self._labels is None or folded.labels is not self._labels.labels):
+            self._labels = LabelTable(folded.labels)
 
     def _slot(self, index: int, record: Optional[Position]) -> _Open:
         slot = self._open.setdefault(index, _Open())
@@ -250,14 +263,21 @@ class Windows:
         return self._interval(index, self._open[index])
 
     def codes(self) -> list[np.ndarray]:
-        """The arrays of interned string codes the open intervals hold."""
-        return [a for slot in self._open.values() for part in slot.parts() for a in part.codes()]
+        """The arrays of interned string codes the open intervals hold (a table parts share, once)."""
+        tables = {id(part.labels): part for slot in self._open.values() for part in slot.samples.parts}
+        return [a for part in tables.values() for a in part.codes()] + \
+            [a for slot in self._open.values() for part in [*slot.pods, *slot.facts.parts] for a in part.codes()]
 
     def remap(self, table: np.ndarray) -> None:
-        """Rewrite those codes after the interner was compacted (`Interner.compact`)."""
+        """Rewrite those codes after the interner was compacted (`Interner.compact`); parts that
+        shared a table share its rewrite. New parts share a table again from the next fold on."""
+        done: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for slot in self._open.values():
-            for part in slot.parts():
+            for part in slot.samples.parts:
+                part.remap(table, done)
+            for part in [*slot.pods, *slot.facts.parts]:
                 part.remap(table)
+        self._labels = None
 
     def ahead(self) -> int:
         """Rows waiting in open intervals (after a flush: those only targets ahead of the cluster reached)."""

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from otelgpu.enrich.claims import _device_memory_mib
 from otelgpu.enrich.reported import Reported
 from otelgpu.enrich.samples import Samples
-from otelgpu.enrich.steps import PRESENT_METRIC, Steps, unpack_reference
+from otelgpu.enrich import steps as steps_module
+from otelgpu.enrich.steps import PRESENT_METRIC, LabelTable, Steps, _ordered, unpack_reference
 from otelgpu.enrich.timeline import dedupe, entities_of, tenures
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.enrich.window import NS, Windows
@@ -79,6 +80,87 @@ def test_a_compaction_rewrites_steps_as_it_rewrites_samples(samples, order, offs
     plain.remap(table)
     assert steps.labels.dtype == np.int32
     assert same(Steps.merge([steps]).unpack(), Steps.of(plain).unpack())  # merged again: in the new codes' order
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_samples(), st.lists(st.integers(0, 30), max_size=4), st.integers(0, 5))
+def test_parts_that_share_a_fold_s_table_merge_as_parts_with_their_own(samples, cuts, folded):
+    """Parts refer to the table of an earlier fold wherever it holds all their combinations; merged
+    (alone, with parts of their own tables, or folded again) they unpack as the samples do."""
+    parts = [Steps.of(part) for part in cut(samples, cuts)]
+    known = LabelTable(Steps.merge(parts[:folded]).labels)
+    shared = [part.sharing(known) for part in parts]
+    for part, alike in zip(parts, shared):
+        assert same(alike.unpack(), part.unpack())
+        covered = {tuple(r) for r in part.labels.tolist()} <= {tuple(r) for r in known.labels.tolist()}
+        assert (alike.labels is known.labels) == covered
+    whole = Steps.of(samples).unpack()
+    assert same(Steps.merge(shared).unpack(), whole)
+    assert same(Steps.merge([Steps.merge(shared[:2]), *shared[2:]]).unpack(), whole)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(-1, 3), min_size=3, max_size=3), max_size=8),
+       st.lists(st.lists(st.integers(-1, 3), min_size=3, max_size=3), max_size=8), st.booleans())
+def test_a_label_table_finds_rows_by_content_and_never_takes_one_row_for_another(table, rows, collide):
+    """Where every row is in the table, `find` says where; where one is not, None. With every
+    fingerprint the same (colliding), it may fail to find a row but never finds a wrong one."""
+    table = np.array(sorted(set(map(tuple, table))), np.int32).reshape(-1, 3)
+    wanted = np.array(rows, np.int32).reshape(-1, 3)
+    known = LabelTable(table)
+    if collide:
+        known_prints = steps_module._fingerprints
+        steps_module._fingerprints = lambda labels: np.zeros(len(labels), np.uint64)
+    try:
+        found = known.find(wanted)
+    finally:
+        if collide:
+            steps_module._fingerprints = known_prints
+    present = {tuple(r) for r in table.tolist()}
+    if found is None:
+        assert collide or not all(tuple(r) in present for r in wanted.tolist())
+    else:
+        assert np.array_equal(table[found], wanted)
+        if not collide:
+            assert all(tuple(r) in present for r in wanted.tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(-1, 2), min_size=2, max_size=2), max_size=6))
+def test_a_table_is_ordered_when_its_rows_strictly_increase(rows):
+    table = np.array(rows, np.int32).reshape(-1, 2)
+    assert _ordered(table) == all(a < b for a, b in zip(map(tuple, rows), map(tuple, rows[1:])))
+
+
+def test_open_intervals_keep_a_label_combination_once_and_a_compaction_keeps_it_so():
+    """Two scrapes of the same devices into one interval and one into the next: once the first
+    fold is made, later parts refer to its table, so the open intervals hold each combination
+    once. A compaction of the interner rewrites that table once for every part that shares it,
+    and the intervals close as they would have."""
+    devices = [(metric, 10 * NS, 0.5, False, 0, uuid, -1, -1, 7, 10, 11, 12, -1, -1)
+               for uuid in range(40) for metric in DCGM]
+
+    def scrape(time_ns: int) -> Samples:
+        return _samples([(m, time_ns, *rest) for m, _, *rest in devices])
+
+    windows = Windows(60, 30, fold_rows=1)
+    for t in (10, 20, 70):
+        for half in np.array_split(np.arange(len(devices)), 4):
+            windows.add(scrape(t * NS).take(half), empty_batch(), PodSamples.empty(), empty_batch())
+    tables = {id(part.labels): part.labels for slot in windows._open.values() for part in slot.samples.parts}
+    assert sum(map(len, tables.values())) == 40
+    assert len(windows.codes()) == len(tables)
+    order = np.arange(100)[::-1].copy()
+    windows.remap(np.concatenate([order, [-1]]).astype(np.int32))
+    after = {id(part.labels): part.labels for slot in windows._open.values() for part in slot.samples.parts}
+    assert len(after) == len(tables)
+    windows.watermark_ns = 10**6 * NS
+    first, second = windows.due(flush=True)
+    back = np.concatenate([order, [-1]])  # the same map undoes itself
+    for interval, times in ((first, (10, 20)), (second, (70,))):
+        samples = interval.samples
+        samples.remap(back)
+        assert reading(samples) == reading(Samples.concat([scrape(t * NS) for t in times]))
 
 
 def test_a_row_with_only_presence_fields_unpacks_as_one_sample():
