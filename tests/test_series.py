@@ -100,8 +100,10 @@ def test_a_queued_snapshot_keeps_its_attributes_when_the_store_reuses_their_slot
 
 
 def _series(k: int) -> tuple[tuple[str, str], ...]:
-    """Series k's attributes: its own pod, a team and a node shared with others."""
-    return tuple(sorted({"pod": f"p{k}", "team": f"t{k % 3}", "node": f"n{k % 2}"}.items()))
+    """Series k's attributes: its own pod, a team and a node shared with others (some not ASCII,
+    one not even valid UTF-8: a lone surrogate)."""
+    return tuple(sorted({"pod": f"p{k}" + ("é" if k % 4 == 0 else ""), "team": f"t{k % 3}",
+                         "node": f"n{k % 2}" + ("\ud800" if k == 7 else "")}.items()))
 
 
 @settings(max_examples=60, deadline=None)

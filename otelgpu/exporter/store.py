@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Optional
 
 import numpy as np
 
-from otelgpu.checkpoint import text_arrays, texts_of
+from otelgpu.checkpoint import string_arrays, texts_of
 from otelgpu.core.attrs import Attrs, pair
 from otelgpu.core.state import Undo, nothing_to_undo
 from otelgpu.exporter.columns import Point, Points
@@ -652,31 +652,30 @@ class _Strings(_Counted):
 
     def __init__(self) -> None:
         super().__init__()
-        self._utf8: list[bytes] = []
+        self._texts: list[str] = []  # the very strings the sets hold: encoded only for a checkpoint
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, text: str) -> int:
         index, new = self._take(text)
         if new:
-            utf8 = text.encode("utf-8", "surrogatepass")
-            if index == len(self._utf8):
-                self._utf8.append(utf8)
+            if index == len(self._texts):
+                self._texts.append(text)
             else:
-                self._utf8[index] = utf8
+                self._texts[index] = text
             self._cache = None
         return index
 
     def release(self, codes: np.ndarray) -> None:
         """One reference fewer per occurrence of an id in `codes`; a string left without is forgotten."""
         for i in self._let_go(codes):
-            self._utf8[i] = b""
+            self._texts[i] = ""
             self._cache = None
 
     def _key(self, index: int) -> str:
-        return self._utf8[index].decode("utf-8", "surrogatepass")
+        return self._texts[index]
 
     def encoded(self) -> tuple[np.ndarray, np.ndarray]:
         """All strings as one UTF-8 byte array and the end of each (unchanged ones are not re-joined)."""
         if self._cache is None:
-            self._cache = text_arrays(self._utf8)
+            self._cache = string_arrays(self._texts)
         return self._cache
