@@ -12,7 +12,7 @@ from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline
 
 from otelgpu.errors import ConfigError
-from otelgpu.exporter.store import CostStore
+from otelgpu.exporter.store import CostStore, _ByValue
 from otelgpu.telemetry import total
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -117,12 +117,40 @@ def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(interva
                                             "held": {_series(k): 2.0 for k in keys if k % 2}}, {})
         live = {p.attrs for p in store.points()}
         assert live == {_series(k) for k in keys}
-        assert set(store._sets._index) == live
+        assert sorted(store._sets.indexed(), key=repr) == sorted(live, key=repr)
         assert set(store._sets._pairs._ids) == {kv for attrs in live for kv in attrs}
         assert set(store._sets._strings._ids) == {x for attrs in live for kv in attrs for x in kv}
         again = CostStore()
         again.restore(store.state())
         assert sorted(again.points(), key=repr) == sorted(store.points(), key=repr)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("put", "remove", "find")), st.integers(0, 40)), max_size=200),
+       st.sampled_from((hash, lambda v: 0, lambda v: v % 5, lambda v: -v)))
+def test_values_found_by_value_as_a_dict_finds_them(ops: list[tuple[str, int]], hash_of) -> None:
+    """`_ByValue` against a dict: values put, removed (their index reused) and looked up, with
+    hashes that collide all the time and negative ones, in a table that starts at 4 slots and is
+    rebuilt as values come and go."""
+    values: list = []
+    free: list[int] = []
+    table, reference = _ByValue(values, hash_of, least=4), {}
+    for op, value in ops:
+        if op == "put" and value not in reference:
+            index = free.pop() if free else len(values)
+            if index == len(values):
+                values.append(None)
+            values[index] = value
+            table.put(index, hash_of(value))
+            reference[value] = index
+        elif op == "remove" and value in reference:
+            index = reference.pop(value)
+            table.remove(index)
+            values[index] = None
+            free.append(index)
+        assert table.find(value) == reference.get(value, -1)
+    assert sorted(table.indices()) == sorted(reference.values())
+    assert all(table.find(v) == i for v, i in reference.items())
 
 
 @settings(max_examples=40, deadline=None)
