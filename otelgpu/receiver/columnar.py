@@ -137,14 +137,16 @@ class ColumnarDecoder:
         self.slots = np.full(1 << 12, -1, np.int32)
         self.set_hash = np.zeros(1 << 10, np.uint64)
         self.set_shape = np.zeros(1 << 10, np.int32)
-        self.set_seen = np.zeros(1 << 10, np.int64)  # newest time of an accepted point carrying it
+        # Newest time of an accepted point carrying it, in whole seconds (`_seconds`): a sweep keeps
+        # what was seen in the last SET_IDLE_NS, and 4 bytes a set where nanoseconds took 8
+        self.set_seen = np.zeros(1 << 10, np.uint32)
         self.newest_ns = 0
         self.kept = 0  # sets the last sweep kept
         # Each set as the ids of its attribute fields' distinct bytes ("pieces": a pod's name, a
         # GPU's UUID, the same namespace on every pod of it), each piece kept once with its label's
         # interned key and value: a set's labels are those of its pieces otelgpu reads, in order.
         self.set_pieces = np.zeros(1 << 12, np.int32)
-        self.set_off = np.zeros((1 << 10) + 1, np.int64)
+        self.set_off = np.zeros((1 << 10) + 1, np.int32)  # the table starts afresh long before 2**31 pieces
         self.pieces = np.zeros(1 << 14, np.uint8)
         self.piece_off = np.zeros((1 << 10) + 1, np.int64)
         self.piece_hash = np.zeros(1 << 10, np.uint64)
@@ -195,7 +197,7 @@ class ColumnarDecoder:
         if len(rows):
             with self.lock:
                 if self.renumbered == numbering:  # not emptied or swept meanwhile
-                    np.maximum.at(self.set_seen, cols["p_set"][rows], batch.time_ns)
+                    np.maximum.at(self.set_seen, cols["p_set"][rows], _seconds(batch.time_ns))
                     self.newest_ns = max(self.newest_ns, int(batch.time_ns.max()))
         batch.epoch = epoch
         return batch
@@ -213,8 +215,9 @@ class ColumnarDecoder:
     def sweep(self, cutoff_ns: int) -> None:
         """Drop the label sets no accepted point carried since `cutoff_ns`."""
         n_set = self.sets
-        keep = np.flatnonzero(self.set_seen[:n_set] >= cutoff_ns)
-        set_pieces, self.set_off = _gather(self.set_pieces, self.set_off, keep)
+        keep = np.flatnonzero(self.set_seen[:n_set] >= _seconds(np.array([cutoff_ns]))[0])
+        set_pieces, set_off = _gather(self.set_pieces, self.set_off, keep)
+        self.set_off = set_off.astype(np.int32)
         used, renumbered = np.unique(set_pieces, return_inverse=True)  # the pieces kept sets still use
         self.set_pieces = renumbered.reshape(-1).astype(np.int32)
         self.pieces, self.piece_off = _gather(self.pieces, self.piece_off, used)
@@ -312,7 +315,8 @@ class ColumnarDecoder:
         self.set_off[set_id + 1] = at + n_piece
         self.set_hash[set_id] = hashed
         self.set_shape[set_id] = self._shape(shape)
-        self.set_seen[set_id] = self.newest_ns  # a set whose points are all refused is swept with the next idle ones
+        # a set whose points are all refused is swept with the next idle ones
+        self.set_seen[set_id] = _seconds(np.array([self.newest_ns]))[0]
         self.sets = set_id + 1
         if 2 * self.sets > len(self.slots):
             self._rehash(2 * len(self.slots))
@@ -391,6 +395,11 @@ def _labels(chosen: np.ndarray, set_off: np.ndarray, set_pieces: np.ndarray, pie
     kept = np.zeros(len(pieces) + 1, np.int64)  # pieces read before each
     np.cumsum(wanted, out=kept[1:])
     return kept[off], keys[wanted], vals[wanted]
+
+
+def _seconds(time_ns: np.ndarray) -> np.ndarray:
+    """Data times as whole seconds, uint32 (up to 2106; before 1970 reads as 0)."""
+    return np.clip(time_ns // 1_000_000_000, 0, np.iinfo(np.uint32).max).astype(np.uint32)
 
 
 def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

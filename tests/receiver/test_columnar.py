@@ -474,6 +474,24 @@ def test_label_sets_idle_for_five_minutes_are_swept_and_learnt_again(monkeypatch
     assert both.same(live[1], now=later)[0] and len(d) == 2  # a kept set is still found, renumbered pieces
     assert both.same(gone[0], now=later)[0]  # a swept set comes back as it was
     assert len(both.columnar) == 3 and both.columnar.n_pieces == 4
+    # kept as the kernels were compiled for them: 4-byte offsets, whole seconds
+    assert d.set_off.dtype == np.int32 and d.set_seen.dtype == np.uint32
+    assert d.set_seen[:d.sets].max() == later // NS
+
+
+def test_a_sweep_keeps_the_sets_seen_in_the_last_five_minutes_to_the_second():
+    from otelgpu.receiver import columnar
+
+    both = Both()
+    times = [T + k * NS // 2 for k in range(6)]  # every half second
+    for k, t in enumerate(times):
+        raw = request_bytes(("kube_pod_info", {"namespace": "ml", "pod": f"p-{k}"}, 1.0))
+        both.same(raw.replace(struct.pack("<Q", T), struct.pack("<Q", t)), now=t)
+    d = both.columnar
+    cutoff = times[3]  # seconds: T, T, T+1, T+1, T+2, T+2; the cutoff T+1.5 reads T+1
+    d.sweep(cutoff)
+    assert len(d) == 4 and d.set_off.dtype == np.int32
+    assert columnar._seconds(np.array([-NS, 0, 2 * NS - 1, (1 << 32) * NS])).tolist() == [0, 0, 1, (1 << 32) - 1]
 
 
 def test_series_from_untrusted_scrape_targets_are_refused_the_same_by_both():
