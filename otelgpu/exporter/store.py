@@ -495,11 +495,9 @@ class _ByValue:
 
     def put(self, index: int, hashed: int) -> None:
         """Index `index` (its value not indexed yet), whose value's hash is `hashed`."""
-        if index < len(self._hashes):
-            self._hashes[index] = hashed
-        else:  # indices are given in turn: a new one is the next
-            self._hashes.extend([0] * (index - len(self._hashes)))
-            self._hashes.append(hashed)
+        if index >= len(self._hashes):
+            self._hashes.extend([0] * (index + 1 - len(self._hashes)))
+        self._hashes[index] = hashed
         if 2 * (self._used + 1) > len(self._slots):
             self._rebuild(max(self._least, 1 << (3 * (self._live + 1)).bit_length()))
         self._place(index, hashed)
@@ -530,14 +528,11 @@ class _ByValue:
 
     def _rebuild(self, size: int) -> None:
         """`size` slots (a power of two), the live indices placed again and no slot GONE."""
-        live, hashes, mask = self.indices(), self._hashes, size - 1
-        slots = self._slots = array("i", [self.EMPTY]) * size
+        live = self.indices()
+        self._slots = array("i", [self.EMPTY]) * size
+        self._live = self._used = 0
         for index in live:
-            at = hashes[index] & mask
-            while slots[at] != self.EMPTY:
-                at = (at + 1) & mask
-            slots[at] = index
-        self._live = self._used = len(live)
+            self._place(index, self._hashes[index])
 
 
 class _AttrSets:

@@ -215,7 +215,7 @@ class ColumnarDecoder:
     def sweep(self, cutoff_ns: int) -> None:
         """Drop the label sets no accepted point carried since `cutoff_ns`."""
         n_set = self.sets
-        keep = np.flatnonzero(self.set_seen[:n_set] >= _seconds(np.array([cutoff_ns]))[0])
+        keep = np.flatnonzero(self.set_seen[:n_set] >= _seconds(cutoff_ns))
         set_pieces, set_off = _gather(self.set_pieces, self.set_off, keep)
         self.set_off = set_off.astype(np.int32)
         used, renumbered = np.unique(set_pieces, return_inverse=True)  # the pieces kept sets still use
@@ -316,7 +316,7 @@ class ColumnarDecoder:
         self.set_hash[set_id] = hashed
         self.set_shape[set_id] = self._shape(shape)
         # a set whose points are all refused is swept with the next idle ones
-        self.set_seen[set_id] = _seconds(np.array([self.newest_ns]))[0]
+        self.set_seen[set_id] = _seconds(self.newest_ns)
         self.sets = set_id + 1
         if 2 * self.sets > len(self.slots):
             self._rehash(2 * len(self.slots))
@@ -397,9 +397,9 @@ def _labels(chosen: np.ndarray, set_off: np.ndarray, set_pieces: np.ndarray, pie
     return kept[off], keys[wanted], vals[wanted]
 
 
-def _seconds(time_ns: np.ndarray) -> np.ndarray:
+def _seconds(time_ns: np.ndarray | int) -> np.ndarray:
     """Data times as whole seconds, uint32 (up to 2106; before 1970 reads as 0)."""
-    return np.clip(time_ns // 1_000_000_000, 0, np.iinfo(np.uint32).max).astype(np.uint32)
+    return np.clip(np.asarray(time_ns) // 1_000_000_000, 0, np.iinfo(np.uint32).max).astype(np.uint32)
 
 
 def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
