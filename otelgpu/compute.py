@@ -84,7 +84,6 @@ class IntervalCosts:
                 costs.sums["tenant_tokens"] = counted
                 if per_mtok:
                     costs.gauges["tenant_cost_per_mtok"] = per_mtok
-        self.models.done()
         return costs
 
     def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001

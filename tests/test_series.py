@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline
 
+from otelgpu.attribution.models import Packed
+from otelgpu.core.attrs import Extended, with_attrs
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.store import CostStore, _ByValue
 from otelgpu.telemetry import total
@@ -172,42 +175,56 @@ def test_a_plan_looked_up_ahead_records_as_the_lookup_at_the_close_and_a_stale_o
         assert list(map(repr, planned.record(i * 60, (i + 1) * 60, sums(keys), {}, plan))) == list(map(repr, expected))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.tuples(st.integers(0, 9), st.booleans()), max_size=10), min_size=1, max_size=8))
-def test_series_found_by_their_object_or_by_value_record_the_same(intervals: list[list[tuple[int, bool]]]) -> None:
-    """The cost models hand the store the same attribute-set objects interval after interval, and
-    the store finds those series by the object's identity; equal sets in other objects (a series
-    back after a gap, a projection) by value. Fed either way, a store records the same points."""
-    pool = {k: _series(k) for k in range(10)}
-    by_object, by_value = CostStore(end_after_intervals=1), CostStore(end_after_intervals=1)
+EXTRAS = ((), (("cost_model", "request"),), (("cost_model", "scad"), ("resource", "cpu")), (("team", "override"),))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 3), st.booleans()), max_size=12),
+                min_size=1, max_size=8), st.integers(1, 2))
+def test_series_named_by_their_parts_or_by_value_record_the_same(intervals: list[list[tuple[int, int, bool]]],
+                                                                 end_after: int) -> None:
+    """The cost models name their series by parts (a base set and the attributes added to it, as
+    `Extended`), and the store finds those series by the parts' numbers; series given as sets
+    (restored, projected, the tenants'), or named by other parts than before (an extra that
+    replaces a base's attribute), by value. Fed either way, a store records the same points, a
+    plan made ahead included, and each set named by parts is found by them in the next interval."""
+    by_parts, by_value = CostStore(end_after_intervals=end_after), CostStore(end_after_intervals=end_after)
     for i, named in enumerate(intervals):
-        keys = dict(named)  # series k -> whether the pooled object (else a copy) names it
-        def sums(copies: bool) -> dict:
-            def attrs(k: int) -> tuple:
-                return tuple(list(pool[k])) if copies or not keys[k] else pool[k]
-            return {"allocated": {attrs(k): 1.0 + k for k in keys}, "held": {attrs(k): 2.0 for k in keys if k % 2}}
-        gauges = {"activity": {pool[k] if keys[k] else tuple(list(pool[k])): 0.5 for k in keys}}
-        plan = by_object.plan(sums(False)) if i % 2 else None
-        got = by_object.record(i * 60, (i + 1) * 60, sums(False), gauges, plan)
-        want = by_value.record(i * 60, (i + 1) * 60, sums(True), {"activity": {tuple(list(a)): v for a, v in
-                                                                               gauges["activity"].items()}})
-        assert list(map(repr, got)) == list(map(repr, want))
-        assert by_object.active_series() == by_value.active_series()
+        bases = [tuple(list(_series(k))) for k in range(10)]  # new objects each interval, as the join makes
+        chosen: dict[tuple, tuple[int, int, bool]] = {}
+        for k, e, as_parts in named:  # parts that make a set already chosen are left out: sets are distinct
+            chosen.setdefault(with_attrs(bases[k], dict(EXTRAS[e])), (k, e, as_parts))
+        parts = list(chosen.values())
+        extended = Extended(bases, EXTRAS, np.array([k for k, _, _ in parts], np.int64),
+                            np.array([e for _, e, _ in parts], np.int64))
+        values = np.arange(1.0, len(parts) + 1)
+        mixed = {"allocated": Packed.columns(extended, values),
+                 "held": {with_attrs(bases[k], dict(EXTRAS[e])): 2.0 for k, e, as_parts in parts if not as_parts}}
+        plain = {m: dict(series.items()) for m, series in mixed.items()}
+        plan = by_parts.plan(mixed) if i % 2 else None
+        got = by_parts.record(i * 60, (i + 1) * 60, mixed, {}, plan)
+        assert list(map(repr, got)) == list(map(repr, by_value.record(i * 60, (i + 1) * 60, plain, {})))
+        assert by_parts.active_series() == by_value.active_series()
+        again = Extended([tuple(list(b)) for b in bases], EXTRAS, extended.base, extended.extra)
+        assert by_parts._sets.find_named(again, {}).tolist() == [by_parts._sets.find(s) for s in extended]
 
 
-def test_an_ended_series_object_is_no_longer_found_by_identity() -> None:
-    """A set's object that the store released could be freed and its address given to another
-    set's object: the store forgets released objects' identities, so such an object is looked up
-    by value."""
+def test_an_ended_sets_parts_are_forgotten() -> None:
+    """A set that ends lets its parts go: what named only it is forgotten, and its index, given to
+    a new set, is not found by the old parts."""
     store = CostStore(end_after_intervals=1)
-    gone, kept = _series(1), _series(2)
-    store.record(0, 60, {"allocated": {gone: 1.0, kept: 1.0}}, {})
-    assert id(gone) in store._sets.object_ids().tolist()
-    store.record(60, 120, {"allocated": {kept: 1.0}}, {})  # `gone` ends
-    assert id(gone) not in store._sets.object_ids().tolist()
-    keys, _ = store._index()
-    assert id(gone) not in (keys // len(store.metric_keys)).tolist()
-    assert (keys // len(store.metric_keys)).tolist() == [id(kept)]
+    bases = [_series(1), _series(2)]
+    both = Extended(bases, EXTRAS, np.array([0, 1]), np.array([1, 1]))
+    store.record(0, 60, {"allocated": Packed.columns(both, np.ones(2))}, {})
+    assert store._sets.find_named(both, {}).tolist() == [0, 1]
+    store.record(60, 120, {"allocated": Packed.columns(Extended(bases, EXTRAS, np.array([1]), np.array([1])),
+                                                       np.ones(1))}, {})  # the first set ends
+    assert store._sets._bases.number(bases[0]) == -1 and store._sets._bases.number(bases[1]) >= 0
+    other = Extended([_series(3), bases[1]], EXTRAS, np.array([0, 1]), np.array([2, 1]))
+    store.record(120, 180, {"allocated": Packed.columns(other, np.ones(2))}, {})
+    assert store._sets.find(other[0]) == 0  # the index the ended set left
+    assert store._sets.find_named(both, {}).tolist() == [-1, 1]
+    assert store._sets.find_named(other, {}).tolist() == [0, 1]
 
 
 METRICS = ("allocated", "held", "waste")
@@ -219,7 +236,7 @@ METRICS = ("allocated", "held", "waste")
 def test_each_metric_of_a_set_lives_and_ends_on_its_own(intervals: list[list[tuple[int, str, bool]]],
                                                         end_after: int) -> None:
     """A set's sums end one metric at a time (a pod's waste stops while its allocation goes on),
-    and come back: each (metric, set) is a series of its own, found by object or by value, and
+    and come back: each (metric, set) is a series of its own, and
     its total is the sum of its increments since it (re)started, as a plain dict keeps them."""
     pool = {k: _series(k) for k in range(8)}
     store = CostStore(end_after_intervals=end_after)

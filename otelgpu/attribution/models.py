@@ -14,8 +14,9 @@ and model: allocated + unused + idle = capacity (with `share_scope: cluster`, pe
 
 The work is done on columns: every increment names an attribute set of the join (or a node's)
 and the attributes its model adds by index, and each metric's series are added up with one
-`bincount`; an attribute set is built once per distinct series. `models_reference` is the same
-computation series by series, in dicts: tests hold the two to the same results.
+`bincount`; each series is named by those two parts (`Extended`), and its set is built only
+where something reads it. `models_reference` is the same computation series by series, in dicts:
+tests hold the two to the same results.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
 from otelgpu.attribution.config import AttributionConfig
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.attribution.pricing import Priced
-from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
+from otelgpu.core.attrs import Attrs, Extended, attrs_of, with_attrs
 from otelgpu.core.grouping import Numbering, group_ids
 from otelgpu.core.settings import TAG_NAMES
 from otelgpu.enrich.holdings import ACTIVE, NOBODY, POD_UNKNOWN
@@ -48,22 +48,28 @@ REASONS = ("no_pod", "pod_unknown", "tag_missing")  # why allocated cost is unat
 
 
 class Packed(Mapping[Attrs, float]):
-    """A series mapping (attribute set -> value) kept as a list of sets and an array of values."""
+    """A series mapping (attribute set -> value) kept as its sets and an array of values. The sets
+    are a list, or named by their parts (`Extended`, `named()`): then a set is built only when it
+    is read."""
 
     def __init__(self, series: Mapping[Attrs, float]) -> None:
-        self._keys = list(series)
-        self._values = np.fromiter(series.values(), np.float64, len(self._keys))
+        self._sets: Sequence[Attrs] = list(series)
+        self._values = np.fromiter(series.values(), np.float64, len(self._sets))
         self._index: Optional[dict[Attrs, int]] = None
 
     @staticmethod
-    def columns(keys: list[Attrs], values: np.ndarray) -> "Packed":
-        """The mapping of `keys[i]` to `values[i]` (keys distinct)."""
+    def columns(keys: Sequence[Attrs], values: np.ndarray) -> "Packed":
+        """The mapping of `keys[i]` to `values[i]` (keys distinct; a list, or `Extended`)."""
         packed = Packed({})
-        packed._keys, packed._values = keys, np.asarray(values, np.float64)
+        packed._sets, packed._values = keys, np.asarray(values, np.float64)
         return packed
 
+    def named(self) -> Optional[Extended]:
+        """The sets by their parts, when they are named so."""
+        return self._sets if isinstance(self._sets, Extended) else None
+
     def items(self) -> Iterator[tuple[Attrs, float]]:  # type: ignore[override]
-        return zip(self._keys, self._values.tolist())
+        return zip(self._sets, self._values.tolist())
 
     def values(self) -> list[float]:  # type: ignore[override]
         return self._values.tolist()
@@ -75,14 +81,14 @@ class Packed(Mapping[Attrs, float]):
         return view
 
     def __iter__(self) -> Iterator[Attrs]:
-        return iter(self._keys)
+        return iter(self._sets)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._sets)
 
     def __getitem__(self, attrs: Attrs) -> float:
         if self._index is None:
-            self._index = {a: i for i, a in enumerate(self._keys)}
+            self._index = {a: i for i, a in enumerate(self._sets)}
         return float(self._values[self._index[attrs]])
 
 
@@ -102,14 +108,15 @@ class _Sums:
     index into the join's sets, then the node, platform and reason sets added here), an extra
     (an index into `extras`, the attributes a model adds; 0 adds none) and a value. A metric's
     series are the distinct (set, extra) pairs its parts name, an increment of 0 included, in
-    the order they are first named; a series' value is the sum of its increments in the order
-    they were added (as `models_reference` adds them one by one)."""
+    the order they are first named, each named by its parts (`Extended`); a series' value is the
+    sum of its increments in the order they were added (as `models_reference` adds them one by
+    one)."""
 
-    def __init__(self, sets: list[Attrs], extender: "_Extender") -> None:
+    def __init__(self, sets: list[Attrs], extras: "_Extras") -> None:
         self._joined = sets
         self._added: Numbering[Attrs] = Numbering()
         self.extras: Numbering[Attrs] = Numbering(())
-        self._with = extender
+        self._kept = extras
         self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in SUMS}
 
     def set(self, attrs: Attrs) -> int:
@@ -117,7 +124,7 @@ class _Sums:
         return len(self._joined) + self._added.index(attrs)
 
     def extra(self, items: Mapping[str, str]) -> int:
-        return self.extras.index(self._with.extra(items))
+        return self.extras.index(self._kept(items))
 
     def add(self, metric: str, sets: np.ndarray, extras: np.ndarray | int, values: np.ndarray,
             where: Optional[np.ndarray] = None) -> None:
@@ -128,30 +135,24 @@ class _Sums:
         if len(sets):
             self._parts[metric].append((sets, extras, values))
 
-    def series(self, merge: Callable[[list[Attrs], np.ndarray], Mapping[Attrs, float]],
+    def series(self, merge: Callable[[Sequence[Attrs], np.ndarray], Mapping[Attrs, float]],
                metrics: Optional[tuple[str, ...]] = None) -> Series:
         """Every metric's series (or only `metrics`'), each merged by `merge`."""
         width = len(self.extras)
-        named = {m: [np.concatenate(c) for c in zip(*parts)] for m, parts in self._parts.items()
-                 if parts and (metrics is None or m in metrics)}
-        keys = {m: sets * width + extras for m, (sets, extras, _) in named.items()}
-        # Each distinct series' attribute set is built once, whatever the metrics that name it.
-        every = np.unique(np.concatenate(list(keys.values()))) if keys else np.zeros(0, np.int64)
-        attrs = [self._attrs(s, e) for s, e in zip((every // width).tolist(), (every % width).tolist())]
+        bases = self._joined + self._added.values  # the sets every metric's series name by index
         out: Series = {}
-        for metric, (_, _, values) in named.items():
-            distinct, first, inverse = np.unique(keys[metric], return_index=True, return_inverse=True)
+        for metric, parts in self._parts.items():
+            if not parts or (metrics is not None and metric not in metrics):
+                continue
+            sets, extras, values = (np.concatenate(c) for c in zip(*parts))
+            distinct, first, inverse = np.unique(sets * width + extras, return_index=True, return_inverse=True)
             order = np.argsort(first, kind="stable")  # first named first
             rank = np.empty(len(order), np.int64)
             rank[order] = np.arange(len(order))
             totals = np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order))
-            out[metric] = merge([attrs[i] for i in np.searchsorted(every, distinct[order]).tolist()], totals)
+            named = distinct[order]
+            out[metric] = merge(Extended(bases, self.extras.values, named // width, named % width), totals)
         return out
-
-    def _attrs(self, joined: int, extra: int) -> Attrs:
-        n_joined = len(self._joined)
-        return self._with(self._joined[joined] if joined < n_joined else self._added.values[joined - n_joined],
-                          self.extras.values[extra])
 
 
 class CostModels:
@@ -161,7 +162,7 @@ class CostModels:
         self.telemetry = IntervalTelemetry(metrics) if metrics is not None else None
         self.dropped = dropped  # attributes the series do not keep (`series.detail`, `series.drop_attributes`)
         self.platform = {name: config.idle.platform_tags.get(name, tag_defaults[name]) for name in TAG_NAMES}
-        self._with = _Extender()
+        self._extras = _Extras()
 
     def needs_pods(self) -> bool:
         return "scad" in self.config.cost_models
@@ -171,9 +172,8 @@ class CostModels:
         allocated and unused series, with every attribute: a pod's included, whatever
         `series.detail` drops), gives the `tenant_cost` series (attribution/tenants.py); they are
         then reduced as the others."""
-        self._with.tick()
         held = priced.held
-        out = _Sums(held.sets, self._with)
+        out = _Sums(held.sets, self._extras)
         base = attribute_request(priced.rows, dt)
         out.add("held", held.row_set, 0, base.held_s)
         gpus = np.bincount(held.gpu_node, minlength=len(priced.nodes)).astype(np.float64)
@@ -200,11 +200,6 @@ class CostModels:
                 sums["tenant_cost"] = self.reduce(tenants)
         return sums, self._gauges(priced, base)
 
-    def done(self) -> None:
-        """The interval's series are all made (`attribute`, `reduce`): keep only its attribute sets
-        for the next one to hand back."""
-        self._with.done()
-
     def reduce(self, series: Mapping[Attrs, float]) -> Mapping[Attrs, float]:
         """Series without the attributes `series.detail` and `series.drop_attributes` drop, those
         that merge added up: what every sum the models make goes through."""
@@ -213,13 +208,42 @@ class CostModels:
     def _project(self, attrs: Attrs) -> Attrs:
         return tuple(kv for kv in attrs if kv[0] not in self.dropped) if self.dropped else attrs
 
-    def _merged(self, attrs: list[Attrs], values: np.ndarray) -> Mapping[Attrs, float]:
+    def _merged(self, attrs: Sequence[Attrs], values: np.ndarray) -> Mapping[Attrs, float]:
         """Series without the dropped attributes, the values of series that merge added up."""
         if not self.dropped:
             return Packed.columns(attrs, values)
+        if isinstance(attrs, Extended) and not self._overlap(attrs):
+            return self._merged_by_parts(attrs, values)
         index: dict[Attrs, int] = {}
         into = np.array([index.setdefault(self._project(a), len(index)) for a in attrs], np.int64)
-        return Packed.columns([self._with(a, ()) for a in index], np.bincount(into, weights=values, minlength=len(index)))
+        return Packed.columns(list(index), np.bincount(into, weights=values, minlength=len(index)))
+
+    def _overlap(self, sets: Extended) -> bool:
+        """Whether a series' base keeps a key that its extra adds (so that parts could merge into
+        one set that their projections do not tell apart)."""
+        added = {k: 1 << bit for bit, k in enumerate({k for e in sets.extras for k, _ in e if k not in self.dropped})}
+        if not added:
+            return False
+        extra_keys = np.array([sum(added.get(k, 0) for k, _ in e) for e in sets.extras], np.int64).reshape(-1)
+        base_keys = np.array([sum(added.get(k, 0) for k, _ in b) for b in sets.bases], np.int64).reshape(-1)
+        return bool(np.any(base_keys[sets.base] & extra_keys[sets.extra]))
+
+    def _merged_by_parts(self, sets: Extended, values: np.ndarray) -> Packed:
+        """`_merged` of sets whose projections are told apart by their projected parts: each base
+        and extra projected once, the series of equal parts added up, first named first."""
+        bases: Numbering[Attrs] = Numbering()
+        extras: Numbering[Attrs] = Numbering()
+        base_of = np.array([bases.index(self._project(b)) for b in sets.bases], np.int64).reshape(-1)
+        extra_of = np.array([extras.index(self._project(e)) for e in sets.extras], np.int64).reshape(-1)
+        width = max(len(extras), 1)
+        distinct, first, inverse = np.unique(base_of[sets.base] * width + extra_of[sets.extra], return_index=True,
+                                             return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        named = distinct[order]
+        return Packed.columns(Extended(bases.values, extras.values, named // width, named % width),
+                              np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order)))
 
     def _model(self, model: str, priced: Priced, dt: float, base: Attribution, node_set: np.ndarray,
                out: _Sums) -> None:
@@ -322,8 +346,7 @@ class CostModels:
         row_series = row_series[inverse.reshape(-1)]
         measured = np.bincount(row_series, weights=base.alloc - base.unmeasured, minlength=len(index))
         effective = np.bincount(row_series, weights=base.effective, minlength=len(index))
-        keys = [self._with(a, ()) for a in index]  # the objects of the last interval: the store knows them
-        gauges["activity"] = {attrs: e / m for attrs, e, m in zip(keys, effective.tolist(), measured.tolist()) if m > 0}
+        gauges["activity"] = {attrs: e / m for attrs, e, m in zip(index, effective.tolist(), measured.tolist()) if m > 0}
         # Tag coverage per cluster and per namespace.
         found = held.set_found[held.row_set]
         everything = found.all(axis=1)
@@ -420,47 +443,15 @@ def shared_idle(scope: str, row_node: np.ndarray, row_weight: np.ndarray,
     return share(row_node, row_weight, amount)
 
 
-_NONE: Mapping[Attrs, Attrs] = MappingProxyType({})  # the memo of an extra the last interval did not use
-
-
-class _Extender:
-    """`with_attrs`, remembered from one interval to the next (what this interval and the last one
-    used). The same holders on the same nodes get the same sets interval after interval, and
-    handing back the very tuple of the last interval lets the store find the series by the
-    object's identity (`CostStore._look_up`) instead of comparing it pair by pair. Each distinct
-    `extra` is kept once."""
+class _Extras:
+    """Each distinct extra (the attributes a model adds, as items) kept once, one interval after
+    the next: the store names a series by the very objects of its parts."""
 
     def __init__(self) -> None:
-        # extra -> attrs -> the set: a dict per distinct extra (a few per node and price source),
-        # so an entry is one slot, not a slot and a (attrs, extra) tuple (26 MiB at 100,000 GPUs)
-        self._now: dict[Attrs, dict[Attrs, Attrs]] = {}
-        self._last: dict[Attrs, dict[Attrs, Attrs]] = {}
-        self._extras: dict[Attrs, Attrs] = {}
+        self._kept: dict[Attrs, Attrs] = {}
 
-    def __call__(self, attrs: Attrs, extra: Attrs) -> Attrs:
-        """`extra`: the items of the attributes to add, as `extra()` keeps them (`()`: none; the
-        object of the last interval equal to `attrs`)."""
-        now = self._now.get(extra)
-        if now is None:
-            now = self._now[extra] = {}
-        out = self._last.get(extra, _NONE).get(attrs)
-        if out is None:
-            out = now.get(attrs) or with_attrs(attrs, dict(extra))
-        now[attrs] = out
-        return out
-
-    def extra(self, extra: Mapping[str, str]) -> Attrs:
-        """The one tuple kept for this mapping's items."""
+    def __call__(self, extra: Mapping[str, str]) -> Attrs:
         items = tuple(extra.items())
-        return self._extras.setdefault(items, items)
-
-    def tick(self) -> None:
-        """An interval begins: what the last one made is what this one looks up."""
-        self._last, self._now = self._now, {}
-        if len(self._extras) > 4096:  # node and price-source combinations come and go
-            self._extras = {}
-
-    def done(self) -> None:
-        """An interval's series are made: only they are kept until the next one (the interval
-        before's, half of what the memo held, are let go now rather than at the next tick)."""
-        self._last = {}
+        if len(self._kept) > 4096:  # node and price-source combinations come and go
+            self._kept = {}
+        return self._kept.setdefault(items, items)

@@ -39,13 +39,12 @@ class CostModelsReference(CostModels):
     def attribute(self, priced: Priced, dt: float) -> tuple[Series, Series]:
         """Sums and gauges of one interval."""
         sums: Series = {m: defaultdict(float) for m in SUMS}
-        self._with.tick()
         base = attribute_request(priced.rows, dt)
         for i, attrs in enumerate(priced.held.row_attrs):
             sums["held"][attrs] += float(base.held_s[i])
         for n, gpus in enumerate(np.bincount(priced.held.gpu_node, minlength=len(priced.nodes)).tolist()):
             if gpus:
-                sums["provisioned"][self._with(priced.nodes[n].attrs, ())] += gpus * dt
+                sums["provisioned"][_extended(priced.nodes[n].attrs, ())] += gpus * dt
         for model in self.config.cost_models:
             self._model(model, priced, dt, base, sums)
         self._unattributed(priced, base, sums)
@@ -66,8 +65,8 @@ class CostModelsReference(CostModels):
         common = {"cost_model": model, "idle_policy": cfg.idle.policy}
         row_node = priced.held.gpu_node[priced.rows.row_gpu] if len(priced.rows.row_gpu) else np.zeros(0, np.int64)
         att, node_source, rates = model_attribution(model, priced, base, dt)
-        extra = [self._with.extra(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
-        row_attrs = [self._with(a, extra[n]) for a, n in zip(priced.held.row_attrs, row_node.tolist())]
+        extra = [self._extras(dict(common, resource="gpu", price_source=node_source[n])) for n in range(n_node)]
+        row_attrs = [_extended(a, extra[n]) for a, n in zip(priced.held.row_attrs, row_node.tolist())]
         alloc = att.alloc
         if model == "hybrid":
             alloc = hybrid_allocation(att, row_node, n_node, cfg, lambda: self._holder_activity(priced, row_node, att))
@@ -78,7 +77,7 @@ class CostModelsReference(CostModels):
                 sums["unmeasured"][attrs] += float(att.unmeasured[i])
         for i, attrs in enumerate(row_attrs):
             sums["allocated"][attrs] += float(alloc[i])
-        node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(priced.nodes)]
+        node_attrs = [_extended(node.attrs, extra[n]) for n, node in enumerate(priced.nodes)]
         capacity = np.bincount(priced.held.gpu_node, weights=att.capacity, minlength=n_node)
         gpu_idle = _Idle(np.bincount(priced.held.gpu_node, weights=att.idle, minlength=n_node), row_node, alloc,
                          row_attrs)
@@ -127,16 +126,16 @@ class CostModelsReference(CostModels):
         hours = dt / 3600.0
         result = []
         for x, resource in enumerate(("cpu", "memory")):
-            extra = [self._with.extra(dict(common, resource=resource, price_source=node_source[n]))
+            extra = [self._extras(dict(common, resource=resource, price_source=node_source[n]))
                      for n in range(len(priced.nodes))]
-            pod_extra = {(n, b): self._with.extra(dict(extra[n], activity_basis=b))
+            pod_extra = {(n, b): self._extras(dict(extra[n], activity_basis=b))
                          for n in range(len(priced.nodes)) for b in ("requests", "usage")}
-            attrs = [self._with(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
+            attrs = [_extended(p.attrs, pod_extra[p.node, basis[i][x]]) for i, p in enumerate(pods)]
             for i, a in enumerate(attrs):
                 if qty[i, x] > 0:
                     sums["allocated"][a] += float(out.split[i, x])
                     sums["unused"][a] += float(out.unused[i, x])
-            node_attrs = [self._with(node.attrs, extra[n]) for n, node in enumerate(priced.nodes)]
+            node_attrs = [_extended(node.attrs, extra[n]) for n, node in enumerate(priced.nodes)]
             idle = _Idle(out.idle[:, x].copy(), pod_node, out.split[:, x], attrs)
             result.append((resource, idle, cap[:, x] * rate[:, x] * hours, node_attrs))
         return result
@@ -198,3 +197,8 @@ class CostModelsReference(CostModels):
                 key = attrs_of({"namespace": fields.get("namespace", ""), "node": fields.get("node", ""),
                                 "reason": reason})
                 sums["unattributed"][key] += float(base.alloc[i])
+
+
+def _extended(attrs: Attrs, extra: Attrs) -> Attrs:
+    """`attrs` with the items of `extra` added or replaced."""
+    return with_attrs(attrs, dict(extra))

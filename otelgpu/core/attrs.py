@@ -5,7 +5,9 @@ sums by them, the store and the exporters write them."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterator, Mapping, Sequence, overload
+
+import numpy as np
 
 Attrs = tuple[tuple[str, str], ...]  # sorted (key, value) pairs
 
@@ -45,3 +47,31 @@ def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
         return attrs
     kept = [kv for kv in attrs if kv[0] not in extra and kv[1] != ""]
     return tuple(sorted(kept + [pair(kv) for kv in extra.items() if kv[1] != ""]))
+
+
+class Extended(Sequence[Attrs]):
+    """Attribute sets named by their parts: set i is `bases[base[i]]` with the attributes of
+    `extras[extra[i]]` added or replaced (`with_attrs`). The cost models name their series this
+    way (a holding's set and the attributes a model adds), so no set is built that nothing reads:
+    the store finds a series by its parts, and a set is built only when one is read (`[i]`)."""
+
+    def __init__(self, bases: Sequence[Attrs], extras: Sequence[Attrs], base: np.ndarray, extra: np.ndarray) -> None:
+        self.bases, self.extras, self.base, self.extra = bases, extras, base, extra
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    @overload
+    def __getitem__(self, at: int) -> Attrs: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[Attrs]: ...
+
+    def __getitem__(self, at: int | slice) -> Attrs | list[Attrs]:
+        if isinstance(at, slice):
+            return [self[k] for k in range(*at.indices(len(self)))]
+        return with_attrs(self.bases[int(self.base[at])], dict(self.extras[int(self.extra[at])]))
+
+    def __iter__(self) -> Iterator[Attrs]:
+        bases, extras = self.bases, [dict(e) for e in self.extras]
+        return (with_attrs(bases[b], extras[e]) for b, e in zip(self.base.tolist(), self.extra.tolist()))

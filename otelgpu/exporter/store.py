@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import numpy as np
 
 from otelgpu.checkpoint import string_arrays, texts_of
-from otelgpu.core.attrs import Attrs, pair
+from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.state import Undo, nothing_to_undo
 from otelgpu.exporter.columns import Point, Points
 
@@ -30,6 +30,7 @@ class Plan:
 
     records: int  # how many intervals the store had recorded then: the plan holds until the next one
     rows: dict[str, np.ndarray]  # per metric, each series' row in the order of its mapping; -1 for a new one
+    parts: dict  # the numbers of the parts the series are named by (`_AttrSets.numbers`), for `record` to name sets
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,6 @@ class CostStore:
         self._born = np.zeros(cap, np.int64)  # creation order: snapshots list sums oldest first
         self._live = np.zeros(cap, bool)
         self._births = 0
-        self._by_object: Optional[tuple[np.ndarray, np.ndarray]] = None  # `_index()`, until rows change
         self._gauges: dict[str, _Gauges] = {}  # the latest interval's, per metric
         self._gauge_time = 0
         self._ended_totals: dict[tuple[str, Attrs], float] = {}
@@ -143,23 +143,21 @@ class CostStore:
         """The rows `record(..., sums, ...)` would add to, looked up now (an interval computed
         ahead of its close does this then, so that its close need not)."""
         with self._lock:
-            return Plan(self._records, {metric: self._look_up(metric, series) for metric, series in sums.items()})
+            parts: dict = {}
+            return Plan(self._records, {metric: self._look_up(metric, series, parts) for metric, series in sums.items()},
+                        parts)
 
-    def _look_up(self, metric: str, series: Mapping[Attrs, float]) -> np.ndarray:
-        """Each series' row, -1 for a new one. A series whose attribute set is the very object
-        the store keeps for it (the cost models hand back the same objects interval after
-        interval) is found by the object's identity, all at once; the others by value."""
-        keys = list(series)
-        code = self._code[metric]
-        wanted = np.fromiter(map(id, keys), np.int64, len(keys)) * len(self.metric_keys) + code
-        known, rows_of = self._index()
-        at = np.minimum(np.searchsorted(known, wanted), max(len(known) - 1, 0))
-        found = known[at] == wanted if len(known) else np.zeros(len(keys), bool)
-        rows = np.where(found, rows_of[at] if len(known) else -1, -1)
-        missed = np.flatnonzero(~found)
+    def _look_up(self, metric: str, series: Mapping[Attrs, float], parts: dict) -> np.ndarray:
+        """Each series' row, -1 for a new one. A series named by its parts (the cost models'
+        `Extended`) is found by them, all at once (`_AttrSets.find_named`); the others, and
+        those whose set was not named so yet, by value."""
+        named = _named(series)
+        keys = named if named is not None else list(series)
+        sets = self._sets.find_named(named, parts) if named is not None else np.full(len(keys), -1, np.int64)
+        missed = np.flatnonzero(sets < 0)
         if len(missed):
-            rows[missed] = self._rows_of(np.array([self._sets.find(keys[i]) for i in missed.tolist()], np.int64), code)
-        return rows
+            sets[missed] = np.fromiter((self._sets.find(keys[i]) for i in missed.tolist()), np.int64, len(missed))
+        return self._rows_of(sets, self._code[metric])
 
     def _rows_of(self, sets: np.ndarray, code: int) -> np.ndarray:
         """The live row of metric `code` of each attribute set (-1: none, or no set: -1)."""
@@ -173,17 +171,6 @@ class CostStore:
             found[at[hit]] = row[hit]
             at, row = at[~hit], self._next[row[~hit]].astype(np.int64)
         return found
-
-    def _index(self) -> tuple[np.ndarray, np.ndarray]:
-        """The live sums keyed by the identity of their attribute set's object (its id times the
-        number of metrics, plus the metric), sorted, and their rows. An id found here is that of
-        an object the store holds, so nothing else can have it."""
-        if self._by_object is None:
-            rows = np.flatnonzero(self._live)
-            keys = self._sets.object_ids()[self._aset[rows]] * len(self.metric_keys) + self._metric[rows]
-            order = np.argsort(keys)
-            self._by_object = (keys[order], rows[order])
-        return self._by_object
 
     def record(self, start_ns: int, end_ns: int, sums: Mapping[str, Mapping[Attrs, float]],
                gauges: Mapping[str, Mapping[Attrs, float]], plan: Optional[Plan] = None) -> Points:
@@ -199,14 +186,18 @@ class CostStore:
                 plan = None
             self._records += 1
             rows, incs = [np.zeros(0, np.int64)], [np.zeros(0, np.float64)]  # arrays: no Python number per series
-            looked_up = plan.rows if plan is not None else {m: self._look_up(m, series) for m, series in sums.items()}
+            parts = plan.parts if plan is not None else {}
+            looked_up = plan.rows if plan is not None else {m: self._look_up(m, s, parts) for m, s in sums.items()}
             for metric, series in sums.items():
                 found = np.array(looked_up[metric], np.int64)
                 new = np.flatnonzero(found < 0).tolist()
+                named = _named(series)
                 if new:
-                    keys = list(series)
+                    keys = named if named is not None else list(series)
                     for i in new:  # in the mapping's order, as they were found
                         found[i] = self._add(metric, keys[i], start_ns, 0.0, 0)
+                if named is not None:
+                    self._sets.name(self._aset[found].astype(np.int64), named, parts)
                 rows.append(found)
                 incs.append(_values(series))
             table = list(self._sets.attrs)  # the snapshot's own: a set's index is reused once it is released
@@ -221,7 +212,8 @@ class CostStore:
             self._drop(gone)
             kept = self._live_rows()
             old_gauges = self._gauges
-            self._gauges = {m: _Gauges(list(series), np.fromiter(series.values(), np.float64, len(series)))
+            self._gauges = {m: _Gauges(list(map(self._sets.kept, series)),
+                                       np.fromiter(series.values(), np.float64, len(series)))
                             for m, series in gauges.items() if len(series)}
             self._gauge_time = end_ns
             gone_gauges = {m: old.missing_from(self._gauges.get(m)) for m, old in old_gauges.items()}
@@ -235,7 +227,6 @@ class CostStore:
             self._grow()
         self._n_free -= 1
         row = int(self._free[self._n_free])
-        self._by_object = None
         self._metric[row] = self._code[metric]
         self._aset[row] = aset = self._sets.add(attrs)
         if aset >= len(self._head):
@@ -268,7 +259,6 @@ class CostStore:
                 key = (self.metric_keys[metric], self._sets.attrs[aset])
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
         self._sets.release(asets)
-        self._by_object = None
         self._live[rows] = False
         self._free[self._n_free:self._n_free + len(rows)] = rows[::-1]
         self._n_free += len(rows)
@@ -436,6 +426,12 @@ class CostStore:
             self.last_time_ns = last
 
 
+def _named(series: Mapping[Attrs, float]) -> Optional[Extended]:
+    """The sets of `series` by their parts, when it names them so (the cost models' `Packed`)."""
+    named = getattr(series, "named", None)
+    return named() if named is not None else None
+
+
 def _values(series: Mapping[Attrs, float]) -> np.ndarray:
     """The values of `series` in its order, as an array (the cost models' `Packed` has one)."""
     values = getattr(series, "array", None)
@@ -535,22 +531,32 @@ class _ByValue:
             self._place(index, self._hashes[index])
 
 
+_EXTRA_BITS = 24  # a set's key: the number of its base, then that of its extra in these low bits
+
+
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
     index is reused by the next new set. Each set is also kept as the ids of its pairs in a
     reference-counted pair table (4 bytes a pair), each pair as the ids of its key and value in a
     reference-counted string table, so a checkpoint writes the sets as arrays without visiting
-    their pairs."""
+    their pairs.
+
+    A set that series name by their parts (`Extended`: a base set and the attributes added to it)
+    is also found by them: each set keeps the numbers of the last parts that named it, a base and
+    an extra each counted by the sets they name, so that the next interval's series, named by
+    equal parts, find their sets without building them (`find_named`)."""
 
     def __init__(self) -> None:
         self.attrs: list[Attrs] = []
         self._codes: list[bytes] = []  # each set's pair ids, uint32 (bytes: a fraction of an array's overhead)
-        self._ids = np.zeros(1024, np.int64)  # id() of each set's object (0 once released)
         self._index = _ByValue(self.attrs)
         self._users: list[int] = []
         self._free: list[int] = []
         self._strings = _Strings()
         self._pairs = _Pairs(self._strings)
+        self._bases, self._extras = _Parts(), _Parts()
+        self._named = np.full(1024, -1, np.int64)  # [set] the key of the parts that last named it; -1: none
+        self._sorted: Optional[tuple[np.ndarray, np.ndarray]] = None  # `_by_name()`, until a set is (un)named
 
     def add(self, attrs: Attrs) -> int:
         hashed = hash(attrs)
@@ -566,9 +572,8 @@ class _AttrSets:
                 self.attrs.append(attrs)
                 self._codes.append(codes)
                 self._users.append(0)
-                if index == len(self._ids):
-                    self._ids = np.concatenate([self._ids, np.zeros(index, np.int64)])
-            self._ids[index] = id(attrs)
+                if index == len(self._named):
+                    self._named = np.concatenate([self._named, np.full(index, -1, np.int64)])
             self._index.put(index, hashed)
         self._users[index] += 1
         return index
@@ -587,8 +592,14 @@ class _AttrSets:
         self._pairs.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
         for i in gone:
             self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
-        self._ids[gone] = 0
+            self._unname(i)
         self._free.extend(gone)
+
+    def kept(self, attrs: Attrs) -> Attrs:
+        """The base the sets are named by equal to `attrs`, if there is one, else `attrs`: gauges
+        keyed by the join's sets (activity) then hold the store's object rather than another copy."""
+        number = self._bases.number(attrs)
+        return attrs if number < 0 else self._bases.value(number)
 
     def find(self, attrs: Attrs) -> int:
         """The index of the set equal to `attrs`, -1 when no live series uses one."""
@@ -598,9 +609,64 @@ class _AttrSets:
         """The sets found by value."""
         return [self.attrs[i] for i in self._index.indices()]
 
-    def object_ids(self) -> np.ndarray:
-        """id() of the object kept for each set (0 for a released one)."""
-        return self._ids[:len(self.attrs)]
+    def numbers(self, named: Extended, parts: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The numbers of `named`'s bases and extras (-1: no set is named by it), worked out once
+        for each list of parts and kept in `parts` (a dict that lives as long as one interval's
+        look-ups and record)."""
+        out = []
+        for values, table in ((named.bases, self._bases), (named.extras, self._extras)):
+            known = parts.get(id(values))
+            if known is None or known[0] is not values:
+                known = parts[id(values)] = (values, np.fromiter(map(table.number, values), np.int64, len(values)))
+            out.append(known[1])
+        return out[0], out[1]
+
+    def find_named(self, named: Extended, parts: dict) -> np.ndarray:
+        """The index of the set each of `named` names by its parts, -1 when no set is named by
+        them (a set named so before by other parts, or not at all, is found by value instead)."""
+        wanted = self._keys(named, parts)
+        keys, sets = self._by_name()
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        hit = (wanted >= 0) & (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), bool)
+        return np.where(hit, sets[at] if len(keys) else -1, -1)
+
+    def name(self, sets: np.ndarray, named: Extended, parts: dict) -> None:
+        """Each of `sets` (the sets of `named`, one each) is named by its parts from now on."""
+        wanted = self._keys(named, parts)
+        stale = np.flatnonzero((wanted < 0) | (self._named[sets] != wanted)).tolist()
+        if not stale:
+            return
+        base_no, extra_no = self.numbers(named, parts)
+        for i in stale:
+            index, base, extra = int(sets[i]), int(named.base[i]), int(named.extra[i])
+            self._unname(index)
+            base_no[base] = self._bases.take(named.bases[base])
+            extra_no[extra] = self._extras.take(named.extras[extra])
+            self._named[index] = (int(base_no[base]) << _EXTRA_BITS) | int(extra_no[extra])
+        self._sorted = None
+
+    def _keys(self, named: Extended, parts: dict) -> np.ndarray:
+        """The key of each of `named`'s parts (base << _EXTRA_BITS | extra), -1 where a part has no number."""
+        base_no, extra_no = self.numbers(named, parts)
+        base, extra = base_no[named.base], extra_no[named.extra]
+        return np.where((base >= 0) & (extra >= 0), (base << _EXTRA_BITS) | extra, -1)
+
+    def _unname(self, index: int) -> None:
+        key = int(self._named[index])
+        if key >= 0:
+            self._bases.release(key >> _EXTRA_BITS)
+            self._extras.release(key & ((1 << _EXTRA_BITS) - 1))
+            self._named[index] = -1
+            self._sorted = None
+
+    def _by_name(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sets named by parts: their keys sorted, and the sets in that order."""
+        if self._sorted is None:
+            keys = self._named[:len(self.attrs)]
+            sets = np.flatnonzero(keys >= 0)
+            order = np.argsort(keys[sets])
+            self._sorted = (keys[sets][order], sets[order])
+        return self._sorted
 
     def table(self, sets: list[int]) -> dict[str, np.ndarray]:
         """These sets as arrays: their pair ids end to end (4 bytes a pair, as kept), where each
@@ -682,6 +748,39 @@ class _Counted(ABC):
     @abstractmethod
     def _key(self, index: int):  # noqa: ANN202 - a string or a pair
         """The key whose id is `index`."""
+
+
+class _Parts(_Counted):
+    """The parts sets are named by (bases, extras), each counted by the sets it names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._values: list[Attrs] = []
+
+    def number(self, value: Attrs) -> int:
+        """The part's number, -1 when no set is named by it."""
+        return self._ids.get(value, -1)
+
+    def take(self, value: Attrs) -> int:
+        """The part's number, counting one set more named by it."""
+        index, new = self._take(value)
+        if new:
+            if index == len(self._values):
+                self._values.append(value)
+            else:
+                self._values[index] = value
+        return index
+
+    def value(self, index: int) -> Attrs:
+        return self._values[index]
+
+    def release(self, index: int) -> None:
+        """One set fewer named by the part; a part that names none is forgotten."""
+        for i in self._let_go(np.array([index], np.int64)):
+            self._values[i] = ()
+
+    def _key(self, index: int) -> Attrs:
+        return self._values[index]
 
 
 class _Pairs(_Counted):

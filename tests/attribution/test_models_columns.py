@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster import Cluster, Node, Pod, Unit
 from otelgpu.attribution.models import CostModels
 from otelgpu.attribution.models_reference import CostModelsReference
-from otelgpu.core.attrs import Attrs
+from otelgpu.core.attrs import Extended, attrs_of
 from otelgpu.telemetry import SelfMetrics, by_label
 from support import feed, make_config, offline_pipeline
 
@@ -121,27 +124,71 @@ def test_the_clusters_have_unknown_pods_and_busy_units_nobody_holds() -> None:
     assert {"pod", "pod_unknown", "ksm_request", "active_without_pod"} <= kinds
 
 
-def test_an_interval_hands_back_the_last_ones_sets_and_keeps_only_its_own() -> None:
-    """The same series interval after interval are the very objects of the interval before (the
-    store finds them by identity), and once an interval's series are made the models keep only
-    its sets: the interval before's are let go. (The tag coverage gauges, a few per namespace,
-    are made afresh.)"""
+def test_the_models_name_their_series_by_parts_and_the_store_finds_them_so() -> None:
+    """Every sum the models make names its series by parts (the join's set and the attributes a
+    model adds) and builds no set, and the models keep nothing of an interval for the next. From
+    the second interval on, the store looks up by value only sets it had not met (new pods'):
+    every other series is found by its parts."""
     p = offline_pipeline(make_config(attribution__interval_seconds=900, attribution__lateness_seconds=3600,
                                      attribution__cost_models=["request", "scad"]))
-    made: list[dict[Attrs, Attrs]] = []
-    attribute = p.models.attribute
+    sets, store = p.store._sets, p.store
+    find, add, record, attribute = sets.find, sets.add, store.record, p.models.attribute
+    by_value: list[set] = []  # per record: the sets looked up by value
+    new: list[set] = []  # per record: the sets the store had not met
+    named: list[bool] = []
 
-    def spy(j, dt, split=None):  # noqa: ANN001
+    def counted_find(attrs):  # noqa: ANN001, ANN202
+        by_value[-1].add(attrs)
+        return find(attrs)
+
+    def counted_add(attrs):  # noqa: ANN001, ANN202
+        if find(attrs) < 0:
+            new[-1].add(attrs)
+        return add(attrs)
+
+    def counted_record(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        by_value.append(set())
+        new.append(set())
+        return record(*args, **kwargs)
+
+    def spy(j, dt, split=None):  # noqa: ANN001, ANN202
         sums, gauges = attribute(j, dt, split)
-        made.append({a: a for series in [*sums.values(), gauges["activity"]] for a in series})
+        named.append(all(series.named() is not None for series in sums.values()))
         return sums, gauges
 
-    p.models.attribute = spy
+    sets.find, sets.add, store.record, p.models.attribute = counted_find, counted_add, counted_record, spy
     feed(p, *random_cluster(random.Random(7)).scrapes(300, 3600))
     p.close_due(flush=True)
-    assert len(made) == 4
-    for before, after in zip(made, made[1:]):
-        again = before.keys() & after.keys()
-        assert again and all(after[a] is before[a] for a in again)
-    memo = p.models._with
-    assert not memo._last and {a for sets in memo._now.values() for a in sets.values()} == set(made[-1])
+    assert len(named) == len(by_value) == 4 and all(named)
+    assert by_value[0] and by_value[0] == new[0]
+    assert all(looked <= added for looked, added in zip(by_value[1:], new[1:])), [len(s) for s in by_value]
+    assert sum(map(len, by_value[1:])) < len(by_value[0])
+    assert len(p.models._extras._kept) < 20  # the extras a model adds, not a set per series
+    activity, bases = p.store._gauges["activity"].keys, p.store._sets._bases
+    assert activity and all(bases.value(bases.number(a)) is a for a in activity)  # the store's objects: held once
+
+
+EXTRAS = ((), (("cost_model", "request"),), (("team", "override"),), (("cost_model", "scad"), ("node", "")))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(1, 9)), min_size=1, max_size=20),
+       st.sets(st.sampled_from(["pod", "team", "cost_model", "node"])))
+def test_series_merged_by_their_parts_are_the_sets_merged(picks: list[tuple[int, int, int]], dropped: set[str]) -> None:
+    """Series named by parts, without the dropped attributes, merge as the sets they name merge:
+    by their projected parts where no base keeps a key its extra adds, else set by set (an extra
+    that replaces the team, or removes the node, of its base)."""
+    config = make_config(attribution__cost_models=["request"])
+    models = CostModels(config.attribution, {name: rule.default for name, rule in config.tags.items()},
+                        dropped=frozenset(dropped))
+    bases = [attrs_of({"pod": f"p{k}", "team": f"t{k % 2}", "node": f"n{k % 3}"}) for k in range(6)]
+    parts = list(dict.fromkeys((k, e) for k, e, _ in picks))  # distinct parts, first named first
+    values = np.array([float(dict(((k, e), v) for k, e, v in picks)[p]) for p in parts])
+    named = Extended(bases, EXTRAS, np.array([k for k, _ in parts]), np.array([e for _, e in parts]))
+    want: dict = {}
+    for attrs, value in zip(named, values.tolist()):
+        projected = tuple(kv for kv in attrs if kv[0] not in dropped)
+        want[projected] = want.get(projected, 0.0) + value
+    got = models._merged(named, values)
+    assert dict(got.items()) == want and len(got) == len(want)
+    assert list(got) == list(want)  # first named first
