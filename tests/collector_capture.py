@@ -75,13 +75,30 @@ def capture(workdir: Path) -> tuple[list[Scrape], dict[str, int]]:
         events["failed_ms"] = failed
         recovered = cluster.wait_served("dcgm-a", failed).at_ms
         cluster.wait_served("dcgm-a", recovered)
+        # Until every scrape the tests keep has reached the sink: the Collector's batches come
+        # when they come, and a scrape served is not yet a scrape sent.
+        eventually(lambda: _all_kept(_scrapes(list(sink.requests)), events), 60,
+                   message=lambda: f"the sink never got every scrape kept: {col.tail()}")
         assert col.stop() == 0, col.tail()  # SIGTERM: the batch processor flushes what it holds
     finally:
         col.close()
         cluster.close()
         sink.stop()
+    return _scrapes(sink.requests), events
+
+
+def _all_kept(scrapes: list[Scrape], events: dict[str, int]) -> bool:
+    try:
+        keepers(scrapes, events)
+    except StopIteration:
+        return False
+    return True
+
+
+def _scrapes(requests: list[ExportMetricsServiceRequest]) -> list[Scrape]:
+    """One request per scrape, split from the Collector's batches by resource, in the order scraped."""
     scrapes = []
-    for req in sink.requests:
+    for req in requests:
         for rm in req.resource_metrics:
             times = [p.time_unix_nano for sm in rm.scope_metrics for m in sm.metrics
                      for p in (m.sum.data_points if m.HasField("sum") else m.gauge.data_points)]
@@ -90,7 +107,7 @@ def capture(workdir: Path) -> tuple[list[Scrape], dict[str, int]]:
             one.resource_metrics.add().CopyFrom(rm)
             scrapes.append(Scrape(res.get("service.name", ""), res.get("service.instance.id", ""), min(times), one))
     scrapes.sort(key=lambda s: (s.time_ns, s.job))
-    return scrapes, events
+    return scrapes
 
 
 def keepers(scrapes: list[Scrape], events: dict[str, int]) -> dict[str, Scrape]:
