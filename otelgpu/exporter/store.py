@@ -30,7 +30,7 @@ class Plan:
 
     records: int  # how many intervals the store had recorded then: the plan holds until the next one
     rows: dict[str, np.ndarray]  # per metric, each series' row in the order of its mapping; -1 for a new one
-    parts: dict  # the numbers of the parts the series are named by (`_AttrSets.numbers`), for `record` to name sets
+    parts: dict  # the numbers of the series' parts and the sets built from them (`_AttrSets.numbers`, `_Built`)
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class CostStore:
         `Extended`) is found by them, all at once (`_AttrSets.find_named`); the others, and
         those whose set was not named so yet, by value."""
         named = _named(series)
-        keys = named if named is not None else list(series)
+        keys = _Built(named, parts) if named is not None else list(series)
         sets = self._sets.find_named(named, parts) if named is not None else np.full(len(keys), -1, np.int64)
         missed = np.flatnonzero(sets < 0)
         if len(missed):
@@ -193,7 +193,7 @@ class CostStore:
                 new = np.flatnonzero(found < 0).tolist()
                 named = _named(series)
                 if new:
-                    keys = named if named is not None else list(series)
+                    keys = _Built(named, parts) if named is not None else list(series)
                     for i in new:  # in the mapping's order, as they were found
                         found[i] = self._add(metric, keys[i], start_ns, 0.0, 0)
                 if named is not None:
@@ -432,6 +432,27 @@ def _named(series: Mapping[Attrs, float]) -> Optional[Extended]:
     return named() if named is not None else None
 
 
+class _Built:
+    """The sets of `named` that are read, each built once for all the metrics that name it by the
+    same parts (kept in `parts`, with the parts' numbers, for one interval's look-ups and record)."""
+
+    def __init__(self, named: Extended, parts: dict) -> None:
+        self._named = named
+        key = ("built", id(named.bases), id(named.extras))
+        known = parts.get(key)
+        if known is None or known[0] is not named.bases or known[1] is not named.extras:
+            known = parts[key] = (named.bases, named.extras, {})
+        self._sets: dict[tuple[int, int], Attrs] = known[2]
+
+    def __getitem__(self, at: int) -> Attrs:
+        named = self._named
+        key = (int(named.base[at]), int(named.extra[at]))
+        attrs = self._sets.get(key)
+        if attrs is None:
+            attrs = self._sets[key] = named[at]
+        return attrs
+
+
 def _values(series: Mapping[Attrs, float]) -> np.ndarray:
     """The values of `series` in its order, as an array (the cost models' `Packed` has one)."""
     values = getattr(series, "array", None)
@@ -592,7 +613,7 @@ class _AttrSets:
         self._pairs.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
         for i in gone:
             self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
-            self._unname(i)
+        self._unname(np.array(gone, np.int64))
         self._free.extend(gone)
 
     def kept(self, attrs: Attrs) -> Attrs:
@@ -639,7 +660,7 @@ class _AttrSets:
         base_no, extra_no = self.numbers(named, parts)
         for i in stale:
             index, base, extra = int(sets[i]), int(named.base[i]), int(named.extra[i])
-            self._unname(index)
+            self._unname(np.array([index], np.int64))
             base_no[base] = self._bases.take(named.bases[base])
             extra_no[extra] = self._extras.take(named.extras[extra])
             self._named[index] = (int(base_no[base]) << _EXTRA_BITS) | int(extra_no[extra])
@@ -651,12 +672,14 @@ class _AttrSets:
         base, extra = base_no[named.base], extra_no[named.extra]
         return np.where((base >= 0) & (extra >= 0), (base << _EXTRA_BITS) | extra, -1)
 
-    def _unname(self, index: int) -> None:
-        key = int(self._named[index])
-        if key >= 0:
-            self._bases.release(key >> _EXTRA_BITS)
-            self._extras.release(key & ((1 << _EXTRA_BITS) - 1))
-            self._named[index] = -1
+    def _unname(self, sets: np.ndarray) -> None:
+        """These sets are named by no parts any more: each part they were named by counts them no more."""
+        keys = self._named[sets]
+        keys = keys[keys >= 0]
+        if len(keys):
+            self._bases.release(keys >> _EXTRA_BITS)
+            self._extras.release(keys & ((1 << _EXTRA_BITS) - 1))
+            self._named[sets] = -1
             self._sorted = None
 
     def _by_name(self) -> tuple[np.ndarray, np.ndarray]:
@@ -774,9 +797,10 @@ class _Parts(_Counted):
     def value(self, index: int) -> Attrs:
         return self._values[index]
 
-    def release(self, index: int) -> None:
-        """One set fewer named by the part; a part that names none is forgotten."""
-        for i in self._let_go(np.array([index], np.int64)):
+    def release(self, numbers: np.ndarray) -> None:
+        """One set fewer named by the part of each number (a number twice: two fewer); a part
+        that names none is forgotten."""
+        for i in self._let_go(numbers):
             self._values[i] = ()
 
     def _key(self, index: int) -> Attrs:
