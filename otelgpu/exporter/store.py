@@ -660,7 +660,8 @@ class _AttrSets:
         base_no, extra_no = self.numbers(named, parts)
         for i in stale:
             index, base, extra = int(sets[i]), int(named.base[i]), int(named.extra[i])
-            self._unname(np.array([index], np.int64))
+            if self._named[index] >= 0:  # named by other parts before (a new set is named by none)
+                self._unname(np.array([index], np.int64))
             base_no[base] = self._bases.take(named.bases[base])
             extra_no[extra] = self._extras.take(named.extras[extra])
             self._named[index] = (int(base_no[base]) << _EXTRA_BITS) | int(extra_no[extra])
