@@ -145,12 +145,7 @@ class _Sums:
             if not parts or (metrics is not None and metric not in metrics):
                 continue
             sets, extras, values = (np.concatenate(c) for c in zip(*parts))
-            distinct, first, inverse = np.unique(sets * width + extras, return_index=True, return_inverse=True)
-            order = np.argsort(first, kind="stable")  # first named first
-            rank = np.empty(len(order), np.int64)
-            rank[order] = np.arange(len(order))
-            totals = np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order))
-            named = distinct[order]
+            named, totals = _first_named(sets * width + extras, values)
             out[metric] = merge(Extended(bases, self.extras.values, named // width, named % width), totals)
         return out
 
@@ -236,14 +231,8 @@ class CostModels:
         base_of = np.array([bases.index(self._project(b)) for b in sets.bases], np.int64).reshape(-1)
         extra_of = np.array([extras.index(self._project(e)) for e in sets.extras], np.int64).reshape(-1)
         width = max(len(extras), 1)
-        distinct, first, inverse = np.unique(base_of[sets.base] * width + extra_of[sets.extra], return_index=True,
-                                             return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        rank = np.empty(len(order), np.int64)
-        rank[order] = np.arange(len(order))
-        named = distinct[order]
-        return Packed.columns(Extended(bases.values, extras.values, named // width, named % width),
-                              np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order)))
+        named, totals = _first_named(base_of[sets.base] * width + extra_of[sets.extra], values)
+        return Packed.columns(Extended(bases.values, extras.values, named // width, named % width), totals)
 
     def _model(self, model: str, priced: Priced, dt: float, base: Attribution, node_set: np.ndarray,
                out: _Sums) -> None:
@@ -443,9 +432,19 @@ def shared_idle(scope: str, row_node: np.ndarray, row_weight: np.ndarray,
     return share(row_node, row_weight, amount)
 
 
+def _first_named(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys in the order they are first named, and the sum of each one's values in
+    the order they come."""
+    distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return distinct[order], np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order))
+
+
 class _Extras:
-    """Each distinct extra (the attributes a model adds, as items) kept once, one interval after
-    the next: the store names a series by the very objects of its parts."""
+    """Each distinct extra (the attributes a model adds, as items) kept once: an interval's series
+    name a handful of extras, whatever their number."""
 
     def __init__(self) -> None:
         self._kept: dict[Attrs, Attrs] = {}
