@@ -22,15 +22,17 @@ import struct
 import sys
 import zlib
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import BinaryIO, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from otelgpu.core.attrs import Attrs, pair
 from otelgpu.core.files import write_whole
+from otelgpu.exporter.columns import SetTable
 
 _RECORD = struct.Struct("<III")  # id, payload bytes, CRC32 of id, length and payload
 COMPACT_FROM = 4096  # sets: below this a log is never rewritten
+_RECORDS_WRITTEN = 4096  # records joined per write
 
 
 def _record(number: int, attrs: Attrs) -> bytes:
@@ -39,9 +41,11 @@ def _record(number: int, attrs: Attrs) -> bytes:
     return _RECORD.pack(number, len(payload), zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
-def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
-    """The sets of a log's bytes and the length of its undamaged part."""
+def _parse(data: bytes) -> tuple[dict[int, Attrs], int, list[tuple[int, int, int]]]:
+    """The sets of a log's bytes, the length of its undamaged part, and each record's id, offset
+    and length in it (in the order of the log)."""
     sets: dict[int, Attrs] = {}
+    spans = []
     at = 0
     while at + _RECORD.size <= len(data):
         number, size, crc = _RECORD.unpack_from(data, at)
@@ -56,23 +60,34 @@ def _parse(data: bytes) -> tuple[dict[int, Attrs], int]:
         except (ValueError, TypeError):
             break
         sets[number] = attrs
+        spans.append((number, at, _RECORD.size + size))
         at += _RECORD.size + size
-    return sets, at
+    return sets, at, spans
 
 
 class AttrTable:
-    """Not thread-safe: the outbox serialises its calls."""
+    """The log's sets by id, found by the serial of a store's set (`SetTable`) or by value.
+
+    A set of the store is found by its serial (two sorted arrays): no tuple is kept for it. A set
+    given as a tuple (a gauge's, a snapshot read back from disk) is found by value, and so is a
+    set of the log read at start until a store's set of equal value names it by its serial. A
+    compaction copies the records it keeps from the log as they are (each id's place in it is
+    kept), so nothing needs a set's tuple to rewrite it. Not thread-safe: the outbox serialises
+    its calls."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._ids: dict[Attrs, int] = {}
+        self._serials = np.zeros(0, np.int64)  # the store's sets' serials, ascending
+        self._serial_ids = np.zeros(0, np.uint32)  # the id of each
+        self._spans = np.zeros((0, 3), np.int64)  # each record in the log, in its order: id, offset, length
         self._next = 0
         self._size = 0  # bytes of the log known good: appends go after them
         self._loaded = False
         self._adopt = False  # the next `ids` keys the sets it meets by the caller's tuples
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._spans)
 
     def load(self) -> tuple[dict[int, Attrs], int]:
         """Read the log (at start; `ids` does if nothing did): its sets by id, and how many damaged bytes
@@ -81,48 +96,134 @@ class AttrTable:
             data = self.path.read_bytes()
         except FileNotFoundError:
             data = b""
-        sets, good = _parse(data)
+        sets, good, spans = _parse(data)
         if good < len(data):
             os.truncate(self.path, good)
         self._ids = {attrs: i for i, attrs in sets.items()}
+        self._serials, self._serial_ids = np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        self._spans = np.array(spans, np.int64).reshape(-1, 3)
         self._next = max(sets, default=-1) + 1
         self._size = good
         self._loaded = self._adopt = True
         return sets, len(data) - good
 
-    def ids(self, sets: Sequence[Attrs]) -> np.ndarray:
-        """Each set's id, the new ones appended and fsynced first. Raises OSError when the log
-        cannot be written; the sets stay unknown then, and the next call writes them again."""
+    def ids(self, sets: Sequence[Attrs], used: Optional[np.ndarray] = None) -> np.ndarray:
+        """The id of each of `sets` (of those at `used`, when given), the new ones appended and
+        fsynced first. Raises OSError when the log cannot be written; the sets stay unknown then,
+        and the next call writes them again."""
         if not self._loaded:
             self.load()  # ids go on after those of an earlier run's log
-        out = np.empty(len(sets), np.uint32)
-        new: dict[Attrs, int] = {}
-        if self._adopt:  # the tuples read from the log, replaced by the live ones equal to them
+        used = np.arange(len(sets)) if used is None else np.asarray(used, np.int64)
+        out = np.empty(len(used), np.uint32)
+        coded = used < len(sets.codes) if isinstance(sets, SetTable) else np.zeros(len(used), bool)
+        fresh: list[int] = []  # where in `sets` each set new to the log is, in the order of their ids
+        named, matched = self._coded_ids(sets, used, np.flatnonzero(coded), out, fresh)
+        plain = self._plain_ids(sets, used, np.flatnonzero(~coded), out, fresh, named)
+        self._append(sets, fresh)
+        self._name(named)
+        for attrs in matched:
+            self._ids.pop(attrs, None)
+        self._ids.update(plain)
+        return out
+
+    def _coded_ids(self, sets: SetTable, used: np.ndarray, at: np.ndarray, out: np.ndarray,
+                   fresh: list[int]) -> tuple[dict[int, int], list[Attrs]]:
+        """Into `out[at]`, the ids of these store sets: by serial, else by value (a set of the log
+        read at start, or a gauge's of equal value), else new (`fresh`). Returns the serials newly
+        named (serial -> id) and the sets found by value (no longer to be kept by it)."""
+        serials = sets.serials[used[at]] if len(at) else np.zeros(0, np.int64)
+        found = self._by_serial(serials)
+        out[at[found >= 0]] = found[found >= 0]
+        named: dict[int, int] = {}
+        matched = []
+        for k, serial in zip(at[found < 0].tolist(), serials[found < 0].tolist()):
+            attrs = sets[int(used[k])]  # built to be looked up, and let go
+            number = self._ids.get(attrs)
+            if number is None:
+                number = self._next + len(fresh)
+                fresh.append(int(used[k]))
+            else:
+                matched.append(attrs)
+            out[k] = named[serial] = number
+        return named, matched
+
+    def _plain_ids(self, sets: Sequence[Attrs], used: np.ndarray, at: np.ndarray, out: np.ndarray,
+                   fresh: list[int], named: dict[int, int]) -> dict[Attrs, int]:
+        """Into `out[at]`, the ids of these sets given as tuples: by value, else by the serial of
+        the store's set of equal value, else new (`fresh`). Returns them by value."""
+        self._adopt_tuples(sets, used[at])
+        serial_of = sets.serial_of if isinstance(sets, SetTable) else None
+        plain: dict[Attrs, int] = {}
+        for k in at.tolist():
+            attrs = sets[int(used[k])]
+            number = plain.get(attrs, self._ids.get(attrs))
+            if number is None and serial_of is not None:  # a gauge's set that the store has for a sum
+                number = self._serial_id(serial_of(attrs), named)
+            if number is None:
+                number = self._next + len(fresh)
+                fresh.append(int(used[k]))
+            out[k] = plain[attrs] = number
+        return plain
+
+    def _adopt_tuples(self, sets: Sequence[Attrs], plain: np.ndarray) -> None:
+        """Once after a load: the log's tuples equal to these plain sets are replaced by them."""
+        if self._adopt:
             self._adopt = False
-            for attrs in sets:
+            for i in plain.tolist():
+                attrs = sets[i]
                 number = self._ids.pop(attrs, None)
                 if number is not None:
                     self._ids[attrs] = number
-        known = self._ids.get
-        for k, attrs in enumerate(sets):
-            number = known(attrs)
-            if number is None:
-                number = new.get(attrs)
-                if number is None:
-                    number = new[attrs] = self._next + len(new)
-            out[k] = number
-        if new:
-            data = b"".join(_record(i, attrs) for attrs, i in new.items())
-            with open(self.path, "ab") as file:
-                if file.tell() != self._size:
-                    file.truncate(self._size)  # the rest of an append that failed half way
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            self._size += len(data)
-            self._next += len(new)
-            self._ids.update(new)
-        return out
+
+    def _serial_id(self, serial: int, named: dict[int, int]) -> Optional[int]:
+        """The id of the store's set of this serial (named so in this call or before), None if none."""
+        if serial < 0:
+            return None
+        number = named.get(serial)
+        if number is None:
+            found = int(self._by_serial(np.array([serial], np.int64))[0])
+            number = found if found >= 0 else None
+        return number
+
+    def _by_serial(self, serials: np.ndarray) -> np.ndarray:
+        """The id of each serial, -1 for one not named yet."""
+        if not len(self._serials):
+            return np.full(len(serials), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._serials, serials), len(self._serials) - 1)
+        return np.where(self._serials[at] == serials, self._serial_ids[at].astype(np.int64), -1)
+
+    def _name(self, named: dict[int, int]) -> None:
+        """The store's sets of these serials have these ids from now on."""
+        if named:
+            serials = np.concatenate([self._serials, np.fromiter(named, np.int64, len(named))])
+            ids = np.concatenate([self._serial_ids, np.fromiter(named.values(), np.uint32, len(named))])
+            order = np.argsort(serials, kind="stable")
+            self._serials, self._serial_ids = serials[order], ids[order]
+
+    def _append(self, sets: Sequence[Attrs], fresh: list[int]) -> None:
+        """Append the records of these sets (their ids follow the log's last), a few MiB written at
+        a time, and fsync them. Raises OSError; nothing is known of them then."""
+        if not fresh:
+            return
+        lengths = np.empty(len(fresh), np.int64)
+        with open(self.path, "ab") as file:
+            if file.tell() != self._size:
+                file.truncate(self._size)  # the rest of an append that failed half way
+            chunk: list[bytes] = []
+            for k, index in enumerate(fresh):
+                chunk.append(_record(self._next + k, sets[index]))
+                lengths[k] = len(chunk[-1])
+                if len(chunk) == _RECORDS_WRITTEN:
+                    file.write(b"".join(chunk))
+                    chunk.clear()
+            file.write(b"".join(chunk))
+            file.flush()
+            os.fsync(file.fileno())
+        spans = np.stack([np.arange(self._next, self._next + len(fresh)), self._size + np.cumsum(lengths) - lengths,
+                          lengths], axis=1)
+        self._spans = np.concatenate([self._spans, spans])
+        self._size += int(lengths.sum())
+        self._next += len(fresh)
 
     def known(self, sets: Iterable[Attrs]) -> np.ndarray:
         """The ids of those of these sets the log holds (the others are left out)."""
@@ -131,12 +232,36 @@ class AttrTable:
 
     def compact(self, used: Iterable[int]) -> bool:
         """Rewrite the log with only the sets of these ids, when it holds more than twice as many
-        (and more than COMPACT_FROM). Returns whether it did. Raises OSError; the log is unchanged then."""
-        keep = set(used)
-        if len(self._ids) <= max(COMPACT_FROM, 2 * len(keep)):
+        (and more than COMPACT_FROM): their records copied as they are. Returns whether it did.
+        Raises OSError; the log is unchanged then."""
+        keep = np.unique(np.fromiter(used, np.int64))
+        if len(self._spans) <= max(COMPACT_FROM, 2 * len(keep)):
             return False
-        kept = {attrs: i for attrs, i in self._ids.items() if i in keep}
-        data = b"".join(_record(i, attrs) for attrs, i in kept.items())
-        write_whole(self.path, [data])
-        self._ids, self._size = kept, len(data)
+        kept = self._spans[np.isin(self._spans[:, 0], keep)]
+        with open(self.path, "rb") as file:
+            write_whole(self.path, _copied(file, kept))
+        lengths = kept[:, 2]
+        self._spans = np.stack([kept[:, 0], np.cumsum(lengths) - lengths, lengths], axis=1)
+        self._size = int(lengths.sum())
+        kept_ids = set(keep.tolist())
+        self._ids = {attrs: i for attrs, i in self._ids.items() if i in kept_ids}
+        named = np.isin(self._serial_ids, keep)
+        self._serials, self._serial_ids = self._serials[named], self._serial_ids[named]
         return True
+
+
+def _copied(file: BinaryIO, spans: np.ndarray, chunk: int = 1 << 22) -> Iterator[bytes]:
+    """The bytes of these spans of `file` (offset, length in columns 1 and 2), in their order,
+    read a few MiB at a time: adjacent spans are read as one."""
+    at, size = -1, 0
+    for offset, length in spans[:, 1:].tolist():
+        if offset == at + size and size + length <= chunk:
+            size += length
+            continue
+        if size:
+            file.seek(at)
+            yield file.read(size)
+        at, size = offset, length
+    if size:
+        file.seek(at)
+        yield file.read(size)

@@ -5,17 +5,70 @@ paths, the tests), and six arrays to the fast ones (the snapshot file, the OTLP 
 point's metric (an index into `metrics`), attribute set (an index into `attrs`, where each
 distinct set appears once: the metrics of a pod share theirs), start and end time, value and
 whether it ends its series. No `Point` object exists unless a reader asks for one.
+
+The cost store's snapshots give their attribute sets as a `SetTable`: each set the ids of its
+pairs, built as a tuple only where a reader asks for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterator, Sequence, overload
+from itertools import chain
+from typing import Callable, Collection, Iterator, Optional, Sequence, overload
 
 import numpy as np
 
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.grouping import group_ids
+
+
+class SetTable(Sequence[Attrs]):
+    """Attribute sets as the cost store keeps them: set i < len(codes) is the pairs whose ids
+    `codes[i]` holds (uint32 in native order, into `pairs`), and `serials[i]` is a number no other
+    set of the process had (equal serials: equal sets; a set forgotten and met again has a new
+    one); the sets after them are `plain` tuples (the gauges'). A set is built only when read
+    (`[i]`): the OTLP writer lays points out from the pair ids, the queue's attribute log finds
+    sets by serial. `serial_of` (the store's) gives the serial of the store's live set equal to a
+    plain one, -1 if none."""
+
+    __slots__ = ("codes", "pairs", "serials", "plain", "serial_of")
+
+    def __init__(self, codes: list[bytes], pairs: list[tuple[str, str]], serials: np.ndarray,
+                 plain: Optional[list[Attrs]] = None, serial_of: Optional[Callable[[Attrs], int]] = None) -> None:
+        if len(serials) != len(codes):
+            raise ValueError("an attribute set table needs a serial per set")
+        self.codes, self.pairs, self.serials = codes, pairs, serials
+        self.plain: list[Attrs] = [] if plain is None else plain
+        self.serial_of = serial_of
+
+    def __len__(self) -> int:
+        return len(self.codes) + len(self.plain)
+
+    @overload
+    def __getitem__(self, at: int) -> Attrs: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[Attrs]: ...
+
+    def __getitem__(self, at: int | slice) -> Attrs | list[Attrs]:
+        if isinstance(at, slice):
+            return [self[k] for k in range(*at.indices(len(self)))]
+        at = int(at)
+        if at < 0:
+            at += len(self)
+        if not 0 <= at < len(self):
+            raise IndexError("attribute set index out of range")
+        if at >= len(self.codes):
+            return self.plain[at - len(self.codes)]
+        return tuple(map(self.pairs.__getitem__, memoryview(self.codes[at]).cast("I")))
+
+    def __iter__(self) -> Iterator[Attrs]:
+        pairs = self.pairs
+        return chain((tuple(map(pairs.__getitem__, memoryview(c).cast("I"))) for c in self.codes), self.plain)
+
+    def with_plain(self, more: Sequence[Attrs]) -> SetTable:
+        """These sets, then `more` (as plain sets)."""
+        return SetTable(self.codes, self.pairs, self.serials, [*self.plain, *more], self.serial_of)
 
 @dataclass(frozen=True)
 class Point:
@@ -32,7 +85,8 @@ class Points(Sequence[Point]):
 
     def __init__(self, metrics: Sequence[str], attrs: Sequence[Attrs], metric: np.ndarray, aset: np.ndarray,
                  start_ns: np.ndarray, time_ns: np.ndarray, value: np.ndarray, ended: np.ndarray) -> None:
-        self.metrics, self.attrs = tuple(metrics), attrs if isinstance(attrs, list) else list(attrs)
+        self.metrics = tuple(metrics)
+        self.attrs: Sequence[Attrs] = attrs if isinstance(attrs, (list, SetTable)) else list(attrs)
         self.metric, self.aset = metric.astype(np.uint16, copy=False), aset.astype(np.uint32, copy=False)
         self.start_ns, self.time_ns = start_ns.astype(np.int64, copy=False), time_ns.astype(np.int64, copy=False)
         self.value, self.ended = value.astype(np.float64, copy=False), ended.astype(bool, copy=False)
@@ -95,13 +149,18 @@ class Points(Sequence[Point]):
 
     @staticmethod
     def concat(parts: Sequence[Points]) -> Points:
-        """The points of all parts in order, over one metric table and one attribute table."""
+        """The points of all parts in order, over one metric table and one attribute table: sets
+        equal by value are one set, or, where a part's sets are the store's (`SetTable`), sets of
+        the same serial (`_concat_coded`)."""
+        parts = [p for p in parts if len(p)]
+        if len(parts) > 1 and any(isinstance(p.attrs, SetTable) for p in parts):
+            return _concat_coded(parts)
         attrs: dict[Attrs, int] = {}
 
-        def place(table: list[Attrs]) -> np.ndarray:  # each part's set -> its index in the one table
+        def place(table: Sequence[Attrs]) -> np.ndarray:  # each part's set -> its index in the one table
             return np.array([attrs.setdefault(a, len(attrs)) for a in table], np.uint32)
 
-        return _joined(parts, place, lambda: list(attrs))
+        return _joined(parts, lambda part: place(part.attrs), lambda: list(attrs))
 
     @staticmethod
     def stack(parts: Sequence[Points]) -> Points:
@@ -109,23 +168,30 @@ class Points(Sequence[Point]):
         several parts share, once) without looking for sets equal across tables: no set is
         hashed. The same points as `concat`; a set may then sit at two indices, so it is for
         parts whose series cannot meet (the store's sums and its gauges: other metrics), and
-        `concat` (which `merge` uses) for snapshots whose series can."""
+        `concat` (which `merge` uses) for snapshots whose series can. A first table that is the
+        store's stays pair ids; the others' sets follow it as tuples."""
+        first: list[SetTable] = []
         attrs: list[Attrs] = []
         placed: dict[int, np.ndarray] = {}  # id of a part's table -> its sets' indices in the joined one
 
-        def place(table: list[Attrs]) -> np.ndarray:
+        def place(table: Sequence[Attrs]) -> np.ndarray:
             if id(table) not in placed:
-                placed[id(table)] = np.arange(len(attrs), len(attrs) + len(table), dtype=np.uint32)
-                attrs.extend(table)
+                if not placed and isinstance(table, SetTable):
+                    first.append(table)
+                    placed[id(table)] = np.arange(len(table), dtype=np.uint32)
+                else:
+                    at = (len(first[0]) if first else 0) + len(attrs)
+                    placed[id(table)] = np.arange(at, at + len(table), dtype=np.uint32)
+                    attrs.extend(table)
             return placed[id(table)]
 
-        return _joined(parts, place, lambda: attrs)
+        return _joined(parts, lambda part: place(part.attrs), lambda: first[0].with_plain(attrs) if first else attrs)
 
 
-def _joined(parts: Sequence[Points], place: Callable[[list[Attrs]], np.ndarray],
-            table: Callable[[], list[Attrs]]) -> Points:
-    """The parts' points in order; `place` maps a part's attribute table into the joined one,
-    which `table` gives once every part is placed."""
+def _joined(parts: Sequence[Points], place: Callable[[Points], np.ndarray],
+            table: Callable[[], Sequence[Attrs]]) -> Points:
+    """The parts' points in order; `place` maps each part's attribute table into the joined one
+    (called once per part with points, in order), which `table` gives once every part is placed."""
     parts = [p for p in parts if len(p)]
     if len(parts) <= 1:
         return parts[0] if parts else Points.empty()
@@ -134,9 +200,111 @@ def _joined(parts: Sequence[Points], place: Callable[[list[Attrs]], np.ndarray],
     for p in parts:
         m_map = np.array([metrics.setdefault(m, len(metrics)) for m in p.metrics], np.uint16)
         m_cols.append(m_map[p.metric])
-        a_cols.append(place(p.attrs)[p.aset])
+        a_cols.append(place(p)[p.aset])
     return Points(list(metrics), table(), np.concatenate(m_cols), np.concatenate(a_cols),
                   *(np.concatenate([getattr(p, c) for p in parts]) for c in ("start_ns", "time_ns", "value", "ended")))
+
+
+def _concat_coded(parts: list[Points]) -> Points:
+    """`Points.concat` of parts some of whose tables are the store's: each of the store's sets is
+    placed once by its serial; a set of a plain table (a snapshot read back from disk) is the
+    store's set of equal pairs if one is placed, else a plain set placed by value, as are a store
+    table's own plain sets (its gauges'). Only the sets the points use are placed. The pair ids
+    are the first store table's, or of pairs added after them where another table's pairs are
+    not the same list."""
+    joined = _CodedTable(next(p.attrs for p in parts if isinstance(p.attrs, SetTable)))
+    used = [np.unique(p.aset) for p in parts]
+    maps = [joined.place_coded(p.attrs, u) for p, u in zip(parts, used)]  # all of them before any plain set
+    for part, mapping, u in zip(parts, maps, used):
+        joined.place_plain(part.attrs, u, mapping)
+    table, at = joined.table(maps), iter(maps)
+    return _joined(parts, lambda part: next(at), lambda: table)
+
+
+class _CodedTable:
+    """The one attribute table `_concat_coded` builds: the store's sets, then the plain ones."""
+
+    def __init__(self, first: SetTable) -> None:
+        self._pairs = first.pairs  # copied before a pair is added: a snapshot's list is shared
+        self._serial_of = first.serial_of
+        self._pair_ids: Optional[dict[tuple[str, str], int]] = None
+        self._codes: list[bytes] = []
+        self._serials: list[int] = []
+        self._by_serial: dict[int, int] = {}
+        self._by_codes: Optional[dict[bytes, int]] = None
+        self._plain: dict[Attrs, int] = {}
+        self._plain_at: list[np.ndarray] = []  # per part, which of its sets are plain (placed by rank)
+
+    def place_coded(self, table: Sequence[Attrs], used: np.ndarray) -> np.ndarray:
+        """The index in the joined table of each of the table's used store sets (0 for the others)."""
+        mapping = np.zeros(len(table), np.int64)
+        coded = used[used < len(table.codes)] if isinstance(table, SetTable) else used[:0]
+        if len(coded):
+            remap = self._remap(table, coded)
+            for at, serial in zip(coded.tolist(), table.serials[coded].tolist()):
+                index = self._by_serial.get(serial)
+                if index is None:
+                    index = self._by_serial[serial] = len(self._codes)
+                    code = table.codes[at]
+                    self._codes.append(code if remap is None else remap[np.frombuffer(code, np.uint32)].tobytes())
+                    self._serials.append(serial)
+                mapping[at] = index
+        return mapping
+
+    def place_plain(self, table: Sequence[Attrs], used: np.ndarray, mapping: np.ndarray) -> None:
+        """Place the table's used plain sets into `mapping` (by rank among the plain sets until
+        `table()` moves them after the store's)."""
+        plain = used[used >= len(table.codes)] if isinstance(table, SetTable) else used
+        ranked = []
+        for at in plain.tolist():
+            attrs = table[at]
+            index = self._coded_equal(attrs) if not isinstance(table, SetTable) else -1
+            if index >= 0:
+                mapping[at] = index
+            else:
+                mapping[at] = self._plain.setdefault(attrs, len(self._plain))
+                ranked.append(at)
+        self._plain_at.append(np.array(ranked, np.int64))
+
+    def _coded_equal(self, attrs: Attrs) -> int:
+        """The placed store set equal to `attrs`, -1 if none."""
+        if self._by_codes is None:
+            self._by_codes = {code: i for i, code in enumerate(self._codes)}
+            self._own_pairs()
+        try:
+            code = np.fromiter(map(self._pair_ids.__getitem__, attrs), np.uint32, len(attrs)).tobytes()
+        except KeyError:
+            return -1
+        return self._by_codes.get(code, -1)
+
+    def _own_pairs(self) -> None:
+        if self._pair_ids is None:
+            self._pairs = list(self._pairs)
+            self._pair_ids = {}
+            for i, kv in enumerate(self._pairs):  # a released pair's id holds ("", ""): the first id of a pair wins
+                self._pair_ids.setdefault(kv, i)
+
+    def _remap(self, table: SetTable, coded: np.ndarray) -> Optional[np.ndarray]:
+        """The joined table's id of each of `table`'s pairs that its `coded` sets use (None: its
+        pairs are the joined table's)."""
+        if table.pairs is self._pairs:
+            return None
+        self._own_pairs()
+        remap = np.zeros(len(table.pairs), np.uint32)
+        for i in np.unique(np.frombuffer(b"".join(table.codes[k] for k in coded.tolist()), np.uint32)).tolist():
+            kv = table.pairs[i]
+            index = self._pair_ids.get(kv)
+            if index is None:
+                index = self._pair_ids[kv] = len(self._pairs)
+                self._pairs.append(kv)
+            remap[i] = index
+        return remap
+
+    def table(self, maps: list[np.ndarray]) -> SetTable:
+        """The joined table; each part's plain sets in `maps` move after the store's sets."""
+        for mapping, plain in zip(maps, self._plain_at):
+            mapping[plain] += len(self._codes)
+        return SetTable(self._codes, self._pairs, np.array(self._serials, np.int64), list(self._plain), self._serial_of)
 
 
 def merge(older: Sequence[Point], newer: Sequence[Point]) -> Points:

@@ -41,6 +41,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.jit import kernel
+from otelgpu.exporter.columns import SetTable
 from otelgpu.exporter.config import OtlpExporterConfig
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 # attributes encodes to a few hundred bytes, so this keeps every request well below that limit.
 MAX_POINTS_PER_REQUEST = 4000
 PAIRS_KEPT = 262_144  # encoded attribute pairs the writer keeps
+_TAKEN = 1 << 20  # pair ids mapped at once
 RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                        grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
 NO_RECORDED_VALUE = DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
@@ -130,7 +132,7 @@ class RequestWriter:
             return
         used = np.zeros(len(columns.attrs), dtype=bool)
         used[columns.aset] = True
-        pair_ids, set_off = self._set_pairs([columns.attrs[i] if u else () for i, u in enumerate(used.tolist())])
+        pair_ids, set_off = self._set_pairs(columns.attrs, used)
         sets = (self._pair_bytes, self._pair_off, pair_ids, set_off)
         bits = columns.value.view(np.int64)
         body, room = [], max_points
@@ -163,27 +165,55 @@ class RequestWriter:
     def _request(self, body: list[bytes]) -> bytes:
         return len_field(1, self._resource + len_field(2, self._scope + b"".join(body)))
 
-    def _set_pairs(self, sets: list[Attrs]) -> tuple[np.ndarray, np.ndarray]:
-        """Each set as the ids of its pairs, end to end, and where each set starts (set i is
-        ids[off[i]:off[i + 1]]); pairs not met before are encoded first. Past PAIRS_KEPT pairs
-        the writer starts afresh (pods come and go) with those of these sets."""
-        off = np.zeros(len(sets) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, sets), np.int64, len(sets)), out=off[1:])
+    def _set_pairs(self, table: Sequence[Attrs], used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each used set of `table` as the ids of its pairs (an unused one: none), end to end,
+        and where each set starts (set i is ids[off[i]:off[i + 1]]). The store's sets (`SetTable`)
+        are read as the ids of their pairs, mapped to the writer's once per distinct pair; plain
+        sets pair by pair. Pairs not met before are encoded first."""
+        coded = len(table.codes) if isinstance(table, SetTable) else 0
+        flags = used.tolist()
+        codes = [table.codes[i] if u else b"" for i, u in enumerate(flags[:coded])] if coded else []
+        plain = [table[i] if u else () for i, u in enumerate(flags[coded:], coded)]
+        off = np.zeros(len(flags) + 1, np.int64)
+        np.cumsum(np.concatenate([np.fromiter(map(len, codes), np.int64, len(codes)) // 4,
+                                  np.fromiter(map(len, plain), np.int64, len(plain))]), out=off[1:])
+        out = np.empty(int(off[-1]), np.int32)  # the store's pair ids first, mapped in place
+        stored = out[:int(off[coded])]
+        raw, at = memoryview(stored).cast("B"), 0
+        for code in codes:
+            raw[at:at + len(code)] = code
+            at += len(code)
+        runs = [stored[at:at + _TAKEN] for at in range(0, len(stored), _TAKEN)]  # numpy widens indices to 8 bytes
+        present = np.zeros(len(table.pairs) if coded else 0, bool)
+        for run in runs:
+            present[run] = True
+        distinct = np.flatnonzero(present)  # the pairs the sets use, each once: mapped, not each use
+        store_pairs = [table.pairs[i] for i in distinct.tolist()]
+        plain_pairs = list(chain.from_iterable(plain))
+        pairs = self._known(store_pairs, plain_pairs)
+        remap = np.zeros(len(present), np.int32)
+        remap[distinct] = np.fromiter(map(pairs.__getitem__, store_pairs), np.int32, len(store_pairs))
+        for run in runs:
+            run[:] = remap[run]
+        out[len(stored):] = np.fromiter(map(pairs.__getitem__, plain_pairs), np.int32, len(plain_pairs))
+        return out, off
+
+    def _known(self, *needed: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """The writer's pair ids, with every pair of `needed` encoded. Past PAIRS_KEPT pairs the
+        writer starts afresh (pods come and go) with those needed now."""
         pairs = self._pairs
-        try:  # as a rule every pair is known: one walk over the sets
-            return np.fromiter(map(pairs.__getitem__, chain.from_iterable(sets)), np.int32, int(off[-1])), off
-        except KeyError:
-            pass
-        new = dict.fromkeys(kv for kv in chain.from_iterable(sets) if kv not in pairs)
+        new = dict.fromkeys(kv for kv in chain.from_iterable(needed) if kv not in pairs)
+        if not new:
+            return pairs
         if len(pairs) + len(new) > PAIRS_KEPT:
             pairs.clear()
             self._pair_bytes, self._pair_off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
-            new = dict.fromkeys(chain.from_iterable(sets))
+            new = dict.fromkeys(chain.from_iterable(needed))
         encoded, offsets = arena([len_field(7, _keyvalue(*kv)) for kv in new])
         pairs.update(zip(new, range(len(pairs), len(pairs) + len(new))))
         self._pair_bytes = np.concatenate([self._pair_bytes, encoded])
         self._pair_off = np.concatenate([self._pair_off, offsets[1:] + self._pair_off[-1]])
-        return np.fromiter(map(pairs.__getitem__, chain.from_iterable(sets)), np.int32, int(off[-1])), off
+        return pairs
 
     def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]

@@ -71,7 +71,7 @@ class Outbox:
         columns = Points.of(points)
         used = np.unique(columns.aset)
         with self._lock:
-            ids = self._table.ids([columns.attrs[i] for i in used.tolist()])  # in the log before the file
+            ids = self._table.ids(columns.attrs, used)  # in the log before the file
             set_ids = np.zeros(len(columns.attrs), np.uint32)
             set_ids[used] = ids
             self._write(self.path(end_ns), encode(columns, end_ns, absorbed, set_ids))

@@ -19,7 +19,7 @@ import numpy as np
 from otelgpu.checkpoint import string_arrays, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.state import Undo, nothing_to_undo
-from otelgpu.exporter.columns import Point, Points
+from otelgpu.exporter.columns import Point, Points, SetTable
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
@@ -200,7 +200,7 @@ class CostStore:
                     self._sets.name(self._aset[found].astype(np.int64), named, parts)
                 rows.append(found)
                 incs.append(_values(series))
-            table = list(self._sets.attrs)  # the snapshot's own: a set's index is reused once it is released
+            table = self._table()  # the snapshot's own: a set's index is reused once it is released
             seen = np.concatenate(rows)
             live = self._live
             self._quiet[live] += 1
@@ -221,6 +221,16 @@ class CostStore:
             self.series_ended += len(gone) + sum(map(len, gone_gauges.values()))
             return self._snapshot(kept, end_ns, table, [self._gauge_points(self._gauges, end_ns),
                                                         self._gauge_points(gone_gauges, end_ns, ended=True), ended])
+
+    def _table(self) -> SetTable:
+        """The attribute sets as they are now, for a snapshot (`_AttrSets.snapshot`)."""
+        return self._sets.snapshot(self._serial_of)
+
+    def _serial_of(self, attrs: Attrs) -> int:
+        """The serial of the live set equal to `attrs`, -1 if none (a gauge's set that a sum has too)."""
+        with self._lock:
+            index = self._sets.find(attrs)
+            return self._sets.serial(index) if index >= 0 else -1
 
     def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
         if not self._n_free:
@@ -256,7 +266,7 @@ class CostStore:
         self._unchain(rows.tolist(), asets)
         if self.keep_ended:
             for metric, aset, value in zip(self._metric[rows].tolist(), asets, self._value[rows].tolist()):
-                key = (self.metric_keys[metric], self._sets.attrs[aset])
+                key = (self.metric_keys[metric], self._sets.value(aset))
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
         self._sets.release(asets)
         self._live[rows] = False
@@ -277,40 +287,41 @@ class CostStore:
                 at = following
             chained[at] = chained[row]
 
-    def _columns(self, rows: np.ndarray, end_ns: int, table: list[Attrs], ended: bool = False) -> Points:
+    def _columns(self, rows: np.ndarray, end_ns: int, table: SetTable, ended: bool = False) -> Points:
         """Sums of these rows at `end_ns`, over `table` (a copy of the attribute sets)."""
         n_row = len(rows)
         return Points(self.metric_keys, table, self._metric[rows], self._aset[rows], self._start[rows],
                       np.full(n_row, end_ns, np.int64), np.full(n_row, np.nan) if ended else self._value[rows],
                       np.full(n_row, ended, bool))
 
-    def _snapshot(self, rows: np.ndarray, end_ns: int, table: list[Attrs], after: list[Points]) -> Points:
+    def _snapshot(self, rows: np.ndarray, end_ns: int, table: SetTable, after: list[Points]) -> Points:
         """`_snapshot_reference`: the sums of `rows` then the points `after` (of this store's
-        metrics; each over `table` or a table of its own), with the rows' columns taken straight
-        into the snapshot's, where built apart and then copied they would be there twice."""
+        metrics; each over `table` or a table of its own, whose sets follow `table`'s as plain
+        ones), with the rows' columns taken straight into the snapshot's, where built apart and
+        then copied they would be there twice."""
         after = [part for part in after if len(part)]
         if any(part.metrics != self.metric_keys for part in after):
             raise ValueError("a snapshot's parts must name the store's metrics")
         n_row, n_point = len(rows), len(rows) + sum(map(len, after))
-        columns = Points(self.metric_keys, table, np.empty(n_point, np.uint16), np.empty(n_point, np.uint32),
-                         np.empty(n_point, np.int64), np.full(n_point, end_ns, np.int64), np.empty(n_point),
-                         np.zeros(n_point, bool))
+        columns = {"metric": np.empty(n_point, np.uint16), "aset": np.empty(n_point, np.uint32),
+                   "start_ns": np.empty(n_point, np.int64), "time_ns": np.full(n_point, end_ns, np.int64),
+                   "value": np.empty(n_point), "ended": np.zeros(n_point, bool)}
         for name, column in (("metric", self._metric), ("aset", self._aset), ("start_ns", self._start),
                              ("value", self._value)):
-            np.take(column, rows, out=getattr(columns, name)[:n_row])
-        at, placed = n_row, {id(table): 0}
+            np.take(column, rows, out=columns[name][:n_row])
+        at, placed, plain = n_row, {id(table): 0}, []
         for part in after:
             if id(part.attrs) not in placed:
-                placed[id(part.attrs)] = len(columns.attrs)
-                columns.attrs.extend(part.attrs)
+                placed[id(part.attrs)] = len(table) + len(plain)
+                plain.extend(part.attrs)
             points = slice(at, at + len(part))
-            columns.aset[points] = part.aset + placed[id(part.attrs)]
+            columns["aset"][points] = part.aset + placed[id(part.attrs)]
             for name in ("metric", "start_ns", "time_ns", "value", "ended"):
-                getattr(columns, name)[points] = getattr(part, name)
+                columns[name][points] = getattr(part, name)
             at += len(part)
-        return columns
+        return Points(self.metric_keys, table.with_plain(plain) if plain else table, **columns)
 
-    def _snapshot_reference(self, rows: np.ndarray, end_ns: int, table: list[Attrs], after: list[Points]) -> Points:
+    def _snapshot_reference(self, rows: np.ndarray, end_ns: int, table: SetTable, after: list[Points]) -> Points:
         """What `_snapshot` gives, built as parts and stacked."""
         return Points.stack([self._columns(rows, end_ns, table), *after])
 
@@ -329,7 +340,7 @@ class CostStore:
     def points(self) -> Points:
         """Every live series at its latest point (what a scrape shows)."""
         with self._lock:
-            return Points.stack([self._columns(self._live_rows(), self.last_time_ns, list(self._sets.attrs)),
+            return Points.stack([self._columns(self._live_rows(), self.last_time_ns, self._table()),
                                  self._gauge_points(self._gauges, self._gauge_time)])
 
     def _live_rows(self) -> np.ndarray:
@@ -339,7 +350,7 @@ class CostStore:
 
     def _sums(self) -> list[tuple[str, Attrs, float]]:
         rows = self._live_rows()
-        return [(self.metric_keys[m], self._sets.attrs[a], v) for m, a, v in
+        return [(self.metric_keys[m], self._sets.value(a), v) for m, a, v in
                 zip(self._metric[rows].tolist(), self._aset[rows].tolist(), self._value[rows].tolist())]
 
     def totals(self, metric: str, by: Iterable[str] = (),
@@ -557,10 +568,11 @@ _EXTRA_BITS = 24  # a set's key: the number of its base, then that of its extra 
 
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
-    index is reused by the next new set. Each set is also kept as the ids of its pairs in a
-    reference-counted pair table (4 bytes a pair), each pair as the ids of its key and value in a
-    reference-counted string table, so a checkpoint writes the sets as arrays without visiting
-    their pairs.
+    index is reused by the next new set. A set is kept as the ids of its pairs (4 bytes a pair), in
+    a reference-counted pair table, each pair the ids of its key and value in a reference-counted
+    string table: no tuple per set (`value` builds one), and a checkpoint writes the sets as arrays
+    without visiting their pairs. Each set also has a serial that no other set of the process has
+    had, so that what a snapshot's sets became elsewhere (the queue's attribute log) is found by it.
 
     A set that series name by their parts (`Extended`: a base set and the attributes added to it)
     is also found by them: each set keeps the numbers of the last parts that named it, a base and
@@ -568,34 +580,37 @@ class _AttrSets:
     equal parts, find their sets without building them (`find_named`)."""
 
     def __init__(self) -> None:
-        self.attrs: list[Attrs] = []
         self._codes: list[bytes] = []  # each set's pair ids, uint32 (bytes: a fraction of an array's overhead)
-        self._index = _ByValue(self.attrs)
+        self._index = _ByValue(self._codes)  # by the pair ids, which are a set's while it lives
         self._users: list[int] = []
         self._free: list[int] = []
         self._strings = _Strings()
         self._pairs = _Pairs(self._strings)
+        self._serial = np.zeros(1024, np.int64)  # [set] its serial
+        self._serials = 0  # serials given
         self._bases, self._extras = _Parts(), _Parts()
         self._named = np.full(1024, -1, np.int64)  # [set] the key of the parts that last named it; -1: none
         self._sorted: Optional[tuple[np.ndarray, np.ndarray]] = None  # `_by_name()`, until a set is (un)named
 
     def add(self, attrs: Attrs) -> int:
-        hashed = hash(attrs)
-        index = self._index.find(attrs, hashed)
+        known = self._pairs.codes(attrs)
+        index = self._index.find(known) if known is not None else -1
         if index < 0:
             codes = np.fromiter(map(self._pairs.add, attrs), np.uint32, len(attrs)).tobytes()
             if self._free:
                 index = self._free.pop()
-                self.attrs[index], self._codes[index] = attrs, codes
+                self._codes[index] = codes
                 self._users[index] = 0
             else:
-                index = len(self.attrs)
-                self.attrs.append(attrs)
+                index = len(self._codes)
                 self._codes.append(codes)
                 self._users.append(0)
                 if index == len(self._named):
                     self._named = np.concatenate([self._named, np.full(index, -1, np.int64)])
-            self._index.put(index, hashed)
+                    self._serial = np.concatenate([self._serial, np.zeros(index, np.int64)])
+            self._serial[index] = self._serials
+            self._serials += 1
+            self._index.put(index, hash(codes))
         self._users[index] += 1
         return index
 
@@ -612,9 +627,22 @@ class _AttrSets:
             return
         self._pairs.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
         for i in gone:
-            self.attrs[i], self._codes[i] = (), b""  # tables copied before keep theirs; this one lets go
+            self._codes[i] = b""  # tables copied before keep theirs; this one lets go
         self._unname(np.array(gone, np.int64))
         self._free.extend(gone)
+
+    def value(self, index: int) -> Attrs:
+        """The set at `index`, built from its pairs."""
+        return tuple(map(self._pairs.pair, memoryview(self._codes[index]).cast("I")))
+
+    def serial(self, index: int) -> int:
+        return int(self._serial[index])
+
+    def snapshot(self, serial_of: Callable[[Attrs], int]) -> SetTable:
+        """Every set as it is now, for a snapshot: its own list of them, pairs and serials (a
+        released set's index and pair ids are reused; the snapshot keeps what they were)."""
+        return SetTable(list(self._codes), self._pairs.listed(), self._serial[:len(self._codes)].copy(),
+                        serial_of=serial_of)
 
     def kept(self, attrs: Attrs) -> Attrs:
         """The base the sets are named by equal to `attrs`, if there is one, else `attrs`: gauges
@@ -624,11 +652,12 @@ class _AttrSets:
 
     def find(self, attrs: Attrs) -> int:
         """The index of the set equal to `attrs`, -1 when no live series uses one."""
-        return self._index.find(attrs)
+        known = self._pairs.codes(attrs)  # None: a pair no set has
+        return self._index.find(known) if known is not None else -1
 
     def indexed(self) -> list[Attrs]:
         """The sets found by value."""
-        return [self.attrs[i] for i in self._index.indices()]
+        return [self.value(i) for i in self._index.indices()]
 
     def numbers(self, named: Extended, parts: dict) -> tuple[np.ndarray, np.ndarray]:
         """The numbers of `named`'s bases and extras (-1: no set is named by it), worked out once
@@ -686,7 +715,7 @@ class _AttrSets:
     def _by_name(self) -> tuple[np.ndarray, np.ndarray]:
         """The sets named by parts: their keys sorted, and the sets in that order."""
         if self._sorted is None:
-            keys = self._named[:len(self.attrs)]
+            keys = self._named[:len(self._codes)]
             sets = np.flatnonzero(keys >= 0)
             order = np.argsort(keys[sets])
             self._sorted = (keys[sets][order], sets[order])
@@ -816,10 +845,29 @@ class _Pairs(_Counted):
         self._strings = strings
         self._pairs: list[tuple[str, str]] = []
         self._texts = np.zeros((1024, 2), np.uint32)  # each pair's key and value string ids
+        self._listed: Optional[list[tuple[str, str]]] = None  # a copy of `_pairs` until it changes
+
+    def codes(self, attrs: Attrs) -> Optional[bytes]:
+        """The ids of a set's pairs (uint32), None when one of them has none."""
+        try:
+            return np.fromiter(map(self._ids.__getitem__, attrs), np.uint32, len(attrs)).tobytes()
+        except KeyError:
+            return None
+
+    def pair(self, index: int) -> tuple[str, str]:
+        return self._pairs[index]
+
+    def listed(self) -> list[tuple[str, str]]:
+        """Every pair by its id (released ones as empty strings), as a list of its own that no
+        later change touches: one copy shared until a pair comes or goes."""
+        if self._listed is None:
+            self._listed = list(self._pairs)
+        return self._listed
 
     def add(self, kv: tuple[str, str]) -> int:
         index, new = self._take(kv)
         if new:
+            self._listed = None
             if index == len(self._pairs):
                 self._pairs.append(kv)
                 if index == len(self._texts):
@@ -836,6 +884,7 @@ class _Pairs(_Counted):
         for i in gone:
             self._pairs[i] = ("", "")
         if gone:
+            self._listed = None
             self._strings.release(self._texts[gone].reshape(-1))
 
     def texts(self) -> np.ndarray:

@@ -69,7 +69,7 @@ def test_the_rest_of_a_failed_append_is_overwritten(tmp_path) -> None:
     with open(tmp_path / "attrs.log", "ab") as f:
         f.write(b"\x07\x00\x00")  # what a write that then failed (disk full) left
     table.ids([(("pod", "b"),)])
-    sets, good_bytes = _parse((tmp_path / "attrs.log").read_bytes())
+    sets, good_bytes, _ = _parse((tmp_path / "attrs.log").read_bytes())
     assert sets == {0: (("pod", "a"),), 1: (("pod", "b"),)}
     assert good_bytes == (tmp_path / "attrs.log").stat().st_size > len(good)
 
@@ -104,7 +104,7 @@ def test_the_log_follows_the_live_series(tmp_path) -> None:
         if len(kept) > 2:
             outbox.delete(min(kept))
             del kept[min(kept)]
-        sets, _ = _parse((tmp_path / "attrs.log").read_bytes())
+        sets, _, _ = _parse((tmp_path / "attrs.log").read_bytes())
         assert len(sets) <= max(COMPACT_FROM, 2 * 3 * per) + per
     assert len(sets) < (4 * COMPACT_FROM // per) * per // 2  # it was rewritten
     found, _ = Outbox(tmp_path, "otlp", SelfMetrics()).recover(max(kept))

@@ -1,0 +1,181 @@
+"""The cost store's snapshots give their attribute sets as pair ids (`SetTable`), never as a tuple
+per set: merged, written as OTLP and kept in the queue's attribute log, they give what the same
+points with their sets as tuples give."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otelgpu.core.attrs import attrs_of
+from otelgpu.exporter import attrtable, snapshot
+from otelgpu.exporter.attrtable import AttrTable
+from otelgpu.exporter.columns import Points, SetTable, merge
+from otelgpu.exporter.otlp import PAIRS_KEPT, RequestWriter, requests_reference
+from otelgpu.exporter.store import CostStore, cost_metrics
+
+SPECS = cost_metrics()
+T0, MIN = 1_700_000_000 * 10**9, 60 * 10**9
+POOL = [attrs_of({"pod": f"p{p}", "team": t, "node": n}) for p in range(4) for t in ("x", "y") for n in ("n1", "")]
+
+
+@st.composite
+def histories(draw) -> list[Points]:  # noqa: ANN001
+    """A store's snapshots over a few intervals: sums of sets drawn from a pool, so that series end
+    when left out two intervals in a row and their sets come back later under new serials, and
+    activity gauges keyed by sets that sums also have."""
+    store = CostStore()
+    out = []
+    for k in range(draw(st.integers(1, 6))):
+        held = draw(st.lists(st.sampled_from(POOL), max_size=8, unique=True))
+        sums = {"allocated": {a: float(draw(st.integers(0, 9))) for a in held},
+                "held": {a: 60.0 for a in held[:3]}}
+        gauges = {"activity": {a: 0.5 for a in draw(st.lists(st.sampled_from(POOL), max_size=4, unique=True))}}
+        out.append(store.record(T0 + k * MIN, T0 + (k + 1) * MIN, sums, gauges))
+    return out
+
+
+def plain(points: Points) -> Points:
+    """The same points, their sets as tuples (as a snapshot read back from disk has them)."""
+    return Points.of(list(points))
+
+
+def rows(points) -> list[tuple]:  # noqa: ANN001
+    """The points as tuples (NaN as a string: ended points compare equal)."""
+    return [(p.metric, p.attrs, p.start_ns, p.time_ns, "nan" if math.isnan(p.value) else p.value, p.ended)
+            for p in points]
+
+
+def by_series(points) -> dict:  # noqa: ANN001
+    """Each series' points in order."""
+    out: dict = {}
+    for row in rows(points):
+        out.setdefault(row[:2], []).append(row[2:])
+    return out
+
+
+def test_a_set_table_reads_as_its_sets() -> None:
+    sets = [attrs_of({"pod": "a", "team": "x"}), attrs_of({"pod": "b"})]
+    pairs = [kv for s in sets for kv in s]
+    codes = [np.array([0, 1], np.uint32).tobytes(), np.array([2], np.uint32).tobytes()]
+    gauge = attrs_of({"node": "n1"})
+    table = SetTable(codes, pairs, np.array([5, 9]), [gauge])
+    assert list(table) == [*sets, gauge] and len(table) == 3
+    assert table[-1] == gauge and table[1] == sets[1] and table[0:2] == sets
+    assert table.with_plain([()])[3] == () and len(table) == 3
+    with pytest.raises(IndexError):
+        table[3]
+    with pytest.raises(ValueError):
+        SetTable(codes, pairs, np.array([5]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(histories())
+def test_store_snapshots_hold_their_sets_as_pair_ids_and_merge_as_by_value(snapshots):
+    for points in snapshots:
+        assert isinstance(points.attrs, SetTable) and all(isinstance(c, bytes) for c in points.attrs.codes)
+    merged = snapshots[0]
+    reference = plain(snapshots[0])
+    for newer in snapshots[1:]:  # as an exporter's queue merges them in an outage, oldest first
+        merged = merge(merged, newer)
+        reference = merge(reference, plain(newer))
+        assert isinstance(merged.attrs, SetTable) or not len(merged)
+        assert by_series(merged) == by_series(reference)
+    for older, newer in zip(snapshots, snapshots[1:]):  # a snapshot read back from disk, then a new one
+        assert by_series(merge(plain(older), newer)) == by_series(merge(plain(older), plain(newer)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories(), st.integers(1, 7))
+def test_the_writer_lays_store_sets_out_from_their_pair_ids(snapshots, max_points):
+    writer, reader_of_tuples = RequestWriter(SPECS, "c1"), RequestWriter(SPECS, "c1")
+    merged = snapshots[0]
+    for points in [*snapshots, *(merged := merge(merged, s) for s in snapshots[1:])]:
+        got = list(writer.requests(points, max_points))
+        assert got == list(reader_of_tuples.requests(plain(points), max_points))
+        want = [r.SerializeToString() for r in requests_reference(plain(points), SPECS, "c1", max_points)]
+        assert got == want
+
+
+def test_past_its_bound_the_writer_starts_afresh_with_store_sets(monkeypatch) -> None:
+    monkeypatch.setattr("otelgpu.exporter.otlp.PAIRS_KEPT", 5)
+    assert PAIRS_KEPT > 5
+    store = CostStore()
+    writer = RequestWriter(SPECS, "c1")
+    for k in range(3):
+        sets = POOL[4 * k:4 * k + 6]
+        points = store.record(T0 + k * MIN, T0 + (k + 1) * MIN, {"allocated": dict.fromkeys(sets, 1.0)},
+                              {"activity": {POOL[-1]: 0.5}})
+        want = [r.SerializeToString() for r in requests_reference(plain(points), SPECS, "c1")]
+        assert list(writer.requests(points)) == want
+
+
+def _log_round_trip(table: AttrTable, log, points: Points, end_ns: int) -> np.ndarray:  # noqa: ANN001
+    """Write `points`' sets through `table`, then read the snapshot back with a fresh read of the log."""
+    used = np.unique(points.aset)
+    set_ids = np.zeros(len(points.attrs), np.uint32)
+    set_ids[used] = table.ids(points.attrs, used)
+    read = snapshot.decode(snapshot.encode(points, end_ns, (), set_ids), AttrTable(log).load()[0])
+    assert rows(read.points) == rows(points)
+    return set_ids[used]
+
+
+@settings(max_examples=60, deadline=None)
+@given(histories(), st.integers(0, 5))
+def test_the_attribute_log_knows_store_sets_by_serial_and_keeps_no_tuple_of_them(tmp_path_factory, snapshots, restart_at):
+    log = tmp_path_factory.mktemp("log") / "attrs.log"
+    table = AttrTable(log)
+    ids_of: dict = {}
+    gauges_given: set = set()
+    for k, points in enumerate(snapshots):
+        if k == restart_at:  # a new process: the store's sets of the log are met by value once
+            table = AttrTable(log)
+            table.load()
+        ids = _log_round_trip(table, log, points, T0 + (k + 1) * MIN)
+        used = np.unique(points.aset).tolist()
+        for attrs, number in zip([points.attrs[i] for i in used], ids.tolist()):
+            ids_of.setdefault(attrs, set()).add(number)
+        coded = {points.attrs[i] for i in used if i < len(points.attrs.codes)}
+        gauges = {points.attrs[i] for i in used if i >= len(points.attrs.codes)}
+        gauges_given |= gauges
+        assert not (coded - gauges_given) & set(table._ids), "a live store set kept as a tuple"
+        if k < restart_at:
+            assert set(table._ids) <= gauges_given
+    records = AttrTable(log).load()[0]
+    assert len(records) == len(table)
+    # a set has one id as long as it lives; met again under a new serial it may get another
+    assert all(records[i] == attrs for attrs, numbers in ids_of.items() for i in numbers)
+
+
+def test_a_compaction_copies_the_records_it_keeps_and_store_sets_are_still_found(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(attrtable, "COMPACT_FROM", 1)
+    log = tmp_path / "attrs.log"
+    store, table = CostStore(end_after_intervals=1), AttrTable(log)
+    first = store.record(T0, T0 + MIN, {"allocated": dict.fromkeys(POOL[:10], 1.0)}, {})
+    _log_round_trip(table, log, first, T0 + MIN)
+    second = store.record(T0 + MIN, T0 + 2 * MIN, {"allocated": dict.fromkeys(POOL[8:12], 1.0)},
+                          {"activity": {POOL[0]: 0.5}})
+    kept = _log_round_trip(table, log, second, T0 + 2 * MIN)  # the ends of POOL[:8] and the four live sums
+    before = AttrTable(log).load()[0]
+    third = store.record(T0 + 2 * MIN, T0 + 3 * MIN, {"allocated": dict.fromkeys(POOL[8:12], 1.0)}, {})
+    live = table.ids(third.attrs, np.unique(third.aset))
+    assert len(live) == 5 and len(table) == 13  # the four sums, the gauge's end; ten sets, two more, the gauge's
+    assert table.compact(live.tolist())
+    after = AttrTable(log).load()[0]
+    assert after == {i: before[i] for i in live.tolist()} and len(table) == 5
+    assert table.ids(third.attrs, np.unique(third.aset)).tolist() == live.tolist()  # by serial, nothing appended
+    assert log.stat().st_size == sum(len(attrtable._record(i, a)) for i, a in after.items())
+    assert not set(kept.tolist()) - set(before)
+
+
+def test_a_gauge_whose_set_a_sum_has_too_shares_its_record(tmp_path) -> None:
+    log = tmp_path / "attrs.log"
+    store, table = CostStore(), AttrTable(log)
+    points = store.record(T0, T0 + MIN, {"held": dict.fromkeys(POOL[:3], 60.0)}, {"activity": {POOL[1]: 0.5}})
+    ids = _log_round_trip(table, log, points, T0 + MIN)
+    assert len(ids) == 4 and len(set(ids.tolist())) == 3 and len(table) == 3  # one record per distinct set
+    assert list(table._ids) == [POOL[1]]  # the gauge's tuple, which the store holds anyway
