@@ -219,10 +219,12 @@ def test_client_hanging_up_ends_its_watch(server: FakeKubeApi, v1: client.CoreV1
 def test_silenced_watch_hangs(server: FakeKubeApi, v1: client.CoreV1Api) -> None:
     resp = v1.list_namespace(watch=True, allow_watch_bookmarks=True, _preload_content=False, _request_timeout=(1, 0.4))
     server.silence_watches()
+    eventually(lambda: server.watch_count() == 1)  # the server holds the watch, silent
     server.apply({"kind": "Namespace", "metadata": {"name": "ml"}})
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
         b"".join(resp.stream())
-    assert server.watch_count() == 1
+    resp.close()
+    eventually(lambda: server.watch_count() == 0)  # and lets it go once the client hangs up
     server.silence_watches(False)
     events = first(watch.Watch().stream(v1.list_namespace, resource_version="0", timeout_seconds=2))
     assert [(e["type"], e["object"].metadata.name) for e in events] == [("ADDED", "ml")]
