@@ -21,6 +21,7 @@ import os
 import struct
 import sys
 import zlib
+from array import array
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Optional, Sequence
 
@@ -41,11 +42,11 @@ def _record(number: int, attrs: Attrs) -> bytes:
     return _RECORD.pack(number, len(payload), zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
-def _parse(data: bytes) -> tuple[dict[int, Attrs], int, list[tuple[int, int, int]]]:
+def _parse(data: bytes) -> tuple[dict[int, Attrs], int, np.ndarray]:
     """The sets of a log's bytes, the length of its undamaged part, and each record's id, offset
-    and length in it (in the order of the log)."""
+    and length in it (rows in the order of the log)."""
     sets: dict[int, Attrs] = {}
-    spans = []
+    spans = array("q")
     at = 0
     while at + _RECORD.size <= len(data):
         number, size, crc = _RECORD.unpack_from(data, at)
@@ -60,9 +61,9 @@ def _parse(data: bytes) -> tuple[dict[int, Attrs], int, list[tuple[int, int, int
         except (ValueError, TypeError):
             break
         sets[number] = attrs
-        spans.append((number, at, _RECORD.size + size))
+        spans.extend((number, at, _RECORD.size + size))
         at += _RECORD.size + size
-    return sets, at, spans
+    return sets, at, np.frombuffer(spans, np.int64).reshape(-1, 3).copy()
 
 
 class AttrTable:
@@ -101,7 +102,7 @@ class AttrTable:
             os.truncate(self.path, good)
         self._ids = {attrs: i for i, attrs in sets.items()}
         self._serials, self._serial_ids = np.zeros(0, np.int64), np.zeros(0, np.uint32)
-        self._spans = np.array(spans, np.int64).reshape(-1, 3)
+        self._spans = spans
         self._next = max(sets, default=-1) + 1
         self._size = good
         self._loaded = self._adopt = True

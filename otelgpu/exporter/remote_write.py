@@ -47,6 +47,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.jit import kernel
+from otelgpu.exporter.columns import SetTable
 from otelgpu.exporter.config import RemoteWriteConfig
 from otelgpu.exporter.prometheus import label_name
 from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
@@ -213,7 +214,7 @@ class SeriesWriter:
         self._name_rank = {n: i for i, n in enumerate(names)}
         blobs = [len_field(1, Label(name="__name__", value=n).SerializeToString()) for n in names]
         self._names, self._name_offsets = arena(blobs)
-        self._sets: dict[Attrs, _LabelSet] = {}  # the last snapshot's, as in the OTLP writer
+        self._sets: dict[Attrs | int, _LabelSet] = {}  # the last snapshot's, by set (the store's: by serial)
 
     def requests(self, points: Sequence[Point], done: int,
                  max_samples: int) -> tuple[Iterator[tuple[int, bytes]], Counter[str]]:
@@ -265,16 +266,19 @@ class SeriesWriter:
             yield hi - lo, body.tobytes()
 
     def _label_sets(self, points: Points, rows: np.ndarray,
-                    cached: dict[Attrs, _LabelSet]) -> tuple[list[_LabelSet], np.ndarray]:
+                    cached: dict[Attrs | int, _LabelSet]) -> tuple[list[_LabelSet], np.ndarray]:
         """The distinct label sets of `rows`' attribute sets (those of the last snapshot kept), and
-        per attribute set its label set's index."""
+        per attribute set its label set's index. A set of the store's (`SetTable`) is known by its
+        serial, and built only when new."""
         distinct: dict[Labels, int] = {}
         sets: list[_LabelSet] = []
-        lid = np.zeros(len(points.attrs), np.int64)
+        table = points.attrs
+        coded = len(table.codes) if isinstance(table, SetTable) else 0
+        lid = np.zeros(len(table), np.int64)
         for a in np.unique(points.aset[rows]).tolist():
-            attrs = points.attrs[a]
-            ls = self._sets.get(attrs) or cached.get(attrs) or _LabelSet(attrs, self.cluster, self.external_labels)
-            self._sets[attrs] = ls
+            key = int(table.serials[a]) if a < coded else table[a]
+            ls = self._sets.get(key) or cached.get(key) or _LabelSet(table[a], self.cluster, self.external_labels)
+            self._sets[key] = ls
             lid[a] = distinct.setdefault(ls.labels, len(distinct))
             if lid[a] == len(sets):
                 sets.append(ls)

@@ -16,6 +16,7 @@ from otelgpu.exporter import attrtable, snapshot
 from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.exporter.columns import Points, SetTable, merge
 from otelgpu.exporter.otlp import PAIRS_KEPT, RequestWriter, requests_reference
+from otelgpu.exporter.remote_write import SeriesWriter
 from otelgpu.exporter.store import CostStore, cost_metrics
 
 SPECS = cost_metrics()
@@ -99,6 +100,20 @@ def test_the_writer_lays_store_sets_out_from_their_pair_ids(snapshots, max_point
         assert got == list(reader_of_tuples.requests(plain(points), max_points))
         want = [r.SerializeToString() for r in requests_reference(plain(points), SPECS, "c1", max_points)]
         assert got == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(histories())
+def test_remote_write_knows_store_sets_by_serial_and_writes_what_their_tuples_give(snapshots):
+    by_serial, by_tuple = SeriesWriter(SPECS, "c1", {}), SeriesWriter(SPECS, "c1", {})
+    for points in snapshots:  # one writer each, as an exporter keeps it: its cache of label sets in use
+        got, rejected = by_serial.requests(points, 0, 5)
+        want, rejected_too = by_tuple.requests(plain(points), 0, 5)
+        assert list(got) == list(want) and rejected == rejected_too
+        used = np.unique(points.aset)
+        coded = used[used < len(points.attrs.codes)]
+        assert sorted(k for k in by_serial._sets if isinstance(k, int)) == sorted(points.attrs.serials[coded].tolist())
+        assert sum(isinstance(k, tuple) for k in by_serial._sets) == len(used) - len(coded)  # the gauges' alone
 
 
 def test_past_its_bound_the_writer_starts_afresh_with_store_sets(monkeypatch) -> None:
