@@ -5,6 +5,7 @@ sums by them, the store and the exporters write them."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Iterator, Mapping, Sequence, overload
 
 import numpy as np
@@ -49,7 +50,34 @@ def with_attrs(attrs: Attrs, extra: Mapping[str, str]) -> Attrs:
     return tuple(sorted(kept + [pair(kv) for kv in extra.items() if kv[1] != ""]))
 
 
-class Extended(Sequence[Attrs]):
+class BuiltOnRead(Sequence[Attrs]):
+    """Attribute sets built only where one is read: a subclass builds set `at` (`_built`, 0 <= at <
+    len), this reads them by index, negative ones too, or by slice."""
+
+    __slots__ = ()
+
+    @overload
+    def __getitem__(self, at: int) -> Attrs: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[Attrs]: ...
+
+    def __getitem__(self, at: int | slice) -> Attrs | list[Attrs]:
+        if isinstance(at, slice):
+            return [self[k] for k in range(*at.indices(len(self)))]
+        at = int(at)
+        if at < 0:
+            at += len(self)
+        if not 0 <= at < len(self):
+            raise IndexError("attribute set index out of range")
+        return self._built(at)
+
+    @abstractmethod
+    def _built(self, at: int) -> Attrs:
+        """Set `at`, built."""
+
+
+class Extended(BuiltOnRead):
     """Attribute sets named by their parts: set i is `bases[base[i]]` with the attributes of
     `extras[extra[i]]` added or replaced (`with_attrs`). The cost models name their series this
     way (a holding's set and the attributes a model adds), so no set is built that nothing reads:
@@ -61,15 +89,7 @@ class Extended(Sequence[Attrs]):
     def __len__(self) -> int:
         return len(self.base)
 
-    @overload
-    def __getitem__(self, at: int) -> Attrs: ...
-
-    @overload
-    def __getitem__(self, at: slice) -> list[Attrs]: ...
-
-    def __getitem__(self, at: int | slice) -> Attrs | list[Attrs]:
-        if isinstance(at, slice):
-            return [self[k] for k in range(*at.indices(len(self)))]
+    def _built(self, at: int) -> Attrs:
         return with_attrs(self.bases[int(self.base[at])], dict(self.extras[int(self.extra[at])]))
 
     def __iter__(self) -> Iterator[Attrs]:

@@ -18,11 +18,11 @@ from typing import Callable, Collection, Iterator, Optional, Sequence, overload
 
 import numpy as np
 
-from otelgpu.core.attrs import Attrs
+from otelgpu.core.attrs import Attrs, BuiltOnRead
 from otelgpu.core.grouping import group_ids
 
 
-class SetTable(Sequence[Attrs]):
+class SetTable(BuiltOnRead):
     """Attribute sets as the cost store keeps them: set i < len(codes) is the pairs whose ids
     `codes[i]` holds (uint32 in native order, into `pairs`), and `serials[i]` is a number no other
     set of the process had (equal serials: equal sets; a set forgotten and met again has a new
@@ -44,20 +44,7 @@ class SetTable(Sequence[Attrs]):
     def __len__(self) -> int:
         return len(self.codes) + len(self.plain)
 
-    @overload
-    def __getitem__(self, at: int) -> Attrs: ...
-
-    @overload
-    def __getitem__(self, at: slice) -> list[Attrs]: ...
-
-    def __getitem__(self, at: int | slice) -> Attrs | list[Attrs]:
-        if isinstance(at, slice):
-            return [self[k] for k in range(*at.indices(len(self)))]
-        at = int(at)
-        if at < 0:
-            at += len(self)
-        if not 0 <= at < len(self):
-            raise IndexError("attribute set index out of range")
+    def _built(self, at: int) -> Attrs:
         if at >= len(self.codes):
             return self.plain[at - len(self.codes)]
         return tuple(map(self.pairs.__getitem__, memoryview(self.codes[at]).cast("I")))
