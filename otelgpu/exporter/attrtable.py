@@ -153,8 +153,7 @@ class AttrTable:
             attrs = sets[int(used[k])]  # built to be looked up, and let go
             number = self._ids.get(attrs)
             if number is None:
-                number = self._next + len(fresh)
-                fresh.append(int(used[k]))
+                number = self._fresh(fresh, int(used[k]))
             else:
                 matched.append(attrs)
             out[k] = named[serial] = number
@@ -173,10 +172,14 @@ class AttrTable:
             if number is None and serial_of is not None:  # a gauge's set that the store has for a sum
                 number = self._serial_id(serial_of(attrs), named)
             if number is None:
-                number = self._next + len(fresh)
-                fresh.append(int(used[k]))
+                number = self._fresh(fresh, int(used[k]))
             out[k] = plain[attrs] = number
         return plain
+
+    def _fresh(self, fresh: list[int], index: int) -> int:
+        """The id the set at `index` gets, new to the log: appended with this call's others."""
+        fresh.append(index)
+        return self._next + len(fresh) - 1
 
     def _adopt_tuples(self, sets: Sequence[Attrs], plain: np.ndarray) -> None:
         """Once after a load: the log's tuples equal to these plain sets are replaced by them."""

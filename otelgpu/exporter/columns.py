@@ -14,12 +14,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-from typing import Callable, Collection, Iterator, Optional, Sequence, overload
+from typing import Callable, Collection, Iterator, Mapping, Optional, Sequence, overload
 
 import numpy as np
 
 from otelgpu.core.attrs import Attrs, BuiltOnRead
 from otelgpu.core.grouping import group_ids
+
+
+def set_of(code: bytes, pairs: Sequence[tuple[str, str]]) -> Attrs:
+    """The set whose pair ids `code` holds (uint32 in native order), of `pairs` by id."""
+    return tuple(map(pairs.__getitem__, memoryview(code).cast("I")))
+
+
+def code_of(attrs: Attrs, ids: Mapping[tuple[str, str], int]) -> Optional[bytes]:
+    """The ids of a set's pairs (uint32), `ids` giving each pair's; None where a pair has none."""
+    try:
+        return np.fromiter(map(ids.__getitem__, attrs), np.uint32, len(attrs)).tobytes()
+    except KeyError:
+        return None
 
 
 class SetTable(BuiltOnRead):
@@ -47,11 +60,11 @@ class SetTable(BuiltOnRead):
     def _built(self, at: int) -> Attrs:
         if at >= len(self.codes):
             return self.plain[at - len(self.codes)]
-        return tuple(map(self.pairs.__getitem__, memoryview(self.codes[at]).cast("I")))
+        return set_of(self.codes[at], self.pairs)
 
     def __iter__(self) -> Iterator[Attrs]:
         pairs = self.pairs
-        return chain((tuple(map(pairs.__getitem__, memoryview(c).cast("I"))) for c in self.codes), self.plain)
+        return chain((set_of(code, pairs) for code in self.codes), self.plain)
 
     def with_plain(self, more: Sequence[Attrs]) -> SetTable:
         """These sets, then `more` (as plain sets)."""
@@ -258,11 +271,8 @@ class _CodedTable:
         if self._by_codes is None:
             self._by_codes = {code: i for i, code in enumerate(self._codes)}
             self._own_pairs()
-        try:
-            code = np.fromiter(map(self._pair_ids.__getitem__, attrs), np.uint32, len(attrs)).tobytes()
-        except KeyError:
-            return -1
-        return self._by_codes.get(code, -1)
+        code = code_of(attrs, self._pair_ids)
+        return self._by_codes.get(code, -1) if code is not None else -1
 
     def _own_pairs(self) -> None:
         if self._pair_ids is None:

@@ -19,7 +19,7 @@ import numpy as np
 from otelgpu.checkpoint import string_arrays, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.state import Undo, nothing_to_undo
-from otelgpu.exporter.columns import Point, Points, SetTable
+from otelgpu.exporter.columns import Point, Points, SetTable, code_of, set_of
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
@@ -633,7 +633,7 @@ class _AttrSets:
 
     def value(self, index: int) -> Attrs:
         """The set at `index`, built from its pairs."""
-        return tuple(map(self._pairs.pair, memoryview(self._codes[index]).cast("I")))
+        return set_of(self._codes[index], self._pairs.live())
 
     def serial(self, index: int) -> int:
         return int(self._serial[index])
@@ -849,13 +849,11 @@ class _Pairs(_Counted):
 
     def codes(self, attrs: Attrs) -> Optional[bytes]:
         """The ids of a set's pairs (uint32), None when one of them has none."""
-        try:
-            return np.fromiter(map(self._ids.__getitem__, attrs), np.uint32, len(attrs)).tobytes()
-        except KeyError:
-            return None
+        return code_of(attrs, self._ids)
 
-    def pair(self, index: int) -> tuple[str, str]:
-        return self._pairs[index]
+    def live(self) -> list[tuple[str, str]]:
+        """Every pair by its id as it is now (the table's own list: read it, do not keep it)."""
+        return self._pairs
 
     def listed(self) -> list[tuple[str, str]]:
         """Every pair by its id (released ones as empty strings), as a list of its own that no
