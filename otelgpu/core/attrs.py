@@ -23,11 +23,15 @@ class Shared:
         self._known: dict = {}
 
     def __call__(self, value):  # noqa: ANN001, ANN204 - any hashable value; the kept one is returned
-        known = self._known.get(value)
+        return self.by(value, value)
+
+    def by(self, key, value):  # noqa: ANN001, ANN201 - what equal keys name: the first value given for it
+        """The value kept under a key equal to `key`; `value`, kept under it, when there is none."""
+        known = self._known.get(key)
         if known is None:
             if len(self._known) >= self._kept:
                 self._known.clear()
-            known = self._known.setdefault(value, value)
+            known = self._known.setdefault(key, value)
         return known
 
 

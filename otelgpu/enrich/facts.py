@@ -19,7 +19,7 @@ import numpy as np
 from otelgpu.core.jit import kernel
 from otelgpu.enrich import factstate
 from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
-                                  merge)
+                                  merge, shared_map)
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm
@@ -118,7 +118,7 @@ class KsmFacts:
         if pod is None:
             if stale:
                 return
-            pod = self.pods[key] = PodFacts()
+            pod = self.pods[key] = PodFacts(labels=shared_map({}), annotations=shared_map({}))  # most have none
         if stale:  # going away: its facts are kept for the grace period, its end noted
             if time_ns > pod.seen_ns:  # not a series replaced in the same scrape (a relabel)
                 pod.ended_ns = max(pod.ended_ns, time_ns)
@@ -131,9 +131,9 @@ class KsmFacts:
             pod.ended_ns = 0  # reported again: a failed scrape's markers, or a pod recreated under its name
         pod.uid = attrs.get("uid", pod.uid)
         if metric == Metric.POD_LABELS:
-            pod.labels = {k: v for k, v in attrs.items() if k.startswith("label_")}
+            pod.labels = shared_map({k: v for k, v in attrs.items() if k.startswith("label_")})
         elif metric == Metric.POD_ANNOTATIONS:
-            pod.annotations = {k: v for k, v in attrs.items() if k.startswith("annotation_")}
+            pod.annotations = shared_map({k: v for k, v in attrs.items() if k.startswith("annotation_")})
         elif metric == Metric.POD_INFO:
             pod.info_node = attrs.get("node", "")
             pod.node = pod.info_node or pod.request_node

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from otelgpu.checkpoint import string_arrays, texts_of
-from otelgpu.enrich.model import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts
+from otelgpu.enrich.model import NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts, shared_map
 
 VERSION = 2
 POD_TEXT = ("uid", "node", "phase", "owner_kind", "owner_name", "info_node", "request_node")
@@ -184,6 +184,8 @@ def _decode_pods(table: _Table, encoded: Mapping[str, Any]) -> dict[tuple[str, s
     requests = ids(encoded["requests"], 3)
     for (o, c, r), q in zip(requests, column(encoded["quantity"], len(requests), "f")):
         _at(pods, o).request(word(c), word(r), float(q))
+    for pod in pods:  # each pod's own maps, filled above: shared from here on, as updates share them
+        pod.labels, pod.annotations = shared_map(pod.labels), shared_map(pod.annotations)
     return dict(zip(keys, pods))
 
 

@@ -15,6 +15,9 @@ from otelgpu.core.attrs import Shared
 
 @dataclass(slots=True)  # no dict per pod: 76,000 pods and their copies while an interval is computed ahead
 class PodFacts:
+    """A pod's maps (labels, requests, annotations) may be shared with other pods (`shared_map`):
+    replace them, never change them in place."""
+
     uid: str = ""
     node: str = ""
     phase: str = ""
@@ -41,7 +44,7 @@ class PodFacts:
         key = shared((container, resource))
         known = self.requests.get(key)
         if known is None or not _same(known, quantity):
-            self.requests = {**self.requests, key: shared(quantity) if quantity > 0 else quantity}
+            self.requests = shared_map({**self.requests, key: shared(quantity) if quantity > 0 else quantity})
 
 
 def _same(known: float, new: float) -> bool:
@@ -52,6 +55,17 @@ def _same(known: float, new: float) -> bool:
 # Each (container, resource) key and positive quantity once, whatever the pods that repeat it (a
 # positive float equal to another has its bits).
 shared = Shared(65_536)
+_maps = Shared(65_536)
+
+
+def shared_map(items: dict) -> dict:
+    """`items`, or a map of equal items in the same order met before: the pods of a workload share
+    one dict of labels, of annotations and of requests (76,000 pods: some 33 MiB fewer). A pod's
+    maps are therefore replaced, never changed in place. Only strings and positive numbers are
+    taken as equal to what they equal (-0.0 equals 0.0, and a request keeps its zero's sign)."""
+    if not all(type(v) is str or (type(v) is float and v > 0) for v in items.values()):
+        return items
+    return _maps.by(tuple(items.items()), items)
 
 
 @dataclass

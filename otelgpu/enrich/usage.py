@@ -236,7 +236,7 @@ class UsageTracker:
 Tokens = dict[tuple[str, str], dict[tuple[str, str], list[float]]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per pod an interval: no dict each
 class PodUse:
     running_share: float  # NaN where no phase was scraped in the interval
     cpu_cores: float  # mean cores used while running; NaN where not measured

@@ -154,6 +154,33 @@ def test_pods_share_their_request_keys_and_quantities_and_a_zero_keeps_its_sign(
     assert math.copysign(1.0, facts.pods[("ml", "a")].requests[("main", "memory")]) == -1.0
 
 
+def test_pods_of_a_workload_share_their_maps_and_a_pod_that_changes_gets_its_own():
+    strings = Interner()
+    facts = KsmFacts(strings, ttl_ns=NS)
+
+    def pod_rows(t: int, pod: str, team: str, memory: float) -> list[tuple]:
+        who = {"namespace": "ml", "pod": pod}
+        return [(t * NS, int(Metric.POD_LABELS), {**who, "label_team": team}, 1.0, False),
+                (t * NS, int(Metric.POD_ANNOTATIONS), who, 1.0, False),
+                (t * NS, int(Metric.POD_REQUESTS), {**who, "container": "main", "resource": "cpu"}, 4.0, False),
+                (t * NS, int(Metric.POD_REQUESTS), {**who, "container": "main", "resource": "memory"}, memory, False)]
+
+    facts.update(_batch(strings, pod_rows(0, "a", "x", 2.0) + pod_rows(0, "b", "x", 2.0) + pod_rows(0, "c", "y", 0.0)))
+    a, b, c = (facts.pods[("ml", name)] for name in "abc")
+    assert a.labels is b.labels and a.annotations is b.annotations is c.annotations and a.requests is b.requests
+    assert c.labels is not a.labels and c.labels == {"label_team": "y"} and a.labels == {"label_team": "x"}
+    assert c.requests is not a.requests  # a zero quantity: not taken as equal to anything
+
+    facts.update(_batch(strings, pod_rows(1, "b", "z", 2.0)))  # relabelled: its own map, a's as it was
+    assert facts.pods[("ml", "b")].labels == {"label_team": "z"} and a.labels == {"label_team": "x"}
+
+    back = KsmFacts(strings, ttl_ns=NS)
+    back.restore(facts.state())
+    a, b, c = (back.pods[("ml", name)] for name in "abc")
+    assert a.requests is b.requests and a.annotations is c.annotations and a.labels is not b.labels
+    assert _canonical(back) == _canonical(facts)
+
+
 @settings(max_examples=300, deadline=None)
 @given(_scrapes(), st.randoms(use_true_random=False))
 def test_the_kernel_matches_its_reference(rows, rnd):

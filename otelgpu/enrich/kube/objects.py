@@ -14,7 +14,8 @@ from typing import Any, Collection, Mapping, Optional
 from kubernetes.utils.quantity import parse_quantity
 
 from otelgpu.enrich.labels import NODE_LABELS, ksm_annotation_name, ksm_label_name, ksm_resource_name
-from otelgpu.enrich.model import ClaimFacts, DraDevice, NamespaceFacts, NodeFacts, OwnerFacts, PodFacts, SliceFacts
+from otelgpu.enrich.model import (ClaimFacts, DraDevice, NamespaceFacts, NodeFacts, OwnerFacts, PodFacts, SliceFacts,
+                                  shared_map)
 
 Obj = Mapping[str, Any]
 
@@ -56,9 +57,10 @@ def pod_facts(obj: Obj, label_keys: Collection[str], annotation_keys: Collection
     kind, name = controller(obj)
     return PodFacts(
         uid=metadata.get("uid", ""), node=spec.get("nodeName") or "", phase=status.get("phase") or "",
-        labels=_kept(metadata.get("labels"), ksm_label_name, label_keys, label_prefixes), requests=requests,
-        owner_kind=kind, owner_name=name, seen_ns=now_ns,
-        annotations=_kept(metadata.get("annotations"), ksm_annotation_name, annotation_keys, annotation_prefixes),
+        labels=shared_map(_kept(metadata.get("labels"), ksm_label_name, label_keys, label_prefixes)),
+        requests=shared_map(requests), owner_kind=kind, owner_name=name, seen_ns=now_ns,
+        annotations=shared_map(_kept(metadata.get("annotations"), ksm_annotation_name, annotation_keys,
+                                     annotation_prefixes)),
         created_ns=timestamp_ns(metadata.get("creationTimestamp")),
     )
 
