@@ -163,3 +163,34 @@ def test_device_memory_reads_the_lists_of_earlier_versions_and_refuses_what_does
         with pytest.raises(ValueError, match="do not fit together"):
             memory.restore(bad)
         assert same(memory.state(), arrays)
+
+
+def test_device_memory_keeps_one_tuple_of_a_nodes_gpus_while_they_stay_the_same() -> None:
+    """Each interval remembers every node's GPUs anew, and the mark of an interval computed ahead
+    keeps what was remembered before: a node whose GPUs did not change keeps its one tuple of
+    them, a node whose MIG layout changed gets its new one, and the mark puts back the old."""
+    from otelgpu.enrich.devices import DeviceMemory
+    from otelgpu.enrich.samples import Samples
+    from otelgpu.receiver.interner import Interner
+
+    strings = Interner()
+
+    def samples(layout: list[tuple[str, str]]) -> Samples:
+        n_row = len(layout)
+        code = np.vectorize(strings.code, otypes=[np.int32])
+        none = np.full(n_row, -1, np.int32)
+        return Samples(np.zeros(n_row, np.int16), np.full(n_row, 10, np.int64), np.ones(n_row), np.zeros(n_row, bool),
+                       code(["gpu-1"] * n_row), code([u for u, _ in layout]), code([g for _, g in layout]),
+                       code(["1g.10gb"] * n_row), code(["A100"] * n_row), none, none, none, none, none)
+
+    memory = DeviceMemory(strings, memory_ns=1)
+    memory.fill(samples([("GPU-0", "1"), ("GPU-0", "2")]), 0, 60, {"gpu-1"})
+    first = memory._nodes["gpu-1"]
+    undo = memory.mark()
+    memory.fill(samples([("GPU-0", "1"), ("GPU-0", "2")]), 60, 120, {"gpu-1"})
+    again = memory._nodes["gpu-1"]
+    assert again.entities is first.entities and again.seen_ns == 120 and first.seen_ns == 60
+    memory.fill(samples([("GPU-0", "1")]), 120, 180, {"gpu-1"})
+    assert [e[:2] for e in memory._nodes["gpu-1"].each()] == [("GPU-0", "1")]
+    undo()
+    assert memory._nodes["gpu-1"] is first and len(list(first.each())) == 2

@@ -85,7 +85,11 @@ class DeviceMemory:
         fields = np.stack([text[c[rows[order]]] for c in (samples.uuid, samples.gi, samples.profile, samples.model)],
                           axis=1).reshape(-1).tolist()  # entity after entity, four fields each
         for name, lo, hi in zip(text[samples.node[rows[node_first]]].tolist(), [0, *ends[:-1]], ends):
-            self._nodes[name] = _Node(end_ns, tuple(fields[4 * lo:4 * hi]))
+            entities = tuple(fields[4 * lo:4 * hi])
+            known = self._nodes.get(name)
+            if known is not None and known.entities == entities:
+                entities = known.entities  # the same GPUs: one tuple, not one more each interval a mark keeps
+            self._nodes[name] = _Node(end_ns, entities)
         held = live[samples.pod[live] >= 0]
         if not len(held):
             return
