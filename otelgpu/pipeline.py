@@ -179,13 +179,13 @@ class Pipeline:
         source: FactSource = MergedFacts(self.facts, self.kube) if self.kube else self.facts
         hardware = Hardware(pricer.catalog, MigProfiles.load(), attribution.mig_fraction_rule)
         self.devices = DeviceMemory(self.strings, remembered_ns)
+        self.store = CostStore(attribution.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         self.joiner = Joiner(self.strings, source, tags, hardware, self.devices,
                              pod_resources=self.models.needs_pods(),
                              cpu_only=(lambda info: pricer.prices_instance(info.instance_type, info.capacity_type,
                                                                            info.instance_id))
-                             if attribution.scad.cpu_only_nodes else None)
+                             if attribution.scad.cpu_only_nodes else None, kept=self.store.kept)
         self.costs = IntervalCosts(self.joiner, self.pricer, self.models, self.strings, self.metrics, self.tenants)
-        self.store = CostStore(attribution.currency, config.series.end_after_intervals, keep_ended=keep_ended)
         return tags
 
     def _ingest(self, config: Config, tags: TagResolver) -> Ingest:

@@ -296,3 +296,24 @@ def test_an_earlier_interval_that_opens_after_the_first_was_computed_ahead_close
     for table in ("pods", "nodes", "namespaces", "owners"):
         assert list(getattr(plain.facts, table).items()) == list(getattr(ahead_run.facts, table).items())
     assert by_label(ahead_run.metrics.intervals_ahead)["redone"] == 1  # [60, 120), computed before [0, 60) opened
+
+
+def test_the_join_holds_the_cost_stores_sets_rather_than_copies_of_its_own() -> None:
+    """An interval's join builds every holding's attribute set anew; a set equal to one the store
+    names its series by is held as the store's object (one copy, not two, while an interval
+    computed ahead waits for its close), any other set as the join's own. The holdings are the
+    same as a join's that keeps its own copies."""
+    c, p = cluster(), pipeline(True)
+    feed(p, *(c.scrape(t) for t in range(0, 180, SCRAPE_S)))
+    assert total(p.metrics.intervals_computed) >= 1
+    index = min(p.windows._open)
+    interval = p.windows.peek(index)
+    samples = interval.steps.unpack(memory=False)
+    held = p.joiner.join(samples, interval.start_ns, interval.end_ns)
+    p.joiner.kept = None
+    own = p.joiner.join(samples, interval.start_ns, interval.end_ns)
+    assert own.sets == held.sets and np.array_equal(own.row_set, held.row_set)
+    in_store = [i for i, s in enumerate(own.sets) if p.store.kept(s) is not s]  # an equal set is the store's
+    assert len(in_store) > 5 and len(in_store) < len(own.sets)  # a set no series of the store is named by stays
+    assert all(held.sets[i] is p.store.kept(own.sets[i]) for i in in_store)
+    assert all(p.store.kept(s) is s for s in held.sets)

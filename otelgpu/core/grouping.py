@@ -4,7 +4,7 @@ and `Numbering`, distinct values numbered as they are met (holders, profiles, at
 
 from __future__ import annotations
 
-from typing import Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Optional, TypeVar
 
 import numpy as np
 
@@ -13,17 +13,21 @@ T = TypeVar("T", bound=Hashable)
 
 class Numbering(Generic[T]):
     """Distinct values numbered in the order they were first met: `index(value)` is the number,
-    `values[number]` the value."""
+    `values[number]` the value. `kept`: the object to keep of a value met first (an equal one
+    kept elsewhere already), the value itself by default."""
 
-    def __init__(self, *first: T) -> None:
+    def __init__(self, *first: T, kept: Optional[Callable[[T], T]] = None) -> None:
         self.values: list[T] = []
         self._index: dict[T, int] = {}
+        self._kept = kept
         for value in first:
             self.index(value)
 
     def index(self, value: T) -> int:
         found = self._index.get(value)
         if found is None:
+            if self._kept is not None:
+                value = self._kept(value)
             found = self._index[value] = len(self.values)
             self.values.append(value)
         return found

@@ -5,6 +5,8 @@ what the cost models read of it (enrich/holdings.py)."""
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import numpy as np
 
 from otelgpu.core.attrs import Attrs, attrs_of, with_attrs
@@ -28,9 +30,11 @@ class SeriesAttributes:
     models read of each: which tags the holder's labels gave, the holder, its namespace, its
     attribution and its node."""
 
-    def __init__(self, scope: Scope, tags: TagResolver) -> None:
+    def __init__(self, scope: Scope, tags: TagResolver, kept: Optional[Callable[[Attrs], Attrs]] = None) -> None:
+        """`kept`: an equal set kept from intervals before (the cost store's), to hold instead of
+        this interval's copy."""
         self.scope, self.tags = scope, tags
-        self.sets: Numbering[Attrs] = Numbering()
+        self.sets: Numbering[Attrs] = Numbering(kept=kept)
         self.found: list[tuple[bool, ...]] = []
         self.holder: list[int] = []
         self.namespace: list[int] = []

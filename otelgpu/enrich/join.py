@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from otelgpu.core.attrs import Attrs
 from otelgpu.core.grouping import Numbering, group_ids
 from otelgpu.enrich.attributes import SeriesAttributes, node_attrs
 from otelgpu.enrich.blind import Gpus, without_device_data
@@ -39,13 +40,15 @@ from otelgpu.receiver.interner import Interner
 class Joiner:
     """`devices`: the GPUs each node had, remembered between intervals (the dark ones' holders);
     `pod_resources`: list the pods on costed nodes (scad); `cpu_only`: which nodes without GPUs
-    scad costs as well (None: none)."""
+    scad costs as well (None: none); `kept`: a series' attribute set as kept from intervals
+    before (the cost store's object of equal value), held instead of the one the join builds."""
 
     def __init__(self, strings: Interner, facts: FactSource, tags: TagResolver, hardware: Hardware,
                  devices: DeviceMemory, *, pod_resources: bool = False,
-                 cpu_only: Callable[[NodeInfo], bool] | None = None) -> None:
+                 cpu_only: Callable[[NodeInfo], bool] | None = None,
+                 kept: Callable[[Attrs], Attrs] | None = None) -> None:
         self.strings, self.source, self.tags, self.hardware, self.devices = strings, facts, tags, hardware, devices
-        self.pod_resources, self.cpu_only = pod_resources, cpu_only
+        self.pod_resources, self.cpu_only, self.kept = pod_resources, cpu_only, kept
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
              use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
@@ -71,7 +74,7 @@ class Joiner:
         gpus, blind_rows, blind = without_device_data(scope, claims, self.hardware, self._reported_gpus(scope, units))
         rows = Rows.concat([rows, blind_rows])
         problems = claims.problems()  # after the nodes without device data: their grants placed too
-        attributes = SeriesAttributes(scope, self.tags)
+        attributes = SeriesAttributes(scope, self.tags, self.kept)
         row_set, gpu_node, nodes = _row_sets(rows, gpus, attributes)
         pods = Pods.empty()
         if self.pod_resources:

@@ -226,6 +226,13 @@ class CostStore:
         """The attribute sets as they are now, for a snapshot (`_AttrSets.snapshot`)."""
         return self._sets.snapshot(self._serial_of)
 
+    def kept(self, attrs: Attrs) -> Attrs:
+        """The set series are named by equal to `attrs`, if there is one, else `attrs`: an
+        interval's join, which builds every set anew, then holds the store's object rather than a
+        copy until the interval closes (the join runs beside the exporters: under the lock)."""
+        with self._lock:
+            return self._sets.kept(attrs)
+
     def _serial_of(self, attrs: Attrs) -> int:
         """The serial of the live set equal to `attrs`, -1 if none (a gauge's set that a sum has too)."""
         with self._lock:
