@@ -306,8 +306,7 @@ def test_the_join_holds_the_cost_stores_sets_rather_than_copies_of_its_own() -> 
     c, p = cluster(), pipeline(True)
     feed(p, *(c.scrape(t) for t in range(0, 180, SCRAPE_S)))
     assert total(p.metrics.intervals_computed) >= 1
-    index = min(p.windows._open)
-    interval = p.windows.peek(index)
+    interval = p.windows.peek(p.windows.due_indices(flush=True)[0])  # the oldest open: it closes next
     samples = interval.steps.unpack(memory=False)
     held = p.joiner.join(samples, interval.start_ns, interval.end_ns)
     p.joiner.kept = None

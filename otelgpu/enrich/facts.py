@@ -118,7 +118,7 @@ class KsmFacts:
         if pod is None:
             if stale:
                 return
-            pod = self.pods[key] = PodFacts(labels=shared_map({}), annotations=shared_map({}))  # most have none
+            pod = self.pods[key] = PodFacts(labels=shared_map({}), annotations=shared_map({}))  # until rows say more
         if stale:  # going away: its facts are kept for the grace period, its end noted
             if time_ns > pod.seen_ns:  # not a series replaced in the same scrape (a relabel)
                 pod.ended_ns = max(pod.ended_ns, time_ns)
