@@ -5,6 +5,7 @@ interval it ran; and the nodes without GPUs scad costs (those whose instance has
 
 from __future__ import annotations
 
+from array import array
 from typing import Callable
 
 import numpy as np
@@ -33,12 +34,12 @@ def cpu_only_nodes(scope: Scope, costed: set[str], priced: Callable[[NodeInfo], 
 def pod_rows(scope: Scope, attributes: SeriesAttributes, nodes: list[NodeSpec], gpu_node: np.ndarray,
              rows: Rows) -> Pods:
     """Every pod that ran on one of `nodes` in the interval; `rows` (those of `gpu_node`'s GPUs)
-    say which held GPUs there, for how long, and how."""
+    say which held GPUs there, for how long, and how. Its rows are columns as they are met (at
+    100,000 GPUs, some 100,000 pods: a tuple of Python numbers each was some 30 MiB of the close)."""
     node_of = {n.name: i for i, n in enumerate(nodes)}
     node_set = [attributes.node_sets.index(n.attrs) for n in nodes]
-    gpu_share = _gpu_holders(rows, gpu_node)
-    out: list[tuple] = []
-    seen: set[tuple[int, int]] = set()
+    gpus = _GpuHolders(rows, gpu_node, len(nodes))
+    out = _PodColumns(scope, attributes)
     for key, pod in scope.facts.pods.items():
         node = node_of.get(pod.node)
         if node is None:
@@ -52,50 +53,76 @@ def pod_rows(scope: Scope, attributes: SeriesAttributes, nodes: list[NodeSpec], 
         else:
             share = float(running)
         holder = scope.holders.index(key)
-        got = gpu_share.get((node, holder))
-        if got is not None:
-            share = max(share, got[0])
-        if share <= 0 or (got is None and not _carries_cost(pod, use)):
+        got = gpus.find(node, holder)
+        if got >= 0:
+            share = max(share, gpus.longest[got])
+        if share <= 0 or (got < 0 and not _carries_cost(pod, use)):
             continue  # a pod that holds and uses nothing costs nothing: its tags take no place
-        seen.add((node, holder))
-        out.append(_pod_row(scope, attributes, node, node_set[node], holder, POD if got is None else got[1], share,
-                            use))
-    for (node, holder), (share, attribution) in gpu_share.items():
-        if (node, holder) not in seen:  # unknown to kube-state-metrics: GPUs only
-            out.append(_pod_row(scope, attributes, node, node_set[node], holder, attribution, share, None))
-    if not out:
-        return Pods.empty()
-    node, pod_set, *values = (np.array(c) for c in zip(*out))
-    return Pods(node.astype(np.int64), pod_set.astype(np.int64), *(v.astype(np.float64) for v in values))
+        if got >= 0:
+            gpus.seen[got] = True
+        out.add(node, node_set[node], holder, POD if got < 0 else gpus.attribution[got], share, use)
+    for got in np.flatnonzero(~gpus.seen).tolist():  # unknown to kube-state-metrics: GPUs only
+        node = gpus.node[got]
+        out.add(node, node_set[node], gpus.holder[got], gpus.attribution[got], gpus.longest[got], None)
+    return out.pods()
 
 
-def _gpu_holders(rows: Rows, gpu_node: np.ndarray) -> dict[tuple[int, int], tuple[float, int]]:
-    """Per (node, holder): the longest share of the interval it held a unit there, and the
-    attribution of its last row; in the order the rows name them."""
-    out: dict[tuple[int, int], tuple[float, int]] = {}
-    held = np.flatnonzero(rows.holder != NOBODY)
-    if not len(held):
-        return out
-    node = gpu_node[rows.gpu[held]]
-    key, first = group_ids(node, rows.holder[held])
-    by_key = np.lexsort((np.arange(len(held)), key))  # each key's rows, in row order
-    starts = np.flatnonzero(np.diff(key[by_key], prepend=-1))
-    longest = np.maximum.reduceat(rows.share[held][by_key], starts)
-    attribution = rows.attribution[held][by_key[np.append(starts[1:], len(held)) - 1]]  # its last row's
-    holder = rows.holder[held]
-    for k in np.argsort(first, kind="stable").tolist():
-        out[(int(node[first[k]]), int(holder[first[k]]))] = (float(longest[k]), int(attribution[k]))
-    return out
+class _GpuHolders:
+    """Per (node, holder) that held a unit there, in the order the rows name them: the longest
+    share of the interval it held one, and the attribution of its last row; `seen`: those a pod
+    row has taken."""
+
+    def __init__(self, rows: Rows, gpu_node: np.ndarray, nodes: int) -> None:
+        self._nodes = nodes
+        held = np.flatnonzero(rows.holder != NOBODY)
+        self.longest: list[float] = []
+        self.attribution: list[int] = []
+        self.node: list[int] = []
+        self.holder: list[int] = []
+        if len(held):
+            node = gpu_node[rows.gpu[held]]
+            key, first = group_ids(node, rows.holder[held])
+            by_key = np.lexsort((np.arange(len(held)), key))  # each key's rows, in row order
+            starts = np.flatnonzero(np.diff(key[by_key], prepend=-1))
+            order = np.argsort(first, kind="stable")  # the keys in the order the rows name them
+            last = by_key[np.append(starts[1:], len(held)) - 1]  # each key's last row
+            self.longest = np.maximum.reduceat(rows.share[held][by_key], starts)[order].tolist()
+            self.attribution = rows.attribution[held][last][order].tolist()
+            self.node = node[first[order]].tolist()
+            self.holder = rows.holder[held][first[order]].tolist()
+        self._at = {h * nodes + n: i for i, (n, h) in enumerate(zip(self.node, self.holder))}
+        self.seen = np.zeros(len(self.node), bool)
+
+    def find(self, node: int, holder: int) -> int:
+        """The index of (node, holder), -1 where it held no unit there."""
+        return self._at.get(holder * self._nodes + node, -1)
 
 
-def _pod_row(scope: Scope, attributes: SeriesAttributes, node: int, node_set: int, holder: int, attribution: int,
-             share: float, use: PodUse | None) -> tuple:
-    pod = scope.pod(scope.holders.values[holder])
-    pod_set = attributes.pod(holder, attribution, node_set, node)
-    nan = float("nan")
-    return (node, pod_set, min(share, 1.0), pod.requested("cpu") if pod else 0.0,
-            pod.requested("memory") / 2**30 if pod else 0.0,
-            use.cpu_cores if use else nan, use.memory_bytes / 2**30 if use else nan)
+class _PodColumns:
+    """Pod rows as typed columns, each pod's set named as its row is added."""
+
+    def __init__(self, scope: Scope, attributes: SeriesAttributes) -> None:
+        self.scope, self.attributes = scope, attributes
+        self.node, self.set = array("q"), array("q")
+        self.share, self.cpu_request, self.memory_request_gib = array("d"), array("d"), array("d")
+        self.cpu_used, self.memory_used_gib = array("d"), array("d")
+
+    def add(self, node: int, node_set: int, holder: int, attribution: int, share: float, use: PodUse | None) -> None:
+        pod = self.scope.pod(self.scope.holders.values[holder])
+        self.node.append(node)
+        self.set.append(self.attributes.pod(holder, attribution, node_set, node))
+        self.share.append(min(share, 1.0))
+        self.cpu_request.append(pod.requested("cpu") if pod else 0.0)
+        self.memory_request_gib.append(pod.requested("memory") / 2**30 if pod else 0.0)
+        self.cpu_used.append(use.cpu_cores if use else np.nan)
+        self.memory_used_gib.append(use.memory_bytes / 2**30 if use else np.nan)
+
+    def pods(self) -> Pods:
+        if not self.node:
+            return Pods.empty()
+        return Pods(np.array(self.node, np.int64), np.array(self.set, np.int64),
+                    *(np.array(c, np.float64) for c in (self.share, self.cpu_request, self.memory_request_gib,
+                                                         self.cpu_used, self.memory_used_gib)))
 
 
 def _carries_cost(pod: PodFacts, use: PodUse | None) -> bool:
