@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
@@ -62,17 +62,18 @@ class IntervalCosts:
                 tokens: Optional[Tokens] = None) -> Costs:
         """`tokens`: what each serving pod served in the interval, by model and tenant."""
         facts = self.joiner.source.view(interval.end_ns)
-        # The framebuffer's values are read only where grants share a GPU, and then from the steps
-        samples = self.joiner.devices.fill(interval.steps.unpack(memory=False), interval.start_ns, interval.end_ns,
-                                           set(facts.nodes))
+        # The join takes the samples (`pop`) and lets them go once it has read them: the rest of
+        # the computation does not hold them (at 100,000 GPUs some 40 MiB).
+        handed = [self._samples(interval, facts)]
         tenants = self.tenants
         split: Optional[Split] = (lambda charged: split_by_tenant(charged, tokens, tenants)) if tokens and tenants else None
         try:
-            costs = self._one(interval, samples, use, facts, None, split)
+            costs = self._one(interval, handed.pop, use, facts, None, split)
         except Exception:  # noqa: BLE001 - any failure: isolate it instead of losing the interval
             log.exception("interval ending %d failed; computing it node by node", interval.end_ns)
             self.telemetry.failed(IntervalScope.WHOLE)
-            costs = self._per_node(interval, samples, use, facts, split)
+            handed.clear()
+            costs = self._per_node(interval, self._samples(interval, facts), use, facts, split)
         if tokens and tenants:
             try:
                 counted = self.models.reduce(token_sums(tokens, tenants))
@@ -86,9 +87,17 @@ class IntervalCosts:
                     costs.gauges["tenant_cost_per_mtok"] = per_mtok
         return costs
 
-    def _one(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
+    def _samples(self, interval: Interval, facts: FactsView) -> Samples:
+        """The interval's DCGM samples as the join reads them, the dark GPUs' staleness markers
+        added (device memory remembers what they show: the same samples remember the same). The
+        framebuffer's values are read only where grants share a GPU, and then from the steps."""
+        return self.joiner.devices.fill(interval.steps.unpack(memory=False), interval.start_ns, interval.end_ns,
+                                        set(facts.nodes))
+
+    def _one(self, interval: Interval, samples: Callable[[], Samples], use, facts: FactsView,  # noqa: ANN001
              only_node: Optional[str], split: Optional[Split] = None) -> Costs:
-        held = self.joiner.join(samples, interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts,
+        """`samples`: called once, straight into the join (no frame here holds them)."""
+        held = self.joiner.join(samples(), interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts,
                                 memory=interval.steps.memory)
         costed = priced(held, self.pricer)
         sums, gauges = self.models.attribute(costed, interval.seconds, split)
@@ -102,7 +111,7 @@ class IntervalCosts:
         for name in sorted(names):
             mine = samples.take(np.flatnonzero(samples.node == self.strings.find(name)))
             try:
-                part = self._one(interval, mine, use, facts, name, split)
+                part = self._one(interval, lambda: mine, use, facts, name, split)
             except Exception:  # noqa: BLE001
                 log.exception("node %s failed alone in the interval ending %d", name, interval.end_ns)
                 self.telemetry.failed(IntervalScope.NODE)

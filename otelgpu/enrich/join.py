@@ -64,6 +64,7 @@ class Joiner:
         scope = Scope(self.strings, facts, start_ns, end_ns, use or {})
         claims = Claims(scope, self.hardware)
         units = reported(samples, scope, self.hardware, memory)
+        del samples  # read: what DCGM reported is `units` now (with `memory`, without the samples)
         whole = units.whole_gpus(scope) if claims else {}
         if claims.sharing.claims:
             claims.admit_grants(units, whole)

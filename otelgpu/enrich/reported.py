@@ -10,7 +10,7 @@ it, for a GPU is never given out twice; what the share costs is attribution's.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -94,8 +94,8 @@ class Rows:
 class Reported:
     """Per entity of the interval (a DCGM device or MIG instance), and the holdings of each."""
 
-    samples: Samples  # the interval's DCGM samples, resent ones dropped
-    sample_entity: np.ndarray  # per sample: its entity
+    samples: Optional[Samples]  # the interval's DCGM samples, resent ones dropped (where `memory` is None)
+    sample_entity: Optional[np.ndarray]  # per sample: its entity (the same)
     entities: Entities
     tenures: Tenures  # per (entity, holder): how long held, how active
     node_names: list[str]  # the nodes that reported
@@ -114,6 +114,7 @@ class Reported:
         """The interval's DCGM samples that hold the framebuffer's values, resent ones dropped,
         and each one's entity (-1: one this join has not, another node's)."""
         if self.memory is None:
+            assert self.samples is not None and self.sample_entity is not None
             return self.samples, self.sample_entity
         fb = dedupe(self.memory())
         entities, n_entity = self.entities, len(self.entities.node)
@@ -153,7 +154,10 @@ def reported(samples: Samples, scope: Scope, hardware: Hardware, memory: Callabl
     held = tenures(samples, entity, shared, scope.start_ns, scope.end_ns)
     gpu, gpu_first = group_ids(entities.node, entities.uuid)
     fraction, kind = _base_fractions(scope, hardware, entities, gpu)
-    return Reported(samples, entity, entities, held, names, infos, node, shared, replicas, gpu, gpu_first,
+    # Where the framebuffer's samples come from `memory`, nothing after this reads the samples:
+    # they are not kept (the close's largest arrays).
+    kept, kept_entity = (samples, entity) if memory is None else (None, None)
+    return Reported(kept, kept_entity, entities, held, names, infos, node, shared, replicas, gpu, gpu_first,
                     fraction, kind, scope.indices(scope.profiles, entities.profile), memory)
 
 
