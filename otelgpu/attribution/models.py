@@ -117,7 +117,7 @@ class _Sums:
         self._added: Numbering[Attrs] = Numbering()
         self.extras: Numbering[Attrs] = Numbering(())
         self._kept = extras
-        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in SUMS}
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray | int, np.ndarray]]] = {m: [] for m in SUMS}
 
     def set(self, attrs: Attrs) -> int:
         """The index of a set that is not one of the join's."""
@@ -128,11 +128,10 @@ class _Sums:
 
     def add(self, metric: str, sets: np.ndarray, extras: np.ndarray | int, values: np.ndarray,
             where: Optional[np.ndarray] = None) -> None:
-        n_set = len(sets)
-        extras = np.full(n_set, extras, np.int64) if np.isscalar(extras) else extras
         if where is not None:
-            sets, extras, values = sets[where], extras[where], values[where]
-        if len(sets):
+            sets, values = sets[where], values[where]
+            extras = extras if np.isscalar(extras) else extras[where]
+        if len(sets):  # one extra for every row stays a number: a part holds no column of it
             self._parts[metric].append((sets, extras, values))
 
     def series(self, merge: Callable[[Sequence[Attrs], np.ndarray], Mapping[Attrs, float]],
@@ -144,8 +143,9 @@ class _Sums:
         for metric, parts in self._parts.items():
             if not parts or (metrics is not None and metric not in metrics):
                 continue
-            sets, extras, values = (np.concatenate(c) for c in zip(*parts))
-            named, totals = _first_named(sets * width + extras, values)
+            keys = np.concatenate([sets.astype(np.int64, copy=False) * width + extras for sets, extras, _ in parts])
+            named, totals = _first_named(keys, np.concatenate([values for _, _, values in parts]))
+            del keys
             out[metric] = merge(Extended(bases, self.extras.values, named // width, named % width), totals)
         return out
 
