@@ -5,6 +5,7 @@ what the cost models read of it (enrich/holdings.py)."""
 
 from __future__ import annotations
 
+from array import array
 from typing import Callable, Optional
 
 import numpy as np
@@ -35,14 +36,14 @@ class SeriesAttributes:
         this interval's copy."""
         self.scope, self.tags = scope, tags
         self.sets: Numbering[Attrs] = Numbering(kept=kept)
-        self.found: list[tuple[bool, ...]] = []
-        self.holder: list[int] = []
-        self.namespace: list[int] = []
-        self.attribution: list[int] = []
-        self.node: list[int] = []
+        # What the models read of each set, as typed columns (at 100,000 GPUs some 200,000 sets
+        # a join, which Python lists of numbers and a tuple each would hold as some 30 MiB)
+        self.found = array("B")  # a bit per tag (TAG_NAMES order): its holder's labels gave it
+        self.holder, self.namespace, self.node = array("q"), array("q"), array("q")
+        self.attribution = array("b")
         self.namespaces: Numbering[str] = Numbering("")
         self.node_sets: Numbering[Attrs] = Numbering()  # the attributes of each node and GPU model
-        self._holders: dict[tuple[int, int, int], tuple[Attrs, tuple[bool, ...], int]] = {}
+        self._holders: dict[int, tuple[Attrs, int, int]] = {}  # by `_holder_key`: attributes, found, attribution
 
     def holding(self, holder: int, attribution: int, node_set: int, node: int, kind: int, profile: int,
                 basis: int) -> int:
@@ -59,7 +60,7 @@ class SeriesAttributes:
         attrs, found, attribution = self._holder(holder, attribution, node_set)
         return self._add(attrs, found, holder, attribution, node)
 
-    def _add(self, attrs: Attrs, found: tuple[bool, ...], holder: int, attribution: int, node: int) -> int:
+    def _add(self, attrs: Attrs, found: int, holder: int, attribution: int, node: int) -> int:
         index = self.sets.index(attrs)
         if index == len(self.found):  # new: what the models read of it
             self.found.append(found)
@@ -71,20 +72,23 @@ class SeriesAttributes:
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """found [set, tag], holder, namespace, attribution, node: per set."""
-        return (np.array(self.found, bool).reshape(-1, len(TAG_NAMES)), np.array(self.holder, np.int64),
-                np.array(self.namespace, np.int64), np.array(self.attribution, np.int8), np.array(self.node, np.int64))
+        found = np.array(self.found, np.uint8)
+        return (((found[:, None] >> np.arange(len(TAG_NAMES), dtype=np.uint8)) & 1).astype(bool),
+                np.array(self.holder, np.int64), np.array(self.namespace, np.int64),
+                np.array(self.attribution, np.int8), np.array(self.node, np.int64))
 
-    def _holder(self, holder: int, attribution: int, node_set: int) -> tuple[Attrs, tuple[bool, ...], int]:
-        """The holder's attributes, which tags its labels gave, and its attribution (`pod_unknown`
-        for a pod no source knows); worked out once per interval for each holder, attribution and
-        node (a pod holds several units, and it is a GPU holder and a pod row), so the sets of
-        its rows share their pairs."""
-        key = (holder, attribution, node_set)
+    def _holder(self, holder: int, attribution: int, node_set: int) -> tuple[Attrs, int, int]:
+        """The holder's attributes, which tags its labels gave (a bit each), and its attribution
+        (`pod_unknown` for a pod no source knows); worked out once per interval for each holder,
+        attribution and node (a pod holds several units, and it is a GPU holder and a pod row), so
+        the sets of its rows share their pairs."""
+        key = (holder * len(ATTRIBUTIONS) + attribution) << 32 | node_set  # one int: no tuple of three
         known = self._holders.get(key)
         if known is None:
             attrs, found, final = self._holder_attrs(self.scope.holders.values[holder], ATTRIBUTIONS[attribution],
                                                      self.node_sets.values[node_set])
-            known = self._holders[key] = (attrs_of(attrs), found, ATTRIBUTIONS.index(final))
+            bits = sum(1 << tag for tag, given in enumerate(found) if given)
+            known = self._holders[key] = (attrs_of(attrs), bits, ATTRIBUTIONS.index(final))
         return known
 
     def _holder_attrs(self, holder: PodKey, attribution: str,
