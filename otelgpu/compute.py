@@ -58,7 +58,7 @@ class IntervalCosts:
         self.telemetry = IntervalTelemetry(metrics)
         self.tenants = tenants  # splitting serving pods' cost among their tenants, when enabled
 
-    def compute(self, interval: Interval, use: Optional[dict[tuple[int, int], PodUse]],
+    def compute(self, interval: Interval, use: Optional[Mapping[tuple[int, int], PodUse]],
                 tokens: Optional[Tokens] = None) -> Costs:
         """`tokens`: what each serving pod served in the interval, by model and tenant."""
         facts = self.joiner.source.view(interval.end_ns)

@@ -14,7 +14,7 @@ Its jobs, each in a module of its own, in the order they run:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Joiner:
         self.pod_resources, self.cpu_only, self.kept = pod_resources, cpu_only, kept
 
     def join(self, samples: Samples, start_ns: int, end_ns: int,
-             use: dict[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
+             use: Mapping[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
              without_pods: bool = False, facts: FactsView | None = None,
              memory: Callable[[], Samples] | None = None) -> Holdings:
         """`only_node`: the join of that node alone (its samples must be the only ones given);

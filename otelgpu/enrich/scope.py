@@ -3,7 +3,7 @@ on their nodes in it and for how long, and the holders and profiles numbered as 
 
 from __future__ import annotations
 
-from typing import Container, Iterator
+from typing import Container, Iterator, Mapping
 
 import numpy as np
 
@@ -18,7 +18,7 @@ PodKey = tuple[str, str]  # (namespace, pod)
 
 class Scope:
     def __init__(self, strings: Interner, facts: FactsView, start_ns: int, end_ns: int,
-                 use: dict[tuple[int, int], PodUse]) -> None:
+                 use: Mapping[tuple[int, int], PodUse]) -> None:
         self.strings, self.facts, self.start_ns, self.end_ns, self.use = strings, facts, start_ns, end_ns, use
         self.seconds = (end_ns - start_ns) / 1e9
         # kube-state-metrics drops a finished or deleted pod's series while its facts linger (TTL).

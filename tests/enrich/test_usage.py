@@ -54,3 +54,19 @@ def test_an_interval_whose_counter_points_were_all_counted_before_gives_no_rate(
     tracker.use(samples((CPU, 60, 1, 5, 9, 120.0), (CPU, 120, 1, 5, 9, 240.0)), 0, 180 * S)
     again = tracker.use(samples((CPU, 60, 1, 5, 9, 120.0), (MEMORY, 60, 1, 5, -1, 8.0)), 0, 180 * S)
     assert np.isnan(again[(0, 1)].cpu_cores) and again[(0, 1)].memory_bytes == pytest.approx(8.0)
+
+
+def test_the_pods_uses_read_as_a_mapping_of_each_pods_use() -> None:
+    got = UsageTracker(Interner()).use(samples(
+        (RUNNING, 0, 7, -1, -1, 1.0), (MEMORY, 0, 3, 5, -1, 10.0), (RUNNING, 30, 3, -1, -1, 1.0),
+        (MEMORY, 30, 7, 5, -1, 20.0), (MEMORY, 30, 7, 6, -1, 2.0)), 0, 60 * S)
+    assert list(got) == [(0, 3), (0, 7)] and len(got) == 2  # in the order of their codes
+    seven, three = got[(0, 7)], got.get((0, 3))
+    assert (seven.running_share, seven.memory_bytes) == (0.5, 22.0) and np.isnan(seven.cpu_cores)
+    assert three is not None and (three.running_share, three.memory_bytes) == (0.5, 10.0)
+    assert got.get((0, 5)) is None and got.get((1, 7)) is None and (0, 4) not in got and (0, 3) in got
+    with pytest.raises(KeyError):
+        got[(7, 0)]  # noqa: B018 - the read itself raises
+    assert dict(got.items()).keys() == {(0, 7), (0, 3)}
+    empty = UsageTracker(interner()).use(samples((CPU, 0, 1, 5, 9, 0.0)), 0, 60 * S)  # a first point: no rate
+    assert len(empty) == 0 and empty.get((0, 1)) is None and not empty
