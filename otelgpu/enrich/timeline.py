@@ -100,12 +100,14 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
     # In a step where a pod is present, the entity's pod-less series name no holder of their own.
     step_has_pod = np.zeros(len(dur), dtype=bool)
     step_has_pod[row_step[has_pod]] = True
-    rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step]))
-    r_ent, r_step = ent[rows], row_step[rows]
+    ids = _id_type(len(samples))  # every row, entity, step, holding and pair number is below it
+    rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step])).astype(ids)
+    del step_has_pod
+    r_ent, r_step = ent[rows].astype(ids), row_step[rows].astype(ids)
     r_ns = np.where(has_pod[rows], samples.namespace[rows], NONE)
     r_pod = np.where(has_pod[rows], samples.pod[rows], NONE)
-    hold, hold_first = group_ids(r_ent, r_ns, r_pod)
-    pair, pair_first = group_ids(hold, r_step)
+    hold, hold_first = (c.astype(ids) for c in group_ids(r_ent, r_ns, r_pod))
+    pair, pair_first = (c.astype(ids) for c in group_ids(hold, r_step))
     n_hold, n_pair = len(hold_first), len(pair_first)
     pair_hold, pair_step = hold[pair_first], r_step[pair_first]
     pair_dur = dur[pair_step]
@@ -122,7 +124,7 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
     replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
 
     out = Tenures(
-        entity=r_ent[hold_first], holder_ns=r_ns[hold_first], holder_pod=r_pod[hold_first],
+        entity=r_ent[hold_first].astype(np.int64), holder_ns=r_ns[hold_first], holder_pod=r_pod[hold_first],
         held_s=np.bincount(pair_hold, weights=pair_dur, minlength=n_hold),
         act_s=np.bincount(pair_hold, weights=np.where(measured, pair_dur, 0.0), minlength=n_hold),
         act_integral=np.bincount(pair_hold, weights=np.where(measured, act * pair_dur, 0.0), minlength=n_hold),
@@ -130,6 +132,12 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
         per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
     )
     return _with_dark(out, dur, row_step, step_ent, live)
+
+
+def _id_type(rows: int) -> type:
+    """Numbers below `rows` as 4-byte integers where they fit: the interval's samples at 100,000
+    GPUs are a million rows, and a dozen columns of such numbers are held at once here."""
+    return np.int32 if rows < 2**31 else np.int64
 
 
 def _pair_activity(samples: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
