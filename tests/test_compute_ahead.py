@@ -10,6 +10,7 @@ import copy
 import os
 import random
 import time
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -20,7 +21,8 @@ from cluster import Cluster, Node, Pod, Unit
 from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
-from otelgpu.enrich import factstate
+from otelgpu import compute
+from otelgpu.enrich import factstate, join
 from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
@@ -316,3 +318,29 @@ def test_the_join_holds_the_cost_stores_sets_rather_than_copies_of_its_own() -> 
     assert len(in_store) > 5 and len(in_store) < len(own.sets)  # a set no series of the store is named by stays
     assert all(held.sets[i] is p.store.kept(own.sets[i]) for i in in_store)
     assert all(p.store.kept(s) is s for s in held.sets)
+
+
+def test_the_join_lets_the_intervals_samples_go_once_it_has_read_what_dcgm_reported(monkeypatch) -> None:
+    """The interval's samples (the close's largest arrays) are held by nothing once the join has
+    read what DCGM reported: not the computation that unpacked them, not the join, not what it
+    reported. The same costs as ever (the other tests here), computed ahead or at the close."""
+    c, p = cluster(), pipeline(True)
+    made: list[weakref.ref] = []
+    alive_after_reported: list[bool] = []
+    unpack, row_sets = compute.IntervalCosts._samples, join._row_sets
+
+    def samples(self, *args):  # noqa: ANN001, ANN202 - a spy: keeps a weak reference, nothing else
+        out = unpack(self, *args)
+        made.append(weakref.ref(out))
+        return out
+
+    def rows_then(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the join's next step after the report
+        alive_after_reported.append(made[-1]() is not None)
+        return row_sets(*args, **kwargs)
+
+    monkeypatch.setattr(compute.IntervalCosts, "_samples", samples)
+    monkeypatch.setattr(join, "_row_sets", rows_then)
+    feed(p, *(c.scrape(t) for t in range(0, 300, SCRAPE_S)))
+    p.close_due(flush=True)
+    assert total(p.metrics.intervals_computed) >= 4 and len(alive_after_reported) >= 4
+    assert not any(alive_after_reported)

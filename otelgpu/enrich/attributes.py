@@ -36,14 +36,15 @@ class SeriesAttributes:
         this interval's copy."""
         self.scope, self.tags = scope, tags
         self.sets: Numbering[Attrs] = Numbering(kept=kept)
-        # What the models read of each set, as typed columns (at 100,000 GPUs some 200,000 sets
-        # a join, which Python lists of numbers and a tuple each would hold as some 30 MiB)
+        # What the models read of each set, as typed columns (at 100,000 GPUs some 200,000 sets a
+        # join: Python lists of numbers, a tuple of three per holder and one of flags per set took
+        # some 15 MiB more while the interval was computed)
         self.found = array("B")  # a bit per tag (TAG_NAMES order): its holder's labels gave it
         self.holder, self.namespace, self.node = array("q"), array("q"), array("q")
         self.attribution = array("b")
         self.namespaces: Numbering[str] = Numbering("")
         self.node_sets: Numbering[Attrs] = Numbering()  # the attributes of each node and GPU model
-        self._holders: dict[int, tuple[Attrs, int, int]] = {}  # by `_holder_key`: attributes, found, attribution
+        self._holders: dict[int, tuple[Attrs, int, int]] = {}  # see `_holder`: attributes, found, attribution
 
     def holding(self, holder: int, attribution: int, node_set: int, node: int, kind: int, profile: int,
                 basis: int) -> int:

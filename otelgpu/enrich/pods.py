@@ -35,7 +35,8 @@ def pod_rows(scope: Scope, attributes: SeriesAttributes, nodes: list[NodeSpec], 
              rows: Rows) -> Pods:
     """Every pod that ran on one of `nodes` in the interval; `rows` (those of `gpu_node`'s GPUs)
     say which held GPUs there, for how long, and how. Its rows are columns as they are met (at
-    100,000 GPUs, some 100,000 pods: a tuple of Python numbers each was some 30 MiB of the close)."""
+    100,000 GPUs some 100,000 pods: a tuple of Python numbers each, and the GPU holders' tuples,
+    took some 20 MiB more while the interval was computed)."""
     node_of = {n.name: i for i, n in enumerate(nodes)}
     node_set = [attributes.node_sets.index(n.attrs) for n in nodes]
     gpus = _GpuHolders(rows, gpu_node, len(nodes))
