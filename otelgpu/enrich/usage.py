@@ -279,8 +279,8 @@ def pod_use(samples: PodSamples, start_ns: int, end_ns: int) -> "PodUses":
 
 class PodUses(Mapping[tuple[int, int], PodUse]):
     """Per (namespace code, pod code), in the order of the codes: its use, as columns, a
-    `PodUse` built where one is read (at 100,000 GPUs some 76,000 pods an interval, which an
-    object, a key and three numbers each held as some 20 MiB while the interval was computed)."""
+    `PodUse` built where one is read (at 100,000 GPUs some 76,000 pods an interval, for which an
+    object, a key and three numbers each held some 16 MiB while the interval was computed)."""
 
     def __init__(self, namespace: np.ndarray, pod: np.ndarray, uses: np.ndarray) -> None:
         """`uses`: float [pod, 3], running share, CPU cores and memory bytes."""
@@ -305,5 +305,6 @@ class PodUses(Mapping[tuple[int, int], PodUse]):
 
 
 def _pod_key(namespace: int, pod: int) -> int:
-    """A pod's codes as one int (codes are below 2**31, -1 for none)."""
-    return (namespace << 32) + pod
+    """A pod's codes as one Python int (codes are below 2**31, -1 for none; a numpy code would
+    wrap when shifted)."""
+    return (int(namespace) << 32) + int(pod)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from otelgpu.enrich.usage import CPU, MEMORY, RUNNING, PodSamples, UsageTracker
+from otelgpu.enrich.usage import CPU, MEMORY, RUNNING, PodSamples, PodUses, UsageTracker
 from otelgpu.receiver.interner import Interner
 
 S = 1_000_000_000
@@ -65,6 +65,9 @@ def test_the_pods_uses_read_as_a_mapping_of_each_pods_use() -> None:
     assert (seven.running_share, seven.memory_bytes) == (0.5, 22.0) and np.isnan(seven.cpu_cores)
     assert three is not None and (three.running_share, three.memory_bytes) == (0.5, 10.0)
     assert got.get((0, 5)) is None and got.get((1, 7)) is None and (0, 4) not in got and (0, 3) in got
+    uses = PodUses(np.array([1, 2], np.int32), np.array([7, 7], np.int32), np.array([[0.5, 1.0, 2.0], [1.0, 3.0, 4.0]]))
+    by_numpy = uses.get((np.int32(2), np.int32(7)))  # numpy codes find the same pod
+    assert by_numpy is not None and (by_numpy.cpu_cores, by_numpy.memory_bytes) == (3.0, 4.0)
     with pytest.raises(KeyError):
         got[(7, 0)]  # noqa: B018 - the read itself raises
     assert dict(got.items()).keys() == {(0, 7), (0, 3)}
