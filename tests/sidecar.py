@@ -20,10 +20,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import eventually, poll
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, and one this process has not handed out before: the
+    kernel may give a port it just freed again, and two endpoints of one test would then collide
+    (a Collector's receiver and its health check on one port: "address already in use")."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 class Sidecar:
