@@ -72,9 +72,12 @@ def entities_of(samples: Samples) -> tuple[np.ndarray, Entities]:
                          samples.model[first])
 
 
-def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each distinct (entity, time) step's duration in seconds, each row's step, each step's entity."""
+def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int,
+           ids: type = np.int64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each distinct (entity, time) step's duration in seconds, each row's step (as `ids`), each
+    step's entity."""
     row_step, first = group_ids(ent, time_ns)
+    row_step = row_step.astype(ids, copy=False)
     st_ent, st_t = ent[first].astype(np.int64), time_ns[first].astype(np.int64)
     nxt = np.empty_like(st_t)
     nxt[:-1] = st_t[1:]
@@ -93,45 +96,61 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
     For shared entities `act_integral` integrates the holder's share of device time (its own
     per-process GPU_UTIL series, else the device activity split equally among the holders
     present); the caller turns that into activity of the replicas held.
+
+    A column is let go once read: at 100,000 GPUs an interval is a million samples, and the
+    columns per sample held at once here were the interval's computation's peak.
     """
-    dur, row_step, step_ent = _steps(ent, samples.time_ns, start, end)
-    live = ~samples.stale
-    has_pod = (samples.pod >= 0) & live
-    # In a step where a pod is present, the entity's pod-less series name no holder of their own.
-    step_has_pod = np.zeros(len(dur), dtype=bool)
-    step_has_pod[row_step[has_pod]] = True
     ids = _id_type(len(samples))  # every row, entity, step, holding and pair number is below it
-    rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step])).astype(ids)
-    del step_has_pod
-    r_ent, r_step = ent[rows].astype(ids), row_step[rows].astype(ids)
-    r_ns = np.where(has_pod[rows], samples.namespace[rows], NONE)
-    r_pod = np.where(has_pod[rows], samples.pod[rows], NONE)
+    dur, row_step, step_ent = _steps(ent, samples.time_ns, start, end, ids)
+    rows, by_pod, step_live = _holder_rows(samples, row_step, len(dur), ids)
+    r_ent, r_step = ent[rows].astype(ids), row_step[rows]
+    del row_step
+    r_ns = np.where(by_pod, samples.namespace[rows], NONE)
+    r_pod = np.where(by_pod, samples.pod[rows], NONE)
+    del by_pod
     hold, hold_first = (c.astype(ids) for c in group_ids(r_ent, r_ns, r_pod))
+    holder_ns, holder_pod = r_ns[hold_first], r_pod[hold_first]
+    del r_ns
     pair, pair_first = (c.astype(ids) for c in group_ids(hold, r_step))
     n_hold, n_pair = len(hold_first), len(pair_first)
-    pair_hold, pair_step = hold[pair_first], r_step[pair_first]
-    pair_dur = dur[pair_step]
     pair_is_pod = r_pod[pair_first] >= 0
-
+    del r_pod
+    replicas = _replicas(hold, samples.vgpu[rows], n_hold)
+    pair_hold, pair_step = hold[pair_first], r_step[pair_first]
+    del hold
     pair_shared = shared[r_ent[pair_first]] & pair_is_pod
-    act, pod_act = _pair_activity(samples, rows, r_ent, r_step, pair, n_pair, pair_step, pair_is_pod, pair_shared,
-                                  len(dur))
+    entity = r_ent[hold_first].astype(np.int64)
+    del pair_first
+    step_act, pod_act = _activity(samples, rows, r_ent, r_step, pair, n_pair, len(dur))
+    del rows, r_ent, r_step, pair
+    act = _pair_activity(step_act, pod_act, pair_step, pair_is_pod, pair_shared)
+    del step_act, pair_is_pod, pair_shared
     measured = ~np.isnan(act)
-
-    # Replicas held on shared devices: distinct vgpu indices per holding.
-    vg = samples.vgpu[rows] >= 0
-    _, vfirst = group_ids(hold[vg], samples.vgpu[rows][vg])
-    replicas = np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
-
+    pair_dur = dur[pair_step]
     out = Tenures(
-        entity=r_ent[hold_first].astype(np.int64), holder_ns=r_ns[hold_first], holder_pod=r_pod[hold_first],
+        entity=entity, holder_ns=holder_ns, holder_pod=holder_pod,
         held_s=np.bincount(pair_hold, weights=pair_dur, minlength=n_hold),
         act_s=np.bincount(pair_hold, weights=np.where(measured, pair_dur, 0.0), minlength=n_hold),
         act_integral=np.bincount(pair_hold, weights=np.where(measured, act * pair_dur, 0.0), minlength=n_hold),
         replicas=replicas,
         per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
     )
-    return _with_dark(out, dur, row_step, step_ent, live)
+    return _with_dark(out, dur, step_live, step_ent)
+
+
+def _holder_rows(samples: Samples, row_step: np.ndarray, n_steps: int,
+                 ids: type) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The live rows that name a holder (as `ids`), whether each names a pod, and the steps with
+    a live row. In a step where a pod is present, the entity's pod-less series name no holder of
+    their own."""
+    live = ~samples.stale
+    step_live = np.zeros(n_steps, dtype=bool)
+    step_live[row_step[live]] = True
+    has_pod = (samples.pod >= 0) & live
+    step_has_pod = np.zeros(n_steps, dtype=bool)
+    step_has_pod[row_step[has_pod]] = True
+    rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step])).astype(ids)
+    return rows, has_pod[rows], step_live
 
 
 def _id_type(rows: int) -> type:
@@ -140,35 +159,48 @@ def _id_type(rows: int) -> type:
     return np.int32 if rows < 2**31 else np.int64
 
 
-def _pair_activity(samples: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
-                   n_pair: int, pair_step: np.ndarray, pair_is_pod: np.ndarray, pair_shared: np.ndarray,
-                   n_steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per (holding, step) pair: its activity, and the holder's own per-process activity (NaN
-    where none). Device activity is DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it, else
-    GPU_UTIL/100; on a shared entity a holder's activity is its own series', else the device's
-    split equally among the holders present."""
+def _replicas(hold: np.ndarray, vgpu: np.ndarray, n_hold: int) -> np.ndarray:
+    """Replicas held on shared devices: distinct vgpu indices per holding."""
+    vg = vgpu >= 0
+    _, vfirst = group_ids(hold[vg], vgpu[vg])
+    return np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
+
+
+def _activity(samples: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
+              n_pair: int, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's device activity, and each (holding, step) pair's own per-process activity
+    (NaN where none). Device activity is DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it,
+    else GPU_UTIL/100. Values are read only for the rows that give one."""
     metric = samples.metric[rows]
     is_gr = metric == Metric.GR_ENGINE_ACTIVE
     is_util = metric == Metric.GPU_UTIL
+    del metric
     ent_has_gr = np.zeros(int(r_ent.max()) + 1 if len(r_ent) else 0, dtype=bool)
     ent_has_gr[r_ent[is_gr]] = True
-    value = np.where(is_util, samples.value[rows] / 100.0, samples.value[rows])
     own = samples.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
-    dev = (is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own
-    step_act = _mean_by(r_step[dev], value[dev], n_steps)
-    pod_act = _mean_by(pair[is_util & own], value[is_util & own], n_pair, reduce_sum=True)
-    holders_in_step = np.bincount(pair_step, weights=pair_is_pod, minlength=n_steps)
+    dev = np.flatnonzero((is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own)
+    mine = np.flatnonzero(is_util & own)
+    del is_gr, own
+    value = samples.value[rows[dev]]
+    step_act = _mean_by(r_step[dev], np.where(is_util[dev], value / 100.0, value), n_steps)
+    del value
+    return step_act, _mean_by(pair[mine], samples.value[rows[mine]] / 100.0, n_pair, reduce_sum=True)
+
+
+def _pair_activity(step_act: np.ndarray, pod_act: np.ndarray, pair_step: np.ndarray, pair_is_pod: np.ndarray,
+                   pair_shared: np.ndarray) -> np.ndarray:
+    """Per (holding, step) pair: its activity. On a shared entity a holder's activity is its own
+    series', else the device's split equally among the holders present."""
+    holders_in_step = np.bincount(pair_step, weights=pair_is_pod, minlength=len(step_act))
     act = step_act[pair_step]
     split = act / np.maximum(holders_in_step[pair_step], 1)
-    return np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act), pod_act
+    del holders_in_step
+    return np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act)
 
 
-def _with_dark(held: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: np.ndarray,
-               live: np.ndarray) -> Tenures:
+def _with_dark(held: Tenures, dur: np.ndarray, step_live: np.ndarray, step_ent: np.ndarray) -> Tenures:
     """Steps in which an entity has no live series at all (only staleness markers: a failed
     scrape) become one DARK holding per entity: time someone may well have held it, unmeasured."""
-    step_live = np.zeros(len(dur), dtype=bool)
-    step_live[row_step[live]] = True
     dark = np.flatnonzero(~step_live & (dur > 0))
     if not len(dark):
         return held
@@ -186,7 +218,9 @@ def _with_dark(held: Tenures, dur: np.ndarray, row_step: np.ndarray, step_ent: n
 
 def _mean_by(group: np.ndarray, value: np.ndarray, groups: int, reduce_sum: bool = False) -> np.ndarray:
     """Mean (or sum) of `value` per group id; NaN for groups without values."""
-    total = np.bincount(group, weights=value, minlength=groups)
+    out = np.bincount(group, weights=value, minlength=groups).astype(np.float64, copy=False)  # ints if no group
     count = np.bincount(group, minlength=groups)
-    out = total if reduce_sum else total / np.maximum(count, 1)
-    return np.where(count > 0, out, np.nan)
+    if not reduce_sum:
+        out /= np.maximum(count, 1)
+    out[count == 0] = np.nan
+    return out
