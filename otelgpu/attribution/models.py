@@ -167,9 +167,13 @@ class CostModels:
         allocated and unused series, with every attribute: a pod's included, whatever
         `series.detail` drops), gives the `tenant_cost` series (attribution/tenants.py); they are
         then reduced as the others."""
+        base = attribute_request(priced.rows, dt)
+        sums = self._sums(priced, dt, base, split)  # its parts let go before the gauges are made
+        return sums, self._gauges(priced, base)
+
+    def _sums(self, priced: Priced, dt: float, base: Attribution, split: Optional[Split]) -> Series:
         held = priced.held
         out = _Sums(held.sets, self._extras)
-        base = attribute_request(priced.rows, dt)
         out.add("held", held.row_set, 0, base.held_s)
         gpus = np.bincount(held.gpu_node, minlength=len(priced.nodes)).astype(np.float64)
         node_set = np.array([out.set(node.attrs) for node in priced.nodes], np.int64)  # each node's capacity series
@@ -193,7 +197,7 @@ class CostModels:
                 tenants = {}
             if tenants:
                 sums["tenant_cost"] = self.reduce(tenants)
-        return sums, self._gauges(priced, base)
+        return sums
 
     def reduce(self, series: Mapping[Attrs, float]) -> Mapping[Attrs, float]:
         """Series without the attributes `series.detail` and `series.drop_attributes` drop, those
@@ -335,7 +339,9 @@ class CostModels:
         row_series = row_series[inverse.reshape(-1)]
         measured = np.bincount(row_series, weights=base.alloc - base.unmeasured, minlength=len(index))
         effective = np.bincount(row_series, weights=base.effective, minlength=len(index))
-        gauges["activity"] = {attrs: e / m for attrs, e, m in zip(index, effective.tolist(), measured.tolist()) if m > 0}
+        kept = measured > 0  # as columns: at 100,000 GPUs half a million series, held until the close
+        gauges["activity"] = Packed.columns([a for a, k in zip(index, kept.tolist()) if k],
+                                            effective[kept] / measured[kept])
         # Tag coverage per cluster and per namespace.
         found = held.set_found[held.row_set]
         everything = found.all(axis=1)
