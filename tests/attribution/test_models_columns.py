@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster import Cluster, Node, Pod, Unit
-from otelgpu.attribution.models import CostModels
+from otelgpu.attribution.models import CostModels, Packed
 from otelgpu.attribution.models_reference import CostModelsReference
 from otelgpu.core.attrs import Extended, attrs_of
 from otelgpu.telemetry import SelfMetrics, by_label
@@ -136,6 +136,7 @@ def test_the_models_name_their_series_by_parts_and_the_store_finds_them_so() -> 
     by_value: list[set] = []  # per record: the sets looked up by value
     new: list[set] = []  # per record: the sets the store had not met
     named: list[bool] = []
+    narrow: list[bool] = []
 
     def counted_find(attrs):  # noqa: ANN001, ANN202
         by_value[-1].add(attrs)
@@ -154,12 +155,17 @@ def test_the_models_name_their_series_by_parts_and_the_store_finds_them_so() -> 
     def spy(j, dt, split=None):  # noqa: ANN001, ANN202
         sums, gauges = attribute(j, dt, split)
         named.append(all(series.named() is not None for series in sums.values()))
+        # what an interval computed ahead holds until its close: 4-byte indices of the parts, and
+        # the activity gauges as columns
+        narrow.append(all(s.named().base.dtype == s.named().extra.dtype == np.int32 for s in sums.values()))
+        narrow[-1] &= isinstance(gauges["activity"], Packed)
         return sums, gauges
 
     sets.find, sets.add, store.record, p.models.attribute = counted_find, counted_add, counted_record, spy
     feed(p, *random_cluster(random.Random(7)).scrapes(300, 3600))
     p.close_due(flush=True)
     assert len(named) == len(by_value) == 4 and all(named)
+    assert narrow == [True] * 4
     assert by_value[0] and by_value[0] == new[0]
     assert all(looked <= added for looked, added in zip(by_value[1:], new[1:])), [len(s) for s in by_value]
     assert sum(map(len, by_value[1:])) < len(by_value[0])
