@@ -3,7 +3,7 @@ gateway's otelgpu.yaml in this process, fed the benchmark fleet (bench_scale.py'
 time-sliced GPUs; dcgm-exporter's default counters and kube-state-metrics every 30 s, the kubelet
 every 60 s) in requests of the Collector's batch size, as decoded protobuf (no gRPC, no export).
 
-    python benchmarks/bench_profile.py [--gpus 10000] [--minutes 6] [--mode memory|cpu] [--top 25]
+    python benchmarks/bench_profile.py [--gpus 10000] [--minutes 6] [--mode memory|stages|owners|cpu] [--top 25]
 
 - `--mode memory` (tracemalloc, `--frames` 12): what the process holds, by owner, at two moments of
   the last interval: just before it closes (the open interval's points buffered, the state) and
@@ -11,6 +11,12 @@ every 60 s) in requests of the Collector's batch size, as decoded protobuf (no g
   function); allocations by no otelgpu frame (the request protobufs this process builds, the
   interpreter) are left out. tracemalloc sees Python objects and numpy's buffers, not numba's or
   gRPC's native heaps: the RSS beside it says how much it does not see.
+- `--mode stages`: what each interval's computation holds, stage by stage: tracemalloc runs only
+  inside `Pipeline._compute`, and a profile hook notes each stage's start and peak (MiB above the
+  computation's start; a hook holds no argument, where a wrapper would keep a stage's inputs).
+- `--mode owners`: what each owner of the pipeline's state holds at the end, its objects walked
+  (each counted once, in the first owner that reaches it; numpy's buffers by their bytes), beside
+  the process's resident size.
 - `--mode cpu`: CPU seconds by stage, from the process clock around each step (decoding the
   requests, applying the points, closing intervals), the pipeline's own `otelgpu_work_seconds_total`
   per step, and, with `--py-spy`, py-spy's samples of the whole run by owner (innermost otelgpu
@@ -31,6 +37,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -160,6 +167,112 @@ def memory(args: argparse.Namespace) -> None:
     pipeline.shutdown()
 
 
+# The interval's computation's stages, as the profile hook finds them by function name in otelgpu's files.
+STAGES = frozenset({"_samples", "reported", "dedupe", "_held_by_several", "tenures", "holder_rows", "unheld_rows",
+                    "without_device_data", "_row_sets", "pod_rows", "priced", "attribute"})
+
+
+class StagePeaks:
+    """Each stage's start and peak of traced memory, in the order the stages began, nested."""
+
+    def __init__(self) -> None:
+        self.stages: list[list] = []  # [depth, stage, start, peak] (bytes)
+        self._open: list[list] = []  # those of the stages running
+
+    def hook(self, frame: Any, event: str, _: Any) -> None:
+        code = frame.f_code
+        if event not in ("call", "return") or code.co_name not in STAGES or not code.co_filename.startswith(OURS):
+            return
+        current, peak = tracemalloc.get_traced_memory()
+        for stage in self._open:  # what ran since the last event counts in every stage still open
+            stage[3] = max(stage[3], peak)
+        tracemalloc.reset_peak()
+        if event == "call":
+            where = f"{code.co_name} ({Path(code.co_filename).stem})"
+            self._open.append([len(self._open), where, current, current])
+            self.stages.append(self._open[-1])
+        elif self._open:
+            self._open.pop()
+
+
+def stages(args: argparse.Namespace) -> None:
+    pipeline = gateway_pipeline()
+    compute = pipeline._compute
+
+    def traced(interval: Any) -> Any:
+        peaks = StagePeaks()
+        tracemalloc.start()
+        start = tracemalloc.get_traced_memory()[0]
+        sys.setprofile(peaks.hook)
+        try:
+            return compute(interval)
+        finally:
+            sys.setprofile(None)
+            held, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            top = max([peak] + [p for *_, p in peaks.stages])
+            print(f"interval ending {interval.end_ns}: peak {(top - start) / 2**20:.1f} MiB above the computation's "
+                  f"start, {(held - start) / 2**20:.1f} MiB held once computed")
+            for depth, name, began, high in peaks.stages:
+                print(f"  {'  ' * depth}{name:<32} start {(began - start) / 2**20:7.1f}  "
+                      f"peak {(high - start) / 2**20:7.1f}")
+
+    pipeline._compute = traced
+    stages_seen = Stages()
+    for _, requests in rounds(Scrapes(*bf.fleet(nodes_for(args.gpus), 0)), args.minutes):
+        feed(pipeline, requests, stages_seen)
+    pipeline.shutdown()
+
+
+def walked(root: Any, seen: set[int]) -> tuple[int, int]:
+    """(bytes of Python objects, bytes of numpy buffers) reachable from `root` and not in `seen`
+    (which it extends); modules, classes and functions are not followed."""
+    python = buffers = 0
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, type(sys), type(len), type(walked))):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if base.flags.owndata and (base is obj or id(base) not in seen):
+                seen.add(id(base))
+                buffers += base.nbytes
+            python += sys.getsizeof(obj) - (obj.nbytes if obj.flags.owndata else 0)
+            if obj.dtype == object:
+                stack.extend(obj.ravel().tolist())
+            continue
+        python += sys.getsizeof(obj)
+        stack.extend(gc.get_referents(obj))
+    return python, buffers
+
+
+def owners(args: argparse.Namespace) -> None:
+    pipeline = gateway_pipeline()
+    stages_seen = Stages()
+    for _, requests in rounds(Scrapes(*bf.fleet(nodes_for(args.gpus), 0)), args.minutes):
+        feed(pipeline, requests, stages_seen)
+    gc.collect()
+    seen = {id(pipeline.metrics), id(pipeline.config)}
+    parts = [("the interner", pipeline.strings), ("the decoder", pipeline.ingest), ("the open intervals",
+             pipeline.windows), ("the store", pipeline.store), ("kube-state-metrics facts", pipeline.facts),
+             ("device memory", pipeline.devices), ("CPU counters", pipeline.usage), ("everything else", pipeline)]
+    total = 0
+    for name, owner_of in parts:
+        python, buffers = walked(owner_of, seen)
+        total += python + buffers
+        print(f"  {name:<26} {(python + buffers) / 2**20:8.1f} MiB (Python objects {python / 2**20:.1f}, "
+              f"numpy {buffers / 2**20:.1f})")
+    print(f"walked: {total / 2**20:.1f} MiB; the process (the load's requests among it): RSS {rss_mib():.0f} MiB")
+    for index, slot in sorted(pipeline.windows._open.items()):
+        print(f"  open interval {index}: {sum(map(len, slot.samples.parts)):,} DCGM steps, "
+              f"{sum(map(len, slot.facts.parts)):,} kube-state-metrics rows, {sum(map(len, slot.pods)):,} pod samples")
+    pipeline.shutdown()
+
+
 def cpu(args: argparse.Namespace) -> None:
     fleet = Scrapes(*bf.fleet(nodes_for(args.gpus), 0))
     pipeline = gateway_pipeline()
@@ -235,7 +348,7 @@ def main(argv: list[str] = sys.argv[1:]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=10_000)
     ap.add_argument("--minutes", type=int, default=6)
-    ap.add_argument("--mode", choices=("memory", "cpu"), default="memory")
+    ap.add_argument("--mode", choices=("memory", "stages", "owners", "cpu"), default="memory")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--frames", type=int, default=12, help="frames tracemalloc keeps of each allocation")
     ap.add_argument("--py-spy", help="py-spy's path: sample the run with it (--mode cpu)")
@@ -244,7 +357,7 @@ def main(argv: list[str] = sys.argv[1:]) -> int:
     nodes, _ = bf.fleet(nodes_for(args.gpus), 0)
     print(f"{sum(physical_gpus(n) for n in nodes):,} GPUs on {len(nodes):,} nodes "
           f"({sum(len(n.devices) for n in nodes):,} units), {args.minutes} minutes of data")
-    (memory if args.mode == "memory" else cpu)(args)
+    {"memory": memory, "stages": stages, "owners": owners, "cpu": cpu}[args.mode](args)
     return 0
 
 

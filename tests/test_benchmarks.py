@@ -86,7 +86,7 @@ def test_bench_bill_reads_the_month_it_wrote():
     assert "bill: 3,312 lines (20 instances x 48 hours)" in res.stdout and "960 instance-hours" in res.stdout
 
 
-@pytest.mark.parametrize("mode", ["memory", "cpu"])
+@pytest.mark.parametrize("mode", ["memory", "cpu", "stages", "owners"])
 def test_bench_profile_names_the_owners_of_memory_and_cpu(mode: str):
     res = subprocess.run([sys.executable, "benchmarks/bench_profile.py", "--gpus", "40", "--minutes", "3", "--mode",
                           mode, "--top", "5"], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -94,6 +94,16 @@ def test_bench_profile_names_the_owners_of_memory_and_cpu(mode: str):
     if mode == "memory":
         owners = re.findall(r"MiB +\d+\.\d% +(otelgpu/\S+)", res.stdout)
         assert len(owners) == 4 * 5 and all(not o.startswith("otelgpu/demo/") for o in owners)  # 2 moments, 2 views
+    elif mode == "stages":  # each interval computed: its peak, and the stages in the order they ran
+        peaks = r"^interval ending \d+: peak (\d+\.\d) MiB above the computation's start"
+        intervals = re.findall(peaks, res.stdout, re.M)
+        ran = re.findall(r"^ +(\w+) \(\w+\) +start +-?\d+\.\d +peak +-?\d+\.\d$", res.stdout, re.M)
+        assert intervals and ran[:4] == ["_samples", "_samples", "reported", "dedupe"], res.stdout
+        assert ran.count("tenures") == ran.count("attribute") == len(intervals), res.stdout
+    elif mode == "owners":
+        held = dict(re.findall(r"^  (the store|the open intervals|the decoder) +(\d+\.\d) MiB", res.stdout, re.M))
+        assert len(held) == 3 and all(float(mib) > 0 for mib in held.values()), res.stdout
+        assert re.search(r"^walked: \d+\.\d MiB; the process .*RSS \d+ MiB$", res.stdout, re.M), res.stdout
     else:
         assert re.search(r"decode: +\d+\.\d\d CPU-s +\d+\.\d\d us a point", res.stdout)
         assert re.search(r"apply and close: +\d+\.\d\d CPU-s", res.stdout) and "close:" in res.stdout
