@@ -99,6 +99,13 @@ def feed(pipeline: Pipeline, requests: list, stages: Stages) -> None:
             pipeline.ingest.task_done()
 
 
+def feed_all(pipeline: Pipeline, args: argparse.Namespace) -> None:
+    """Every round of `args.minutes` of the fleet of `args.gpus`."""
+    stages = Stages()
+    for _, requests in rounds(Scrapes(*bf.fleet(nodes_for(args.gpus), 0)), args.minutes):
+        feed(pipeline, requests, stages)
+
+
 OURS, DEMO = str(ROOT / "otelgpu") + os.sep, str(ROOT / "otelgpu" / "demo") + os.sep
 
 
@@ -218,9 +225,7 @@ def stages(args: argparse.Namespace) -> None:
                       f"peak {(high - start) / 2**20:7.1f}")
 
     pipeline._compute = traced
-    stages_seen = Stages()
-    for _, requests in rounds(Scrapes(*bf.fleet(nodes_for(args.gpus), 0)), args.minutes):
-        feed(pipeline, requests, stages_seen)
+    feed_all(pipeline, args)
     pipeline.shutdown()
 
 
@@ -252,9 +257,7 @@ def walked(root: Any, seen: set[int]) -> tuple[int, int]:
 
 def owners(args: argparse.Namespace) -> None:
     pipeline = gateway_pipeline()
-    stages_seen = Stages()
-    for _, requests in rounds(Scrapes(*bf.fleet(nodes_for(args.gpus), 0)), args.minutes):
-        feed(pipeline, requests, stages_seen)
+    feed_all(pipeline, args)
     gc.collect()
     seen = {id(pipeline.metrics), id(pipeline.config)}
     parts = [("the interner", pipeline.strings), ("the decoder", pipeline.ingest), ("the open intervals",

@@ -73,7 +73,7 @@ def entities_of(samples: Samples) -> tuple[np.ndarray, Entities]:
 
 
 def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int,
-           ids: type = np.int64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           ids: type) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each distinct (entity, time) step's duration in seconds, each row's step (as `ids`), each
     step's entity."""
     row_step, first = group_ids(ent, time_ns)
