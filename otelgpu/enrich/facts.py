@@ -336,12 +336,15 @@ def last_of_each_reference(rows: np.ndarray, batch: PointBatch) -> np.ndarray:
 
 
 def warm_up() -> str:
-    """Compile (or load from numba's cache) `last_of_each`; returns how (otelgpu.core.jit.how_loaded)."""
+    """Compile (or load from numba's cache) `last_of_each` and the open intervals' table of rows
+    (enrich/factrows.py); returns how the first was (otelgpu.core.jit.how_loaded)."""
     from otelgpu.core.jit import how_loaded
+    from otelgpu.enrich import factrows
 
     one = np.zeros(1, np.int32)
     last_of_each(np.zeros(1, np.int64), np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1, bool),
                  np.array([0, 1], np.int64), one, one)
+    factrows.warm_up()
     return how_loaded(last_of_each)
 
 

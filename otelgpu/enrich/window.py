@@ -34,6 +34,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from otelgpu.core.state import nothing_to_undo
+from otelgpu.enrich.factrows import FactRows, FactTable, share
 from otelgpu.enrich.facts import latest
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.steps import LabelTable, Steps
@@ -53,12 +54,18 @@ class Interval:
     end_ns: int
     steps: Steps  # DCGM samples, folded (enrich/steps.py)
     pods: PodSamples
-    facts: PointBatch = field(default_factory=empty_batch)  # kube-state-metrics rows, in time order
+    fact_rows: FactRows = field(default_factory=lambda: FactRows.whole(empty_batch()))  # enrich/factrows.py
     version: int = 0  # parts added to the interval while it was open
 
     @property
     def seconds(self) -> float:
         return (self.end_ns - self.start_ns) / NS
+
+    @property
+    def facts(self) -> PointBatch:
+        """The kube-state-metrics rows, each series' last, in time order: built at each read, so
+        that only what reads them holds them (the close applies them, then computes)."""
+        return self.fact_rows.batch()
 
     @property
     def samples(self) -> Samples:
@@ -108,16 +115,21 @@ class _Open:
     # fold merges only the rows of resends and the parts' label tables: folded when doubled.
     samples: _Folded = field(default_factory=lambda: _Folded(Steps.merge))
     pods: list[PodSamples] = field(default_factory=list)
-    # kube-state-metrics rows, each series' last of them (enrich/facts.py `latest`). Each scrape
-    # resends every series, so a fold leaves about the series' count: folded when grown by a
-    # quarter, an interval holds at most 1.25 times that where it held twice (and folds each row
-    # five times where twice).
-    facts: _Folded = field(default_factory=lambda: _Folded(lambda parts: latest(PointBatch.concat(parts)), 1.25))
+    # kube-state-metrics rows, each series' last of them (enrich/facts.py `latest`), as times and
+    # rows of a table the intervals share (enrich/factrows.py). Each scrape resends every series,
+    # so a fold leaves about the series' count: folded when grown by a quarter, an interval holds
+    # at most 1.25 times that where it held twice (and folds each row five times where twice).
+    facts: _Folded = field(default_factory=lambda: _Folded(lambda parts: FactRows.whole(_latest(parts)), 1.25))
     first_record: Optional[Position] = None  # earliest log record that put rows here
     version: int = 0  # parts added so far
 
-    def parts(self) -> list:  # Steps, PodSamples and PointBatch alike: len, codes(), remap()
+    def parts(self) -> list:  # Steps, PodSamples and FactRows alike: len
         return [*self.samples.parts, *self.pods, *self.facts.parts]
+
+
+def _latest(parts: list[FactRows]) -> PointBatch:
+    """The parts' rows, each series' last (`latest`), as a batch of their own."""
+    return latest(PointBatch.concat([part.batch() for part in parts]))
 
 
 class Windows:
@@ -140,6 +152,9 @@ class Windows:
         # The label combinations the last fold of samples left: new parts that bring none other
         # refer to its table (enrich/steps.py `Steps.sharing`)
         self._labels: Optional[LabelTable] = None
+        # The kube-state-metrics rows a fold of facts last renewed the table with: new rows of the
+        # same content refer to it (enrich/factrows.py)
+        self._facts: Optional[FactTable] = None
 
     def add(self, samples: Samples, batch: PointBatch, pods: Optional[PodSamples] = None,
             facts: Optional[PointBatch] = None) -> tuple[int, PointBatch]:
@@ -168,8 +183,18 @@ class Windows:
             on_time = idx > self.closed_through
             late_facts = facts.select(~on_time)
             for i in np.unique(idx[on_time]):
-                self._slot(int(i), record).facts.add(facts.select(idx == i), self.fold_rows)
+                rows, self._facts = share(facts.select(idx == i), self._facts)
+                self._slot(int(i), record).facts.add(rows, self.fold_rows)
         return late, late_facts
+
+    def _fold_facts(self, parts: list[FactRows]) -> FactRows:
+        """The parts' rows folded (each series' last), referring to the table they renew or to the
+        one the open intervals share."""
+        table = self._facts
+        alone = table is None or not any(part.shared is table.batch for slot in self._open.values()
+                                         if slot.facts.parts is not parts for part in slot.facts.parts)
+        rows, self._facts = share(_latest(parts), table, fold=True, alone=alone)
+        return rows
 
     def _add_steps(self, slot: _Open, steps: Steps) -> None:
         if self._labels is not None:
@@ -179,7 +204,9 @@ class Windows:
             self._labels = LabelTable(folded.labels)
 
     def _slot(self, index: int, record: Optional[Position]) -> _Open:
-        slot = self._open.setdefault(index, _Open())
+        slot = self._open.get(index)
+        if slot is None:
+            slot = self._open[index] = _Open(facts=_Folded(self._fold_facts, 1.25))
         slot.version += 1
         if record is not None and (slot.first_record is None or record < slot.first_record):
             slot.first_record = record
@@ -232,11 +259,11 @@ class Windows:
         """Interval `i` of `slot`'s parts; `bare`: without them (computed already)."""
         if bare:
             return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns, Steps.empty(), PodSamples.empty(),
-                            empty_batch(), slot.version)
-        facts = slot.facts.whole() if slot.facts else empty_batch()  # in time order
+                            version=slot.version)
         return Interval(index, index * self.dt_ns, (index + 1) * self.dt_ns,
                         slot.samples.whole() if slot.samples else Steps.empty(),
-                        PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(), facts, slot.version)
+                        PodSamples.concat(slot.pods) if slot.pods else PodSamples.empty(),
+                        slot.facts.whole() if slot.facts else FactRows.whole(empty_batch()), slot.version)
 
     def next_complete(self) -> Optional[int]:
         """The index of the interval that closes next if it is complete before its close: every
@@ -266,7 +293,8 @@ class Windows:
         """The arrays of interned string codes the open intervals hold (a table parts share, once)."""
         tables = {id(part.labels): part for slot in self._open.values() for part in slot.samples.parts}
         return [a for part in tables.values() for a in part.codes()] + \
-            [a for slot in self._open.values() for part in [*slot.pods, *slot.facts.parts] for a in part.codes()]
+            [a for part in [*self._fact_tables().values(), *(p for s in self._open.values() for p in s.pods)]
+             for a in part.codes()]
 
     def remap(self, table: np.ndarray) -> None:
         """Rewrite those codes after the interner was compacted (`Interner.compact`); parts that
@@ -275,9 +303,15 @@ class Windows:
         for slot in self._open.values():
             for part in slot.samples.parts:
                 part.remap(table, done)
-            for part in [*slot.pods, *slot.facts.parts]:
+            for part in slot.pods:
                 part.remap(table)
-        self._labels = None
+        for rows in self._fact_tables().values():
+            rows.remap(table)
+        self._labels = self._facts = None
+
+    def _fact_tables(self) -> dict[int, PointBatch]:
+        """The batches of rows the open intervals' facts read, each once (tables they share)."""
+        return {id(b): b for slot in self._open.values() for part in slot.facts.parts for b in part.tables()}
 
     def ahead(self) -> int:
         """Rows waiting in open intervals (after a flush: those only targets ahead of the cluster reached)."""

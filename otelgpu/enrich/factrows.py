@@ -1,0 +1,207 @@
+"""kube-state-metrics rows as the open intervals keep them: a time per row, and the row's content
+(metric, value, staleness, scrape target, labels) in a table the intervals share.
+
+Every kube-state-metrics scrape sends the whole state again, and two intervals are open at once
+(the newer one takes rows while the older waits for its lateness): each held a copy of nearly
+every series, of some 70 bytes a row, though in a steady cluster the newer interval's rows are the
+older's but for their times. Here a row is its time and the number of a row of equal content in
+the table the last fold of either interval left (`FactTable`), 12 bytes; a row no table holds (a
+new pod, a phase that changed) is kept whole beside it (`FactRows.own`). A fold whose rows the
+table lacks renews it with its own rows when no other interval reads the table, or when it lacks
+more than an eighth of them (then the interval that reads the table before keeps it until its
+close, and both are held meanwhile). A table keeps rows no interval reads any more (pods gone)
+until it is renewed: it holds at most what the cluster sent at its largest.
+
+`FactRows.batch` gives back the rows as they came, each with its own time, in their order: what
+the close and the fold read is the same batch bit for bit as if every row had been kept whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import numpy as np
+
+from otelgpu.core.jit import kernel
+from otelgpu.receiver.decode import PointBatch, empty_batch
+from otelgpu.receiver.wire import hash_step
+
+RENEW_OWN = 8  # a fold renews the table another interval reads when more than one row in this many is not in it
+
+
+@kernel
+def _hashes(metric, value_bits, stale, node, pod, off, key, val):  # noqa: ANN001, ANN202
+    """uint64 [n]: a hash of each row's content (all but its time)."""
+    n = len(metric)
+    out = np.zeros(n, np.uint64)
+    for r in range(n):
+        h = hash_step(np.uint64(0x243F6A8885A308D3), np.uint64(metric[r]))
+        h = hash_step(h, np.uint64(value_bits[r]))
+        h = hash_step(h, np.uint64(stale[r]))
+        h = hash_step(h, np.uint64(node[r]))
+        h = hash_step(h, np.uint64(pod[r]))
+        for k in range(off[r], off[r + 1]):
+            h = hash_step(h, (np.uint64(key[k]) << np.uint64(32)) | np.uint64(val[k]))
+        out[r] = h
+    return out
+
+
+@kernel
+def _slots(hashes, size):  # noqa: ANN001, ANN202
+    """An open-addressing table (`size`, a power of two) of the rows by their hash."""
+    mask = np.uint64(size - 1)
+    slots = np.full(size, -1, np.int32)
+    for r in range(len(hashes)):
+        j = hashes[r] & mask
+        while slots[j] >= 0:
+            j = (j + np.uint64(1)) & mask
+        slots[j] = r
+    return slots
+
+
+@kernel
+def _find(slots, t_metric, t_bits, t_stale, t_node, t_pod, t_off, t_key, t_val,  # noqa: ANN001, ANN202
+          hashes, metric, bits, stale, node, pod, off, key, val):
+    """Per row, the first row of the table of equal content, or -1."""
+    mask = np.uint64(len(slots) - 1)
+    out = np.full(len(hashes), -1, np.int64)
+    for r in range(len(hashes)):
+        j = hashes[r] & mask
+        while slots[j] >= 0:
+            t = slots[j]
+            if (t_metric[t] == metric[r] and t_bits[t] == bits[r] and t_stale[t] == stale[r] and t_node[t] == node[r]
+                    and t_pod[t] == pod[r] and t_off[t + 1] - t_off[t] == off[r + 1] - off[r]):
+                same = True
+                for k in range(off[r + 1] - off[r]):
+                    if t_key[t_off[t] + k] != key[off[r] + k] or t_val[t_off[t] + k] != val[off[r] + k]:
+                        same = False
+                        break
+                if same:
+                    out[r] = t
+                    break
+            j = (j + np.uint64(1)) & mask
+    return out
+
+
+def _columns(batch: PointBatch) -> tuple[np.ndarray, ...]:
+    return (batch.metric, batch.value.view(np.int64), batch.stale, batch.resource_node, batch.resource_pod,
+            batch.attr_off, batch.attr_key, batch.attr_val)
+
+
+class FactTable:
+    """Rows of distinct content (a fold's), found by content: an open-addressing table of their
+    hashes, 8 bytes a row, built on the first `find`."""
+
+    def __init__(self, batch: PointBatch) -> None:
+        self.batch = batch
+        self._slots: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def find(self, rows: PointBatch) -> np.ndarray:
+        """int64 [len(rows)]: where each row's content stands in the table, -1 where nowhere."""
+        if self._slots is None:
+            size = 16
+            while size < 2 * len(self.batch):
+                size *= 2
+            self._slots = _slots(_hashes(*_columns(self.batch)), size)
+        own = _columns(rows)
+        return _find(self._slots, *_columns(self.batch), _hashes(*own), *own)
+
+
+def find_reference(table: PointBatch, rows: PointBatch) -> np.ndarray:
+    """`FactTable(table).find(rows)`, readable: each row's content as a tuple, in a dict."""
+    def contents(batch: PointBatch) -> list[tuple]:
+        bits = batch.value.view(np.int64)
+        return [(int(batch.metric[r]), int(bits[r]), bool(batch.stale[r]), int(batch.resource_node[r]),
+                 int(batch.resource_pod[r]), tuple(batch.attr_key[batch.attr_off[r]:batch.attr_off[r + 1]].tolist()),
+                 tuple(batch.attr_val[batch.attr_off[r]:batch.attr_off[r + 1]].tolist()))
+                for r in range(len(batch))]
+    first: dict[tuple, int] = {}
+    for r, content in enumerate(contents(table)):
+        first.setdefault(content, r)
+    return np.array([first.get(c, -1) for c in contents(rows)], np.int64)
+
+
+_NONE = empty_batch()
+
+
+@dataclass
+class FactRows:
+    """Rows as their times and contents: row i is `shared`'s row `row[i]` where that is below
+    `len(shared)`, else `own`'s row `row[i] - len(shared)`, at `time_ns[i]`."""
+
+    time_ns: np.ndarray  # int64 [n]
+    row: np.ndarray  # int32 [n]
+    shared: PointBatch  # a table other parts and intervals may refer to (its times are not read)
+    own: PointBatch  # rows no table held when these came
+
+    def __len__(self) -> int:
+        return len(self.time_ns)
+
+    @staticmethod
+    def whole(batch: PointBatch) -> "FactRows":
+        """`batch` as rows of its own."""
+        return FactRows(batch.time_ns, np.arange(len(batch), dtype=np.int32), _NONE, batch)
+
+    @staticmethod
+    def of(batch: PointBatch, table: FactTable, found: np.ndarray) -> "FactRows":
+        """`batch`'s rows referring to `table` where `found` (`table.find(batch)`) says it holds
+        their content; the rest kept whole."""
+        missing = found < 0
+        n_missing = int(missing.sum())
+        if n_missing == len(batch):
+            return FactRows.whole(batch)  # nothing to share: no copy of `batch`
+        row = found.astype(np.int32)
+        row[missing] = len(table) + np.arange(n_missing, dtype=np.int32)
+        return FactRows(batch.time_ns, row, table.batch, batch.select(missing) if n_missing else _NONE)
+
+    def batch(self) -> PointBatch:
+        """The rows as a batch of their own, in order, each at its time."""
+        n_shared = len(self.shared)
+        mine = self.row >= n_shared
+        if not mine.any():
+            out = self.shared.select(self.row)
+        elif mine.all():
+            out = self.own if self._all_own() else self.own.select(self.row - n_shared)
+        else:
+            n_own = int(mine.sum())
+            at = np.empty(len(self.row), np.int64)  # where each row stands in the two selections end to end
+            at[~mine] = np.arange(len(self.row) - n_own)
+            at[mine] = len(self.row) - n_own + np.arange(n_own)
+            out = PointBatch.concat([self.shared.select(self.row[~mine]),
+                                     self.own.select(self.row[mine] - n_shared)]).select(at)
+        return out if out.time_ns is self.time_ns else replace(out, time_ns=self.time_ns)
+
+    def _all_own(self) -> bool:
+        """Whether the rows are `own`'s, each once and in order (`whole`)."""
+        return len(self.own) == len(self.row) and self.own.time_ns is self.time_ns
+
+    def tables(self) -> list[PointBatch]:
+        """The batches whose codes these rows read: `shared` (which others may read too) and `own`."""
+        return [self.shared, self.own]
+
+
+def share(batch: PointBatch, table: Optional[FactTable], fold: bool = False,
+          alone: bool = False) -> tuple[FactRows, Optional[FactTable]]:
+    """`batch`'s rows referring to `table`, and the table later rows are to refer to. A `fold`'s
+    rows (each of distinct content) renew it, becoming the table, when it lacks any of them and no
+    other open interval reads it (`alone`), or when it lacks more than one in RENEW_OWN."""
+    if not len(batch):
+        return FactRows.whole(batch), table
+    found = table.find(batch) if table is not None else None
+    if fold:
+        missing = len(batch) if found is None else int((found < 0).sum())
+        if missing and (alone or found is None or missing * RENEW_OWN > len(batch)):
+            return FactRows(batch.time_ns, np.arange(len(batch), dtype=np.int32), batch, _NONE), FactTable(batch)
+    return (FactRows.whole(batch) if found is None else FactRows.of(batch, table, found)), table
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernels of `FactTable.find`."""
+    one = np.zeros(1, np.int32)
+    rows = PointBatch(np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1), np.zeros(1, bool), one, one,
+                      np.array([0, 1], np.int64), one, one)
+    FactTable(rows).find(rows)

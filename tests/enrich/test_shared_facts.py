@@ -1,0 +1,168 @@
+"""The open intervals' kube-state-metrics rows as times and rows of a table they share
+(enrich/factrows.py). Whatever the batching, churn, folds and renewals, an interval must close with
+the very batch it would have closed with had it kept every row whole: each series' last row, in
+time order; a steady cluster's two open intervals must hold its rows once; and a compaction of the
+interner must rewrite a shared table once, however many parts and intervals read it."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otelgpu.enrich.factrows import FactRows, FactTable, find_reference, share
+from otelgpu.enrich.facts import latest
+from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.usage import PodSamples
+from otelgpu.enrich.window import NS, Windows
+from otelgpu.receiver.decode import PointBatch, empty_batch
+from otelgpu.receiver.schema import Metric
+
+COLUMNS = ("metric", "time_ns", "value", "stale", "resource_node", "resource_pod", "attr_off", "attr_key", "attr_val")
+METRICS = [int(Metric.POD_INFO), int(Metric.POD_PHASE), int(Metric.POD_LABELS), int(Metric.NODE_LABELS)]
+
+# A row's content: metric, value, staleness, scrape target (node, pod codes), labels (key, value codes)
+content = st.tuples(st.sampled_from(METRICS), st.sampled_from([1.0, 0.0, -2.5, np.nan]), st.booleans(),
+                    st.integers(-1, 2), st.integers(-1, 2),
+                    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=3))
+
+
+def batch_of(rows: list[tuple]) -> PointBatch:
+    """A batch of (time, content) rows."""
+    off = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(c[5]) for _, c in rows], out=off[1:])
+    pairs = [kv for _, c in rows for kv in c[5]]
+    return PointBatch(np.array([c[0] for _, c in rows], np.int16), np.array([t for t, _ in rows], np.int64),
+                      np.array([c[1] for _, c in rows], np.float64), np.array([c[2] for _, c in rows], bool),
+                      np.array([c[3] for _, c in rows], np.int32), np.array([c[4] for _, c in rows], np.int32), off,
+                      np.array([k for k, _ in pairs], np.int32), np.array([v for _, v in pairs], np.int32))
+
+
+def identical(a: PointBatch, b: PointBatch) -> bool:
+    """The same rows bit for bit, columns and their types."""
+    return all(getattr(a, c).dtype == getattr(b, c).dtype and
+               np.array_equal(getattr(a, c).view(np.uint8), getattr(b, c).view(np.uint8)) for c in COLUMNS)
+
+
+def one_changed(row: tuple, field: int, rng) -> tuple:  # noqa: ANN001 - a Random
+    """`row` with one field of its content changed (field 5: a label's value or one more label,
+    6: a label's key)."""
+    out = list(row)
+    if field in (5, 6):
+        key, value = row[5][-1] if row[5] else (0, 0)
+        out[5] = row[5][:-1] + [(key + (field == 6), value + (field == 5))] if row[5] else [(0, 0)]
+    elif field == 1:
+        out[1] = -0.0 if row[1] == 0.0 and not np.signbit(row[1]) else 0.0  # the same number, other bits
+    elif field == 2:
+        out[2] = not row[2]
+    else:
+        out[field] = row[field] + rng.choice([1, -1])
+    return tuple(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(content, max_size=12), st.lists(content, max_size=12), st.randoms(use_true_random=False))
+def test_a_table_finds_each_row_of_equal_content_as_the_reference_does(table_rows, others, rng):
+    """Equal but for its time: found; any other difference (a value's bits, staleness, target,
+    a label, the labels' order or count): not."""
+    table = batch_of([(1, c) for c in table_rows])
+    others = others + [one_changed(c, rng.choice([0, 1, 2, 3, 4, 5, 6]), rng) for c in table_rows]
+    mixed = [(7, c) for c in table_rows + others]
+    rng.shuffle(mixed)
+    rows = batch_of(mixed)
+    found = FactTable(table).find(rows)
+    assert found.tolist() == find_reference(table, rows).tolist()
+
+
+@st.composite
+def scrapes(draw: st.DrawFn) -> list[list[tuple]]:
+    """kube-state-metrics scrapes of a small cluster over three intervals, every 10 s: each scrape
+    resends every series, some change between scrapes (churn), and each comes in pieces."""
+    series = draw(st.lists(content, min_size=1, max_size=10))
+    out = []
+    for t in range(5, 170, 10):
+        for i in draw(st.sets(st.integers(0, len(series) - 1), max_size=3)):
+            series[i] = draw(content)  # a value or a label that changed
+        rows = [(t * NS + draw(st.integers(0, 3)), c) for c in series]
+        cut = draw(st.integers(0, len(rows)))
+        out += [rows[:cut], rows[cut:]]
+    return [piece for piece in out if piece]
+
+
+@settings(max_examples=150, deadline=None)
+@given(scrapes(), st.integers(1, 12))
+def test_an_interval_closes_with_each_series_last_row_whatever_it_shared(pieces, fold_rows):
+    windows = Windows(60, 30, fold_rows=fold_rows)
+    for piece in pieces:
+        windows.add(Samples.empty(), empty_batch(), PodSamples.empty(), batch_of(piece))
+    windows.watermark_ns = 10**6 * NS
+    closed = windows.due(flush=True)
+    assert [i.index for i in closed] == [0, 1, 2]
+    for interval in closed:
+        mine = [row for piece in pieces for row in piece if row[0] // (60 * NS) == interval.index]
+        assert identical(interval.facts, latest(batch_of(mine)))
+
+
+def pod_rows(pods: int, time_ns: int) -> PointBatch:
+    """kube_pod_info of `pods` pods: namespace and pod labels (codes 0, and 1..pods)."""
+    return batch_of([(time_ns, (int(Metric.POD_INFO), 1.0, False, -1, -1, [(0, 0), (1, p)]))
+                     for p in range(1, pods + 1)])
+
+
+def test_two_open_intervals_of_a_steady_cluster_hold_its_rows_once():
+    """Scrapes every 10 s into an interval that waits for its lateness while the next takes rows:
+    the newer interval's rows refer to the table the older one's fold left, so the rows held whole
+    are one copy of the cluster's series, and each row of either interval costs its time and a
+    number beside it."""
+    pods, piece = 400, 50
+    windows = Windows(60, 30, fold_rows=1)
+    for t in range(5, 90, 10):
+        rows = pod_rows(pods, t * NS)
+        for start in range(0, pods, piece):
+            windows.add(Samples.empty(), empty_batch(), PodSamples.empty(), rows.select(np.arange(start, start + piece)))
+    assert sorted(windows._open) == [0, 1]
+    tables = windows._fact_tables()
+    assert sum(map(len, tables.values())) <= pods + piece
+    rows = [part for slot in windows._open.values() for part in slot.facts.parts]
+    assert sum(map(len, rows)) >= 2 * pods  # both intervals hold every series
+    windows.watermark_ns = 10**6 * NS
+    first, second = windows.due(flush=True)
+    assert identical(first.facts, pod_rows(pods, 55 * NS)) and identical(second.facts, pod_rows(pods, 85 * NS))
+
+
+def test_a_compaction_rewrites_a_shared_table_once():
+    pods = 100
+    windows = Windows(60, 30, fold_rows=1)
+    for t in (10, 20, 70):
+        rows = pod_rows(pods, t * NS)
+        for half in np.array_split(np.arange(pods), 4):
+            windows.add(Samples.empty(), empty_batch(), PodSamples.empty(), rows.select(half))
+    shared = {id(part.shared) for slot in windows._open.values() for part in slot.facts.parts if len(part.shared)}
+    assert len(shared) == 1  # both intervals' parts read one table
+    order = np.arange(pods + 1)[::-1].copy()
+    assert len(windows.codes()) == len(PointBatch.CODES) * len(windows._fact_tables())  # each table's once
+    windows.remap(np.concatenate([order, [-1]]).astype(np.int32))
+    windows.watermark_ns = 10**6 * NS
+    back = np.concatenate([order, [-1]]).astype(np.int32)  # the same map undoes itself
+    for interval, t in zip(windows.due(flush=True), (20, 70)):
+        facts = interval.facts
+        facts.remap(back)
+        assert identical(facts, pod_rows(pods, t * NS))
+
+
+def test_rows_refer_to_a_table_where_it_holds_them_and_are_kept_whole_where_not():
+    table = FactTable(pod_rows(4, 1))
+    mixed = PointBatch.concat([pod_rows(6, 9).select(np.array([5, 0, 4, 3]))])
+    rows, kept = share(mixed, table)
+    assert kept is table and rows.row.tolist() == [4, 0, 5, 3] and len(rows.own) == 2
+    assert identical(rows.batch(), mixed)
+    renewed, new = share(mixed, table, fold=True)  # half of it is not in the table: renewed
+    assert new is not table and new.batch is mixed and identical(renewed.batch(), mixed)
+    some = pod_rows(9, 3)  # one row in nine not in the table: renewed only where no other interval reads it
+    table = FactTable(some.select(np.arange(8)))
+    rows, kept = share(some, table, fold=True)
+    assert kept is table and len(rows.own) == 1
+    rows, new = share(some, table, fold=True, alone=True)
+    assert new is not table and new.batch is some and len(rows.own) == 0
+    whole = FactRows.whole(mixed)
+    assert whole.batch() is mixed
