@@ -50,6 +50,7 @@ Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [-
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import queue
 import signal
@@ -204,6 +205,12 @@ class Sampler:
         later = [s for s in self.samples if s[0] >= since] or self.samples or [(0.0, 0.0, 0.0)]
         return statistics.median(s[1] for s in later), statistics.median(s[2] for s in later)
 
+    def highest(self, since: float = -math.inf) -> tuple[float, float]:
+        """(VmRSS, when) of the highest sample taken from `since` on."""
+        later = [s for s in self.samples if s[0] >= since] or [(0.0, 0.0, 0.0)]
+        top = max(later, key=lambda s: s[1])
+        return top[1], top[0]
+
 
 class Receiver:
     """The Collector's otlp/cost receiver: for every interval end, when its last point arrived. It
@@ -348,7 +355,10 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 received[t] = time.monotonic()
                 rss.append(bf.proc_status(child.pid)["VmRSS"] / 1024)
             sampler.stop()
-            steady, steady_anon = sampler.steady(since=wall0 + n_scrapes * SCRAPE_S / args.speed / 2)
+            half = wall0 + n_scrapes * SCRAPE_S / args.speed / 2
+            steady, steady_anon = sampler.steady(since=half)
+            highest = sampler.highest()
+            highest = (highest[0], (highest[1] - wall0) * args.speed, sampler.highest(since=half)[0])
             mappings = bf.resident_by_mapping(child.pid)  # at the last scrape's end
             closes = [end for end in range(t0 + INTERVAL_S * NS, t + 1, INTERVAL_S * NS)
                       if end + LATENESS_S * NS <= t]  # intervals the data closes (the rest close at shutdown)
@@ -389,7 +399,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "points_per_cpu_s": sent / cpu if cpu else float("inf"),
         "cpu_ms_per_gpu_hour": cpu / load.gpus / (data_s / 3600) * 1000,
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
-        "rss_steady": steady, "rss_steady_anon": steady_anon,
+        "rss_steady": steady, "rss_steady_anon": steady_anon, "rss_highest": highest,
         "rss_at_scrape": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
         "mappings": {kind: kib / 1024 for kind, kib in mappings.items()}, "metrics": metrics,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
@@ -537,6 +547,9 @@ def main() -> None:
               f"{r['scrape'][2] / 2**20:.1f} MiB of text) took {r['scrape'][0]:.1f} s and {r['scrape'][1]:.1f} CPU-s")
         print(f"  {r['gpus']:,} GPUs: steady RSS {r['rss_steady']:.0f} MiB, of which {r['rss_steady_anon']:.0f} MiB "
               f"not backed by a file; {r['rss_at_scrape']:.0f} MiB at the moments a scrape was in (median)")
+        top, when, later = r["rss_highest"]
+        print(f"  {r['gpus']:,} GPUs: highest RSS sampled {top:.0f} MiB, {when:.0f} s into the data; from the second "
+              f"half of the run on (every label set and series met), {later:.0f} MiB")
         print(f"  {r['gpus']:,} GPUs: resident at the last scrape's end, by mapping: "
               + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in r["mappings"].items()))
         heap = {state: r["metrics"].get(f'otelgpu_process_heap_bytes{{state="{state}"}}', float("nan")) / 2**20
