@@ -17,7 +17,9 @@ numba compiles (or loads from its cache) every kernel at start-up through LLVM, 
 (libllvmlite.so) is then some 68 MiB of the resident size: pages of its code and read-only data
 mapped from the file. Once every kernel is loaded, none of it runs again unless a kernel is
 compiled anew. `page_out` hands those pages back: they are copies of the file, so nothing is
-lost, and should LLVM run again they are mapped in again from it.
+lost, and should LLVM run again they are mapped in again from it. `page_out_files` does the same,
+once started, for what every other library mapped in to start (20 MiB of the 72 a per-node pod
+held once ready, benchmarks/bench_ready.py); what the process runs comes back as it runs.
 """
 
 from __future__ import annotations
@@ -110,8 +112,30 @@ def page_out(library: str) -> int:
     return sum(r for _, _, r, _ in before) - sum(r for _, _, r, _ in _mappings(library))
 
 
-def _mappings(library: str) -> list[list[int]]:
-    """[start, end, resident bytes, anonymous bytes] of each read-only mapping of the library."""
+def page_out_files() -> int:
+    """Unmap the resident pages of every read-only mapping of a file none of whose pages was ever
+    written: the code and read-only data of the interpreter, its extension modules and their
+    libraries, once the process has started. Returns the bytes of resident memory that went.
+
+    Starting maps far more of them than running touches again: all of pydantic's validator core
+    (the configuration is read once), OpenBLAS (numpy loads it; otelgpu multiplies no matrix),
+    most of OpenSSL, numpy's and gRPC's code for what is never called. The pages stay in the page
+    cache (only MADV_DONTNEED, so that no other process sharing the file loses them), and the ones
+    the process runs again are mapped again from it, a minor fault each: what stays resident is
+    what the process runs, not all it ever ran. A mapping with written pages (relocated data)
+    keeps them; the kernel's own mappings (vdso) are left alone."""
+    if _MADVISE is None:
+        return 0
+    before = _mappings(None)
+    for low, high, _, anonymous in before:
+        if not anonymous:
+            _MADVISE(low, high - low, _MADV_DONTNEED)
+    return sum(r for _, _, r, _ in before) - sum(r for _, _, r, _ in _mappings(None))
+
+
+def _mappings(library: Optional[str]) -> list[list[int]]:
+    """[start, end, resident bytes, anonymous bytes] of each read-only mapping of the library (None:
+    of any file)."""
     found: list[list[int]] = []
     try:
         with open("/proc/self/smaps") as file:
@@ -123,7 +147,8 @@ def _mappings(library: str) -> list[list[int]]:
         fields = line.split()
         if not fields[0].endswith(":"):  # a mapping's first line: range, permissions, offset, device, inode, path
             current = None
-            if len(fields) >= 6 and library in fields[5].rsplit("/", 1)[-1] and "w" not in fields[1]:
+            if len(fields) >= 6 and fields[5].startswith("/") and "w" not in fields[1] and \
+                    (library is None or library in fields[5].rsplit("/", 1)[-1]):
                 current = [int(x, 16) for x in fields[0].split("-")] + [0, 0]
                 found.append(current)
         elif current is not None and fields[0] in ("Rss:", "Anonymous:"):

@@ -38,7 +38,7 @@ from otelgpu.exporter.otlp import OtlpSender
 from otelgpu.exporter.prometheus import CostCollector, TelemetryServer
 from otelgpu.exporter.sending import Sender
 from otelgpu.exporter.store import CostStore, Points
-from otelgpu.heap import collector_paused, give_back, page_out
+from otelgpu.heap import collector_paused, give_back, page_out, page_out_files
 from otelgpu.kernels import warm_up
 from otelgpu.memory import limiter_of
 from otelgpu.receiver.decode import PointBatch
@@ -316,6 +316,8 @@ class Pipeline:
         if jit.mode() == "compiled":
             released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
             log.debug("%.0f MiB of LLVM's resident pages handed back", released / 2**20)
+        released = page_out_files()  # what starting ran of every library, before the threads start
+        log.debug("%.0f MiB of the libraries' resident pages handed back", released / 2**20)
         self.start_sources()
         if self.metrics_server:
             self.metrics_server.start()

@@ -88,6 +88,39 @@ def test_llvms_pages_are_handed_back_once_the_kernels_are_loaded_and_the_kernels
     assert same == "True" and how != "interpreted"  # the compiled kernels still run, and agree
 
 
+FILES_CHILD = textwrap.dedent("""
+    import grpc
+    import numpy as np
+    from otelgpu.config import parse_config
+    from otelgpu.heap import _mappings, page_out_files
+
+    def resident_mib():  # the read-only mappings of files: (clean, with written pages)
+        maps = _mappings(None)
+        return (sum(r for _, _, r, a in maps if not a) / 2**20, sum(r for _, _, r, a in maps if a) / 2**20)
+
+    config = parse_config({"cluster": {"name": "c"}})  # pydantic's validators, run once
+    before, written = resident_mib()
+    gone = page_out_files()
+    after, written_after = resident_mib()
+    # everything runs on: numpy's code, pydantic's validators, gRPC's core
+    total = float(np.arange(10**5, dtype=np.float64).sum())
+    again = parse_config({"cluster": {"name": "c"}}) == config
+    grpc.insecure_channel("127.0.0.1:1").close()
+    print(before, written, gone / 2**20, after, written_after, total, again)
+""")
+
+
+def test_the_libraries_pages_are_handed_back_once_started_and_everything_runs_on():
+    out = subprocess.run([sys.executable, "-c", FILES_CHILD], capture_output=True, text=True, timeout=300,
+                         check=True)
+    before, written, gone, after, written_after, total, again = out.stdout.split()
+    assert float(before) > 10, out.stdout  # numpy, pydantic, gRPC and the interpreter mapped in
+    assert float(after) < float(before) / 4, out.stdout  # their clean pages went
+    assert float(gone) >= float(before) - float(after) - 1, out.stdout  # and page_out_files says so
+    assert float(written_after) == float(written), out.stdout  # relocated data stays: it is not the file's
+    assert float(total) == 4999950000.0 and again == "True"  # numpy, pydantic and gRPC run on
+
+
 def test_the_cyclic_collector_is_paused_while_an_interval_closes_and_resumes_after():
     a100 = "NVIDIA A100-SXM4-40GB"
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit("GPU-0", a100)], capacity={"nvidia_com_gpu": 1})
