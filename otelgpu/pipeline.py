@@ -316,7 +316,7 @@ class Pipeline:
         if jit.mode() == "compiled":
             released = page_out("libllvmlite")  # LLVM's code: loading the kernels was its last use
             log.debug("%.0f MiB of LLVM's resident pages handed back", released / 2**20)
-        released = page_out_files()  # what starting ran of every library, before the threads start
+        released = page_out_files()  # what starting ran of every library, before sources and receivers start
         log.debug("%.0f MiB of the libraries' resident pages handed back", released / 2**20)
         self.start_sources()
         if self.metrics_server:

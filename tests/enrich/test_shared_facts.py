@@ -119,7 +119,8 @@ def test_two_open_intervals_of_a_steady_cluster_hold_its_rows_once():
     for t in range(5, 90, 10):
         rows = pod_rows(pods, t * NS)
         for start in range(0, pods, piece):
-            windows.add(Samples.empty(), empty_batch(), PodSamples.empty(), rows.select(np.arange(start, start + piece)))
+            part = rows.select(np.arange(start, start + piece))
+            windows.add(Samples.empty(), empty_batch(), PodSamples.empty(), part)
     assert sorted(windows._open) == [0, 1]
     tables = windows._fact_tables()
     assert sum(map(len, tables.values())) <= pods + piece
