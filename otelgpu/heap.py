@@ -102,14 +102,7 @@ def page_out(library: str) -> int:
     anonymous pages in it: its pages are the file's) is then simply unmapped (MADV_DONTNEED): the
     pages stay in the page cache, which the kernel drops under pressure, and are mapped again from
     the file if ever touched. A mapping with written pages (relocated data) keeps them."""
-    if _MADVISE is None:
-        return 0
-    before = _mappings(library)
-    for low, high, _, anonymous in before:
-        _MADVISE(low, high - low, _MADV_PAGEOUT)
-        if not anonymous:
-            _MADVISE(low, high - low, _MADV_DONTNEED)
-    return sum(r for _, _, r, _ in before) - sum(r for _, _, r, _ in _mappings(library))
+    return _hand_back(library, reclaim=True)
 
 
 def page_out_files() -> int:
@@ -124,13 +117,22 @@ def page_out_files() -> int:
     the process runs again are mapped again from it, a minor fault each: what stays resident is
     what the process runs, not all it ever ran. A mapping with written pages (relocated data)
     keeps them; the kernel's own mappings (vdso) are left alone."""
+    return _hand_back(None, reclaim=False)
+
+
+def _hand_back(library: Optional[str], reclaim: bool) -> int:
+    """Unmap the pages of the read-only mappings of `library` (None: of any file) that have no
+    written page, after asking the kernel to reclaim them (`reclaim`: MADV_PAGEOUT) where it
+    may; returns the bytes of resident memory that went."""
     if _MADVISE is None:
         return 0
-    before = _mappings(None)
+    before = _mappings(library)
     for low, high, _, anonymous in before:
+        if reclaim:
+            _MADVISE(low, high - low, _MADV_PAGEOUT)
         if not anonymous:
             _MADVISE(low, high - low, _MADV_DONTNEED)
-    return sum(r for _, _, r, _ in before) - sum(r for _, _, r, _ in _mappings(None))
+    return sum(r for _, _, r, _ in before) - sum(r for _, _, r, _ in _mappings(library))
 
 
 def _mappings(library: Optional[str]) -> list[list[int]]:
