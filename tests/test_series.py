@@ -288,3 +288,50 @@ def test_a_snapshot_taken_straight_into_its_columns_is_the_stacked_parts(
             sums[metric][pool[k]] = 1.0 + k + i / 8
         store.record(i * 60, (i + 1) * 60, sums, {"activity": {pool[k]: k / 8 for k in gauged}})
     assert store.checked == len(intervals)
+
+
+class _Renumbering(CostStore):
+    BORN_LIMIT = 3  # the creation numbers renumbered before nearly every new series
+    renumbered = 0
+
+    def _renumber_births(self) -> None:
+        super()._renumber_births()
+        self.renumbered += 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 7), st.sampled_from(METRICS)), max_size=12), min_size=1,
+                max_size=10), st.integers(1, 3))
+def test_sums_stay_oldest_first_when_their_creation_numbers_are_renumbered(
+        intervals: list[list[tuple[int, str]]], end_after: int) -> None:
+    """Snapshots list sums oldest first by a creation number that is renumbered, in its order,
+    before it passes 32 bits: a store that renumbers before nearly every new series gives the
+    snapshots of one that never does, as series end, come back and reuse the rows of others."""
+    pool = {k: _series(k) for k in range(8)}
+    plain, renumbering = CostStore(end_after_intervals=end_after), _Renumbering(end_after_intervals=end_after)
+    for i, named in enumerate(intervals):
+        sums: dict[str, dict[tuple, float]] = {m: {} for m in METRICS}
+        for k, metric in named:
+            sums[metric][pool[k]] = 1.0 + k + i / 8
+        assert _plain(renumbering.record(i * 60, (i + 1) * 60, sums, {})) == _plain(plain.record(i * 60, (i + 1) * 60,
+                                                                                               sums, {}))
+    assert renumbering.renumbered > 0 or plain._births <= _Renumbering.BORN_LIMIT
+
+
+def test_a_sum_restored_quiet_longer_than_this_run_ends_series_after_ends_at_the_next_interval() -> None:
+    """A checkpoint of a run that ended series later may hold a sum quiet for more intervals than
+    this run keeps (at most 10,000): it ends at the next interval, as one quiet for exactly as
+    many would; a negative count is a malformed state."""
+    earlier = CostStore(end_after_intervals=10_000)
+    earlier.record(0, 60, {"allocated": {_series(1): 1.0, _series(2): 2.0}}, {})
+    state = earlier.state()
+    state["columns"]["quiet"] = np.array([70_000, 0], np.int64)
+    store = CostStore(end_after_intervals=3)
+    store.restore(state)
+    points = store.record(60, 120, {"allocated": {_series(2): 1.0}}, {})
+    assert [(p.attrs, p.ended) for p in points] == [(_series(2), False), (_series(1), True)]
+    state["columns"]["quiet"] = np.array([-1, 0], np.int64)
+    with pytest.raises(ValueError, match="malformed"):
+        CostStore().restore(state)
+    with pytest.raises(ValueError, match="end_after_intervals"):
+        CostStore(end_after_intervals=10_001)

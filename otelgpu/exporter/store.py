@@ -105,11 +105,14 @@ class CostStore:
     """
 
     key = "store"  # its checkpoint entry (core/state.py)
+    BORN_LIMIT = 2**31 - 1  # creation numbers are renumbered before they pass this (int32)
 
     def __init__(self, currency: str = "USD", end_after_intervals: int = 2, keep_ended: bool = False) -> None:
         self.specs = cost_metrics(currency)
         self.metric_keys = tuple(self.specs)
         self._code = {m: i for i, m in enumerate(self.metric_keys)}
+        if not 1 <= end_after_intervals <= 10_000:  # a row's intervals quiet are kept in 16 bits
+            raise ValueError(f"end_after_intervals must be 1 to 10,000, not {end_after_intervals}")
         self.end_after_intervals = end_after_intervals
         self.keep_ended = keep_ended
         self._lock = threading.Lock()
@@ -123,14 +126,19 @@ class CostStore:
         self._head = np.full(1024, -1, np.int32)  # [attribute set]
         cap = 1024
         self._next = np.full(cap, -1, np.int32)  # [row]
-        self._free = np.arange(cap - 1, -1, -1, dtype=np.int32)  # free rows: the first `_n_free`, lowest last
-        self._n_free = cap
+        # Rows never used are those from `_top` on; rows released since are reused first, the
+        # latest first (`_freed`, the first `_n_freed`): no column of the free rows as long as the rows
+        self._top = 0
+        self._freed = np.zeros(64, np.int32)
+        self._n_freed = 0
         self._metric = np.zeros(cap, np.uint16)
         self._aset = np.zeros(cap, np.uint32)
         self._start = np.zeros(cap, np.int64)
         self._value = np.zeros(cap, np.float64)
-        self._quiet = np.zeros(cap, np.int32)
-        self._born = np.zeros(cap, np.int64)  # creation order: snapshots list sums oldest first
+        self._quiet = np.zeros(cap, np.uint16)  # never above end_after_intervals: a row is dropped there
+        # Creation order (snapshots list sums oldest first), renumbered in that order before it
+        # passes BORN_LIMIT: 4 bytes a row
+        self._born = np.zeros(cap, np.int32)
         self._live = np.zeros(cap, bool)
         self._births = 0
         self._gauges: dict[str, _Gauges] = {}  # the latest interval's, per metric
@@ -240,10 +248,15 @@ class CostStore:
             return self._sets.serial(index) if index >= 0 else -1
 
     def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
-        if not self._n_free:
-            self._grow()
-        self._n_free -= 1
-        row = int(self._free[self._n_free])
+        if self._n_freed:
+            self._n_freed -= 1
+            row = int(self._freed[self._n_freed])
+        else:
+            if self._top == len(self._live):
+                self._grow()
+            row, self._top = self._top, self._top + 1
+        if self._births >= self.BORN_LIMIT:
+            self._renumber_births()
         self._metric[row] = self._code[metric]
         self._aset[row] = aset = self._sets.add(attrs)
         if aset >= len(self._head):
@@ -264,9 +277,12 @@ class CostStore:
             new = np.zeros(size, old.dtype)
             new[:n_row] = old
             setattr(self, name, new)
-        self._free = np.zeros(size, np.int32)  # room for every row
-        self._free[:size - n_row] = np.arange(size - 1, n_row - 1, -1)  # lowest rows first
-        self._n_free = size - n_row
+
+    def _renumber_births(self) -> None:
+        """The live rows' creation numbers made 0, 1, ... in the same order."""
+        rows = self._live_rows()
+        self._born[rows] = np.arange(len(rows), dtype=np.int32)
+        self._births = len(rows)
 
     def _drop(self, rows: np.ndarray) -> None:
         asets = self._aset[rows].tolist()
@@ -277,8 +293,13 @@ class CostStore:
                 self._ended_totals[key] = self._ended_totals.get(key, 0.0) + value
         self._sets.release(asets)
         self._live[rows] = False
-        self._free[self._n_free:self._n_free + len(rows)] = rows[::-1]
-        self._n_free += len(rows)
+        need = self._n_freed + len(rows)
+        if need > len(self._freed):
+            freed = np.zeros(need + need // 2, np.int32)
+            freed[:self._n_freed] = self._freed[:self._n_freed]
+            self._freed = freed
+        self._freed[self._n_freed:need] = rows[::-1]
+        self._n_freed = need
 
     def _unchain(self, rows: list[int], asets: list[int]) -> None:
         """Take each row out of its set's chain (a set has a row per metric it has, a few)."""
@@ -430,9 +451,10 @@ class CostStore:
             if not 0 <= int(a) < len(table):
                 raise ValueError(f"series {m} refers to attribute set {a}, not in the table")
             attrs = table[int(a)]
-            if attrs != tuple(sorted(attrs)) or not math.isfinite(float(value)):
+            if attrs != tuple(sorted(attrs)) or not math.isfinite(float(value)) or int(quiet) < 0:
                 raise ValueError(f"series {m} {dict(attrs)} is malformed")
-            restored.append((m, attrs, int(start), float(value), int(quiet)))
+            # quiet as long or longer than this run ends series after: ended at the next interval either way
+            restored.append((m, attrs, int(start), float(value), min(int(quiet), self.end_after_intervals)))
         last = int(state["last_time_ns"])
         if any(start > last for _, _, start, _, _ in restored):
             raise ValueError("a series starts after the last interval")
