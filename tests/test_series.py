@@ -13,9 +13,11 @@ from cluster import Cluster, Node, Pod, Unit
 from support import feed, make_config, offline_pipeline
 
 from otelgpu.attribution.models import Packed
+from otelgpu.checkpoint import texts_of
 from otelgpu.core.attrs import Extended, with_attrs
+from otelgpu.core.byvalue import ByValue
 from otelgpu.errors import ConfigError
-from otelgpu.exporter.store import CostStore, _ByValue
+from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import total
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -122,7 +124,11 @@ def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(interva
         assert live == {_series(k) for k in keys}
         assert sorted(store._sets.indexed(), key=repr) == sorted(live, key=repr)
         assert set(store._sets._pairs._ids) == {kv for attrs in live for kv in attrs}
-        assert set(store._sets._strings._ids) == {x for attrs in live for kv in attrs for x in kv}
+        table = store._sets.table([])  # the checkpoint's pairs: the live ones, released ones empty
+        text = texts_of(table["strings"], table["string_ends"])
+        listed = [(text[k], text[v]) for k, v in table["pair_strings"].tolist()]
+        assert {kv for kv in listed if kv != ("", "")} == {kv for attrs in live for kv in attrs}
+        assert sorted(text) == sorted({x for kv in listed for x in kv})  # each string once, none unused
         again = CostStore()
         again.restore(store.state())
         assert sorted(again.points(), key=repr) == sorted(store.points(), key=repr)
@@ -132,12 +138,12 @@ def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(interva
 @given(st.lists(st.tuples(st.sampled_from(("put", "remove", "find")), st.integers(0, 40)), max_size=200),
        st.sampled_from((hash, lambda v: 0, lambda v: v % 5, lambda v: -v)))
 def test_values_found_by_value_as_a_dict_finds_them(ops: list[tuple[str, int]], hash_of) -> None:
-    """`_ByValue` against a dict: values put, removed (their index reused) and looked up, with
+    """`ByValue` against a dict: values put, removed (their index reused) and looked up, with
     hashes that collide all the time and negative ones, in a table that starts at 4 slots and is
     rebuilt as values come and go."""
     values: list = []
     free: list[int] = []
-    table, reference = _ByValue(values, hash_of, least=4), {}
+    table, reference = ByValue(values, hash_of, least=4), {}
     for op, value in ops:
         if op == "put" and value not in reference:
             index = free.pop() if free else len(values)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
-from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from otelgpu.checkpoint import string_arrays, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
+from otelgpu.core.byvalue import ByValue
 from otelgpu.core.state import Undo, nothing_to_undo
 from otelgpu.exporter.columns import Point, Points, SetTable, code_of, set_of
 
@@ -523,84 +523,15 @@ class _Gauges:
         return _Gauges([self.keys[i] for i in unmatched], np.full(len(unmatched), np.nan))
 
 
-class _ByValue:
-    """The index of each of a list's values, found by the value (`find`): an open-addressing
-    table of indices keyed by the values' hashes, in two arrays. A dict took some 60 bytes a value
-    (its entry, its slot and an int object for the index: 35 MiB for the 570,000 attribute sets
-    of 100,000 GPUs); this takes 12-20. Readable reference: a dict (tests/test_series.py)."""
-
-    EMPTY, GONE = -1, -2  # a slot never used; one whose value was removed (probes go on past it)
-
-    def __init__(self, values: list, hash_of: Callable[[object], int] = hash, least: int = 1024) -> None:
-        self._values = values  # what the indices refer to: a value must stay there while indexed
-        self._hash_of = hash_of
-        self._least = least  # slots at the least (a power of two)
-        self._hashes = array("q")  # [index] the hash of the value indexed there
-        self._slots = array("i", [self.EMPTY]) * least
-        self._live = self._used = 0  # indices in the table; slots not EMPTY
-
-    def find(self, value: object, hashed: Optional[int] = None) -> int:
-        """The index of the value equal to `value`; -1 if none is indexed."""
-        hashed = self._hash_of(value) if hashed is None else hashed
-        slots, hashes, values, mask = self._slots, self._hashes, self._values, len(self._slots) - 1
-        at = hashed & mask
-        while (index := slots[at]) != self.EMPTY:
-            if index >= 0 and hashes[index] == hashed and values[index] == value:
-                return index
-            at = (at + 1) & mask
-        return -1
-
-    def put(self, index: int, hashed: int) -> None:
-        """Index `index` (its value not indexed yet), whose value's hash is `hashed`."""
-        if index >= len(self._hashes):
-            self._hashes.extend([0] * (index + 1 - len(self._hashes)))
-        self._hashes[index] = hashed
-        if 2 * (self._used + 1) > len(self._slots):
-            self._rebuild(max(self._least, 1 << (3 * (self._live + 1)).bit_length()))
-        self._place(index, hashed)
-
-    def remove(self, index: int) -> None:
-        """Index `index` no more (it is indexed)."""
-        mask = len(self._slots) - 1
-        at = self._hashes[index] & mask
-        while self._slots[at] != index:
-            if self._slots[at] == self.EMPTY:
-                raise KeyError(index)
-            at = (at + 1) & mask
-        self._slots[at] = self.GONE
-        self._live -= 1
-
-    def indices(self) -> list[int]:
-        """Every index in the table."""
-        return [index for index in self._slots if index >= 0]
-
-    def _place(self, index: int, hashed: int) -> None:
-        mask = len(self._slots) - 1
-        at = hashed & mask
-        while self._slots[at] >= 0:
-            at = (at + 1) & mask
-        self._used += self._slots[at] == self.EMPTY
-        self._slots[at] = index
-        self._live += 1
-
-    def _rebuild(self, size: int) -> None:
-        """`size` slots (a power of two), the live indices placed again and no slot GONE."""
-        live = self.indices()
-        self._slots = array("i", [self.EMPTY]) * size
-        self._live = self._used = 0
-        for index in live:
-            self._place(index, self._hashes[index])
-
-
 _EXTRA_BITS = 24  # a set's key: the number of its base, then that of its extra in these low bits
 
 
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
     index is reused by the next new set. A set is kept as the ids of its pairs (4 bytes a pair), in
-    a reference-counted pair table, each pair the ids of its key and value in a reference-counted
-    string table: no tuple per set (`value` builds one), and a checkpoint writes the sets as arrays
-    without visiting their pairs. Each set also has a serial that no other set of the process has
+    a reference-counted pair table: no tuple per set (`value` builds one), and a checkpoint writes
+    the sets as arrays without visiting their pairs (the pairs' strings numbered once for every
+    checkpoint until a pair comes or goes). Each set also has a serial that no other set of the process has
     had, so that what a snapshot's sets became elsewhere (the queue's attribute log) is found by it.
 
     A set that series name by their parts (`Extended`: a base set and the attributes added to it)
@@ -610,11 +541,10 @@ class _AttrSets:
 
     def __init__(self) -> None:
         self._codes: list[bytes] = []  # each set's pair ids, uint32 (bytes: a fraction of an array's overhead)
-        self._index = _ByValue(self._codes)  # by the pair ids, which are a set's while it lives
+        self._index = ByValue(self._codes)  # by the pair ids, which are a set's while it lives
         self._users: list[int] = []
         self._free: list[int] = []
-        self._strings = _Strings()
-        self._pairs = _Pairs(self._strings)
+        self._pairs = _Pairs()
         self._serial = np.zeros(1024, np.int64)  # [set] its serial
         self._serials = 0  # serials given
         self._bases, self._extras = _Parts(), _Parts()
@@ -645,7 +575,7 @@ class _AttrSets:
 
     def release(self, sets: list[int]) -> None:
         """One user fewer for each of `sets` (a set twice: two fewer); a set left without users
-        is forgotten, and its strings released all at once."""
+        is forgotten, and its pairs released all at once."""
         gone = []
         for i in sets:
             self._users[i] -= 1
@@ -753,12 +683,12 @@ class _AttrSets:
     def table(self, sets: list[int]) -> dict[str, np.ndarray]:
         """These sets as arrays: their pair ids end to end (4 bytes a pair, as kept), where each
         set ends, each pair's key and value string ids, the strings' UTF-8 bytes and where each
-        string ends (released pairs and strings are left in, unused)."""
+        string ends (released pairs are left in, as empty strings)."""
         codes = [self._codes[i] for i in sets]
-        strings, string_ends = self._strings.encoded()
+        pair_strings, strings, string_ends = self._pairs.encoded()
         return {"set_pairs": np.frombuffer(b"".join(codes), np.uint32),
                 "pair_ends": np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 4),
-                "pair_strings": self._pairs.texts(), "strings": strings, "string_ends": string_ends}
+                "pair_strings": pair_strings, "strings": strings, "string_ends": string_ends}
 
     @staticmethod
     def read_table(strings: np.ndarray, string_ends: np.ndarray, **arrays: np.ndarray) -> list[Attrs]:
@@ -867,14 +797,14 @@ class _Parts(_Counted):
 
 
 class _Pairs(_Counted):
-    """(key, value) pairs by id, each kept while a set refers to it, as the ids of its two strings."""
+    """(key, value) pairs by id, each kept while a set refers to it. Their strings are numbered
+    only for a checkpoint (`encoded`), not kept in a table of their own."""
 
-    def __init__(self, strings: "_Strings") -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._strings = strings
         self._pairs: list[tuple[str, str]] = []
-        self._texts = np.zeros((1024, 2), np.uint32)  # each pair's key and value string ids
         self._listed: Optional[list[tuple[str, str]]] = None  # a copy of `_pairs` until it changes
+        self._encoded: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None  # `encoded()` until it changes
 
     def codes(self, attrs: Attrs) -> Optional[bytes]:
         """The ids of a set's pairs (uint32), None when one of them has none."""
@@ -894,63 +824,31 @@ class _Pairs(_Counted):
     def add(self, kv: tuple[str, str]) -> int:
         index, new = self._take(kv)
         if new:
-            self._listed = None
+            self._listed = self._encoded = None
             if index == len(self._pairs):
                 self._pairs.append(kv)
-                if index == len(self._texts):
-                    self._texts = np.concatenate([self._texts, np.zeros_like(self._texts)])
             else:
                 self._pairs[index] = kv
-            self._texts[index] = self._strings.add(kv[0]), self._strings.add(kv[1])
         return index
 
     def release(self, codes: np.ndarray) -> None:
-        """One reference fewer per occurrence of an id in `codes`; a pair left without is
-        forgotten, and its strings released."""
+        """One reference fewer per occurrence of an id in `codes`; a pair left without is forgotten."""
         gone = self._let_go(codes)
         for i in gone:
             self._pairs[i] = ("", "")
         if gone:
-            self._listed = None
-            self._strings.release(self._texts[gone].reshape(-1))
+            self._listed = self._encoded = None
 
-    def texts(self) -> np.ndarray:
-        """The key and value string ids of every pair id given so far (a copy): shape (ids, 2)."""
-        return self._texts[:len(self._pairs)].copy()
+    def encoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every pair id's key and value as ids of strings, shape (ids, 2) uint32; the strings
+        (each once, in the order the pairs name them first) as UTF-8 bytes and where each ends.
+        Built again only once a pair has come or gone (the arrays are shared: do not change them)."""
+        if self._encoded is None:
+            ids: dict[str, int] = {}
+            texts = np.fromiter((ids.setdefault(text, len(ids)) for kv in self._pairs for text in kv), np.uint32,
+                                2 * len(self._pairs)).reshape(-1, 2)
+            self._encoded = (texts, *string_arrays(list(ids)))
+        return self._encoded
 
     def _key(self, index: int) -> tuple[str, str]:
         return self._pairs[index]
-
-
-class _Strings(_Counted):
-    """Strings by id, each kept while something refers to it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._texts: list[str] = []  # the very strings the sets hold: encoded only for a checkpoint
-        self._cache: tuple[np.ndarray, np.ndarray] | None = None
-
-    def add(self, text: str) -> int:
-        index, new = self._take(text)
-        if new:
-            if index == len(self._texts):
-                self._texts.append(text)
-            else:
-                self._texts[index] = text
-            self._cache = None
-        return index
-
-    def release(self, codes: np.ndarray) -> None:
-        """One reference fewer per occurrence of an id in `codes`; a string left without is forgotten."""
-        for i in self._let_go(codes):
-            self._texts[i] = ""
-            self._cache = None
-
-    def _key(self, index: int) -> str:
-        return self._texts[index]
-
-    def encoded(self) -> tuple[np.ndarray, np.ndarray]:
-        """All strings as one UTF-8 byte array and the end of each (unchanged ones are not re-joined)."""
-        if self._cache is None:
-            self._cache = string_arrays(self._texts)
-        return self._cache
