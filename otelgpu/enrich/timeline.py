@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from otelgpu.core.grouping import group_ids
+from otelgpu.core.jit import kernel
 from otelgpu.enrich.samples import Samples
 from otelgpu.receiver.schema import Metric
 
@@ -112,7 +113,7 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
     holder_ns, holder_pod = r_ns[hold_first], r_pod[hold_first]
     del r_ns
     pair, pair_first = (c.astype(ids) for c in group_ids(hold, r_step))
-    n_hold, n_pair = len(hold_first), len(pair_first)
+    n_hold = len(hold_first)
     pair_is_pod = r_pod[pair_first] >= 0
     del r_pod
     replicas = _replicas(hold, samples.vgpu[rows], n_hold)
@@ -121,10 +122,9 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
     pair_shared = shared[r_ent[pair_first]] & pair_is_pod
     entity = r_ent[hold_first].astype(np.int64)
     del pair_first
-    step_act, pod_act = _activity(samples, rows, r_ent, r_step, pair, n_pair, len(dur))
-    del rows, r_ent, r_step, pair
-    act = _pair_activity(step_act, pod_act, pair_step, pair_is_pod, pair_shared)
-    del step_act, pair_is_pod, pair_shared
+    act, own = _pair_activities(samples.metric, samples.pod_uid, samples.value, rows, r_ent, r_step, pair, pair_step,
+                                pair_is_pod, pair_shared, len(dur), int(Metric.GR_ENGINE_ACTIVE), int(Metric.GPU_UTIL))
+    del rows, r_ent, r_step, pair, pair_is_pod, pair_shared
     measured = ~np.isnan(act)
     pair_dur = dur[pair_step]
     out = Tenures(
@@ -133,7 +133,7 @@ def tenures(samples: Samples, ent: np.ndarray, shared: np.ndarray, start: int, e
         act_s=np.bincount(pair_hold, weights=np.where(measured, pair_dur, 0.0), minlength=n_hold),
         act_integral=np.bincount(pair_hold, weights=np.where(measured, act * pair_dur, 0.0), minlength=n_hold),
         replicas=replicas,
-        per_pod_activity=np.bincount(pair_hold, weights=~np.isnan(pod_act), minlength=n_hold) > 0,
+        per_pod_activity=np.bincount(pair_hold, weights=own, minlength=n_hold) > 0,
     )
     return _with_dark(out, dur, step_live, step_ent)
 
@@ -166,25 +166,25 @@ def _replicas(hold: np.ndarray, vgpu: np.ndarray, n_hold: int) -> np.ndarray:
     return np.bincount(hold[vg][vfirst], minlength=n_hold) if len(vfirst) else np.zeros(n_hold, np.int64)
 
 
-def _activity(samples: Samples, rows: np.ndarray, r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray,
-              n_pair: int, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _activity(metric: np.ndarray, pod_uid: np.ndarray, value: np.ndarray, rows: np.ndarray, r_ent: np.ndarray,
+              r_step: np.ndarray, pair: np.ndarray, n_pair: int, n_steps: int, gr: int,
+              util: int) -> tuple[np.ndarray, np.ndarray]:
     """Each step's device activity, and each (holding, step) pair's own per-process activity
     (NaN where none). Device activity is DCGM_FI_PROF_GR_ENGINE_ACTIVE where the entity has it,
     else GPU_UTIL/100. Values are read only for the rows that give one."""
-    metric = samples.metric[rows]
-    is_gr = metric == Metric.GR_ENGINE_ACTIVE
-    is_util = metric == Metric.GPU_UTIL
-    del metric
+    kind = metric[rows]
+    is_gr, is_util = kind == gr, kind == util
+    del kind
     ent_has_gr = np.zeros(int(r_ent.max()) + 1 if len(r_ent) else 0, dtype=bool)
     ent_has_gr[r_ent[is_gr]] = True
-    own = samples.pod_uid[rows] >= 0  # per-process series of one pod on a shared device
+    own = pod_uid[rows] >= 0  # per-process series of one pod on a shared device
     dev = np.flatnonzero((is_gr | (is_util & ~ent_has_gr[r_ent])) & ~own)
     mine = np.flatnonzero(is_util & own)
     del is_gr, own
-    value = samples.value[rows[dev]]
-    step_act = _mean_by(r_step[dev], np.where(is_util[dev], value / 100.0, value), n_steps)
-    del value
-    return step_act, _mean_by(pair[mine], samples.value[rows[mine]] / 100.0, n_pair, reduce_sum=True)
+    read = value[rows[dev]]
+    step_act = _mean_by(r_step[dev], np.where(is_util[dev], read / 100.0, read), n_steps)
+    del read
+    return step_act, _mean_by(pair[mine], value[rows[mine]] / 100.0, n_pair, reduce_sum=True)
 
 
 def _pair_activity(step_act: np.ndarray, pod_act: np.ndarray, pair_step: np.ndarray, pair_is_pod: np.ndarray,
@@ -196,6 +196,71 @@ def _pair_activity(step_act: np.ndarray, pod_act: np.ndarray, pair_step: np.ndar
     split = act / np.maximum(holders_in_step[pair_step], 1)
     del holders_in_step
     return np.where(pair_shared, np.where(np.isnan(pod_act), split, pod_act), act)
+
+
+def _pair_activities_reference(metric: np.ndarray, pod_uid: np.ndarray, value: np.ndarray, rows: np.ndarray,
+                               r_ent: np.ndarray, r_step: np.ndarray, pair: np.ndarray, pair_step: np.ndarray,
+                               pair_is_pod: np.ndarray, pair_shared: np.ndarray, n_steps: int, gr: int,
+                               util: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_pair_activities` the plain way, with numpy's arrays per row."""
+    step_act, pod_act = _activity(metric, pod_uid, value, rows, r_ent, r_step, pair, len(pair_step), n_steps, gr, util)
+    return _pair_activity(step_act, pod_act, pair_step, pair_is_pod, pair_shared), ~np.isnan(pod_act)
+
+
+@kernel(interpreted=_pair_activities_reference)
+def _pair_activities(metric, pod_uid, value, rows, r_ent, r_step, pair,  # noqa: ANN001, ANN201
+                     pair_step, pair_is_pod, pair_shared, n_steps, gr, util):
+    """Each (holding, step) pair's activity, and whether the holding's own per-process series gave
+    it one: `_pair_activity(*_activity(...))` in one pass over the holders' rows, with no array
+    per row (at 100,000 GPUs the row-sized arrays of the plain way were the peak of the
+    interval's computation). Sums are taken in the rows' order, as numpy's `bincount` takes them:
+    the figures are the same to the bit (tests/enrich/test_timeline_kernels.py). Interpreted
+    kernels run the plain way, which Python runs faster than this loop."""
+    n_ent = 0
+    for i in range(len(rows)):
+        n_ent = max(n_ent, r_ent[i] + 1)
+    has_gr = np.zeros(n_ent, np.bool_)
+    for i in range(len(rows)):
+        if metric[rows[i]] == gr:
+            has_gr[r_ent[i]] = True
+    n_pair = len(pair_step)
+    step_act, count = np.zeros(n_steps), np.zeros(n_steps, np.int32)  # sums and counts, then the means
+    act, own_n = np.zeros(n_pair), np.zeros(n_pair, np.int32)  # first the sums of pairs' own series
+    for i in range(len(rows)):
+        row = rows[i]
+        kind, mine = metric[row], pod_uid[row] >= 0
+        if kind == util and mine:
+            act[pair[i]] += value[row] / 100.0
+            own_n[pair[i]] += 1
+        elif (kind == gr or (kind == util and not has_gr[r_ent[i]])) and not mine:
+            step_act[r_step[i]] += value[row] / 100.0 if kind == util else value[row]
+            count[r_step[i]] += 1
+    for k in range(n_steps):
+        step_act[k] = step_act[k] / count[k] if count[k] else np.nan
+        count[k] = 0  # from here on: the holders present in each step
+    for j in range(n_pair):
+        if pair_is_pod[j]:
+            count[pair_step[j]] += 1
+    own = np.empty(n_pair, np.bool_)
+    for j in range(n_pair):
+        k = pair_step[j]
+        own[j] = own_n[j] > 0 and not np.isnan(act[j])  # a NaN sum is no figure, as the plain way reads it
+        if not pair_shared[j]:
+            act[j] = step_act[k]
+        elif not own[j]:
+            act[j] = step_act[k] / max(count[k], 1.0)
+    return act, own
+
+
+def warm_up() -> str:
+    """Compile (or load from numba's cache) the pass over the holders' rows for the columns the
+    join hands it (4-byte row numbers); returns how it was (otelgpu.core.jit.how_loaded)."""
+    from otelgpu.core.jit import how_loaded
+
+    one, no = np.zeros(1, np.int32), np.zeros(1, bool)
+    _pair_activities(np.zeros(1, np.int16), one, np.zeros(1), one, one, one, one, one, no, no, 1,
+                     int(Metric.GR_ENGINE_ACTIVE), int(Metric.GPU_UTIL))
+    return how_loaded(_pair_activities)
 
 
 def _with_dark(held: Tenures, dur: np.ndarray, step_live: np.ndarray, step_ent: np.ndarray) -> Tenures:
