@@ -531,8 +531,9 @@ class _AttrSets:
     index is reused by the next new set. A set is kept as the ids of its pairs (4 bytes a pair), in
     a reference-counted pair table: no tuple per set (`value` builds one), and a checkpoint writes
     the sets as arrays without visiting their pairs (the pairs' strings numbered once for every
-    checkpoint until a pair comes or goes). Each set also has a serial that no other set of the process has
-    had, so that what a snapshot's sets became elsewhere (the queue's attribute log) is found by it.
+    checkpoint until a pair comes or goes). Each set also has a serial that no other set of the
+    process has had, so that what a snapshot's sets became elsewhere (the queue's attribute log)
+    is found by it.
 
     A set that series name by their parts (`Extended`: a base set and the attributes added to it)
     is also found by them: each set keeps the numbers of the last parts that named it, a base and
