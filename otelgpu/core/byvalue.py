@@ -12,9 +12,10 @@ class ByValue:
     (its entry, its slot and an int object for the index: 35 MiB for the 570,000 attribute sets
     of 100,000 GPUs); this takes 12-20. Readable reference: a dict (tests/test_series.py).
 
-    `find` takes no lock: under the interpreter's lock each read of the arrays is whole, a probe
-    that races a `put` misses the new value at worst (a caller that must not miss it looks again
-    under its own lock), and a value is only ever found where it is equal."""
+    `find` takes no lock: under the interpreter's lock each read of the arrays is whole, a table
+    grown anew is filled before it replaces the old one, so a probe that races a `put` misses the
+    value being put at worst (a caller that must not miss it looks again under its own lock), and
+    a value is only ever found where it is equal."""
 
     EMPTY, GONE = -1, -2  # a slot never used; one whose value was removed (probes go on past it)
 
@@ -61,19 +62,23 @@ class ByValue:
         """Every index in the table."""
         return [index for index in self._slots if index >= 0]
 
-    def _place(self, index: int, hashed: int) -> None:
-        mask = len(self._slots) - 1
+    def _place(self, index: int, hashed: int, slots: Optional[array] = None) -> None:
+        """Put `index` in the first free slot of its probe in `slots` (the table's by default)."""
+        slots = self._slots if slots is None else slots
+        mask = len(slots) - 1
         at = hashed & mask
-        while self._slots[at] >= 0:
+        while slots[at] >= 0:
             at = (at + 1) & mask
-        self._used += self._slots[at] == self.EMPTY
-        self._slots[at] = index
+        self._used += slots[at] == self.EMPTY
+        slots[at] = index
         self._live += 1
 
     def _rebuild(self, size: int) -> None:
-        """`size` slots (a power of two), the live indices placed again and no slot GONE."""
+        """`size` slots (a power of two), the live indices placed again and no slot GONE. The new
+        slots are filled before they replace the old: a `find` meanwhile reads whole tables only."""
         live = self.indices()
-        self._slots = array("i", [self.EMPTY]) * size
+        slots = array("i", [self.EMPTY]) * size
         self._live = self._used = 0
         for index in live:
-            self._place(index, self._hashes[index])
+            self._place(index, self._hashes[index], slots)
+        self._slots = slots

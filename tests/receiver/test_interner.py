@@ -3,6 +3,7 @@ and renumbered in their order by a compaction."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -61,3 +62,36 @@ def test_threads_interning_at_once_give_each_string_one_code() -> None:
     assert sorted(got[1]) == list(range(len(texts)))
     assert [strings.string(c) for c in got[1]] == texts
     assert [strings.find(t) for t in texts] == got[1]
+
+
+def test_a_string_interned_before_is_found_while_other_threads_grow_the_table() -> None:
+    """`find` takes no lock: while another thread interns enough strings to grow the index again
+    and again, every string interned before is found, at its code, every time it is looked up."""
+    strings = Interner()
+    known = [f"node-{k}" for k in range(3000)]
+    codes = [strings.code(t) for t in known]
+    done, missed = threading.Event(), []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the interpreter's lock over as often as it will
+
+    def grow() -> None:
+        try:
+            for k in range(150_000):
+                strings.code(f"pod-{k}")
+        finally:
+            done.set()
+
+    def look() -> None:
+        while not done.is_set():
+            missed.extend(t for t, c in zip(known, codes) if strings.find(t) != c)
+
+    threads = [threading.Thread(target=grow), threading.Thread(target=look)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not missed
+    assert len(strings) == 153_000
