@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -78,6 +78,14 @@ def string_arrays(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         return text_arrays([text.encode("utf-8", "surrogatepass") for text in strings])
     return (np.frombuffer(joined.encode("ascii"), np.uint8),
             np.cumsum(np.fromiter(map(len, strings), np.int64, len(strings))))
+
+
+def string_ids(texts: Iterable[str], count: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each of `texts` as the id of its string (uint32) in a table of every string once, in the
+    order first met, and that table as `string_arrays` writes it. `count`: how many texts, if known."""
+    ids: dict[str, int] = {}
+    codes = np.fromiter((ids.setdefault(text, len(ids)) for text in texts), np.uint32, count)
+    return (codes, *string_arrays(list(ids)))
 
 
 def texts_of(blob: Any, ends: Any) -> list[str]:

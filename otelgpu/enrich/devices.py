@@ -13,11 +13,12 @@ it (drained, scaled in); a node only DCGM ever showed is remembered for `memory_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from otelgpu.checkpoint import string_arrays, texts_of
+from otelgpu.checkpoint import string_ids, texts_of
 from otelgpu.core.grouping import group_ids
 from otelgpu.enrich.samples import Samples
 from otelgpu.receiver.interner import Interner
@@ -126,16 +127,10 @@ class DeviceMemory:
 
     def state(self) -> dict[str, np.ndarray]:
         """Every node as arrays: its name and each field of its entities in turn as ids in one
-        table of strings (`checkpoint.string_arrays`), when it was seen, and where its entities end."""
-        ids: dict[str, int] = {}
-
-        def code(text: str) -> int:  # each string's id, given on first sight
-            return ids.setdefault(text, len(ids))
-
+        table of strings (`checkpoint.string_ids`), when it was seen, and where its entities end."""
         nodes = self._nodes.values()
-        names = np.fromiter(map(code, self._nodes), np.uint32, len(self._nodes))
-        fields = np.fromiter((code(f) for n in nodes for f in n.entities), np.uint32)
-        strings, string_ends = string_arrays(list(ids))
+        codes, strings, string_ends = string_ids(chain(self._nodes, (f for n in nodes for f in n.entities)))
+        names, fields = codes[:len(self._nodes)], codes[len(self._nodes):]
         return {"names": names, "seen_ns": np.fromiter((n.seen_ns for n in nodes), np.int64, len(names)),
                 "entity_ends": np.cumsum(np.fromiter((len(n.entities) // 4 for n in nodes), np.int64, len(names))),
                 "fields": fields, "strings": strings, "string_ends": string_ends}

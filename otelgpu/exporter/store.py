@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
-from otelgpu.checkpoint import string_arrays, texts_of
+from otelgpu.checkpoint import string_ids, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.byvalue import ByValue
 from otelgpu.core.state import Undo, nothing_to_undo
@@ -845,10 +845,8 @@ class _Pairs(_Counted):
         (each once, in the order the pairs name them first) as UTF-8 bytes and where each ends.
         Built again only once a pair has come or gone (the arrays are shared: do not change them)."""
         if self._encoded is None:
-            ids: dict[str, int] = {}
-            texts = np.fromiter((ids.setdefault(text, len(ids)) for kv in self._pairs for text in kv), np.uint32,
-                                2 * len(self._pairs)).reshape(-1, 2)
-            self._encoded = (texts, *string_arrays(list(ids)))
+            codes, strings, ends = string_ids((text for kv in self._pairs for text in kv), 2 * len(self._pairs))
+            self._encoded = (codes.reshape(-1, 2), strings, ends)
         return self._encoded
 
     def _key(self, index: int) -> tuple[str, str]:
