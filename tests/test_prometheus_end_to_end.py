@@ -21,6 +21,7 @@ from support import eventually, feed
 
 from otelgpu.alerts import AlertsConfig, rule_groups
 from otelgpu.config import parse_config
+from otelgpu.core.months import month
 from otelgpu.enrich.window import NS
 from otelgpu.exporter.remote_write import requests_reference
 from otelgpu.pipeline import Pipeline
@@ -41,8 +42,9 @@ INSTANCE = "i-0123456789abcdef0"  # gpu-1's EC2 instance
 TOTALS = 'sum by (cost_model, team) (max_over_time(gpu_cost_allocated_total{{cluster="{cluster}"}}[2h]))'
 
 
-def scenario() -> Cluster:
-    t0_s = int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
+def scenario(t0_s: int = 0) -> Cluster:
+    """The cluster's hour from `t0_s`, by default the last hour."""
+    t0_s = t0_s or int(time.time()) // INTERVAL_S * INTERVAL_S - 3600
     node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(4)],
                 capacity={"nvidia_com_gpu": 4}, provider_id=f"aws:///us-east-1a/{INSTANCE}")
     pods = [Pod("ml", "train", "gpu-1", labels={"team": "vision"}, cpu=8, memory_gib=64, gpu=("nvidia_com_gpu", 2),
@@ -110,10 +112,17 @@ def test_remote_write_totals_read_back_with_promql(prometheus: PrometheusServer)
     assert capacity == pytest.approx(4 * 12 * PER_INTERVAL)
 
 
-def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) -> None:
-    c = scenario()
+# 2026-10-31 23:30 UTC: the outage below (from 20 to 45 minutes) spans the end of October. A fresh
+# Prometheus takes samples of any age until its head holds some.
+MONTH_END_S = 1_793_489_400
+
+
+@pytest.mark.parametrize("t0_s", [0, MONTH_END_S], ids=["last_hour", "across_a_month_end"])
+def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer, t0_s: int) -> None:
+    c = scenario(t0_s)
     doc = config("outage", prometheus.write_url, queue_size=3)
-    config_ = parse_config({**doc, "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
+    config_ = parse_config({**doc, "receiver": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False},
+                                                "max_point_age_seconds": 0},
                             "exporter": {**doc["exporter"], "prometheus": {"enabled": False}}})
     p = Pipeline(config_, serve_receivers=False, keep_ended=True)
     feed(p, *c.scrapes(60, 1200))
@@ -148,6 +157,22 @@ def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer) ->
             teams[team] = teams.get(team, 0.0) + r["BilledCost"]
     assert teams == pytest.approx({team: v for (m, team), v in expected.items() if m == "request"}, rel=1e-12)
     assert sum(r["BilledCost"] for r in rows) == pytest.approx(hour_capacity(p, "request"), rel=1e-12)
+    # Each month's bill holds its own capacity: the queue merged no snapshots across the month's end.
+    months: dict[float, float] = {}
+    for r in rows:
+        months[r["BillingPeriodStart"]] = months.get(r["BillingPeriodStart"], 0.0) + r["BilledCost"]
+    assert months == pytest.approx({start: hour_capacity(p, "request") * seconds / 3600
+                                    for start, seconds in month_seconds(t0, t0 + 3600).items()}, rel=1e-12)
+
+
+def month_seconds(start: float, end: float) -> dict[float, float]:
+    """The seconds of [start, end) in each calendar month (UTC), by the month's first second."""
+    out: dict[float, float] = {}
+    while start < end:
+        first, after = month(start)
+        out[first] = min(end, after) - start
+        start = after
+    return out
 
 
 def hour_capacity(p: Pipeline, model: str) -> float:

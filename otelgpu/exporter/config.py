@@ -16,8 +16,8 @@ from otelgpu.core.settings import (LABEL_NAME, STRICT, ClientTLSConfig, ServerAu
 @dataclass(config=STRICT)
 class DeliveryConfig:
     """An exporter's queue and retries. Each closed interval queues one snapshot of the cumulative
-    series; when `queue_size` snapshots wait, the two oldest are merged (newest value per series),
-    which costs time resolution during an outage but never money."""
+    series; when `queue_size` snapshots wait, the two oldest in one calendar month are merged
+    (newest value per series), which costs time resolution during an outage but never money."""
 
     queue_size: int = Field(60, ge=2, le=10_000)
     backoff_initial_seconds: float = Field(1.0, gt=0, le=300)

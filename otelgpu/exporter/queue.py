@@ -8,11 +8,11 @@ writes it later, oldest first. *Persisted*, it waits for the pipeline's checkpoi
 process continues from.
 
 The queue holds at most `size` snapshots: past it, the two oldest that nothing was sent of (both
-released, or both still unpersisted) are merged (newest value per series), so an outage costs time
-resolution, never money. A snapshot the backend refused for good is carried: each of its
-cumulative series' last value, and its end marker where it ended, goes into the next released
-snapshot, stamped at that one's end (the value 1 ms before), where a newer value of the same series
-supersedes it.
+released, or both still unpersisted) and that lie in one calendar month are merged (newest value
+per series), so an outage costs time resolution, never money, and moves no money into another
+month's bill. A snapshot the backend refused for good is carried: each of its cumulative series'
+last value, and its end marker where it ended, goes into the next released snapshot, stamped at
+that one's end (the value 1 ms before), where a newer value of the same series supersedes it.
 
 The pipeline's thread adds, persists and releases; the exporter's thread takes the head and says
 how its send went (`sent`); both under `cond`."""
@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from otelgpu.core.months import month_ending, one_month
 from otelgpu.exporter.columns import Point, Points, last_of_each, merge, restamped
 from otelgpu.exporter.outbox import Outbox
 from otelgpu.exporter.sending import Progress, SendResult
@@ -207,13 +208,27 @@ class SnapshotQueue:
             return not (index == 0 and self.in_flight)
         return not older.persisted and not newer.persisted
 
+    def _to_merge(self) -> Optional[int]:
+        """The older of the two oldest snapshots that may be merged and cover one calendar month
+        together, so that each month's bill reads its own money (a merged snapshot stamps its
+        series' values at its end). Across months only when the queue holds more months than
+        snapshots it may (an outage of months); otherwise a month's pair that may not be merged
+        yet (in flight, not released) will be, and the queue waits over its bound till then."""
+        entries = self._entries
+        mergeable = [i for i in range(len(entries) - 1) if self._mergeable(i)]
+        within = (i for i in mergeable if one_month(entries[i].from_ns, entries[i + 1].end_ns))
+        index = next(within, None)
+        if index is None and mergeable and len({month_ending(e.end_ns) for e in entries}) > self.size:
+            index = mergeable[0]
+        return index
+
     def _bound(self) -> None:
-        """Merge the two oldest snapshots that may be while more than `size` wait. On disk the
-        merged snapshot replaces the newer file before the older one goes, naming it as absorbed:
-        after a crash in between, recover() deletes the older file."""
+        """Merge two snapshots (`_to_merge`) while more than `size` wait. On disk the merged
+        snapshot replaces the newer file before the older one goes, naming it as absorbed: after a
+        crash in between, recover() deletes the older file."""
         entries = self._entries
         while len(entries) > self.size:
-            index = next((i for i in range(len(entries) - 1) if self._mergeable(i)), None)
+            index = self._to_merge()
             if index is None:  # only persisted unreleased or started snapshots: nothing may be merged yet
                 return
             merged = merge(entries[index].snapshot, entries[index + 1].snapshot)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Iterator, Optional, TextIO
 
+from otelgpu.core.months import month
 from otelgpu.core.settings import TAG_NAMES
 from otelgpu.report.promql import Labels, PromClient
 from otelgpu.report.showback import LOOKBACK_S, NAMES, increases_by_period
@@ -257,12 +258,12 @@ def _balanced(origins: dict[tuple[int, str, str], Origin]) -> int:
         while start < len(periods):
             first = periods[start][1]
             gap, capacity, end = _gap(first), first.capacity, start
-            month = _month(first.start)
+            first_month = month(first.start)
             while abs(gap) > TOLERANCE * max(capacity, 1e-300):
                 end += 1
                 # Periods without any series in between are spanned: an outage leaves such holes.
                 if end == len(periods) or periods[end][0] - periods[start][0] >= MAX_MERGED \
-                        or _month(periods[end][1].start) != month:
+                        or month(periods[end][1].start) != first_month:
                     end = start  # not within reach: this period stays apart
                     break
                 gap += _gap(periods[end][1])
@@ -334,7 +335,7 @@ def rows(data: Dataset, provider: Provider, currency: str = "USD") -> Iterable[d
         cost, hours = o.cost, o.gpu_seconds / 3600.0
         policy = o.labels.get("idle_policy", "")
         account = provider.billing_account_id or o.cluster or "otelgpu"
-        period = _month(o.start)
+        period = month(o.start)
         node = {"instance_type": o.labels.get("instance_type", ""), "capacity_type": o.labels.get("capacity_type", "")}
         billed = o.effective_cost is not None
         factor = o.factor
@@ -426,13 +427,6 @@ def _description(origin: Origin, charge: Charge, cost_model: str, node: dict[str
     if charge.kind == "holder":
         return f"{scope} of {what} held by {_resource_name(charge)} ({cost_model} allocation)"
     return f"{scope} of {what}: {UNHELD[charge.kind]} ({cost_model} allocation)"
-
-
-def _month(time_s: float) -> tuple[float, float]:
-    moment = datetime.fromtimestamp(time_s, timezone.utc)
-    first = datetime(moment.year, moment.month, 1, tzinfo=timezone.utc)
-    after = datetime(moment.year + moment.month // 12, moment.month % 12 + 1, 1, tzinfo=timezone.utc)
-    return first.timestamp(), after.timestamp()
 
 
 def _text(column: str, value: object) -> str:
