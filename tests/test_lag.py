@@ -113,7 +113,7 @@ def test_lag_gauges_advance_as_intervals_close_and_deliver_and_delivery_stops_wh
             newest = max(dp.time_unix_nano for r in sink.received for m in r.request.resource_metrics[0]
                          .scope_metrics[0].metrics for dp in (m.sum.data_points or m.gauge.data_points))
             assert newest == c.t0 + 540 * NS
-            (_, stored), = prometheus.query("max(timestamp(gpu_cost_capacity_total))")
+            (_, stored), = prometheus.query("max(timestamp(gpu_cost_capacity_total))", c.t0 / NS + 600)
             assert stored == c.t0 / NS + 540
     finally:
         p.shutdown()

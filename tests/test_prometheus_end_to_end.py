@@ -134,6 +134,7 @@ def test_outage_of_the_remote_end_loses_nothing(prometheus: PrometheusServer, t0
     prometheus.start(port=prometheus.port)  # back, same address and data
     feed(p, *c.scrapes(60, 3600, from_s=2700))
     p.shutdown()
+    assert not by_label(p.metrics.points_rejected)  # the hour is all there: no clock refused a point
     assert not by_label(p.metrics.export_snapshots_dropped)
     expected = p.store.totals("allocated", ("cost_model", "team"))
     assert totals(prometheus, "outage", c.t0 / NS + 3600) == pytest.approx(expected, rel=1e-12)

@@ -63,8 +63,9 @@ class Joiner:
             facts = _one_node(facts, only_node, without_pods)
         scope = Scope(self.strings, facts, start_ns, end_ns, use or {})
         claims = Claims(scope, self.hardware)
-        units = reported(samples, scope, self.hardware, memory)
-        del samples  # read: what DCGM reported is `units` now (with `memory`, without the samples)
+        handed = [samples]  # the join lets the samples go while `reported` reads them: it lets go of
+        del samples  # what it has read (with `memory`, all of them); what DCGM reported is `units` now
+        units = reported(handed.pop(), scope, self.hardware, memory)
         whole = units.whole_gpus(scope) if claims else {}
         if claims.sharing.claims:
             claims.admit_grants(units, whole)

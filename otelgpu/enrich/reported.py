@@ -21,7 +21,7 @@ from otelgpu.enrich.holdings import GPU, MIG
 from otelgpu.enrich.nodes import NodeInfo, node_info
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.scope import Scope
-from otelgpu.enrich.timeline import Entities, Tenures, dedupe, entities_of, tenures
+from otelgpu.enrich.timeline import Entities, Readings, Tenures, dedupe, entities_of, tenures
 
 
 @dataclass
@@ -151,12 +151,17 @@ def reported(samples: Samples, scope: Scope, hardware: Hardware, memory: Callabl
     has_vgpu[entity[samples.vgpu >= 0]] = True
     replicas = np.array([info.replicas for info in infos], np.int64)[node]
     shared = (replicas > 1) | has_vgpu | _held_by_several(samples, entity, n_entity)
-    held = tenures(samples, entity, shared, scope.start_ns, scope.end_ns)
+    # Where the framebuffer's samples come from `memory`, nothing after the timeline reads the
+    # samples (the close's largest arrays): it is handed the columns it reads, the rest let go.
+    kept, kept_entity = (samples, entity) if memory is None else (None, None)
+    readings = Readings.of(samples)
+    del samples
+    if memory is not None:  # entity ids in 4 bytes where they fit (an 8-byte copy is not kept)
+        entity = entity.astype(np.int32 if n_entity < 2**31 else np.int64)
+    held = tenures(readings, entity, shared, scope.start_ns, scope.end_ns)
+    del readings, entity
     gpu, gpu_first = group_ids(entities.node, entities.uuid)
     fraction, kind = _base_fractions(scope, hardware, entities, gpu)
-    # Where the framebuffer's samples come from `memory`, nothing after this reads the samples:
-    # they are not kept (the close's largest arrays).
-    kept, kept_entity = (samples, entity) if memory is None else (None, None)
     return Reported(kept, kept_entity, entities, held, names, infos, node, shared, replicas, gpu, gpu_first,
                     fraction, kind, scope.indices(scope.profiles, entities.profile), memory)
 

@@ -18,7 +18,7 @@ from otelgpu.enrich.reported import Reported
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich import steps as steps_module
 from otelgpu.enrich.steps import PRESENT_METRIC, LabelTable, Steps, _ordered, unpack_reference
-from otelgpu.enrich.timeline import dedupe, entities_of, tenures
+from otelgpu.enrich.timeline import Readings, dedupe, entities_of, tenures
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.enrich.window import NS, Windows
 from otelgpu.receiver.decode import PointBatch, empty_batch
@@ -215,7 +215,7 @@ def reading(samples: Samples, memory: Callable[[], Samples] | None = None) -> tu
     samples = dedupe(samples)
     entity, entities = entities_of(samples)
     shared = (entities.uuid == 2)  # the MIG GPU's instances, time-shared
-    held = tenures(samples, entity, shared, 0, 60 * NS)
+    held = tenures(Readings.of(samples), entity, shared, 0, 60 * NS)
     names = list(zip(entities.node.tolist(), entities.uuid.tolist(), entities.gi.tolist(), entities.profile.tolist(),
                      entities.model.tolist()))
     out = {(names[e], ns, pod): (h, a, i, r, p) for e, ns, pod, h, a, i, r, p in zip(
