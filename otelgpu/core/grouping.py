@@ -36,14 +36,15 @@ class Numbering(Generic[T]):
         return len(self.values)
 
 
-def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ids of the distinct tuples of `cols` (row-wise) and the index of each tuple's first row.
+def group_ids(*cols: np.ndarray, dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of the distinct tuples of `cols` (row-wise) and the index of each tuple's first row,
+    both as `dtype` (np.int32 where the caller knows the rows fit: no 8-byte copy is made).
     Ids number the tuples in lexicographic order, as `np.unique(..., axis=0)` does
     (`group_ids_reference`): the columns are packed into as few int64 keys as their ranges allow
     and sorted once, instead of sorting rows as records."""
     n_row = len(cols[0])
     if not n_row:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.zeros(0, dtype), np.zeros(0, dtype)
     # Each temporary is let go as soon as it is read: the join of 100,000 GPUs' samples groups
     # millions of rows, and what is held at once is the close's peak.
     keys = _packed(cols)
@@ -55,13 +56,13 @@ def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         change[1:] |= ordered[1:] != ordered[:-1]
         del ordered
     starts = np.flatnonzero(change)
-    ids = np.cumsum(change, dtype=np.int64)
+    ids = np.cumsum(change, dtype=dtype)
     del change
     ids -= 1
-    inverse = np.empty(n_row, np.int64)
+    inverse = np.empty(n_row, dtype)
     inverse[order] = ids
     del ids
-    return inverse, np.minimum.reduceat(order, starts).astype(np.int64, copy=False)
+    return inverse, np.minimum.reduceat(order, starts).astype(dtype, copy=False)
 
 
 def group_ids_reference(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

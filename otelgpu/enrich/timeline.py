@@ -98,8 +98,7 @@ def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int,
            ids: type) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each distinct (entity, time) step's duration in seconds, each row's step (as `ids`), each
     step's entity."""
-    row_step, first = group_ids(ent, time_ns)
-    row_step = row_step.astype(ids, copy=False)
+    row_step, first = group_ids(ent, time_ns, dtype=ids)
     st_ent, st_t = ent[first].astype(np.int64), time_ns[first].astype(np.int64)
     nxt = np.empty_like(st_t)
     nxt[:-1] = st_t[1:]
@@ -130,10 +129,10 @@ def tenures(samples: Readings, ent: np.ndarray, shared: np.ndarray, start: int, 
     r_ns = np.where(by_pod, samples.namespace[rows], NONE)
     r_pod = np.where(by_pod, samples.pod[rows], NONE)
     del by_pod
-    hold, hold_first = (c.astype(ids) for c in group_ids(r_ent, r_ns, r_pod))
+    hold, hold_first = group_ids(r_ent, r_ns, r_pod, dtype=ids)
     holder_ns, holder_pod = r_ns[hold_first], r_pod[hold_first]
     del r_ns
-    pair, pair_first = (c.astype(ids) for c in group_ids(hold, r_step))
+    pair, pair_first = group_ids(hold, r_step, dtype=ids)
     n_hold = len(hold_first)
     pair_is_pod = r_pod[pair_first] >= 0
     del r_pod

@@ -32,6 +32,9 @@ def test_same_ids_and_first_rows_as_unique_rows(seed, n, kinds):
     want_ids, want_first = group_ids_reference(*cols)
     assert ids.tolist() == want_ids.tolist()
     assert first.tolist() == want_first.tolist()
+    narrow = group_ids(*cols, dtype=np.int32)  # what a caller whose rows fit in 4 bytes asks for
+    assert [a.dtype for a in narrow] == [np.int32, np.int32]
+    assert narrow[0].tolist() == want_ids.tolist() and narrow[1].tolist() == want_first.tolist()
 
 
 def test_many_narrow_columns_need_several_keys():
