@@ -16,6 +16,7 @@ from otelgpu.attribution.models import Packed
 from otelgpu.checkpoint import texts_of
 from otelgpu.core.attrs import Extended, with_attrs
 from otelgpu.core.byvalue import ByValue
+from otelgpu.enrich.attributes import SeriesAttributes
 from otelgpu.errors import ConfigError
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import total
@@ -341,3 +342,28 @@ def test_a_sum_restored_quiet_longer_than_this_run_ends_series_after_ends_at_the
         CostStore().restore(state)
     with pytest.raises(ValueError, match="end_after_intervals"):
         CostStore(end_after_intervals=10_001)
+
+
+def test_the_join_names_holders_by_the_store_s_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the store holds a pod's scad series (CPU and memory, named by the pod's attributes),
+    each later interval's join names the pod by the store's set rather than a copy of its own."""
+    named: list = []
+    holder = SeriesAttributes._holder
+
+    def recorded(self, *args):  # noqa: ANN001, ANN202
+        known = holder(self, *args)
+        named.append(known[0])
+        return known
+    monkeypatch.setattr(SeriesAttributes, "_holder", recorded)
+    node = Node("gpu-1", "p4d.24xlarge", 96, 1152, units=[Unit(f"GPU-{i}", A100) for i in range(2)],
+                capacity={"nvidia_com_gpu": 2})
+    pods = [Pod("ml", f"train-{i}", "gpu-1", labels={"team": "vision"}, cpu=8, memory_gib=64,
+                gpu=("nvidia_com_gpu", 1), holds=(f"GPU-{i}",), activity=0.5) for i in range(2)]
+    p = offline_pipeline(make_config(attribution__interval_seconds=300, attribution__cost_models=["scad"],
+                                     attribution__prices__gpu_hour_by_gpu_model={A100: 12.0}))
+    feed(p, *Cluster([node], pods).scrapes(60, 1800))
+    p.close_due()
+    pods_named = [attrs for attrs in named if dict(attrs).get("pod")]
+    later = pods_named[len(pods_named) // 2:]  # intervals after the store met each pod
+    # An equal copy looked up in the store gives the very object the join named the pod by.
+    assert later and all(p.store.kept(tuple(list(attrs))) is attrs for attrs in later)

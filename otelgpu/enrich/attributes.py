@@ -36,6 +36,7 @@ class SeriesAttributes:
         this interval's copy."""
         self.scope, self.tags = scope, tags
         self.sets: Numbering[Attrs] = Numbering(kept=kept)
+        self._kept = kept if kept is not None else (lambda attrs: attrs)
         # What the models read of each set, as typed columns (at 100,000 GPUs some 200,000 sets a
         # join: Python lists of numbers, a tuple of three per holder and one of flags per set took
         # some 15 MiB more while the interval was computed)
@@ -89,7 +90,9 @@ class SeriesAttributes:
             attrs, found, final = self._holder_attrs(self.scope.holders.values[holder], ATTRIBUTIONS[attribution],
                                                      self.node_sets.values[node_set])
             bits = sum(1 << tag for tag, given in enumerate(found) if given)
-            known = self._holders[key] = (attrs_of(attrs), bits, ATTRIBUTIONS.index(final))
+            # the store's equal set where it has one (a pod's scad series are named by it): at
+            # 100,000 GPUs a copy per holder took some 20 MiB at the interval's peak
+            known = self._holders[key] = (self._kept(attrs_of(attrs)), bits, ATTRIBUTIONS.index(final))
         return known
 
     def _holder_attrs(self, holder: PodKey, attribution: str,
