@@ -20,9 +20,10 @@ from otelgpu.errors import ConfigError
 
 def _serve(path: str) -> int:
     from otelgpu.core import jit
-    from otelgpu.heap import limit_arenas
+    from otelgpu.heap import fix_mmap_threshold, limit_arenas
 
     limit_arenas()  # before the receivers' threads allocate (otelgpu/heap.py)
+    fix_mmap_threshold()
 
     config = load_config(path)
     jit.choose(config.kernels)  # before the pipeline's modules define their kernels

@@ -5,6 +5,7 @@ interval closes."""
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,38 @@ CHILD = textwrap.dedent("""
     before = rss_mib()
     print(give_back(), before, rss_mib())
 """)
+
+
+MAPPED = textwrap.dedent("""
+    import ctypes, ctypes.util, sys
+    import numpy as np
+    from otelgpu.heap import fix_mmap_threshold
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+    mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    mallinfo2.restype = MallInfo2
+
+    fixed = fix_mmap_threshold() if sys.argv[1] == "fix" else None
+    big = np.ones(16 << 20, np.uint8)  # mapped apart; freed, glibc's own threshold rises to its size
+    del big
+    array = np.ones(4 << 20, np.uint8)  # an interval's array at 100,000 GPUs
+    print(fixed, mallinfo2().hblkhd)
+""")
+
+
+@pytest.mark.parametrize("how", ["fix", "default", "environment"])
+def test_an_interval_s_arrays_are_mapped_apart_and_unmapped_when_freed(how):
+    """With the threshold fixed, a 4 MiB array is mapped apart after a larger one was freed (glibc
+    alone would take it from a heap, its threshold risen); an operator's MALLOC_MMAP_THRESHOLD_
+    stands."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 << 20)} if how == "environment" else None
+    out = subprocess.run([sys.executable, "-c", MAPPED, "fix" if how != "default" else "no"], capture_output=True,
+                         text=True, timeout=120, check=True, env=env)
+    fixed, mapped = out.stdout.split()
+    assert fixed == {"fix": "True", "default": "None", "environment": "False"}[how]
+    assert (int(mapped) >= 4 << 20) == (how == "fix"), out.stdout
 
 
 def test_memory_freed_inside_the_heap_is_returned():
