@@ -10,9 +10,10 @@ process continues from.
 The queue holds at most `size` snapshots: past it, the two oldest that nothing was sent of (both
 released, or both still unpersisted) and that lie in one calendar month are merged (newest value
 per series), so an outage costs time resolution, never money, and moves no money into another
-month's bill. A snapshot the backend refused for good is carried: each of its cumulative series'
-last value, and its end marker where it ended, goes into the next released snapshot, stamped at
-that one's end (the value 1 ms before), where a newer value of the same series supersedes it.
+month's bill (unless it lasts more months than the queue holds snapshots). A snapshot the backend
+refused for good is carried: each of its cumulative series' last value, and its end marker where
+it ended, goes into the next released snapshot, stamped at that one's end (the value 1 ms
+before), where a newer value of the same series supersedes it.
 
 The pipeline's thread adds, persists and releases; the exporter's thread takes the head and says
 how its send went (`sent`); both under `cond`."""
