@@ -21,7 +21,7 @@ from otelgpu.enrich.holdings import GPU, MIG
 from otelgpu.enrich.nodes import NodeInfo, node_info
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.scope import Scope
-from otelgpu.enrich.timeline import Entities, Readings, Tenures, dedupe, entities_of, tenures
+from otelgpu.enrich.timeline import Entities, Readings, Tenures, dedupe, entities_of, id_type, tenures
 
 
 @dataclass
@@ -157,7 +157,7 @@ def reported(samples: Samples, scope: Scope, hardware: Hardware, memory: Callabl
     readings = Readings.of(samples)
     del samples
     if memory is not None:  # entity ids in 4 bytes where they fit (an 8-byte copy is not kept)
-        entity = entity.astype(np.int32 if n_entity < 2**31 else np.int64)
+        entity = entity.astype(id_type(n_entity))
     held = tenures(readings, entity, shared, scope.start_ns, scope.end_ns)
     del readings, entity
     gpu, gpu_first = group_ids(entities.node, entities.uuid)

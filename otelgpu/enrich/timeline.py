@@ -121,7 +121,7 @@ def tenures(samples: Readings, ent: np.ndarray, shared: np.ndarray, start: int, 
     A column is let go once read: at 100,000 GPUs an interval is a million samples, and the
     columns per sample held at once here were the interval's computation's peak.
     """
-    ids = _id_type(len(samples))  # every row, entity, step, holding and pair number is below it
+    ids = id_type(len(samples))  # every row, entity, step, holding and pair number is below it
     dur, row_step, step_ent = _steps(ent, samples.time_ns, start, end, ids)
     rows, by_pod, step_live = _holder_rows(samples, row_step, len(dur), ids)
     r_ent, r_step = ent[rows].astype(ids), row_step[rows]
@@ -173,7 +173,7 @@ def _holder_rows(samples: Readings, row_step: np.ndarray, n_steps: int,
     return rows, has_pod[rows], step_live
 
 
-def _id_type(rows: int) -> type:
+def id_type(rows: int) -> type:
     """Numbers below `rows` as 4-byte integers where they fit: the interval's samples at 100,000
     GPUs are a million rows, and a dozen columns of such numbers are held at once here."""
     return np.int32 if rows < 2**31 else np.int64
