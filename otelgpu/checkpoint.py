@@ -106,16 +106,7 @@ def encode(identity: Identity, state: Mapping[str, Any], written_ns: int) -> byt
 def encode_parts(identity: Identity, state: Mapping[str, Any], written_ns: int) -> Iterator[bytes | memoryview]:
     """The file's bytes in pieces (the arrays as views of their memory, not copies)."""
     arrays: list[np.ndarray] = []
-
-    def lift(value: Any) -> Any:  # the state with each array replaced by its place in `arrays`
-        if isinstance(value, np.ndarray):
-            arrays.append(np.ascontiguousarray(value))
-            return {"$array": len(arrays) - 1}
-        if isinstance(value, Mapping):  # arrays sit in mappings; lists are written as they are
-            return {k: lift(v) for k, v in value.items()}
-        return value
-
-    doc = lift({"cluster": identity.cluster, "currency": identity.currency, "written_ns": written_ns, **state})
+    doc = _lift({"cluster": identity.cluster, "currency": identity.currency, "written_ns": written_ns, **state}, arrays)
     offset, layout = 0, []
     for a in arrays:
         if a.dtype.kind not in ARRAY_KINDS:
@@ -133,6 +124,33 @@ def encode_parts(identity: Identity, state: Mapping[str, Any], written_ns: int) 
         digest.update(piece)
     yield f"{FORMAT} v{VERSION} sha256={digest.hexdigest()}\n".encode()
     yield from pieces
+
+
+# `_lift` and `_lower` are functions of the module, not closures: a closure that calls itself is a
+# reference cycle, and what it closes over (every array of a checkpoint, 100 MiB and more at
+# 100,000 GPUs) would then wait for the cyclic collector, which is off while an interval closes.
+
+
+def _lift(value: Any, arrays: list[np.ndarray]) -> Any:
+    """`value` with each array appended to `arrays` and replaced by its place there."""
+    if isinstance(value, np.ndarray):
+        arrays.append(np.ascontiguousarray(value))
+        return {"$array": len(arrays) - 1}
+    if isinstance(value, Mapping):  # arrays sit in mappings; lists are written as they are
+        return {k: _lift(v, arrays) for k, v in value.items()}
+    return value
+
+
+def _lower(value: Any, arrays: list[np.ndarray]) -> Any:
+    """Each {"$array": i} in `value` back to `arrays[i]`."""
+    if isinstance(value, dict):
+        if len(value) == 1 and "$array" in value:
+            index = value["$array"]
+            if not isinstance(index, int) or not 0 <= index < len(arrays):
+                raise CheckpointRejected(CheckpointError.CORRUPT, f"reference to array {index!r}, not in the file")
+            return arrays[index]
+        return {k: _lower(v, arrays) for k, v in value.items()}
+    return value
 
 
 def decode(data: bytes, identity: Identity) -> dict[str, Any]:
@@ -183,18 +201,7 @@ def _body_v2(body: bytes) -> dict[str, Any]:
         raise CheckpointRejected(CheckpointError.CORRUPT, f"bad array directory: {exc}") from None
     if not sep or not isinstance(state, dict):
         raise CheckpointRejected(CheckpointError.CORRUPT, "body is not a JSON object")
-
-    def lower(value: Any) -> Any:  # each {"$array": i} back to its array
-        if isinstance(value, dict):
-            if len(value) == 1 and "$array" in value:
-                index = value["$array"]
-                if not isinstance(index, int) or not 0 <= index < len(arrays):
-                    raise CheckpointRejected(CheckpointError.CORRUPT, f"reference to array {index!r}, not in the file")
-                return arrays[index]
-            return {k: lower(v) for k, v in value.items()}
-        return value
-
-    return lower(state)
+    return _lower(state, arrays)
 
 
 class Checkpoint:
