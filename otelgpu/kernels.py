@@ -15,13 +15,14 @@ def warm_up(config: Optional["Config"] = None) -> dict[str, str]:
     """Per kernel that `config` uses (every kernel without one): "cached", "compiled" or
     "interpreted" (see otelgpu.core.jit.how_loaded)."""
     from otelgpu.attribution import engine
-    from otelgpu.enrich import facts, timeline
+    from otelgpu.enrich import facts, steps, timeline
     from otelgpu.receiver import columnar
 
     kernels = engine.warm_up(cost_kernels(config)) if config else engine.warm_up()
     kernels["decode"] = columnar.warm_up()
     kernels["facts"] = facts.warm_up()
     kernels["timeline"] = timeline.warm_up()
+    kernels["steps"] = steps.warm_up()
     if config is None or config.exporter.otlp:
         from otelgpu.exporter import otlp
 

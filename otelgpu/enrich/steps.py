@@ -32,6 +32,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from otelgpu.core.grouping import group_ids
+from otelgpu.core.jit import kernel
 from otelgpu.enrich.samples import Samples
 from otelgpu.receiver.interner import Coded
 from otelgpu.receiver.schema import Metric
@@ -102,24 +103,24 @@ class Steps(Coded):
     @staticmethod
     def merge(parts: list["Steps"]) -> "Steps":
         """The parts' rows one after the other, rows of the same label combination, timestamp
-        and staleness merged: each column's first value (in that order) wins."""
+        and staleness merged: each column's first value (in that order) wins (`merge_reference`,
+        the same in numpy's operations). Each part's cells are laid into the merged rows by a
+        kernel: no cell is unpacked, where numpy's way held some 250 bytes a row at once (at
+        100,000 GPUs a fold of a million rows went up by 360 MiB)."""
         if not parts:
             return Steps.of(Samples.empty())
         label, labels = _labels_of(parts)
         time_ns = np.concatenate([p.time_ns for p in parts])
         stale = np.concatenate([p.stale for p in parts])
-        row, first = group_ids(label, time_ns, stale)
-        bits = _bits(np.concatenate([p.present for p in parts]))
-        at, cell = np.nonzero(bits)  # row-major: each row's cells, rows in order
-        key, first_cell = np.unique(row[at] * (PRESENT_ONLY + 1) + cell, return_index=True)
-        merged_row, merged_cell = key // (PRESENT_ONLY + 1), key % (PRESENT_ONLY + 1)
-        present = np.bincount(merged_row, weights=np.left_shift(1, merged_cell), minlength=len(first))
+        row, first = group_ids(label, time_ns, stale, dtype=np.int32)
+        present = np.zeros(len(first), np.uint8)
         value = np.full((len(first), len(VALUED)), np.nan)
-        valued = merged_cell < PRESENT_ONLY
-        value[merged_row[valued], merged_cell[valued]] = \
-            np.concatenate([p.value for p in parts])[at[first_cell[valued]], merged_cell[valued]]
-        return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value,
-                     labels)
+        at = 0
+        for p in parts:
+            _first_cells(row[at:at + len(p)], np.ascontiguousarray(p.present, np.uint8),
+                         np.ascontiguousarray(p.value, np.float64), present, value)
+            at += len(p)
+        return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present, value, labels)
 
     def unpack(self, memory: bool = True) -> Samples:
         """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
@@ -160,6 +161,52 @@ class Steps(Coded):
         label = self.label[at]  # each label column gathered on its own: no [samples, columns] copy
         return Samples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at],
                        **{name: np.ascontiguousarray(self.labels[:, j])[label] for j, name in enumerate(Samples.CODES)})
+
+
+def merge_reference(parts: list[Steps]) -> Steps:
+    """`Steps.merge` in numpy's operations: every cell of every row unpacked, and each merged
+    row's cells taken from the first row that has them."""
+    if not parts:
+        return Steps.of(Samples.empty())
+    label, labels = _labels_of(parts)
+    time_ns = np.concatenate([p.time_ns for p in parts])
+    stale = np.concatenate([p.stale for p in parts])
+    row, first = group_ids(label, time_ns, stale)
+    bits = _bits(np.concatenate([p.present for p in parts]))
+    at, cell = np.nonzero(bits)  # row-major: each row's cells, rows in order
+    key, first_cell = np.unique(row[at] * (PRESENT_ONLY + 1) + cell, return_index=True)
+    merged_row, merged_cell = key // (PRESENT_ONLY + 1), key % (PRESENT_ONLY + 1)
+    present = np.bincount(merged_row, weights=np.left_shift(1, merged_cell), minlength=len(first))
+    value = np.full((len(first), len(VALUED)), np.nan)
+    valued = merged_cell < PRESENT_ONLY
+    value[merged_row[valued], merged_cell[valued]] = \
+        np.concatenate([p.value for p in parts])[at[first_cell[valued]], merged_cell[valued]]
+    return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value, labels)
+
+
+@kernel
+def _first_cells(row: np.ndarray, present: np.ndarray, value: np.ndarray, merged_present: np.ndarray,
+                 merged_value: np.ndarray) -> None:
+    """Lay rows, in order, into the merged rows `row` names: each merged row takes the bits of its
+    rows, and each value cell from the first of them that has it."""
+    for i in range(len(row)):
+        m = row[i]
+        new = present[i] & ~merged_present[m]
+        if new:
+            for c in range(merged_value.shape[1]):
+                if (new >> c) & 1:
+                    merged_value[m, c] = value[i, c]
+            merged_present[m] |= new
+
+
+def warm_up() -> str:
+    """Compile (or load from numba's cache) the merge's kernel for the columns a fold hands it;
+    returns how it was (otelgpu.core.jit.how_loaded)."""
+    from otelgpu.core.jit import how_loaded
+
+    _first_cells(np.zeros(1, np.int32), np.zeros(1, np.uint8), np.zeros((1, len(VALUED))), np.zeros(1, np.uint8),
+                 np.zeros((1, len(VALUED))))
+    return how_loaded(_first_cells)
 
 
 def _labels_of(parts: list[Steps]) -> tuple[np.ndarray, np.ndarray]:

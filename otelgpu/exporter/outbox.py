@@ -27,7 +27,7 @@ from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.files import sync_directory, write_whole
 from otelgpu.exporter.columns import Points
-from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
+from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode_parts
 from otelgpu.exporter.store import Point
 from otelgpu.telemetry import ExporterTelemetry, OutboxError, SelfMetrics
 
@@ -74,7 +74,7 @@ class Outbox:
             ids = self._table.ids(columns.attrs, used)  # in the log before the file
             set_ids = np.zeros(len(columns.attrs), np.uint32)
             set_ids[used] = ids
-            self._write(self.path(end_ns), encode(columns, end_ns, absorbed, set_ids))
+            self._write(self.path(end_ns), encode_parts(columns, end_ns, absorbed, set_ids))
             self._uses[end_ns] = self._newest = ids
             self._compact()
 
@@ -89,7 +89,7 @@ class Outbox:
 
     def save_progress(self, end_ns: int, done: int) -> None:
         body = _PROGRESS_MAGIC + struct.pack("<Q", done)
-        self._write(self.path(end_ns, ".progress"), _PROGRESS.pack(_PROGRESS_MAGIC, done, zlib.crc32(body)))
+        self._write(self.path(end_ns, ".progress"), [_PROGRESS.pack(_PROGRESS_MAGIC, done, zlib.crc32(body))])
 
     def delete(self, end_ns: int) -> None:
         """Remove a snapshot and its progress. A failure is logged and counted: the file comes back
@@ -192,8 +192,8 @@ class Outbox:
         self.telemetry.outbox_error(reason)
         log.error("%s export queue: %s", self.exporter, message)
 
-    def _write(self, path: Path, data: bytes) -> None:
-        write_whole(path, [data])
+    def _write(self, path: Path, pieces: list[bytes | memoryview]) -> None:
+        write_whole(path, pieces)
 
     def _sync_directory(self) -> None:
         sync_directory(self.directory)  # an unlink itself must survive a power loss

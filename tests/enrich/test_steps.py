@@ -71,6 +71,31 @@ def test_parts_merged_are_the_whole_folded_at_once(samples, cuts):
     assert same(Steps.merge([Steps.merge(parts[:2]), *parts[2:]]).unpack(), Steps.of(samples).unpack())
 
 
+STEP_FIELDS = ("time_ns", "stale", "label", "present", "value", "labels")
+
+
+def same_steps(a: Steps, b: Steps) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f), equal_nan=f == "value")
+               and getattr(a, f).dtype == getattr(b, f).dtype for f in STEP_FIELDS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_samples(), st.lists(st.integers(0, 30), max_size=4), st.lists(st.booleans(), max_size=30))
+def test_the_merge_kernel_gives_the_reference_s_rows_bit_for_bit(samples, cuts, nan):
+    """Steps.merge lays each part's cells in with a kernel; merge_reference unpacks every cell with
+    numpy. Same rows, bits and first values (a NaN value sent as a value included), whole or in
+    parts, parts of parts merged again."""
+    value = samples.value.copy()
+    value[np.flatnonzero(np.resize(np.array(nan or [False], bool), len(value)))] = np.nan
+    samples = Samples(samples.metric, samples.time_ns, value, samples.stale,
+                      *(getattr(samples, c) for c in Samples.CODES))
+    parts = [Steps.of(part) for part in cut(samples, cuts)]
+    assert same_steps(Steps.merge(parts), steps_module.merge_reference(parts))
+    again = [Steps.merge(parts[:2]), *parts[2:]]
+    assert same_steps(Steps.merge(again), steps_module.merge_reference(again))
+    assert same_steps(Steps.merge([]), steps_module.merge_reference([]))
+
+
 @settings(max_examples=100, deadline=None)
 @given(any_samples(), st.permutations(range(7)), st.integers(0, 20))
 def test_a_compaction_rewrites_steps_as_it_rewrites_samples(samples, order, offset):
