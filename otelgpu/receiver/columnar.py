@@ -49,6 +49,7 @@ from otelgpu.receiver.decode import (
     own_pod,
     own_pod_problem,
     point_problem,
+    select_labels,
     source_of,
     time_problem,
     wanted_labels,
@@ -524,4 +525,6 @@ def warm_up() -> str:
     decoder.decode(raw)
     decoder.decode(raw)  # again: found in the table this time
     decoder.sweep(0)
+    one = np.zeros(1, np.int32)
+    select_labels(np.zeros(2, np.int64), one, one, np.zeros(1, np.int64))  # PointBatch.select
     return how_loaded(wire.scan)

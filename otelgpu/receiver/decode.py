@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Optional, Sequence
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from otelgpu.core.jit import kernel
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
 from otelgpu.receiver.rejection import Rejection, rejection
@@ -96,7 +97,19 @@ class PointBatch(Coded):
         return list(out[np.where(codes >= 0, np.searchsorted(wanted, codes), len(wanted))])
 
     def select(self, rows: np.ndarray) -> "PointBatch":
-        """A new batch with only `rows` (a boolean mask, or indices in the order wanted)."""
+        """A new batch with only `rows` (a boolean mask, or indices in the order wanted). The
+        labels are gathered row by row by a kernel (`select_labels`); `select_reference` is the
+        same in numpy's operations, which hold two 8-byte indices per label on top."""
+        rows = np.asarray(rows)
+        idx = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
+        off, key, val = select_labels(self.attr_off.astype(np.int64, copy=False), self.attr_key, self.attr_val, idx)
+        return PointBatch(
+            self.metric[idx], self.time_ns[idx], self.value[idx], self.stale[idx],
+            self.resource_node[idx], self.resource_pod[idx], off, key, val,
+        )
+
+    def select_reference(self, rows: np.ndarray) -> "PointBatch":
+        """`select` in numpy's operations: every chosen label's index built, then gathered."""
         rows = np.asarray(rows)
         idx = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
         counts = np.diff(self.attr_off)
@@ -396,3 +409,36 @@ def point_problem(name: str, mcode: int, shape: LabelShape, stale: bool, value: 
         if code:
             return rejection(name, code, problem)
     return None
+
+
+def _select_labels_numpy(attr_off: np.ndarray, attr_key: np.ndarray, attr_val: np.ndarray,
+                         idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`select_labels` in numpy's operations: what interpreted kernels run (a loop per label in
+    Python would cost far more)."""
+    counts = attr_off[idx + 1] - attr_off[idx]
+    off = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    entries = np.repeat(attr_off[idx] - off[:-1], counts) + np.arange(int(off[-1]), dtype=np.int64)
+    return off, attr_key[entries], attr_val[entries]
+
+
+@kernel(interpreted=_select_labels_numpy)
+def select_labels(attr_off: np.ndarray, attr_key: np.ndarray, attr_val: np.ndarray,
+                  idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labels of rows `idx`, in that order: their offsets, keys and values."""
+    n = len(idx)
+    off = np.zeros(n + 1, np.int64)
+    for j in range(n):
+        r = idx[j]
+        off[j + 1] = off[j] + attr_off[r + 1] - attr_off[r]
+    key = np.empty(off[n], attr_key.dtype)
+    val = np.empty(off[n], attr_val.dtype)
+    for j in range(n):
+        r = idx[j]
+        at = off[j]
+        for k in range(attr_off[r], attr_off[r + 1]):
+            key[at] = attr_key[k]
+            val[at] = attr_val[k]
+            at += 1
+    return off, key, val
+

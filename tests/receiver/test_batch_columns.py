@@ -33,3 +33,38 @@ def test_columns_are_each_keys_column(labels, keys):
     assert len(got) == len(keys)
     for key, column in zip(keys, got):
         assert column.dtype == np.int32 and column.tolist() == batch.column(key).tolist()
+
+
+BATCH_FIELDS = ("metric", "time_ns", "value", "stale", "resource_node", "resource_pod", "attr_off", "attr_key",
+                "attr_val")
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows, st.data())
+def test_a_selection_is_the_reference_s_rows_and_labels(labels, data):
+    """`select` gathers labels with a kernel, `select_reference` with numpy's indices: the same
+    rows in the order asked (a mask, indices repeated, none), each with its labels, same types."""
+    batch = batch_of(labels)
+    batch.time_ns[:] = np.arange(len(batch))  # rows told apart by more than their labels
+    n_row = len(batch)
+    chosen = [np.array(data.draw(st.lists(st.booleans(), min_size=n_row, max_size=n_row)), bool),
+              np.array(data.draw(st.lists(st.integers(0, max(n_row - 1, 0)), max_size=40 if n_row else 0)), np.int64),
+              np.zeros(0, np.int64)]
+    for rows_wanted in chosen:
+        got, want = batch.select(rows_wanted), batch.select_reference(rows_wanted)
+        for name in BATCH_FIELDS:
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows, st.lists(st.integers(0, 29), max_size=40))
+def test_the_interpreted_selection_of_labels_is_the_kernel_s(labels, indices):
+    """What interpreted kernels run in place of the labels' gathering gives what it gives."""
+    from otelgpu.receiver.decode import _select_labels_numpy, select_labels
+
+    batch = batch_of(labels)
+    idx = np.array([i for i in indices if i < len(batch)], np.int64)
+    got = select_labels(batch.attr_off, batch.attr_key, batch.attr_val, idx)
+    want = _select_labels_numpy(batch.attr_off, batch.attr_key, batch.attr_val, idx)
+    assert all(a.dtype == b.dtype and a.tolist() == b.tolist() for a, b in zip(got, want))
