@@ -36,6 +36,11 @@ Measured from outside the sidecar:
   cost series besides the sidecar's own metrics (`exporter.prometheus.cost_series: true`).
 - start-up: seconds from exec to /readyz with an empty numba cache (cold, every kernel compiled)
   and with the cache that run left (warm).
+- by step (`--rss-by-step DIR`): the sidecar runs under benchmarks/serve_by_step.py, which samples
+  its RSS every 50 ms labelled by the step its pipeline is in (a batch, computing ahead, the
+  close, staging the snapshot, the checkpoint's state, the commit) and whether an exporter is
+  sending; printed: each step's highest RSS over the run's second half, so that a peak is told
+  apart by what made it.
 
 Per-node mode (`--node-pods`): a pod of k8s/node's otelgpu.yaml for each kind of node in the
 fleet, side by side in real time for the same minutes, each fed its own node's scrapes; per-node
@@ -44,7 +49,7 @@ gateway: CPU and steady memory of all pods together, and per GPU.
 
 Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
        [--no-compute-ahead] [--compression gzip|none] [--node-pods [--node-kernels compiled|interpreted]]
-       [--sidecar-cpus 0]
+       [--sidecar-cpus 0] [--rss-by-step DIR]
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 from concurrent import futures
 from pathlib import Path
 
@@ -73,6 +78,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_footprint as bf  # noqa: E402 - the fleet, its scrapes, /proc readers
+import serve_by_step  # noqa: E402
 
 from otelgpu.demo import scrapes  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
@@ -275,10 +281,13 @@ class Receiver:
 SIDECAR_CPUS: set[int] = set()  # --sidecar-cpus: the CPUs `otelgpu serve` runs on (empty: any)
 
 
-def start(config: Path, env: dict[str, str], metrics_port: int) -> tuple[subprocess.Popen, float]:
-    """`otelgpu serve` and the seconds it took to answer /readyz."""
+def start(config: Path, env: dict[str, str], metrics_port: int,
+          by_step: Optional[Path] = None) -> tuple[subprocess.Popen, float]:
+    """`otelgpu serve` and the seconds it took to answer /readyz; with `by_step`, its RSS sampled
+    by step into that file (serve_by_step.py)."""
     began = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "otelgpu", "serve", "--config", str(config)], env=env,
+    run = [str(bf.ROOT / "benchmarks" / "serve_by_step.py"), str(by_step)] if by_step else ["-m", "otelgpu"]
+    child = subprocess.Popen([sys.executable, *run, "serve", "--config", str(config)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if SIDECAR_CPUS:  # the interpreter is still starting: every thread it starts inherits this
         os.sched_setaffinity(child.pid, SIDECAR_CPUS)
@@ -325,7 +334,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         doc["exporter"]["prometheus"]["cost_series"] = args.metrics_cost_series
         doc["attribution"]["compute_ahead"] = not args.no_compute_ahead
         config.write_text(yaml.safe_dump(doc))
-    child, ready_s = start(config, env, metrics_port)
+    by_step = Path(args.rss_by_step) / f"rss-{gpus}.log" if args.rss_by_step else None
+    child, ready_s = start(config, env, metrics_port, by_step)
     n_scrapes = int(args.minutes * 60 / SCRAPE_S)
     # Data ending now or before: the gateway config refuses points ahead of the clock or a day old.
     t0 = (time.time_ns() // NS - int(args.minutes * 60 / args.speed * (args.speed - 1)) - 3 * INTERVAL_S) \
@@ -401,6 +411,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
         "rss_steady": steady, "rss_steady_anon": steady_anon, "rss_highest": highest,
         "rss_at_scrape": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
+        "rss_by_step": serve_by_step.summary(str(by_step), after_s=ready_s + data_s / args.speed / 2) if by_step else {},
         "mappings": {kind: kib / 1024 for kind, kib in mappings.items()}, "metrics": metrics,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
@@ -508,6 +519,9 @@ def main() -> None:
                          "CPU and memory at each size beside the gateway's")
     ap.add_argument("--node-kernels", choices=("compiled", "interpreted"),
                     help="with --node-pods: run the pods' kernels so instead of as k8s/node's otelgpu.yaml says")
+    ap.add_argument("--rss-by-step", metavar="DIR",
+                    help="sample the sidecar's RSS every 50 ms by the step its pipeline is in (serve_by_step.py), "
+                         "logs in DIR, and print each step's highest from the run's second half")
     ap.add_argument("--sidecar-cpus", type=int, nargs="+", default=[],
                     help="run the sidecar on these CPUs and the load and the receiving end on the others, as a "
                          "pod with its own cores would be (default: all share every CPU)")
@@ -550,6 +564,10 @@ def main() -> None:
         top, when, later = r["rss_highest"]
         print(f"  {r['gpus']:,} GPUs: highest RSS sampled {top:.0f} MiB, {when:.0f} s into the data; from the second "
               f"half of the run on (every label set and series met), {later:.0f} MiB")
+        if r["rss_by_step"]:
+            print(f"  {r['gpus']:,} GPUs: highest RSS in the second half by the step the pipeline was in: "
+                  + ", ".join(f"{step} {mib:.0f} MiB" for step, mib in
+                              sorted(r["rss_by_step"].items(), key=lambda item: -item[1])))
         print(f"  {r['gpus']:,} GPUs: resident at the last scrape's end, by mapping: "
               + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in r["mappings"].items()))
         heap = {state: r["metrics"].get(f'otelgpu_process_heap_bytes{{state="{state}"}}', float("nan")) / 2**20
