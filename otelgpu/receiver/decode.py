@@ -100,28 +100,22 @@ class PointBatch(Coded):
         """A new batch with only `rows` (a boolean mask, or indices in the order wanted). The
         labels are gathered row by row by a kernel (`select_labels`); `select_reference` is the
         same in numpy's operations, which hold two 8-byte indices per label on top."""
-        rows = np.asarray(rows)
-        idx = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
-        off, key, val = select_labels(self.attr_off.astype(np.int64, copy=False), self.attr_key, self.attr_val, idx)
-        return PointBatch(
-            self.metric[idx], self.time_ns[idx], self.value[idx], self.stale[idx],
-            self.resource_node[idx], self.resource_pod[idx], off, key, val,
-        )
+        return self._select(rows, select_labels if self.attr_key.dtype == self.attr_val.dtype == np.int32
+                            else _select_labels_numpy)  # the kernel is compiled for codes as decoded
 
     def select_reference(self, rows: np.ndarray) -> "PointBatch":
         """`select` in numpy's operations: every chosen label's index built, then gathered."""
+        return self._select(rows, _select_labels_numpy)
+
+    def _select(self, rows: np.ndarray, gather: Any) -> "PointBatch":
         rows = np.asarray(rows)
         idx = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
-        counts = np.diff(self.attr_off)
-        off = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(counts[idx], out=off[1:])
-        # Entries of the chosen rows, row by row: each row's start plus 0..count-1.
-        starts = np.repeat(self.attr_off[idx] - off[:-1], counts[idx])
-        entries = starts + np.arange(int(off[-1]), dtype=np.int64)
-        return PointBatch(
-            self.metric[idx], self.time_ns[idx], self.value[idx], self.stale[idx],
-            self.resource_node[idx], self.resource_pod[idx], off, self.attr_key[entries], self.attr_val[entries],
-        )
+        metric = self.metric[idx]  # IndexError for a row that is not there, before any label is read
+        if len(idx) and idx.min() < 0:
+            idx = np.where(idx < 0, idx + len(self), idx)
+        off, key, val = gather(self.attr_off.astype(np.int64, copy=False), self.attr_key, self.attr_val, idx)
+        return PointBatch(metric, self.time_ns[idx], self.value[idx], self.stale[idx],
+                          self.resource_node[idx], self.resource_pod[idx], off, key, val)
 
     def with_labels(self, rows: np.ndarray, keys: tuple[int, ...], values: np.ndarray) -> "PointBatch":
         """The batch with rows `rows` (indices) given labels `keys` = `values` (one row of codes per

@@ -5,6 +5,7 @@ a row carrying a key twice (the last one wins in both) and rows without labels."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,18 +44,22 @@ BATCH_FIELDS = ("metric", "time_ns", "value", "stale", "resource_node", "resourc
 @given(rows, st.data())
 def test_a_selection_is_the_reference_s_rows_and_labels(labels, data):
     """`select` gathers labels with a kernel, `select_reference` with numpy's indices: the same
-    rows in the order asked (a mask, indices repeated, none), each with its labels, same types."""
+    rows in the order asked (a mask, indices repeated or counted from the end, none), each with its
+    labels, same types; a row that is not there is refused before any label is read."""
     batch = batch_of(labels)
     batch.time_ns[:] = np.arange(len(batch))  # rows told apart by more than their labels
     n_row = len(batch)
     chosen = [np.array(data.draw(st.lists(st.booleans(), min_size=n_row, max_size=n_row)), bool),
-              np.array(data.draw(st.lists(st.integers(0, max(n_row - 1, 0)), max_size=40 if n_row else 0)), np.int64),
+              np.array(data.draw(st.lists(st.integers(-n_row, max(n_row - 1, 0)), max_size=40 if n_row else 0)),
+                       np.int64),
               np.zeros(0, np.int64)]
     for rows_wanted in chosen:
         got, want = batch.select(rows_wanted), batch.select_reference(rows_wanted)
         for name in BATCH_FIELDS:
             a, b = getattr(got, name), getattr(want, name)
             assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+    with pytest.raises(IndexError):
+        batch.select(np.array([n_row], np.int64))
 
 
 @settings(max_examples=100, deadline=None)
