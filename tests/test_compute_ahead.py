@@ -344,3 +344,31 @@ def test_the_join_lets_the_intervals_samples_go_once_it_has_read_what_dcgm_repor
     p.close_due(flush=True)
     assert total(p.metrics.intervals_computed) >= 4 and len(alive_after_reported) >= 4
     assert not any(alive_after_reported)
+
+
+def test_costs_computed_ahead_are_let_go_once_their_interval_is_recorded(monkeypatch) -> None:
+    """An interval computed ahead closes bare: its costs (at 100,000 GPUs 2 million series and the
+    store's plan for them) are held by nothing once the store has recorded them, not through the
+    snapshot's staging and the checkpoint that follow."""
+    c, p = cluster(), pipeline(True)
+    made: list[weakref.ref] = []
+    alive_at_stage: list[bool] = []
+    ahead, add = Pipeline.compute_ahead, p.committer.add
+
+    def computing(self) -> bool:  # a spy: keeps a weak reference to what it computed, nothing else
+        done = ahead(self)
+        if done:
+            made.append(weakref.ref(self._ahead.costs))
+        return done
+
+    def staging(end_ns: int, snapshot) -> None:  # noqa: ANN001 - what follows the record
+        alive_at_stage.append(bool(made) and made[-1]() is not None)
+        add(end_ns, snapshot)
+
+    monkeypatch.setattr(Pipeline, "compute_ahead", computing)
+    monkeypatch.setattr(p.committer, "add", staging)
+    for t in range(0, 300, SCRAPE_S):
+        feed(p, c.scrape(t))
+        p.compute_ahead()
+    assert by_label(p.metrics.intervals_ahead).get("used", 0) >= 3 and len(alive_at_stage) >= 3
+    assert not any(alive_at_stage)
