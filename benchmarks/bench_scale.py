@@ -336,6 +336,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         config.write_text(yaml.safe_dump(doc))
     by_step = Path(args.rss_by_step) / f"rss-{gpus}.log" if args.rss_by_step else None
     child, ready_s = start(config, env, metrics_port, by_step)
+    wall0 = time.monotonic()  # the data starts now (taken again below, with the CPU it had used)
     n_scrapes = int(args.minutes * 60 / SCRAPE_S)
     # Data ending now or before: the gateway config refuses points ahead of the clock or a day old.
     t0 = (time.time_ns() // NS - int(args.minutes * 60 / args.speed * (args.speed - 1)) - 3 * INTERVAL_S) \
@@ -397,9 +398,12 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 name, _, value = line.rpartition(" ")
                 metrics[name] = float(value)
     finally:
+        stopping = time.monotonic()
         stop(child)
         sink.server.stop(0)
     data_s = n_scrapes * SCRAPE_S
+    by_step_data = serve_by_step.summary(str(by_step), wall0 + data_s / args.speed / 2, stopping) if by_step else {}
+    by_step_stop = serve_by_step.summary(str(by_step), stopping) if by_step else {}
     return {
         "gpus": load.gpus, "nodes": load.nodes, "units": load.units, "ready_s": ready_s,
         "points_per_scrape": sum(n for _, n in load.every), "sent": sent, "retries": retries,
@@ -411,7 +415,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
         "rss_steady": steady, "rss_steady_anon": steady_anon, "rss_highest": highest,
         "rss_at_scrape": statistics.median(rss[len(rss) // 2:]) if rss else 0.0, "rss_peak": status["VmHWM"] / 1024,
-        "rss_by_step": serve_by_step.summary(str(by_step), after_s=ready_s + data_s / args.speed / 2) if by_step else {},
+        "rss_by_step": by_step_data, "rss_at_stop": max(by_step_stop.values(), default=0.0),
         "mappings": {kind: kib / 1024 for kind, kib in mappings.items()}, "metrics": metrics,
         "rejected": sum(v for k, v in metrics.items() if k.startswith("otelgpu_points_rejected_total")),
         "late": metrics.get("otelgpu_points_late_total", 0.0),
@@ -567,7 +571,8 @@ def main() -> None:
         if r["rss_by_step"]:
             print(f"  {r['gpus']:,} GPUs: highest RSS in the second half by the step the pipeline was in: "
                   + ", ".join(f"{step} {mib:.0f} MiB" for step, mib in
-                              sorted(r["rss_by_step"].items(), key=lambda item: -item[1])))
+                              sorted(r["rss_by_step"].items(), key=lambda item: -item[1]))
+                  + f"; while it shut down (closing the open intervals at once) {r['rss_at_stop']:.0f} MiB")
         print(f"  {r['gpus']:,} GPUs: resident at the last scrape's end, by mapping: "
               + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in r["mappings"].items()))
         heap = {state: r["metrics"].get(f'otelgpu_process_heap_bytes{{state="{state}"}}', float("nan")) / 2**20

@@ -4,7 +4,8 @@ state, the commit) and whether an exporter is sending, so that a run's highest R
 what made it. bench_scale.py's `--rss-by-step` runs the sidecar so.
 
 usage: python benchmarks/serve_by_step.py LOG serve --config otelgpu.yaml
-LOG gets a line per sample: seconds since start, RSS in MiB, the step, and "send" or "-"."""
+LOG gets a line per sample: the system's monotonic clock in seconds (time.monotonic(), one clock
+for every process of the machine), RSS in MiB, the step, and "send" or "-"."""
 
 from __future__ import annotations
 
@@ -35,23 +36,23 @@ def labelled(real: Callable[..., Any], slot: str, step: str, now: dict[str, str]
 
 
 def sample(path: str, now: dict[str, str]) -> None:
-    page, began = os.sysconf("SC_PAGE_SIZE"), time.monotonic()
+    page = os.sysconf("SC_PAGE_SIZE")
     with open(path, "w", buffering=1) as log:
         while True:
             with open("/proc/self/statm") as statm:
                 rss = int(statm.read().split()[1]) * page / 2**20
-            log.write(f"{time.monotonic() - began:.2f} {rss:.0f} {now['pipeline']} {now['send']}\n")
+            log.write(f"{time.monotonic():.2f} {rss:.0f} {now['pipeline']} {now['send']}\n")
             time.sleep(SAMPLE_S)
 
 
-def summary(path: str, after_s: float = 0.0) -> dict[str, float]:
+def summary(path: str, after_s: float = 0.0, before_s: float = float("inf")) -> dict[str, float]:
     """The highest RSS sampled in each step (joined with "+send" while an exporter sent), from
-    `after_s` seconds on."""
+    `after_s` on and before `before_s` (time.monotonic() of any process)."""
     highest: dict[str, float] = {}
     with open(path) as log:
         for line in log:
             fields = line.split()
-            if len(fields) != 4 or float(fields[0]) < after_s:
+            if len(fields) != 4 or not after_s <= float(fields[0]) < before_s:
                 continue
             step = fields[2] if fields[3] == "-" else f"{fields[2]}+send"
             highest[step] = max(highest.get(step, 0.0), float(fields[1]))
