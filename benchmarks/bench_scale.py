@@ -336,7 +336,6 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         config.write_text(yaml.safe_dump(doc))
     by_step = Path(args.rss_by_step) / f"rss-{gpus}.log" if args.rss_by_step else None
     child, ready_s = start(config, env, metrics_port, by_step)
-    wall0 = time.monotonic()  # the data starts now (taken again below, with the CPU it had used)
     n_scrapes = int(args.minutes * 60 / SCRAPE_S)
     # Data ending now or before: the gateway config refuses points ahead of the clock or a day old.
     t0 = (time.time_ns() // NS - int(args.minutes * 60 / args.speed * (args.speed - 1)) - 3 * INTERVAL_S) \

@@ -15,7 +15,7 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -107,7 +107,7 @@ class PointBatch(Coded):
         """`select` in numpy's operations: every chosen label's index built, then gathered."""
         return self._select(rows, _select_labels_numpy)
 
-    def _select(self, rows: np.ndarray, gather: Any) -> "PointBatch":
+    def _select(self, rows: np.ndarray, gather: Callable[..., tuple[np.ndarray, ...]]) -> "PointBatch":
         rows = np.asarray(rows)
         idx = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
         metric = self.metric[idx]  # IndexError for a row that is not there, before any label is read
