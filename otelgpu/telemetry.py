@@ -196,7 +196,8 @@ class SelfMetrics:
         self.export_failures = self._counter(
             "export_failures", "Failed delivery attempts, by exporter and reason", "exporter", "reason")
         self.export_snapshots_dropped = self._counter(
-            "export_snapshots_dropped", "Snapshots given up (refused for good, or left at the shutdown deadline)",
+            "export_snapshots_dropped", "Snapshots given up (left at the shutdown deadline with no directory to "
+            "keep them, or persisted and then unreadable)",
             "exporter", "reason")
         self.export_points_undeliverable = self._counter(
             "export_points_undeliverable", "Points of the snapshots given up", "exporter", "reason")
@@ -563,6 +564,7 @@ class ExporterTelemetry:
         self._dropped = metrics.export_snapshots_dropped.labels(exporter, "shutdown")
         self._undeliverable = metrics.export_points_undeliverable.labels(exporter, "shutdown")
         self._series_rejected, self._failures = metrics.export_series_rejected, metrics.export_failures
+        self._metrics = metrics
 
     def outbox_error(self, reason: OutboxError) -> None:
         self._outbox_errors[OutboxError(reason)].inc()
@@ -575,6 +577,11 @@ class ExporterTelemetry:
         """A snapshot given up at a stop, undelivered, with no directory to keep it."""
         self._dropped.inc()
         self._undeliverable.inc(points)
+
+    def unreadable(self, points: int) -> None:
+        """A persisted snapshot whose file did not read back when it was to be sent or merged."""
+        self._metrics.export_snapshots_dropped.labels(self.exporter, "unreadable").inc()
+        self._metrics.export_points_undeliverable.labels(self.exporter, "unreadable").inc(points)
 
     def failed(self, reason: str, points: int) -> None:
         """A failed attempt, by the sender's code: the gRPC status (`unavailable`), `http_<status>`,

@@ -165,6 +165,8 @@ class Delivery:
                     return
                 head = self.queue.head()
                 flushing = self.retry.stopped  # the stop's one attempt at each snapshot
+            if not self.queue.read_back(head):  # in flight: its file is read outside the lock
+                continue  # set aside and counted: the next one
             result = self._send(head)
             with self._cond:
                 if result.ok or not result.retryable:

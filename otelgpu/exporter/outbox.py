@@ -4,6 +4,8 @@ persistent sending queue.
 `<end_ns, 20 digits>.snap` holds a snapshot (`snapshot.py`'s format), so the lexical order of the
 names is the interval order; `<end_ns>.progress` how much of it the receiver already accepted;
 `attrs.log` the attribute sets the snapshots refer to, each once (`attrtable.py`).
+Once written, a snapshot's columns need not stay in memory: `write` returns what to keep of it
+(`OnDisk`: its tables and each point's attribute set) and `read_back` gives its points again.
 Every write goes to a temporary file, is fsynced, renamed into place, and the directory is fsynced,
 so a crash leaves the old file or the new one, never a mix. A file that cannot be read at start is
 renamed aside (`<name>.rejected`), logged and counted; the start goes on without it."""
@@ -27,7 +29,7 @@ from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.core.attrs import Attrs
 from otelgpu.core.files import sync_directory, write_whole
 from otelgpu.exporter.columns import Points
-from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode_parts
+from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode_parts, read_columns
 from otelgpu.exporter.store import Point
 from otelgpu.telemetry import ExporterTelemetry, OutboxError, SelfMetrics
 
@@ -44,6 +46,24 @@ class Recovered:
     points: list[Point]
     done: int  # items of it the receiver had accepted (Progress.done)
     absorbed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """What a queue keeps in memory of a snapshot its outbox holds: the tables and each point's
+    attribute set (the file has the set's id in the attribute log); `Outbox.read_back` gives the
+    points again. At 100,000 GPUs a snapshot's columns are some 60 MiB, its `aset` 8."""
+
+    metrics: tuple[str, ...]
+    attrs: Sequence[Attrs]
+    aset: np.ndarray
+
+    @classmethod
+    def of(cls, points: Points) -> OnDisk:
+        return cls(points.metrics, points.attrs, points.aset)
+
+    def __len__(self) -> int:
+        return len(self.aset)
 
 
 class Outbox:
@@ -64,10 +84,11 @@ class Outbox:
     def path(self, end_ns: int, suffix: str = ".snap") -> Path:
         return self.directory / f"{end_ns:020d}{suffix}"
 
-    def write(self, end_ns: int, points: Sequence[Point], absorbed: Sequence[int] = ()) -> None:
+    def write(self, end_ns: int, points: Sequence[Point], absorbed: Sequence[int] = ()) -> OnDisk:
         """Persist a snapshot (replacing one of the same end); raises OSError when it cannot.
         `absorbed`: the ends of snapshots merged into it, whose files are deleted after this write;
-        should the process die in between, recover() deletes them instead of sending them again."""
+        should the process die in between, recover() deletes them instead of sending them again.
+        Returns what to keep in memory to read its points back."""
         columns = Points.of(points)
         used = np.unique(columns.aset)
         with self._lock:
@@ -77,6 +98,21 @@ class Outbox:
             self._write(self.path(end_ns), encode_parts(columns, end_ns, absorbed, set_ids))
             self._uses[end_ns] = self._newest = ids
             self._compact()
+        return OnDisk.of(columns)
+
+    def read_back(self, end_ns: int, kept: OnDisk) -> Points:
+        """The points of the snapshot ending `end_ns` that `write` (or `recover`) left `kept`:
+        its columns read from its file, checked against the checksum. Raises OSError or
+        SnapshotFormatError when the file is gone, unreadable or not that snapshot
+        (`set_aside` it)."""
+        columns = read_columns(self.path(end_ns), end_ns, kept.metrics, len(kept))
+        columns[1] = kept.aset
+        return Points(kept.metrics, kept.attrs, *columns)
+
+    def set_aside(self, end_ns: int, exc: Exception) -> None:
+        """A snapshot whose file did not read back: renamed aside (if it is there), logged and
+        counted as `corrupt`."""
+        self._reject(end_ns, OutboxError.CORRUPT, f"did not read back: {exc}")
 
     def _compact(self) -> None:
         """Rewrite the attribute log with only what the snapshots on disk and the next ones use;

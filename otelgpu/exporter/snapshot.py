@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -136,6 +137,38 @@ def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotF
     if n_point and (int(columns[0].max()) >= len(metrics) or int(columns[1].max()) >= len(attrs)):
         raise SnapshotFormatError(OutboxError.CORRUPT, "a point refers to a metric or attribute set not in the table")
     return SnapshotFile(end_ns, Points(metrics, attrs, *columns), absorbed)
+
+
+def read_columns(path: Path, end_ns: int, metrics: Sequence[str], n_point: int) -> list[np.ndarray]:
+    """The columns of the snapshot file at `path`, each read into an array of its own (the file is
+    never held whole) and checked against its checksum. SnapshotFormatError when the file is not
+    the snapshot ending `end_ns` of `n_point` points of these `metrics`; OSError when it cannot be
+    read. The attribute sets' column comes as the file has it: ids that only the queue's attribute
+    log (format 2) or the file's table (format 1) resolve."""
+    with open(path, "rb") as file:
+        head = file.read(_HEADER.size)
+        if len(head) < _HEADER.size or head[:len(MAGIC)] != MAGIC:
+            raise SnapshotFormatError(OutboxError.CORRUPT, "not an otelgpu snapshot (bad header)")
+        _, version, _, table_len, points = _HEADER.unpack(head)
+        table = file.read(table_len)
+        if version not in (1, 2) or len(table) != table_len:
+            raise SnapshotFormatError(OutboxError.CORRUPT, f"not a readable snapshot (format v{version}, cut short)")
+        written_end, _, written_metrics, _ = _table(table, False)
+        if (written_end, tuple(written_metrics), points) != (end_ns, tuple(metrics), n_point):
+            raise SnapshotFormatError(OutboxError.CORRUPT, f"holds the snapshot ending {written_end} of {points} "
+                                      f"points, not the one ending {end_ns} of {n_point} written there")
+        crc = zlib.crc32(table, zlib.crc32(head))
+        columns = []
+        for dtype in _COLUMNS:
+            column = np.empty(n_point, dtype)
+            if file.readinto(memoryview(column).cast("B")) != column.nbytes:
+                raise SnapshotFormatError(OutboxError.CORRUPT, "cut short")
+            crc = zlib.crc32(column, crc)
+            columns.append(column)
+        tail = file.read(_CRC.size + 1)
+    if len(tail) != _CRC.size or _CRC.unpack(tail)[0] != crc:
+        raise SnapshotFormatError(OutboxError.CORRUPT, "checksum mismatch: the file is truncated or altered")
+    return columns
 
 
 def _table(raw: bytes, with_attrs: bool) -> tuple[int, tuple[int, ...], list[str], list[Attrs]]:

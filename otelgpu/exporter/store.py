@@ -551,6 +551,7 @@ class _AttrSets:
         self._bases, self._extras = _Parts(), _Parts()
         self._named = np.full(1024, -1, np.int64)  # [set] the key of the parts that last named it; -1: none
         self._sorted: Optional[tuple[np.ndarray, np.ndarray]] = None  # `_by_name()`, until a set is (un)named
+        self._table: Optional[SetTable] = None  # `snapshot()`'s, shared until a set comes or goes
 
     def add(self, attrs: Attrs) -> int:
         known = self._pairs.codes(attrs)
@@ -571,6 +572,7 @@ class _AttrSets:
             self._serial[index] = self._serials
             self._serials += 1
             self._index.put(index, hash(codes))
+            self._table = None
         self._users[index] += 1
         return index
 
@@ -588,6 +590,7 @@ class _AttrSets:
         self._pairs.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
         for i in gone:
             self._codes[i] = b""  # tables copied before keep theirs; this one lets go
+        self._table = None
         self._unname(np.array(gone, np.int64))
         self._free.extend(gone)
 
@@ -599,10 +602,14 @@ class _AttrSets:
         return int(self._serial[index])
 
     def snapshot(self, serial_of: Callable[[Attrs], int]) -> SetTable:
-        """Every set as it is now, for a snapshot: its own list of them, pairs and serials (a
-        released set's index and pair ids are reused; the snapshot keeps what they were)."""
-        return SetTable(list(self._codes), self._pairs.listed(), self._serial[:len(self._codes)].copy(),
-                        serial_of=serial_of)
+        """Every set as it is now, for a snapshot: a list of them, pairs and serials of its own
+        (a released set's index and pair ids are reused; the snapshot keeps what they were). One
+        table is shared by the snapshots of the intervals that follow until a set comes or goes:
+        queued through an outage, each would otherwise hold its own (some 30 MiB at 100,000 GPUs)."""
+        if self._table is None:
+            self._table = SetTable(list(self._codes), self._pairs.listed(), self._serial[:len(self._codes)].copy(),
+                                   serial_of=serial_of)
+        return self._table
 
     def kept(self, attrs: Attrs) -> Attrs:
         """The base the sets are named by equal to `attrs`, if there is one, else `attrs`: gauges

@@ -4,12 +4,14 @@ files, and shutdown, against a real in-process OTLP/gRPC server."""
 
 from __future__ import annotations
 
+import gc
 import math
 import shutil
 import socket
 import struct
 import time
 import tracemalloc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ from otelgpu.exporter.columns import Points, merge
 from otelgpu.exporter.config import DeliveryConfig, OtlpExporterConfig
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.exporter.otlp import OtlpSender
-from otelgpu.exporter.outbox import Outbox
+from otelgpu.exporter.outbox import OnDisk, Outbox
 from otelgpu.exporter.snapshot import SnapshotFormatError, decode, encode
 from otelgpu.exporter.store import CostStore, Point
 from otelgpu.telemetry import SelfMetrics, by_label
@@ -136,6 +138,78 @@ def test_staged_snapshots_are_on_disk_and_sent_only_once_released(otlp_sink, sto
     assert delivery.wait_idle(10) and _snaps(tmp_path) == []
     assert [p.name for p in tmp_path.iterdir()] == ["attrs.log"]  # the sets, for the next snapshots
     assert delivery.close() == 0
+
+
+def test_a_persisted_snapshot_waits_in_its_file_and_is_sent_as_it_was(otlp_sink, store, intervals,
+                                                                     tmp_path) -> None:
+    """Once written, a snapshot's columns are not held in memory (the close's checkpoint and an
+    outage's queue would hold them, some 60 MiB a snapshot at 100,000 GPUs): the queue keeps its
+    tables and each point's set, and its file gives the points back to be sent."""
+    n, end = 5_000, intervals.T0 + intervals.MIN
+    sets = [(("namespace", "ml"), ("pod", f"p{i}")) for i in range(n)]
+    points = Points(list(store.specs)[:2], sets, np.arange(n) % 2, np.arange(n), np.full(n, intervals.T0),
+                    np.full(n, end), np.arange(n, dtype=np.float64) / 7, np.zeros(n, bool))
+    expected = as_sent(points, store.specs)
+    columns = [weakref.ref(c) for c in (points.metric, points.start_ns, points.time_ns, points.value, points.ended)]
+    delivery = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
+    delivery.stage(points, end)
+    del points
+    gc.collect()
+    assert [ref() for ref in columns] == [None] * len(columns)
+    (entry,) = delivery.queue._entries
+    assert isinstance(entry.snapshot, OnDisk) and len(entry.snapshot) == n
+    delivery.release(end)
+    assert delivery.wait_idle(10) and delivery.close() == 0
+    assert sorted(row for request in received_rows(otlp_sink, store.specs) for row in request) == sorted(expected)
+
+
+@pytest.mark.parametrize("damage", ["bit-flip", "truncated", "deleted", "another snapshot"])
+def test_a_snapshot_whose_file_does_not_read_back_is_set_aside_and_counted(otlp_sink, store, intervals, tmp_path,
+                                                                          damage) -> None:
+    """The first of two staged snapshots' file is damaged before it is sent: it is set aside and
+    counted as undeliverable, and the second, which holds every series' cumulative value again,
+    is delivered."""
+    metrics = SelfMetrics()
+    delivery = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
+    snaps = [intervals.record(i) for i in range(2)]
+    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(2)]
+    for points, end in zip(snaps, ends):
+        delivery.stage(points, end)
+    first = tmp_path / f"{ends[0]:020d}.snap"
+    data = first.read_bytes()
+    if damage == "bit-flip":
+        first.write_bytes(data[:-20] + bytes([data[-20] ^ 1]) + data[-19:])
+    elif damage == "truncated":
+        first.write_bytes(data[:-9])
+    elif damage == "deleted":
+        first.unlink()
+    else:
+        shutil.copy(tmp_path / f"{ends[1]:020d}.snap", first)
+    delivery.release(ends[1])
+    assert delivery.wait_idle(10) and delivery.close() == 0
+    assert received_rows(otlp_sink, store.specs) == [as_sent(snaps[1], store.specs)]
+    assert by_label(metrics.export_snapshots_dropped) == {("otlp", "unreadable"): 1}
+    assert by_label(metrics.export_points_undeliverable) == {("otlp", "unreadable"): len(snaps[0])}
+    assert by_label(metrics.export_outbox_errors) == {("otlp", "corrupt"): 1}
+    assert _left(tmp_path) == ([] if damage == "deleted" else [first.name + ".rejected"])
+
+
+def test_a_merge_whose_older_file_does_not_read_back_drops_it_and_keeps_the_bound(store, intervals,
+                                                                                 tmp_path) -> None:
+    """The backend is down and the queue holds 2: the third snapshot released makes the two oldest
+    merge, but the oldest's file is damaged; it is dropped and counted, the other two stay."""
+    metrics = SelfMetrics()
+    delivery = _delivery(_dead_endpoint(), store, metrics, tmp_path, queue_size=2)
+    snaps = [intervals.record(i) for i in range(3)]
+    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(3)]
+    for points, end in zip(snaps, ends):
+        delivery.stage(points, end)
+    (tmp_path / f"{ends[0]:020d}.snap").write_bytes(b"OGPUSNAP")
+    delivery.release(ends[2])
+    assert delivery.depth == 2 and not by_label(metrics.export_snapshots_merged)
+    assert by_label(metrics.export_snapshots_dropped) == {("otlp", "unreadable"): 1}
+    assert _snaps(tmp_path) == [f"{e:020d}.snap" for e in ends[1:]]
+    _crash(delivery)
 
 
 def test_released_snapshots_survive_a_crash_and_unreleased_ones_are_deleted(otlp_sink, store, intervals,

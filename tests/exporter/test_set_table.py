@@ -194,3 +194,33 @@ def test_a_gauge_whose_set_a_sum_has_too_shares_its_record(tmp_path) -> None:
     ids = _log_round_trip(table, log, points, T0 + MIN)
     assert len(ids) == 4 and len(set(ids.tolist())) == 3 and len(table) == 3  # one record per distinct set
     assert list(table._ids) == [POOL[1]]  # the gauge's tuple, which the store holds anyway
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(POOL), max_size=8, unique=True), min_size=1, max_size=8))
+def test_a_snapshot_keeps_its_sets_whatever_comes_or_goes_after_it(helds):
+    """Snapshots share one table of sets until a set comes or goes: each still reads, once later
+    intervals have added and ended series, as it did when it was recorded."""
+    store, snapshots, read = CostStore(), [], []
+    for k, held in enumerate(helds):
+        points = store.record(T0 + k * MIN, T0 + (k + 1) * MIN, {"allocated": {a: float(k) for a in held}},
+                              {"activity": {a: 0.5 for a in held[:2]}})
+        snapshots.append(points)
+        read.append(rows(points))
+    assert [rows(points) for points in snapshots] == read
+
+
+def test_intervals_whose_sets_stay_the_same_share_one_table() -> None:
+    """An interval that adds no set and ends none (as every interval of a steady cluster) shares
+    the table of the one before; a new set gives the next a table of its own."""
+    store = CostStore()
+
+    def record(k: int, held: list) -> SetTable:
+        points = store.record(T0 + k * MIN, T0 + (k + 1) * MIN, {"allocated": {a: 1.0 for a in held}}, {})
+        assert isinstance(points.attrs, SetTable)
+        return points.attrs
+
+    first, second, third = (record(k, POOL[:4]) for k in range(3))
+    assert second.codes is first.codes and third.codes is first.codes
+    fourth = record(3, POOL[:5])
+    assert fourth.codes is not first.codes and len(fourth.codes) == 5 and len(first.codes) == 4
