@@ -335,6 +335,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         doc["attribution"]["compute_ahead"] = not args.no_compute_ahead
         config.write_text(yaml.safe_dump(doc))
     by_step = Path(args.rss_by_step) / f"rss-{gpus}.log" if args.rss_by_step else None
+    if by_step:
+        by_step.parent.mkdir(parents=True, exist_ok=True)
     child, ready_s = start(config, env, metrics_port, by_step)
     n_scrapes = int(args.minutes * 60 / SCRAPE_S)
     # Data ending now or before: the gateway config refuses points ahead of the clock or a day old.
