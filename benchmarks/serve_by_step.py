@@ -1,6 +1,7 @@
 """`otelgpu serve` with its resident memory sampled every 50 ms and labelled by the step the
-pipeline's thread is in (a batch, computing ahead, the close, staging the snapshot, the checkpoint's
-state, the commit) and whether an exporter is sending, so that a run's highest RSS is told apart by
+pipeline's thread is in (a batch, and within it the folds of an open interval's DCGM steps and
+kube-state-metrics rows; computing ahead, the close, staging the snapshot, the checkpoint's state,
+the commit) and whether an exporter is sending, so that a run's highest RSS is told apart by
 what made it. bench_scale.py's `--rss-by-step` runs the sidecar so.
 
 usage: python benchmarks/serve_by_step.py LOG serve --config otelgpu.yaml
@@ -17,11 +18,16 @@ from typing import Any, Callable
 
 from otelgpu.cli import main
 from otelgpu.commit import Committer
+from otelgpu.enrich import window
+from otelgpu.enrich.steps import Steps
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.pipeline import Pipeline
 
-STEPS = ((Pipeline, "process", "process"), (Pipeline, "compute_ahead", "ahead"), (Pipeline, "_close", "close"),
-         (Committer, "add", "stage"), (Pipeline, "_checkpoint_state", "state"), (Committer, "commit", "commit"))
+# Within a batch, the folds of an open interval: its DCGM steps (and a batch's own, one part), its
+# kube-state-metrics rows.
+STEPS = ((Pipeline, "process", "process"), (Steps, "merge", "fold-steps"), (window, "_latest", "fold-facts"),
+         (Pipeline, "compute_ahead", "ahead"), (Pipeline, "_close", "close"), (Committer, "add", "stage"),
+         (Pipeline, "_checkpoint_state", "state"), (Committer, "commit", "commit"))
 SAMPLE_S = 0.05
 
 

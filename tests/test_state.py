@@ -14,7 +14,7 @@ import pytest
 import yaml
 from capture import DEMO_START_NS, merged
 
-from otelgpu.checkpoint import FILE, Identity, decode, encode
+from otelgpu.checkpoint import FILE, Identity, Pieces, decode, encode
 from otelgpu.config import parse_config
 from otelgpu.core.state import States, Stateful
 from otelgpu.demo.run import scrape_requests
@@ -52,7 +52,7 @@ def through_checkpoint(state: Any) -> Any:
 
 
 def same(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+    if isinstance(a, (np.ndarray, Pieces)) or isinstance(b, (np.ndarray, Pieces)):
         return np.array_equal(np.asarray(a), np.asarray(b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)

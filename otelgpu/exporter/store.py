@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
-from otelgpu.checkpoint import string_ids, texts_of
+from otelgpu.checkpoint import Pieces, string_ids, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.byvalue import ByValue
 from otelgpu.core.state import Undo, nothing_to_undo
@@ -414,14 +414,18 @@ class CostStore:
     def state(self) -> dict:
         """The live sums as columns (oldest first) over a table of their attribute sets, all as
         arrays: the table is the sets' pair ids cut at `pair_ends` into one set each, each pair
-        the ids of its key and value (`pair_strings`) in the UTF-8 strings cut at `string_ends`."""
+        the ids of its key and value (`pair_strings`) in the UTF-8 strings cut at `string_ends`.
+        The columns and the pair ids are `Pieces`, read from the store as the checkpoint is
+        written (right after, in the thread that records): no copy of them is held whole."""
         with self._lock:
             rows = self._live_rows()
             sets, aset = np.unique(self._aset[rows], return_inverse=True)
+            columns = {name: Pieces.gathered(column, rows) for name, column in
+                       (("metric", self._metric), ("start_ns", self._start), ("value", self._value),
+                        ("quiet", self._quiet))}
             return {"last_time_ns": self.last_time_ns, "metrics": list(self.metric_keys),
                     "table": self._sets.table(sets.tolist()),
-                    "columns": {"metric": self._metric[rows], "attrs": aset.reshape(-1).astype(np.uint32),
-                                "start_ns": self._start[rows], "value": self._value[rows], "quiet": self._quiet[rows]}}
+                    "columns": {**columns, "attrs": aset.reshape(-1).astype(np.uint32)}}
 
     def restore(self, state: Mapping | None) -> None:
         """Continue from `state()` of an earlier run (same currency); also reads the layouts of
@@ -694,7 +698,7 @@ class _AttrSets:
         string ends (released pairs are left in, as empty strings)."""
         codes = [self._codes[i] for i in sets]
         pair_strings, strings, string_ends = self._pairs.encoded()
-        return {"set_pairs": np.frombuffer(b"".join(codes), np.uint32),
+        return {"set_pairs": Pieces.joined(codes, np.uint32),
                 "pair_ends": np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 4),
                 "pair_strings": pair_strings, "strings": strings, "string_ends": string_ends}
 
