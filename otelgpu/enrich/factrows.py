@@ -14,6 +14,9 @@ until it is renewed: it holds at most what the cluster sent at its largest.
 
 `FactRows.batch` gives back the rows as they came, each with its own time, in their order: what
 the close and the fold read is the same batch bit for bit as if every row had been kept whole.
+A fold of parts that all refer to the table the intervals share (`latest_rows`, as every fold of a
+steady cluster) keeps each series' last row without building the parts' rows: a row's content is
+read where it stands, in the table or in a part's own rows.
 """
 
 from __future__ import annotations
@@ -199,9 +202,120 @@ def share(batch: PointBatch, table: Optional[FactTable], fold: bool = False,
     return (FactRows.whole(batch) if found is None else FactRows.of(batch, table, found)), table
 
 
+def latest_rows(parts: list[FactRows], table: Optional[FactTable]) -> Optional[FactRows]:
+    """The parts' rows in time order, each series' last alone (enrich/facts.py `latest` of their
+    rows end to end), referring to `table` as `share` would with no renewal: the kept rows the
+    table holds by their place in it, the others as own rows. Built from the rows' places, not
+    from the rows (a fold of 1.25 times the cluster's series held them twice over, then the kept
+    ones again). None unless every part refers to `table`: fold those the readable way, rows
+    built (enrich/window.py `_latest`)."""
+    if table is None or not parts or any(part.shared is not table.batch for part in parts):
+        return None
+    n_table = len(table)
+    place = np.empty(sum(map(len, parts)), np.int64)
+    owns, at, offset = [], 0, 0
+    for part in parts:  # each part's own rows come after the table, one part's after another's
+        mine = place[at:at + len(part)]
+        mine[:] = part.row
+        mine[mine >= n_table] += offset
+        at += len(part)
+        if len(part.own):
+            owns.append(part.own)
+            offset += len(part.own)
+    own = PointBatch.concat(owns) if owns else _NONE
+    time_ns = np.concatenate([part.time_ns for part in parts])
+    if len(time_ns) > 1 and not np.all(time_ns[1:] >= time_ns[:-1]):
+        order = np.argsort(time_ns, kind="stable")
+        time_ns, place = time_ns[order], place[order]
+    keep = _last_of_each_in(place, n_table, *_series(table.batch), *_series(own))
+    time_ns, place = time_ns[keep], place[keep]
+    mine = place >= n_table
+    n_own = int(mine.sum())
+    kept = own.select(place[mine] - n_table) if n_own else _NONE
+    place[mine] = n_table + np.arange(n_own)
+    return FactRows(time_ns, place.astype(np.int32), table.batch, kept)
+
+
+def _series(batch: PointBatch) -> tuple[np.ndarray, ...]:
+    """What makes a row its series' (facts.py `last_of_each`): all but its time and its target."""
+    return batch.metric, batch.value.view(np.int64), batch.stale, batch.attr_off, batch.attr_key, batch.attr_val
+
+
+@kernel
+def _last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
+                     o_metric, o_bits, o_stale, o_off, o_key, o_val):
+    """facts.py `last_of_each` of rows in two batches: a place below `n_first` is that row of the
+    first, any other the row `place - n_first` of the second. Per entry, whether no later entry
+    is the same row but for its time."""
+    n = len(places)
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slots = np.full(size, -1, np.int32)  # entries of `places`: a fold is far below 2**31 rows
+    hashes = np.zeros(n, np.uint64)
+    keep = np.zeros(n, np.bool_)
+    for i in range(n - 1, -1, -1):
+        p = places[i]
+        if p < n_first:
+            h = _series_hash(p, metric, bits, stale, off, key, val)
+        else:
+            h = _series_hash(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
+        hashes[i] = h
+        j = h & mask
+        while True:
+            other = slots[j]
+            if other < 0:
+                slots[j] = i
+                keep[i] = True
+                break
+            q = places[other]
+            if hashes[other] == h:
+                if p < n_first and q < n_first:
+                    same = _same_series(p, metric, bits, stale, off, key, val, q, metric, bits, stale, off, key, val)
+                elif p < n_first:
+                    same = _same_series(p, metric, bits, stale, off, key, val,
+                                        q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
+                elif q < n_first:
+                    same = _same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
+                                        q, metric, bits, stale, off, key, val)
+                else:
+                    same = _same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
+                                        q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
+                if same:
+                    break
+            j = (j + np.uint64(1)) & mask
+    return keep
+
+
+@kernel
+def _series_hash(r, metric, bits, stale, off, key, val):  # noqa: ANN001, ANN202
+    h = hash_step(np.uint64(0x243F6A8885A308D3), np.uint64(metric[r]))
+    h = hash_step(h, np.uint64(bits[r]))
+    h = hash_step(h, np.uint64(stale[r]))
+    for k in range(off[r], off[r + 1]):
+        h = hash_step(h, (np.uint64(key[k]) << np.uint64(32)) | np.uint64(val[k]))
+    return h
+
+
+@kernel
+def _same_series(a, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
+                 b, b_metric, b_bits, b_stale, b_off, b_key, b_val):
+    if metric[a] != b_metric[b] or bits[a] != b_bits[b] or stale[a] != b_stale[b]:
+        return False
+    n = off[a + 1] - off[a]
+    if b_off[b + 1] - b_off[b] != n:
+        return False
+    for k in range(n):
+        if key[off[a] + k] != b_key[b_off[b] + k] or val[off[a] + k] != b_val[b_off[b] + k]:
+            return False
+    return True
+
+
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernels of `FactTable.find`."""
+    """Compile (or load from numba's cache) the kernels of `FactTable.find` and `latest_rows`."""
     one = np.zeros(1, np.int32)
     rows = PointBatch(np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1), np.zeros(1, bool), one, one,
                       np.array([0, 1], np.int64), one, one)
     FactTable(rows).find(rows)
+    _last_of_each_in(np.zeros(1, np.int64), 1, *_series(rows), *_series(rows))

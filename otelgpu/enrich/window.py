@@ -34,7 +34,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from otelgpu.core.state import nothing_to_undo
-from otelgpu.enrich.factrows import FactRows, FactTable, share
+from otelgpu.enrich.factrows import RENEW_OWN, FactRows, FactTable, latest_rows, share
 from otelgpu.enrich.facts import latest
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.steps import LabelTable, Steps
@@ -193,7 +193,11 @@ class Windows:
         table = self._facts
         alone = table is None or not any(part.shared is table.batch for slot in self._open.values()
                                          if slot.facts.parts is not parts for part in slot.facts.parts)
-        rows, self._facts = share(_latest(parts), table, fold=True, alone=alone)
+        folded = latest_rows(parts, table)  # without building the rows, when every part refers to the table
+        if folded is not None and not (len(folded.own) and (alone or len(folded.own) * RENEW_OWN > len(folded))):
+            return folded
+        rows, self._facts = share(folded.batch() if folded is not None else _latest(parts), table, fold=True,
+                                  alone=alone)
         return rows
 
     def _add_steps(self, slot: _Open, steps: Steps) -> None:

@@ -6,11 +6,15 @@ interner must rewrite a shared table once, however many parts and intervals read
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelgpu.enrich.factrows import FactRows, FactTable, find_reference, share
+from otelgpu.enrich import window
+from otelgpu.enrich.factrows import FactRows, FactTable, find_reference, latest_rows, share
 from otelgpu.enrich.facts import latest
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodSamples
@@ -109,12 +113,14 @@ def pod_rows(pods: int, time_ns: int) -> PointBatch:
                      for p in range(1, pods + 1)])
 
 
-def test_two_open_intervals_of_a_steady_cluster_hold_its_rows_once():
+def test_two_open_intervals_of_a_steady_cluster_hold_its_rows_once(monkeypatch: pytest.MonkeyPatch):
     """Scrapes every 10 s into an interval that waits for its lateness while the next takes rows:
     the newer interval's rows refer to the table the older one's fold left, so the rows held whole
     are one copy of the cluster's series, and each row of either interval costs its time and a
     number beside it."""
     pods, piece = 400, 50
+    folds = []  # what each fold's `latest_rows` gave: a steady cluster's parts all refer to the table
+    monkeypatch.setattr(window, "latest_rows", lambda *args: folds.append(latest_rows(*args)) or folds[-1])
     windows = Windows(60, 30, fold_rows=1)
     for t in range(5, 90, 10):
         rows = pod_rows(pods, t * NS)
@@ -129,6 +135,8 @@ def test_two_open_intervals_of_a_steady_cluster_hold_its_rows_once():
     windows.watermark_ns = 10**6 * NS
     first, second = windows.due(flush=True)
     assert identical(first.facts, pod_rows(pods, 55 * NS)) and identical(second.facts, pod_rows(pods, 85 * NS))
+    fast = [f is not None for f in folds]  # the first scrape's folds make the table
+    assert len(fast) > 20 and True in fast[:len(fast) // 4] and all(fast[fast.index(True):])
 
 
 def test_a_compaction_rewrites_a_shared_table_once():
@@ -167,3 +175,52 @@ def test_rows_refer_to_a_table_where_it_holds_them_and_are_kept_whole_where_not(
     assert new is not table and new.batch is some and len(rows.own) == 0
     whole = FactRows.whole(mixed)
     assert whole.batch() is mixed
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(content, max_size=10), st.lists(st.lists(st.tuples(st.integers(0, 9), content), max_size=8), max_size=5),
+       st.randoms(use_true_random=False))
+def test_a_fold_from_the_rows_places_is_the_fold_of_the_rows(table_rows, pieces, rng):
+    """`latest_rows` of parts that refer to a table (their rows at any times, some of the table's
+    content, some not) gives the rows `latest` keeps of the parts' rows end to end, bit for bit,
+    referring to the table as `share` would; it declines parts that do not all refer to it."""
+    table = FactTable(latest(batch_of([(1, c) for c in table_rows])))
+    reused = [(t, table_rows[t % len(table_rows)]) if table_rows and rng.random() < 0.5 else (t, c) for t, c in
+              [(t, c) for piece in pieces for t, c in piece]]
+    at, parts = 0, []
+    for piece in pieces:
+        rows = batch_of(reused[at:at + len(piece)])
+        at += len(piece)
+        parts.append(share(rows, table)[0])
+    folded = latest_rows(parts, table)
+    if not parts or any(part.shared is not table.batch for part in parts):
+        assert folded is None
+        return
+    reference = latest(PointBatch.concat([part.batch() for part in parts]))
+    assert identical(folded.batch(), reference)
+    found = table.find(reference)
+    assert folded.row.tolist() == np.where(found >= 0, found, len(table) + np.cumsum(found < 0) - 1).tolist()
+    assert identical(folded.own, reference.select(found < 0)) and folded.shared is table.batch
+
+
+def test_a_steady_fold_builds_the_places_of_its_rows_not_the_rows():
+    """A fold of a steady cluster's rows (each series resent, every row in the shared table) holds
+    under half of what building the rows held: their labels are read where they stand."""
+    pods = 50_000
+    labelled = [(t, (int(Metric.POD_LABELS), 1.0, False, -1, -1, [(k, p + k) for k in range(6)]))
+                for t, p in ((5 * NS, p) for p in range(pods))]
+    table = FactTable(batch_of(labelled))
+    parts = [share(batch_of([(t + 10 * NS, c) for t, c in labelled]), table)[0]]
+    again = batch_of([(t + 20 * NS, c) for t, c in labelled])
+    parts += [share(again.select(rows), table)[0] for rows in np.array_split(np.arange(pods), 8)[:3]]
+    peaks = []
+    for fold in (lambda: latest_rows(parts, table), lambda: share(window._latest(parts), table, fold=True)[0]):
+        fold()  # its kernels loaded
+        tracemalloc.start()
+        try:
+            rows = fold()
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert identical(rows.batch(), latest(PointBatch.concat([part.batch() for part in parts])))
+    assert peaks[0] < peaks[1] / 2
