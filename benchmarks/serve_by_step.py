@@ -18,14 +18,14 @@ from typing import Any, Callable
 
 from otelgpu.cli import main
 from otelgpu.commit import Committer
-from otelgpu.enrich import window
 from otelgpu.enrich.steps import Steps
+from otelgpu.enrich.window import Windows
 from otelgpu.exporter.delivery import Delivery
 from otelgpu.pipeline import Pipeline
 
 # Within a batch, the folds of an open interval: its DCGM steps (and a batch's own, one part), its
 # kube-state-metrics rows.
-STEPS = ((Pipeline, "process", "process"), (Steps, "merge", "fold-steps"), (window, "_latest", "fold-facts"),
+STEPS = ((Pipeline, "process", "process"), (Steps, "merge", "fold-steps"), (Windows, "_fold_facts", "fold-facts"),
          (Pipeline, "compute_ahead", "ahead"), (Pipeline, "_close", "close"), (Committer, "add", "stage"),
          (Pipeline, "_checkpoint_state", "state"), (Committer, "commit", "commit"))
 SAMPLE_S = 0.05

@@ -387,15 +387,23 @@ class Pipeline:
                         "would only guess their costs)", skipped)
         if not closed:
             return 0
+        n_closed = len(closed)
         with collector_paused():
-            for interval in closed:
+            # Each interval is let go once recorded, before its snapshot is staged: several close at
+            # once at a stop, each computed at its close, and its samples and facts would otherwise
+            # be held through the next one's computation and the checkpoint.
+            while closed:
+                interval = closed.pop(0)
                 with self.telemetry.timed(WorkStep.CLOSE):
-                    self.committer.add(interval.end_ns, self._close(interval, computed.pop(interval.index, None)))
-                    self.metrics.interval_closed.set(interval.end_ns / NS)
+                    end_ns, snapshot = interval.end_ns, self._close(interval, computed.pop(interval.index, None))
+                    del interval
+                    self.committer.add(end_ns, snapshot)
+                    del snapshot
+                    self.metrics.interval_closed.set(end_ns / NS)
             with self.telemetry.timed(WorkStep.COMMIT):
                 self.committer.commit(self._checkpoint_state, self._replay_from())
         give_back()  # what the close built and dropped
-        return len(closed)
+        return n_closed
 
     def _compute(self, interval: Interval) -> Costs:
         self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval

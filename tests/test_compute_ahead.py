@@ -372,3 +372,29 @@ def test_costs_computed_ahead_are_let_go_once_their_interval_is_recorded(monkeyp
         p.compute_ahead()
     assert by_label(p.metrics.intervals_ahead).get("used", 0) >= 3 and len(alive_at_stage) >= 3
     assert not any(alive_at_stage)
+
+
+def test_intervals_closed_at_once_are_each_let_go_before_its_snapshot_is_staged(monkeypatch) -> None:
+    """A stop closes the interval waiting for its lateness and the one begun, computed at their
+    close: each one's samples, pod samples and facts are held by nothing once its costs are
+    recorded, not through its snapshot's staging, the next one's computation and the checkpoint."""
+    c, p = cluster(), pipeline(False)
+    intervals: list[weakref.ref] = []
+    alive_at_stage: list[list[bool]] = []
+    due, add = p.windows.due, p.committer.add
+
+    def closing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a spy: weak references to what closes
+        closed = due(*args, **kwargs)
+        intervals.extend(weakref.ref(interval.steps) for interval in closed)
+        return closed
+
+    def staging(end_ns: int, snapshot) -> None:  # noqa: ANN001
+        alive_at_stage.append([ref() is not None for ref in intervals])
+        add(end_ns, snapshot)
+
+    for t in range(0, 200, SCRAPE_S):
+        feed(p, c.scrape(t))
+    monkeypatch.setattr(p.windows, "due", closing)
+    monkeypatch.setattr(p.committer, "add", staging)
+    assert p.close_due(flush=True) == 2 and len(intervals) == 2
+    assert alive_at_stage == [[False, True], [False, False]]  # the second still to be computed at the first's
