@@ -244,9 +244,10 @@ def _sidecar_alerts(config: AlertsConfig) -> list[dict[str, Any]]:
         _alert(config, "OtelgpuSnapshotsDropped",
               _counted(f'otelgpu_export_snapshots_dropped_total{{job="{job}"}}', "1h", "cluster, instance, exporter, reason"),
               "0m", "page", "otelgpu in cluster {{ $labels.cluster }} gave up cost snapshots",
-              "Snapshots given up (reason {{ $labels.reason }}): undelivered at a stop with no checkpoint "
-              "directory to keep them; their cost is in the next snapshot of each series still live, but the "
-              "last totals of series that ended are lost."),
+              "Snapshots given up (reason {{ $labels.reason }}): shutdown, undelivered at a stop with no "
+              "checkpoint directory to keep them; unreadable, persisted but their file no longer read back (set "
+              "aside as .rejected). Their cost is in the next snapshot of each series still live, but the last "
+              "totals of series that ended are lost."),
     ]
 
 

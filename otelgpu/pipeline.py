@@ -400,6 +400,8 @@ class Pipeline:
                     self.committer.add(end_ns, snapshot)
                     del snapshot
                     self.metrics.interval_closed.set(end_ns / NS)
+                if closed:
+                    give_back()  # what this one built and dropped, before the next is computed
             with self.telemetry.timed(WorkStep.COMMIT):
                 self.committer.commit(self._checkpoint_state, self._replay_from())
         give_back()  # what the close built and dropped
