@@ -258,9 +258,9 @@ def _last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noq
     for i in range(n - 1, -1, -1):
         p = places[i]
         if p < n_first:
-            h = _series_hash(p, metric, bits, stale, off, key, val)
+            h = series_hash(p, metric, bits, stale, off, key, val)
         else:
-            h = _series_hash(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
+            h = series_hash(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
         hashes[i] = h
         j = h & mask
         while True:
@@ -272,15 +272,15 @@ def _last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noq
             q = places[other]
             if hashes[other] == h:
                 if p < n_first and q < n_first:
-                    same = _same_series(p, metric, bits, stale, off, key, val, q, metric, bits, stale, off, key, val)
+                    same = same_series(p, metric, bits, stale, off, key, val, q, metric, bits, stale, off, key, val)
                 elif p < n_first:
-                    same = _same_series(p, metric, bits, stale, off, key, val,
+                    same = same_series(p, metric, bits, stale, off, key, val,
                                         q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
                 elif q < n_first:
-                    same = _same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
+                    same = same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
                                         q, metric, bits, stale, off, key, val)
                 else:
-                    same = _same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
+                    same = same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
                                         q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
                 if same:
                     break
@@ -289,7 +289,8 @@ def _last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noq
 
 
 @kernel
-def _series_hash(r, metric, bits, stale, off, key, val):  # noqa: ANN001, ANN202
+def series_hash(r, metric, bits, stale, off, key, val):  # noqa: ANN001, ANN202
+    """A hash of row `r`'s series: its metric, value bits, staleness and labels."""
     h = hash_step(np.uint64(0x243F6A8885A308D3), np.uint64(metric[r]))
     h = hash_step(h, np.uint64(bits[r]))
     h = hash_step(h, np.uint64(stale[r]))
@@ -299,8 +300,9 @@ def _series_hash(r, metric, bits, stale, off, key, val):  # noqa: ANN001, ANN202
 
 
 @kernel
-def _same_series(a, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
-                 b, b_metric, b_bits, b_stale, b_off, b_key, b_val):
+def same_series(a, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
+                b, b_metric, b_bits, b_stale, b_off, b_key, b_val):
+    """Whether row `a` of the first columns and row `b` of the second are one series' rows."""
     if metric[a] != b_metric[b] or bits[a] != b_bits[b] or stale[a] != b_stale[b]:
         return False
     n = off[a + 1] - off[a]

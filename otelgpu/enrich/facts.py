@@ -18,12 +18,12 @@ import numpy as np
 
 from otelgpu.core.jit import kernel
 from otelgpu.enrich import factstate
+from otelgpu.enrich.factrows import same_series, series_hash
 from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
                                   merge, shared_map)
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm
-from otelgpu.receiver.wire import hash_step
 
 
 _METRICS = {int(m): m for m in Metric}
@@ -267,11 +267,7 @@ def last_of_each(rows: np.ndarray, metric: np.ndarray, value_bits: np.ndarray, s
     keep = np.zeros(n, np.bool_)
     for i in range(n - 1, -1, -1):
         r = rows[i]
-        h = hash_step(np.uint64(0x243F6A8885A308D3), np.uint64(metric[r]))
-        h = hash_step(h, np.uint64(value_bits[r]))
-        h = hash_step(h, np.uint64(stale[r]))
-        for k in range(attr_off[r], attr_off[r + 1]):
-            h = hash_step(h, (np.uint64(attr_key[k]) << np.uint64(32)) | np.uint64(attr_val[k]))
+        h = series_hash(r, metric, value_bits, stale, attr_off, attr_key, attr_val)
         hashes[i] = h
         j = h & mask
         while True:
@@ -280,23 +276,11 @@ def last_of_each(rows: np.ndarray, metric: np.ndarray, value_bits: np.ndarray, s
                 slots[j] = i
                 keep[i] = True
                 break
-            if hashes[other] == h and _same_row(r, rows[other], metric, value_bits, stale, attr_off, attr_key, attr_val):
+            if hashes[other] == h and same_series(r, metric, value_bits, stale, attr_off, attr_key, attr_val,
+                                                  rows[other], metric, value_bits, stale, attr_off, attr_key, attr_val):
                 break
             j = (j + np.uint64(1)) & mask
     return keep
-
-
-@kernel
-def _same_row(a, b, metric, value_bits, stale, attr_off, attr_key, attr_val):  # noqa: ANN001, ANN202
-    if metric[a] != metric[b] or value_bits[a] != value_bits[b] or stale[a] != stale[b]:
-        return False
-    n = attr_off[a + 1] - attr_off[a]
-    if attr_off[b + 1] - attr_off[b] != n:
-        return False
-    for k in range(n):
-        if attr_key[attr_off[a] + k] != attr_key[attr_off[b] + k] or attr_val[attr_off[a] + k] != attr_val[attr_off[b] + k]:
-            return False
-    return True
 
 
 def latest(batch: PointBatch) -> PointBatch:
