@@ -227,7 +227,7 @@ def latest_rows(parts: list[FactRows], table: Optional[FactTable]) -> Optional[F
     if len(time_ns) > 1 and not np.all(time_ns[1:] >= time_ns[:-1]):
         order = np.argsort(time_ns, kind="stable")
         time_ns, place = time_ns[order], place[order]
-    keep = _last_of_each_in(place, n_table, *_series(table.batch), *_series(own))
+    keep = last_of_each_in(place, n_table, *_series(table.batch), *_series(own))
     time_ns, place = time_ns[keep], place[keep]
     mine = place >= n_table
     n_own = int(mine.sum())
@@ -242,11 +242,12 @@ def _series(batch: PointBatch) -> tuple[np.ndarray, ...]:
 
 
 @kernel
-def _last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
+def last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
                      o_metric, o_bits, o_stale, o_off, o_key, o_val):
-    """facts.py `last_of_each` of rows in two batches: a place below `n_first` is that row of the
-    first, any other the row `place - n_first` of the second. Per entry, whether no later entry
-    is the same row but for its time."""
+    """Per entry of `places`, whether no later entry is the same row but for its time (facts.py
+    `last_of_each`), of rows in two batches: a place below `n_first` is that row of the first, any
+    other the row `place - n_first` of the second. An open-addressing table of the rows' hashes,
+    filled from the end; equal hashes are compared in full."""
     n = len(places)
     size = 16
     while size < 2 * n:
@@ -320,4 +321,4 @@ def warm_up() -> None:
     rows = PointBatch(np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1), np.zeros(1, bool), one, one,
                       np.array([0, 1], np.int64), one, one)
     FactTable(rows).find(rows)
-    _last_of_each_in(np.zeros(1, np.int64), 1, *_series(rows), *_series(rows))
+    last_of_each_in(np.zeros(1, np.int64), 1, *_series(rows), *_series(rows))

@@ -16,9 +16,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from otelgpu.core.jit import kernel
 from otelgpu.enrich import factstate
-from otelgpu.enrich.factrows import same_series, series_hash
+from otelgpu.enrich.factrows import last_of_each_in
 from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
                                   merge, shared_map)
 from otelgpu.receiver.decode import PointBatch
@@ -251,36 +250,14 @@ def _pod(document: Mapping[str, Any]) -> PodFacts:
     return pod
 
 
-@kernel
 def last_of_each(rows: np.ndarray, metric: np.ndarray, value_bits: np.ndarray, stale: np.ndarray,
                  attr_off: np.ndarray, attr_key: np.ndarray, attr_val: np.ndarray) -> np.ndarray:
     """Per entry of `rows`, whether no later entry is the same row but for its timestamp (same
     metric, value bits, staleness and labels in the same order): the last row of each series.
-    An open-addressing table of row hashes, filled from the end; equal hashes are compared in full."""
-    n = len(rows)
-    size = 16
-    while size < 2 * n:
-        size *= 2
-    mask = np.uint64(size - 1)
-    slots = np.full(size, -1, np.int64)
-    hashes = np.zeros(n, np.uint64)
-    keep = np.zeros(n, np.bool_)
-    for i in range(n - 1, -1, -1):
-        r = rows[i]
-        h = series_hash(r, metric, value_bits, stale, attr_off, attr_key, attr_val)
-        hashes[i] = h
-        j = h & mask
-        while True:
-            other = slots[j]
-            if other < 0:
-                slots[j] = i
-                keep[i] = True
-                break
-            if hashes[other] == h and same_series(r, metric, value_bits, stale, attr_off, attr_key, attr_val,
-                                                  rows[other], metric, value_bits, stale, attr_off, attr_key, attr_val):
-                break
-            j = (j + np.uint64(1)) & mask
-    return keep
+    An open-addressing table of row hashes, filled from the end; equal hashes are compared in full
+    (enrich/factrows.py `last_of_each_in`, here of one batch)."""
+    columns = (metric, value_bits, stale, attr_off, attr_key, attr_val)
+    return last_of_each_in(rows, len(metric), *columns, *columns)
 
 
 def latest(batch: PointBatch) -> PointBatch:
@@ -329,7 +306,7 @@ def warm_up() -> str:
     last_of_each(np.zeros(1, np.int64), np.zeros(1, np.int16), np.zeros(1, np.int64), np.zeros(1, bool),
                  np.array([0, 1], np.int64), one, one)
     factrows.warm_up()
-    return how_loaded(last_of_each)
+    return how_loaded(last_of_each_in)
 
 
 
