@@ -215,9 +215,9 @@ def latest_rows(parts: list[FactRows], table: Optional[FactTable]) -> Optional[F
     place = np.empty(sum(map(len, parts)), np.int64)
     owns, at, offset = [], 0, 0
     for part in parts:  # each part's own rows come after the table, one part's after another's
-        mine = place[at:at + len(part)]
-        mine[:] = part.row
-        mine[mine >= n_table] += offset
+        span = place[at:at + len(part)]
+        span[:] = part.row
+        span[span >= n_table] += offset
         at += len(part)
         if len(part.own):
             owns.append(part.own)
@@ -243,7 +243,7 @@ def _series(batch: PointBatch) -> tuple[np.ndarray, ...]:
 
 @kernel
 def last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noqa: ANN001, ANN202
-                     o_metric, o_bits, o_stale, o_off, o_key, o_val):
+                    o_metric, o_bits, o_stale, o_off, o_key, o_val):
     """Per entry of `places`, whether no later entry is the same row but for its time (facts.py
     `last_of_each`), of rows in two batches: a place below `n_first` is that row of the first, any
     other the row `place - n_first` of the second. An open-addressing table of the rows' hashes,
@@ -276,13 +276,13 @@ def last_of_each_in(places, n_first, metric, bits, stale, off, key, val,  # noqa
                     same = same_series(p, metric, bits, stale, off, key, val, q, metric, bits, stale, off, key, val)
                 elif p < n_first:
                     same = same_series(p, metric, bits, stale, off, key, val,
-                                        q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
+                                       q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
                 elif q < n_first:
                     same = same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
-                                        q, metric, bits, stale, off, key, val)
+                                       q, metric, bits, stale, off, key, val)
                 else:
                     same = same_series(p - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val,
-                                        q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
+                                       q - n_first, o_metric, o_bits, o_stale, o_off, o_key, o_val)
                 if same:
                     break
             j = (j + np.uint64(1)) & mask
