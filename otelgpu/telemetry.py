@@ -564,7 +564,7 @@ class ExporterTelemetry:
         self._dropped = metrics.export_snapshots_dropped.labels(exporter, "shutdown")
         self._undeliverable = metrics.export_points_undeliverable.labels(exporter, "shutdown")
         self._series_rejected, self._failures = metrics.export_series_rejected, metrics.export_failures
-        self._metrics = metrics
+        self._dropped_by, self._undeliverable_by = metrics.export_snapshots_dropped, metrics.export_points_undeliverable
 
     def outbox_error(self, reason: OutboxError) -> None:
         self._outbox_errors[OutboxError(reason)].inc()
@@ -580,8 +580,8 @@ class ExporterTelemetry:
 
     def unreadable(self, points: int) -> None:
         """A persisted snapshot whose file did not read back when it was to be sent or merged."""
-        self._metrics.export_snapshots_dropped.labels(self.exporter, "unreadable").inc()
-        self._metrics.export_points_undeliverable.labels(self.exporter, "unreadable").inc(points)
+        self._dropped_by.labels(self.exporter, "unreadable").inc()
+        self._undeliverable_by.labels(self.exporter, "unreadable").inc(points)
 
     def failed(self, reason: str, points: int) -> None:
         """A failed attempt, by the sender's code: the gRPC status (`unavailable`), `http_<status>`,

@@ -56,6 +56,15 @@ def _crash(delivery: Delivery) -> None:
     delivery.sender.close()
 
 
+def _staged(delivery: Delivery, intervals, n: int) -> tuple[list, list[int]]:  # noqa: ANN001 - the fixture
+    """The snapshots of intervals 0..n-1 staged (persisted, not released), and their ends."""
+    snaps = [intervals.record(i) for i in range(n)]
+    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(n)]
+    for points, end in zip(snaps, ends):
+        delivery.stage(points, end)
+    return snaps, ends
+
+
 def _snaps(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.snap"))
 
@@ -123,10 +132,7 @@ def test_a_damaged_snapshot_file_is_refused(damage, reason) -> None:
 
 def test_staged_snapshots_are_on_disk_and_sent_only_once_released(otlp_sink, store, intervals, tmp_path) -> None:
     delivery = _delivery(otlp_sink.endpoint, store, SelfMetrics(), tmp_path)
-    snaps = [intervals.record(i) for i in range(2)]
-    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(2)]
-    for points, end in zip(snaps, ends):
-        delivery.stage(points, end)
+    snaps, ends = _staged(delivery, intervals, 2)
     assert _snaps(tmp_path) == [f"{end:020d}.snap" for end in ends]  # persisted before sendable
     assert delivery.wait_idle(5) and otlp_sink.calls == 0 and delivery.depth == 2
 
@@ -171,10 +177,7 @@ def test_a_snapshot_whose_file_does_not_read_back_is_set_aside_and_counted(otlp_
     is delivered."""
     metrics = SelfMetrics()
     delivery = _delivery(otlp_sink.endpoint, store, metrics, tmp_path)
-    snaps = [intervals.record(i) for i in range(2)]
-    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(2)]
-    for points, end in zip(snaps, ends):
-        delivery.stage(points, end)
+    snaps, ends = _staged(delivery, intervals, 2)
     first = tmp_path / f"{ends[0]:020d}.snap"
     data = first.read_bytes()
     if damage == "bit-flip":
@@ -200,10 +203,7 @@ def test_a_merge_whose_older_file_does_not_read_back_drops_it_and_keeps_the_boun
     merge, but the oldest's file is damaged; it is dropped and counted, the other two stay."""
     metrics = SelfMetrics()
     delivery = _delivery(_dead_endpoint(), store, metrics, tmp_path, queue_size=2)
-    snaps = [intervals.record(i) for i in range(3)]
-    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(3)]
-    for points, end in zip(snaps, ends):
-        delivery.stage(points, end)
+    snaps, ends = _staged(delivery, intervals, 3)
     (tmp_path / f"{ends[0]:020d}.snap").write_bytes(b"OGPUSNAP")
     delivery.release(ends[2])
     assert delivery.depth == 2 and not by_label(metrics.export_snapshots_merged)
@@ -282,10 +282,7 @@ def test_a_merge_cut_short_by_a_crash_sends_the_merged_snapshot_only(otlp_sink, 
     refused as out of order), so recovery deletes it."""
     metrics = SelfMetrics()
     old = _delivery(_dead_endpoint(), store, metrics, tmp_path, queue_size=2)
-    snaps = [intervals.record(i) for i in range(3)]
-    ends = [intervals.T0 + (i + 1) * intervals.MIN for i in range(3)]
-    for points, end in zip(snaps, ends):
-        old.stage(points, end)
+    snaps, ends = _staged(old, intervals, 3)
     old.release(ends[2])  # three sendable, two allowed: the first two are merged, nothing in flight yet
     assert by_label(metrics.export_snapshots_merged)["otlp"] == 1
     assert _snaps(tmp_path) == [f"{e:020d}.snap" for e in ends[1:]]
