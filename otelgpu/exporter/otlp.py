@@ -171,18 +171,20 @@ class RequestWriter:
         are read as the ids of their pairs, mapped to the writer's once per distinct pair; plain
         sets pair by pair. Pairs not met before are encoded first."""
         coded = len(table.codes) if isinstance(table, SetTable) else 0
-        flags = used.tolist()
-        codes = [table.codes[i] if u else b"" for i, u in enumerate(flags[:coded])] if coded else []
-        plain = [table[i] if u else () for i, u in enumerate(flags[coded:], coded)]
-        off = np.zeros(len(flags) + 1, np.int64)
-        np.cumsum(np.concatenate([np.fromiter(map(len, codes), np.int64, len(codes)) // 4,
-                                  np.fromiter(map(len, plain), np.int64, len(plain))]), out=off[1:])
+        counts = np.zeros(len(used), np.int64)
+        ids = np.zeros(0, np.uint32)
+        if coded:
+            sets = np.flatnonzero(used[:coded])
+            ids, of_sets = table.codes.joined(sets)
+            counts[sets] = of_sets
+        plain = [table[i] if u else () for i, u in enumerate(used[coded:].tolist(), coded)]
+        counts[coded:] = np.fromiter(map(len, plain), np.int64, len(plain))
+        off = np.zeros(len(used) + 1, np.int64)
+        np.cumsum(counts, out=off[1:])
         out = np.empty(int(off[-1]), np.int32)  # the store's pair ids first, mapped in place
         stored = out[:int(off[coded])]
-        raw, at = memoryview(stored).cast("B"), 0
-        for code in codes:
-            raw[at:at + len(code)] = code
-            at += len(code)
+        stored[:] = ids
+        del ids
         runs = [stored[at:at + _TAKEN] for at in range(0, len(stored), _TAKEN)]  # numpy widens indices to 8 bytes
         present = np.zeros(len(table.pairs) if coded else 0, bool)
         for run in runs:

@@ -11,7 +11,7 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from otelgpu.checkpoint import Pieces, string_ids, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.byvalue import ByValue
 from otelgpu.core.state import Undo, nothing_to_undo
-from otelgpu.exporter.columns import Point, Points, SetTable, code_of, set_of
+from otelgpu.exporter.columns import RUN_SETS, Point, Points, SetCodes, SetTable, code_of, gather_runs, set_of
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
@@ -530,11 +530,91 @@ class _Gauges:
 _EXTRA_BITS = 24  # a set's key: the number of its base, then that of its extra in these low bits
 
 
+FIRST_IDS = 1 << 14  # the sets' pair ids: room for this many at first, and at the least
+
+
+class _Runs:
+    """Each set's pair ids (uint32) as a run of one array: set i is ids[start[i]:start[i] +
+    count[i]]. A run is written once: a set's ids go after the last run, a released set's run is
+    left where it is, and when there is no room left the live runs are packed into a new array
+    (with half as much room again). So the tables handed out (`view`) and the arrays a checkpoint
+    reads are never written again; the arrays are replaced together, in one assignment."""
+
+    def __init__(self) -> None:
+        self._arrays = (np.zeros(FIRST_IDS, np.uint32), np.zeros(1024, np.uint32), np.zeros(1024, np.int32))
+        self._sets = 0  # indices given (live or released)
+        self._end = 0  # ids written
+        self._live = 0  # ids of live runs
+
+    def __len__(self) -> int:
+        return self._sets
+
+    def __getitem__(self, index: int) -> bytes:
+        ids, start, count = self._arrays
+        begin = int(start[index])
+        return ids[begin:begin + int(count[index])].tobytes()
+
+    def put(self, index: int, codes: np.ndarray) -> None:
+        """Set `index` (a new one, `len(self)`, or one released) has the pair ids `codes`."""
+        ids, start, count = self._arrays
+        if index == len(start):
+            grown = len(start) + len(start) // 2
+            start, count = (np.concatenate([a, np.zeros(grown - len(a), a.dtype)]) for a in (start, count))
+        if self._end + len(codes) > len(ids):
+            ids, start = self._packed(ids, start, count, len(codes))
+        ids[self._end:self._end + len(codes)] = codes
+        start[index], count[index] = self._end, len(codes)
+        self._arrays = (ids, start, count)
+        self._sets = max(self._sets, index + 1)
+        self._end += len(codes)
+        self._live += len(codes)
+
+    def release(self, indices: list[int]) -> np.ndarray:
+        """The pair ids of these sets, end to end; the sets have none from now on."""
+        ids, start, count = self._arrays
+        chosen = np.asarray(indices, np.int64)
+        codes = gather_runs(ids, start, count, chosen)
+        count[chosen] = 0  # a view's counts are its own copy
+        self._live -= len(codes)
+        return codes
+
+    def view(self) -> SetCodes:
+        """Every set as it is now, in arrays of its own but for the ids, which are never written again."""
+        ids, start, count = self._arrays
+        return SetCodes(ids, start[:self._sets].copy(), count[:self._sets].copy())
+
+    def pieces(self, sets: np.ndarray) -> Pieces:
+        """The pair ids of `sets` end to end, for a checkpoint: gathered some sets at a time."""
+        ids, start, count = self._arrays
+        start, count = start[sets], count[sets].astype(np.int64)  # copies: the sets as they are now
+        every = np.arange(len(sets), dtype=np.int64)
+
+        def chunks() -> Iterator[np.ndarray]:
+            for lo in range(0, len(sets), RUN_SETS):
+                yield gather_runs(ids, start, count, every[lo:lo + RUN_SETS])
+        return Pieces(np.uint32, int(count.sum()), chunks)
+
+    def counts(self, sets: np.ndarray) -> np.ndarray:
+        return self._arrays[2][sets].astype(np.int64)
+
+    def _packed(self, ids: np.ndarray, start: np.ndarray, count: np.ndarray, more: int) -> tuple[np.ndarray, np.ndarray]:
+        """The live runs packed at the start of a new array with room for `more` ids and half as
+        many as they are again, and where each now starts (the counts are unchanged)."""
+        live = np.flatnonzero(count[:self._sets]).astype(np.int64)
+        packed = np.zeros(max(FIRST_IDS, (self._live + more) * 3 // 2), np.uint32)  # room's pages untouched till used
+        joined = gather_runs(ids, start, count, live)
+        packed[:len(joined)] = joined
+        new_start = np.zeros(len(start), np.uint32)
+        new_start[live[1:]] = np.cumsum(count[live[:-1]], dtype=np.int64)
+        self._end = len(joined)
+        return packed, new_start
+
+
 class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
-    index is reused by the next new set. A set is kept as the ids of its pairs (4 bytes a pair), in
-    a reference-counted pair table: no tuple per set (`value` builds one), and a checkpoint writes
-    the sets as arrays without visiting their pairs (the pairs' strings numbered once for every
+    index is reused by the next new set. A set is kept as the ids of its pairs (4 bytes a pair, a
+    run of one array: `_Runs`), in a reference-counted pair table: no tuple per set (`value`
+    builds one), and a checkpoint writes the sets as arrays without visiting their pairs (the pairs' strings numbered once for every
     checkpoint until a pair comes or goes). Each set also has a serial that no other set of the
     process has had, so that what a snapshot's sets became elsewhere (the queue's attribute log)
     is found by it.
@@ -545,7 +625,7 @@ class _AttrSets:
     equal parts, find their sets without building them (`find_named`)."""
 
     def __init__(self) -> None:
-        self._codes: list[bytes] = []  # each set's pair ids, uint32 (bytes: a fraction of an array's overhead)
+        self._codes = _Runs()  # each set's pair ids, uint32
         self._index = ByValue(self._codes)  # by the pair ids, which are a set's while it lives
         self._users: list[int] = []
         self._free: list[int] = []
@@ -561,21 +641,20 @@ class _AttrSets:
         known = self._pairs.codes(attrs)
         index = self._index.find(known) if known is not None else -1
         if index < 0:
-            codes = np.fromiter(map(self._pairs.add, attrs), np.uint32, len(attrs)).tobytes()
+            codes = np.fromiter(map(self._pairs.add, attrs), np.uint32, len(attrs))
             if self._free:
                 index = self._free.pop()
-                self._codes[index] = codes
                 self._users[index] = 0
             else:
                 index = len(self._codes)
-                self._codes.append(codes)
                 self._users.append(0)
                 if index == len(self._named):
                     self._named = np.concatenate([self._named, np.full(index, -1, np.int64)])
                     self._serial = np.concatenate([self._serial, np.zeros(index, np.int64)])
+            self._codes.put(index, codes)
             self._serial[index] = self._serials
             self._serials += 1
-            self._index.put(index, hash(codes))
+            self._index.put(index, hash(codes.tobytes()))
             self._table = None
         self._users[index] += 1
         return index
@@ -591,9 +670,7 @@ class _AttrSets:
                 gone.append(i)
         if not gone:
             return
-        self._pairs.release(np.frombuffer(b"".join(self._codes[i] for i in gone), np.uint32))
-        for i in gone:
-            self._codes[i] = b""  # tables copied before keep theirs; this one lets go
+        self._pairs.release(self._codes.release(gone))
         self._table = None
         self._unname(np.array(gone, np.int64))
         self._free.extend(gone)
@@ -611,7 +688,7 @@ class _AttrSets:
         table is shared by the snapshots of the intervals that follow until a set comes or goes:
         queued through an outage, each would otherwise hold its own (some 30 MiB at 100,000 GPUs)."""
         if self._table is None:
-            self._table = SetTable(list(self._codes), self._pairs.listed(), self._serial[:len(self._codes)].copy(),
+            self._table = SetTable(self._codes.view(), self._pairs.listed(), self._serial[:len(self._codes)].copy(),
                                    serial_of=serial_of)
         return self._table
 
@@ -696,10 +773,9 @@ class _AttrSets:
         """These sets as arrays: their pair ids end to end (4 bytes a pair, as kept), where each
         set ends, each pair's key and value string ids, the strings' UTF-8 bytes and where each
         string ends (released pairs are left in, as empty strings)."""
-        codes = [self._codes[i] for i in sets]
+        sets = np.asarray(sets, np.int64)
         pair_strings, strings, string_ends = self._pairs.encoded()
-        return {"set_pairs": Pieces.joined(codes, np.uint32),
-                "pair_ends": np.cumsum(np.fromiter(map(len, codes), np.int64, len(codes)) // 4),
+        return {"set_pairs": self._codes.pieces(sets), "pair_ends": np.cumsum(self._codes.counts(sets)),
                 "pair_strings": pair_strings, "strings": strings, "string_ends": string_ends}
 
     @staticmethod

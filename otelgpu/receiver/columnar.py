@@ -108,10 +108,13 @@ _NAME_SCALE = np.array([TO_STORED_UNIT.get(n, 1.0) for n in KNOWN_METRICS])
 
 def _grown(table: np.ndarray, need: int, fill: int = 0) -> np.ndarray:
     """`a` with room for `need` entries: half as large again, so at most a third of a table that
-    grew is room (the label-set tables of a 10,000-GPU cluster are some MiB)."""
+    grew is room (the label-set tables of 100,000 GPUs are some 150 MiB). Room filled with zeros
+    is not written: a table of the allocator's mmap threshold or more is mapped apart (`heap.py`),
+    and its pages not yet used take no memory until they are."""
     if need <= len(table):
         return table
-    out = np.full(max(need, len(table) + len(table) // 2), fill, table.dtype)
+    size = max(need, len(table) + len(table) // 2)
+    out = np.zeros(size, table.dtype) if fill == 0 else np.full(size, fill, table.dtype)
     out[:len(table)] = table
     return out
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from otelgpu.core.attrs import attrs_of
 from otelgpu.exporter import attrtable, snapshot
+from otelgpu.exporter import store as store_module
 from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.exporter.columns import Points, SetTable, merge
 from otelgpu.exporter.otlp import PAIRS_KEPT, RequestWriter, requests_reference
@@ -224,3 +225,35 @@ def test_intervals_whose_sets_stay_the_same_share_one_table() -> None:
     assert second.codes is first.codes and third.codes is first.codes
     fourth = record(3, POOL[:5])
     assert fourth.codes is not first.codes and len(fourth.codes) == 5 and len(first.codes) == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.lists(st.integers(0, 2**32 - 1), max_size=9), st.integers(0, 40)), max_size=60),
+       st.integers(1, 24))
+def test_set_runs_read_as_a_dict_of_ids_and_a_view_as_when_it_was_taken(steps, room):
+    """The store's sets' pair ids as runs of one array (`_Runs`), against a dict: a list of ids
+    puts a set (a released index first, as the store reuses them), a number releases the live
+    set it picks. The room is a few ids, so the live runs are packed into new arrays again and
+    again; every view taken reads, at the end, the sets it was given."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "FIRST_IDS", room)
+        runs, sets, free, views = store_module._Runs(), {}, [], []
+        for step in steps:
+            if isinstance(step, list):
+                index = free.pop() if free else len(runs)
+                runs.put(index, np.array(step, np.uint32))
+                sets[index] = np.array(step, np.uint32).tobytes()
+            elif sets:
+                index = sorted(sets)[step % len(sets)]
+                assert runs.release([index]).tobytes() == sets.pop(index)
+                free.append(index)
+            assert all(runs[i] == code for i, code in sets.items())
+            views.append((runs.view(), {i: sets.get(i, b"") for i in range(len(runs))}))
+        for view, then in views:
+            assert list(view) == [then[i] for i in range(len(view))]
+            chosen = np.array(sorted(then), np.int64)
+            ids, counts = view.joined(chosen)
+            assert ids.tobytes() == b"".join(then[i] for i in chosen.tolist())
+            assert counts.tolist() == [len(then[i]) // 4 for i in chosen.tolist()]
+        live = np.array(sorted(sets), np.int64)
+        assert np.asarray(runs.pieces(live)).tobytes() == b"".join(sets[i] for i in live.tolist())

@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from fuzz_traffic import plan, valid_cluster
 from fuzzing import STRUCTURED, WIRE
 from otelgpu.enrich.window import NS
-from otelgpu.receiver import wire
+from otelgpu.receiver import columnar, wire
 from otelgpu.receiver.columnar import ColumnarDecoder
 from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import Interner
@@ -397,6 +397,27 @@ def test_a_compaction_empties_the_label_set_table():
     both.strings.compact(np.zeros(0, np.int32))  # every code dropped: the table's codes are stale
     again = both.same(raw)
     assert both.columnar.epoch == 1 and again[0][0][-1] == (("namespace", "ml"), ("pod", "p"))
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_a_tables_room_takes_no_memory_until_it_is_used():
+    """A table grows half as large again; the room of zeros past its entries is not written, so
+    its pages take no memory until sets use them (a 128 MiB table here: mapped apart by the
+    allocator at any threshold). Room of another fill is written, and every entry is kept."""
+    table = np.arange(1000, dtype=np.int32)
+    before = _rss_mib()
+    grown = columnar._grown(table, 32 << 20)
+    added = _rss_mib() - before
+    assert len(grown) == 32 << 20 and np.array_equal(grown[:1000], table)
+    assert added < 16, f"{added:.1f} MiB resident for a table of 128 MiB with 4 KiB in use"
+    assert not grown[1000:1 << 20].any() and not grown[-(1 << 20):].any()
+    filled = columnar._grown(table, 1500, fill=-7)
+    assert np.array_equal(filled[:1000], table) and (filled[1000:] == -7).all() and len(filled) == 1500
+    assert columnar._grown(table, 1000) is table
 
 
 def test_sets_with_one_hash_are_told_apart_by_their_bytes():
