@@ -46,9 +46,9 @@ def gather_runs(values: np.ndarray, start: np.ndarray, count: np.ndarray, chosen
     for lo in range(0, len(chosen), RUN_SETS):
         starts, sizes = start[chosen[lo:lo + RUN_SETS]].astype(np.int64), counts[lo:lo + RUN_SETS]
         ends = np.cumsum(sizes)
-        n = int(ends[-1]) if len(ends) else 0
-        out[at:at + n] = values[np.repeat(starts - (ends - sizes), sizes) + np.arange(n, dtype=np.int64)]
-        at += n
+        taken = int(ends[-1]) if len(ends) else 0
+        out[at:at + taken] = values[np.repeat(starts - (ends - sizes), sizes) + np.arange(taken, dtype=np.int64)]
+        at += taken
     return out
 
 
