@@ -231,7 +231,9 @@ def stages(args: argparse.Namespace) -> None:
 
 def walked(root: Any, seen: set[int]) -> tuple[int, int]:
     """(bytes of Python objects, bytes of numpy buffers) reachable from `root` and not in `seen`
-    (which it extends); modules, classes and functions are not followed."""
+    (which it extends); modules, classes and functions are not followed. An array a numba kernel
+    returned owns no data (its memory is numba's) and an array over a bytes object neither: their
+    buffer is counted once, by the array that refers to it."""
     python = buffers = 0
     stack = [root]
     while stack:
@@ -245,6 +247,9 @@ def walked(root: Any, seen: set[int]) -> tuple[int, int]:
                 base = base.base
             if base.flags.owndata and (base is obj or id(base) not in seen):
                 seen.add(id(base))
+                buffers += base.nbytes
+            elif not base.flags.owndata and base.base is not None and id(base.base) not in seen:
+                seen.add(id(base.base))  # numba's memory, or a bytes object's
                 buffers += base.nbytes
             python += sys.getsizeof(obj) - (obj.nbytes if obj.flags.owndata else 0)
             if obj.dtype == object:
