@@ -78,15 +78,7 @@ class SetCodes(Sequence[bytes]):
     def __len__(self) -> int:
         return len(self.start)
 
-    @overload
-    def __getitem__(self, at: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, at: slice) -> list[bytes]: ...
-
-    def __getitem__(self, at: int | slice) -> bytes | list[bytes]:
-        if isinstance(at, slice):
-            return [self[k] for k in range(*at.indices(len(self)))]
+    def __getitem__(self, at: int) -> bytes:  # type: ignore[override] - sets are read one by one or `joined`
         begin = int(self.start[at])
         return self.ids[begin:begin + int(self.count[at])].tobytes()
 

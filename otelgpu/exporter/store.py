@@ -597,7 +597,8 @@ class _Runs:
     def counts(self, sets: np.ndarray) -> np.ndarray:
         return self._arrays[2][sets].astype(np.int64)
 
-    def _packed(self, ids: np.ndarray, start: np.ndarray, count: np.ndarray, more: int) -> tuple[np.ndarray, np.ndarray]:
+    def _packed(self, ids: np.ndarray, start: np.ndarray, count: np.ndarray,
+                more: int) -> tuple[np.ndarray, np.ndarray]:
         """The live runs packed at the start of a new array with room for `more` ids and half as
         many as they are again, and where each now starts (the counts are unchanged)."""
         live = np.flatnonzero(count[:self._sets]).astype(np.int64)
@@ -614,10 +615,10 @@ class _AttrSets:
     """Each distinct attribute set once, with the number of live series using it; a released set's
     index is reused by the next new set. A set is kept as the ids of its pairs (4 bytes a pair, a
     run of one array: `_Runs`), in a reference-counted pair table: no tuple per set (`value`
-    builds one), and a checkpoint writes the sets as arrays without visiting their pairs (the pairs' strings numbered once for every
-    checkpoint until a pair comes or goes). Each set also has a serial that no other set of the
-    process has had, so that what a snapshot's sets became elsewhere (the queue's attribute log)
-    is found by it.
+    builds one), and a checkpoint writes the sets as arrays without visiting their pairs (the
+    pairs' strings numbered once for every checkpoint until a pair comes or goes). Each set also
+    has a serial that no other set of the process has had, so that what a snapshot's sets became
+    elsewhere (the queue's attribute log) is found by it.
 
     A set that series name by their parts (`Extended`: a base set and the attributes added to it)
     is also found by them: each set keeps the numbers of the last parts that named it, a base and
