@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
@@ -628,8 +629,8 @@ class _AttrSets:
     def __init__(self) -> None:
         self._codes = _Runs()  # each set's pair ids, uint32
         self._index = ByValue(self._codes)  # by the pair ids, which are a set's while it lives
-        self._users: list[int] = []
-        self._free: list[int] = []
+        self._users = np.zeros(1024, np.int32)  # [set] the live series using it
+        self._free = array("i")  # released sets' indices, the next new set's the last
         self._pairs = _Pairs()
         self._serial = np.zeros(1024, np.int64)  # [set] its serial
         self._serials = 0  # serials given
@@ -645,13 +646,13 @@ class _AttrSets:
             codes = np.fromiter(map(self._pairs.add, attrs), np.uint32, len(attrs))
             if self._free:
                 index = self._free.pop()
-                self._users[index] = 0
             else:
                 index = len(self._codes)
-                self._users.append(0)
                 if index == len(self._named):
                     self._named = np.concatenate([self._named, np.full(index, -1, np.int64)])
                     self._serial = np.concatenate([self._serial, np.zeros(index, np.int64)])
+                    self._users = np.concatenate([self._users, np.zeros(index, np.int32)])
+            self._users[index] = 0
             self._codes.put(index, codes)
             self._serial[index] = self._serials
             self._serials += 1
@@ -815,8 +816,8 @@ class _Counted(ABC):
 
     def __init__(self) -> None:
         self._ids: dict = {}
-        self._refs: list[int] = []
-        self._free: list[int] = []
+        self._refs = array("i")  # [id] what refers to its key
+        self._free = array("i")  # released ids, the next new key's the last
 
     def _take(self, key) -> tuple[int, bool]:  # noqa: ANN001 - a string or a pair
         """`key`'s id, with one reference more, and whether it is new (given an id now)."""
