@@ -35,13 +35,15 @@ def code_of(attrs: Attrs, ids: Mapping[tuple[str, str], int]) -> Optional[bytes]
         return None
 
 
-RUN_SETS = 1 << 16  # sets whose runs are gathered at once: their ids' places, 8 bytes each, held meanwhile
+RUN_SETS = 1 << 12  # sets whose runs are gathered at once: three arrays of their ids' places (8 bytes each) meanwhile
 
 
-def gather_runs(values: np.ndarray, start: np.ndarray, count: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """The runs values[start[k]:start[k] + count[k]] of each of `chosen`, end to end."""
+def gather_runs(values: np.ndarray, start: np.ndarray, count: np.ndarray, chosen: np.ndarray,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
+    """The runs values[start[k]:start[k] + count[k]] of each of `chosen`, end to end (in `out`
+    when given: an array of values' type and of their length)."""
     counts = count[chosen].astype(np.int64)
-    out = np.empty(int(counts.sum()), values.dtype)
+    out = np.empty(int(counts.sum()), values.dtype) if out is None else out
     at = 0
     for lo in range(0, len(chosen), RUN_SETS):
         starts, sizes = start[chosen[lo:lo + RUN_SETS]].astype(np.int64), counts[lo:lo + RUN_SETS]
@@ -86,10 +88,11 @@ class SetCodes(Sequence[bytes]):
         ids = self.ids
         return (ids[begin:begin + n].tobytes() for begin, n in zip(self.start.tolist(), self.count.tolist()))
 
-    def joined(self, sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The pair ids of `sets` end to end (uint32), and how many each set has."""
+    def joined(self, sets: np.ndarray, out: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The pair ids of `sets` end to end (uint32; written into `out` when given), and how
+        many each set has."""
         sets = np.asarray(sets, np.int64)
-        return gather_runs(self.ids, self.start, self.count, sets), self.count[sets].astype(np.int64)
+        return gather_runs(self.ids, self.start, self.count, sets, out), self.count[sets].astype(np.int64)
 
 
 class SetTable(BuiltOnRead):

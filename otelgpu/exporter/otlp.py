@@ -171,20 +171,18 @@ class RequestWriter:
         are read as the ids of their pairs, mapped to the writer's once per distinct pair; plain
         sets pair by pair. Pairs not met before are encoded first."""
         coded = len(table.codes) if isinstance(table, SetTable) else 0
+        sets = np.flatnonzero(used[:coded])
         counts = np.zeros(len(used), np.int64)
-        ids = np.zeros(0, np.uint32)
         if coded:
-            sets = np.flatnonzero(used[:coded])
-            ids, of_sets = table.codes.joined(sets)
-            counts[sets] = of_sets
+            counts[sets] = table.codes.count[sets]
         plain = [table[i] if u else () for i, u in enumerate(used[coded:].tolist(), coded)]
         counts[coded:] = np.fromiter(map(len, plain), np.int64, len(plain))
         off = np.zeros(len(used) + 1, np.int64)
         np.cumsum(counts, out=off[1:])
         out = np.empty(int(off[-1]), np.int32)  # the store's pair ids first, mapped in place
         stored = out[:int(off[coded])]
-        stored[:] = ids
-        del ids
+        if coded:
+            table.codes.joined(sets, stored.view(np.uint32))
         runs = [stored[at:at + _TAKEN] for at in range(0, len(stored), _TAKEN)]  # numpy widens indices to 8 bytes
         present = np.zeros(len(table.pairs) if coded else 0, bool)
         for run in runs:
