@@ -57,7 +57,7 @@ def gather_runs(values: np.ndarray, start: np.ndarray, count: np.ndarray, chosen
 class SetCodes(Sequence[bytes]):
     """Sets as the ids of their pairs (uint32), each a run of one array: set i is
     `ids[start[i]:start[i] + count[i]]`, read as bytes (`[i]`) or many at once (`joined`). Where
-    a bytes object each took some 40 bytes besides its ids (23 MiB for the 570,000 sets of
+    a bytes object each took some 40 bytes besides its ids (22 MiB for the 570,000 sets of
     100,000 GPUs), a set takes 8. What a table refers to is never written again: the store's
     sets (`_AttrSets`) write a new set's ids after the last run and pack the live ones into a
     new array, so every table handed out reads the sets it was given."""
