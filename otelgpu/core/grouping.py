@@ -1,6 +1,7 @@
 """Ids of the distinct rows of a few integer columns: the grouping every stage does on columns
 (holders of a GPU, series of a snapshot, pods of a node), with one sort and no Python per row;
-and `Numbering`, distinct values numbered as they are met (holders, profiles, attribute sets)."""
+`Numbering`, distinct values numbered as they are met (holders, profiles, attribute sets); and
+`gather_runs`, runs of an array packed end to end (the decoder's label sets, the store's)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,22 @@ def _packed(cols: tuple[np.ndarray, ...]) -> list[np.ndarray]:
     if key is not None:
         keys.append(key)
     return keys
+
+
+RUN_SETS = 1 << 12  # runs gathered at once: three arrays of their entries' places (8 bytes each) meanwhile
+
+
+def gather_runs(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
+    """The runs values[starts[k]:starts[k] + sizes[k]] end to end (in `out` when given: an array of
+    values' type and of their length), RUN_SETS runs at a time."""
+    sizes = np.asarray(sizes, np.int64)
+    out = np.empty(int(sizes.sum()), values.dtype) if out is None else out
+    at = 0
+    for lo in range(0, len(sizes), RUN_SETS):
+        begin, size = np.asarray(starts[lo:lo + RUN_SETS], np.int64), sizes[lo:lo + RUN_SETS]
+        ends = np.cumsum(size)
+        taken = int(ends[-1]) if len(ends) else 0
+        out[at:at + taken] = values[np.repeat(begin - (ends - size), size) + np.arange(taken, dtype=np.int64)]
+        at += taken
+    return out

@@ -19,7 +19,7 @@ from typing import Callable, Collection, Iterator, Mapping, Optional, Sequence, 
 import numpy as np
 
 from otelgpu.core.attrs import Attrs, BuiltOnRead
-from otelgpu.core.grouping import group_ids
+from otelgpu.core.grouping import gather_runs, group_ids
 
 
 def set_of(code: bytes, pairs: Sequence[tuple[str, str]]) -> Attrs:
@@ -33,25 +33,6 @@ def code_of(attrs: Attrs, ids: Mapping[tuple[str, str], int]) -> Optional[bytes]
         return np.fromiter(map(ids.__getitem__, attrs), np.uint32, len(attrs)).tobytes()
     except KeyError:
         return None
-
-
-RUN_SETS = 1 << 12  # sets whose runs are gathered at once: three arrays of their ids' places (8 bytes each) meanwhile
-
-
-def gather_runs(values: np.ndarray, start: np.ndarray, count: np.ndarray, chosen: np.ndarray,
-                out: Optional[np.ndarray] = None) -> np.ndarray:
-    """The runs values[start[k]:start[k] + count[k]] of each of `chosen`, end to end (in `out`
-    when given: an array of values' type and of their length)."""
-    counts = count[chosen].astype(np.int64)
-    out = np.empty(int(counts.sum()), values.dtype) if out is None else out
-    at = 0
-    for lo in range(0, len(chosen), RUN_SETS):
-        starts, sizes = start[chosen[lo:lo + RUN_SETS]].astype(np.int64), counts[lo:lo + RUN_SETS]
-        ends = np.cumsum(sizes)
-        taken = int(ends[-1]) if len(ends) else 0
-        out[at:at + taken] = values[np.repeat(starts - (ends - sizes), sizes) + np.arange(taken, dtype=np.int64)]
-        at += taken
-    return out
 
 
 class SetCodes(Sequence[bytes]):
@@ -91,8 +72,8 @@ class SetCodes(Sequence[bytes]):
     def joined(self, sets: np.ndarray, out: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
         """The pair ids of `sets` end to end (uint32; written into `out` when given), and how
         many each set has."""
-        sets = np.asarray(sets, np.int64)
-        return gather_runs(self.ids, self.start, self.count, sets, out), self.count[sets].astype(np.int64)
+        count = self.count[sets].astype(np.int64)
+        return gather_runs(self.ids, self.start[sets], count, out), count
 
 
 class SetTable(BuiltOnRead):

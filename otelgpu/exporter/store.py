@@ -19,8 +19,9 @@ import numpy as np
 from otelgpu.checkpoint import Pieces, string_ids, texts_of
 from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.byvalue import ByValue
+from otelgpu.core.grouping import RUN_SETS, gather_runs
 from otelgpu.core.state import Undo, nothing_to_undo
-from otelgpu.exporter.columns import RUN_SETS, Point, Points, SetCodes, SetTable, code_of, gather_runs, set_of
+from otelgpu.exporter.columns import Point, Points, SetCodes, SetTable, code_of, set_of
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
@@ -574,7 +575,7 @@ class _Runs:
         """The pair ids of these sets, end to end; the sets have none from now on."""
         ids, start, count = self._arrays
         chosen = np.asarray(indices, np.int64)
-        codes = gather_runs(ids, start, count, chosen)
+        codes = gather_runs(ids, start[chosen], count[chosen])
         count[chosen] = 0  # a view's counts are its own copy
         self._live -= len(codes)
         return codes
@@ -588,11 +589,10 @@ class _Runs:
         """The pair ids of `sets` end to end, for a checkpoint: gathered some sets at a time."""
         ids, start, count = self._arrays
         start, count = start[sets], count[sets].astype(np.int64)  # copies: the sets as they are now
-        every = np.arange(len(sets), dtype=np.int64)
 
         def chunks() -> Iterator[np.ndarray]:
             for lo in range(0, len(sets), RUN_SETS):
-                yield gather_runs(ids, start, count, every[lo:lo + RUN_SETS])
+                yield gather_runs(ids, start[lo:lo + RUN_SETS], count[lo:lo + RUN_SETS])
         return Pieces(np.uint32, int(count.sum()), chunks)
 
     def counts(self, sets: np.ndarray) -> np.ndarray:
@@ -604,7 +604,7 @@ class _Runs:
         many as they are again, and where each now starts (the counts are unchanged)."""
         live = np.flatnonzero(count[:self._sets]).astype(np.int64)
         packed = np.zeros(max(FIRST_IDS, (self._live + more) * 3 // 2), np.uint32)  # room's pages untouched till used
-        joined = gather_runs(ids, start, count, live)
+        joined = gather_runs(ids, start[live], count[live])
         packed[:len(joined)] = joined
         new_start = np.zeros(len(start), np.uint32)
         new_start[live[1:]] = np.cumsum(count[live[:-1]], dtype=np.int64)

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.metrics.v1.metrics_pb2 import NumberDataPoint
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from otelgpu.core.grouping import gather_runs
 from otelgpu.receiver import wire
 from otelgpu.receiver.decode import (
     _RESOURCE_KEYS,
@@ -411,8 +412,7 @@ def _gather(values: np.ndarray, off: np.ndarray, keep: np.ndarray) -> tuple[np.n
     counts = off[keep + 1] - off[keep]
     new_off = np.zeros(len(keep) + 1, np.int64)
     np.cumsum(counts, out=new_off[1:])
-    entries = np.repeat(off[keep] - new_off[:-1], counts) + np.arange(int(new_off[-1]), dtype=np.int64)
-    return values[entries], new_off
+    return gather_runs(values, off[keep], counts), new_off
 
 
 def _columns(columns: dict[str, np.ndarray], resources: list[tuple[int, int, str, int, int]], floor: int, horizon: int,

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otelgpu.core import grouping
 from otelgpu.core.attrs import attrs_of
 from otelgpu.exporter import attrtable, snapshot
-from otelgpu.exporter import columns as columns_module
 from otelgpu.exporter import store as store_module
 from otelgpu.exporter.attrtable import AttrTable
 from otelgpu.exporter.columns import Points, SetTable, merge
@@ -272,9 +272,10 @@ def test_gathering_sets_runs_holds_a_few_thousand_sets_places_at_a_time():
     ids = np.arange(4_000_000, dtype=np.uint32)
     chosen = np.arange(0, 200_000, dtype=np.int64)
     out = np.empty(4_000_000, np.uint32)
+    starts, sizes = start[chosen], count[chosen]
     tracemalloc.start()
     try:
-        columns_module.gather_runs(ids, start, count, chosen, out)
+        grouping.gather_runs(ids, starts, sizes, out)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
