@@ -56,7 +56,8 @@ class SetCodes(Sequence[bytes]):
         count = np.fromiter(map(len, codes), np.int64, len(codes)) // 4
         start = np.zeros(len(codes), np.int64)
         np.cumsum(count[:-1], out=start[1:])
-        return cls(np.frombuffer(b"".join(codes), np.uint32), start, count.astype(np.int32))
+        # joined into a bytearray: a writable array, of the type the OTLP writer's kernel is compiled for
+        return cls(np.frombuffer(bytearray().join(codes), np.uint32), start, count.astype(np.int32))
 
     def __len__(self) -> int:
         return len(self.start)

@@ -40,6 +40,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.core.attrs import Attrs
+from otelgpu.core.grouping import RUN_SETS
 from otelgpu.core.jit import kernel
 from otelgpu.exporter.columns import SetTable
 from otelgpu.exporter.config import OtlpExporterConfig
@@ -55,10 +56,10 @@ log = logging.getLogger(__name__)
 # attributes encodes to a few hundred bytes, so this keeps every request well below that limit.
 MAX_POINTS_PER_REQUEST = 4000
 PAIRS_KEPT = 262_144  # encoded attribute pairs the writer keeps
-_TAKEN = 1 << 20  # pair ids mapped at once
 RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                        grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
 NO_RECORDED_VALUE = DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
+_NO_IDS, _NO_STARTS, _NO_COUNTS = np.zeros(0, np.uint32), np.zeros(0, np.uint32), np.zeros(0, np.int32)  # no store sets
 
 
 def _kv(key: str, value: str) -> KeyValue:
@@ -132,15 +133,15 @@ class RequestWriter:
             return
         used = np.zeros(len(columns.attrs), dtype=bool)
         used[columns.aset] = True
-        pair_ids, set_off = self._set_pairs(columns.attrs, used)
-        sets = (self._pair_bytes, self._pair_off, pair_ids, set_off)
+        sets = self._sets(columns.attrs, used)
         bits = columns.value.view(np.int64)
         body, room = [], max_points
         for key, rows in self._runs(columns):
             while len(rows):  # a request holds `max_points` points, of one metric or of several in turn
                 run, rows = rows[:room], rows[room:]
-                data = write_points(*sets, columns.aset[run].astype(np.int64), columns.start_ns[run],
-                                    columns.time_ns[run], bits[run], columns.ended[run], self.specs[key].kind == "sum")
+                data = write_points(self._pair_bytes, self._pair_off, *sets, columns.aset[run].astype(np.int64),
+                                    columns.start_ns[run], columns.time_ns[run], bits[run], columns.ended[run],
+                                    self.specs[key].kind == "sum")
                 body.append(self._metric(key, data.tobytes()))
                 room -= len(run)
                 if not room:
@@ -165,38 +166,34 @@ class RequestWriter:
     def _request(self, body: list[bytes]) -> bytes:
         return len_field(1, self._resource + len_field(2, self._scope + b"".join(body)))
 
-    def _set_pairs(self, table: Sequence[Attrs], used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each used set of `table` as the ids of its pairs (an unused one: none), end to end,
-        and where each set starts (set i is ids[off[i]:off[i + 1]]). The store's sets (`SetTable`)
-        are read as the ids of their pairs, mapped to the writer's once per distinct pair; plain
-        sets pair by pair. Pairs not met before are encoded first."""
-        coded = len(table.codes) if isinstance(table, SetTable) else 0
+    def _sets(self, table: Sequence[Attrs], used: np.ndarray) -> tuple[np.ndarray, ...]:
+        """What `write_points` reads of `table`'s sets, with every pair the `used` ones name
+        encoded: the store's sets (`SetTable`: set i < len(codes)) as they are kept, the ids of
+        their pairs in the store's runs (`SetCodes`: ids, start, count; not copied) and each
+        store pair id's id in the writer (`remap`); the sets after them (plain tuples, a list's
+        every set) as the writer's pair ids end to end (`plain_ids`, set i's from
+        `plain_off[i - len(codes)]`). Which store pairs the used sets name is read some sets at a
+        time: no copy of the sets' pair ids (some 40 MiB at 100,000 GPUs) is built."""
+        codes = table.codes if isinstance(table, SetTable) else None
+        coded = len(codes) if codes is not None else 0
+        present = np.zeros(len(table.pairs) if codes is not None else 0, bool)
         sets = np.flatnonzero(used[:coded])
-        counts = np.zeros(len(used), np.int64)
-        if coded:
-            counts[sets] = table.codes.count[sets]
-        plain = [table[i] if u else () for i, u in enumerate(used[coded:].tolist(), coded)]
-        counts[coded:] = np.fromiter(map(len, plain), np.int64, len(plain))
-        off = np.zeros(len(used) + 1, np.int64)
-        np.cumsum(counts, out=off[1:])
-        out = np.empty(int(off[-1]), np.int32)  # the store's pair ids first, mapped in place
-        stored = out[:int(off[coded])]
-        if coded:
-            table.codes.joined(sets, stored.view(np.uint32))
-        runs = [stored[at:at + _TAKEN] for at in range(0, len(stored), _TAKEN)]  # numpy widens indices to 8 bytes
-        present = np.zeros(len(table.pairs) if coded else 0, bool)
-        for run in runs:
-            present[run] = True
+        for lo in range(0, len(sets), RUN_SETS):
+            present[codes.joined(sets[lo:lo + RUN_SETS])[0]] = True
         distinct = np.flatnonzero(present)  # the pairs the sets use, each once: mapped, not each use
         store_pairs = [table.pairs[i] for i in distinct.tolist()]
+        plain = [table[i] if u else () for i, u in enumerate(used[coded:].tolist(), coded)]
         plain_pairs = list(chain.from_iterable(plain))
         pairs = self._known(store_pairs, plain_pairs)
         remap = np.zeros(len(present), np.int32)
         remap[distinct] = np.fromiter(map(pairs.__getitem__, store_pairs), np.int32, len(store_pairs))
-        for run in runs:
-            run[:] = remap[run]
-        out[len(stored):] = np.fromiter(map(pairs.__getitem__, plain_pairs), np.int32, len(plain_pairs))
-        return out, off
+        plain_off = np.zeros(len(plain) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, plain), np.int64, len(plain)), out=plain_off[1:])
+        plain_ids = np.fromiter(map(pairs.__getitem__, plain_pairs), np.int32, len(plain_pairs))
+        if codes is None:
+            return _NO_IDS, _NO_STARTS, _NO_COUNTS, remap, plain_ids, plain_off
+        return (codes.ids, codes.start.astype(np.uint32, copy=False), codes.count.astype(np.int32, copy=False),
+                remap, plain_ids, plain_off)
 
     def _known(self, *needed: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
         """The writer's pair ids, with every pair of `needed` encoded. Past PAIRS_KEPT pairs the
@@ -221,21 +218,31 @@ class RequestWriter:
 
 
 @kernel
-def write_points(pair_bytes: np.ndarray, pair_off: np.ndarray, pair_ids: np.ndarray, set_off: np.ndarray,
-                 aset: np.ndarray, start_ns: np.ndarray, time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray,
+def write_points(pair_bytes: np.ndarray, pair_off: np.ndarray, ids: np.ndarray, start: np.ndarray, count: np.ndarray,
+                 remap: np.ndarray, plain_ids: np.ndarray, plain_off: np.ndarray, aset: np.ndarray,
+                 start_ns: np.ndarray, time_ns: np.ndarray, bits: np.ndarray, ended: np.ndarray,
                  is_sum: bool) -> np.ndarray:
     """The data_points fields (NumberDataPoint, field 1) of one metric's points, as `_point` of
     the readable writer lays them out: start time (sums), time, the value or, for an ended point,
     the attributes and then flags = NO_RECORDED_VALUE; `bits` are the values' IEEE-754 bits. A
-    point's attributes are the pairs of its set (pair_ids[set_off[s]:set_off[s + 1]]), each pair's
-    KeyValue field pair_bytes[pair_off[p]:pair_off[p + 1]]."""
-    n = len(aset)
+    point's attributes are the pairs of its set (`RequestWriter._sets`: set s < len(start) is
+    remap[ids[start[s]:start[s] + count[s]]], a later one plain_ids[plain_off[s - len(start)]:
+    plain_off[s - len(start) + 1]]), each pair's KeyValue field pair_bytes[pair_off[p]:pair_off[p + 1]]."""
+    n, coded = len(aset), len(start)
+    lo, hi = np.empty(n, np.int64), np.empty(n, np.int64)  # each point's pairs: in ids (coded) or in plain_ids
     sizes = np.empty(n, np.int64)
     total = 0
     for i in range(n):
+        s = aset[i]
+        if s < coded:
+            lo[i] = np.int64(start[s])
+            hi[i] = lo[i] + np.int64(count[s])
+        else:
+            lo[i], hi[i] = plain_off[s - coded], plain_off[s - coded + 1]
         attrs = 0
-        for j in range(set_off[aset[i]], set_off[aset[i] + 1]):
-            attrs += pair_off[pair_ids[j] + 1] - pair_off[pair_ids[j]]
+        for j in range(lo[i], hi[i]):
+            pair = remap[ids[j]] if s < coded else plain_ids[j]
+            attrs += pair_off[pair + 1] - pair_off[pair]
         body = 9 + (9 if is_sum else 0) + attrs + (2 if ended[i] else 9)
         sizes[i] = body
         total += 1 + varint_size(body) + body
@@ -249,8 +256,9 @@ def write_points(pair_bytes: np.ndarray, pair_off: np.ndarray, pair_ids: np.ndar
         at = put_fixed64(out, at, 0x19, time_ns[i])
         if not ended[i]:
             at = put_fixed64(out, at, 0x21, bits[i])
-        for j in range(set_off[aset[i]], set_off[aset[i] + 1]):
-            for k in range(pair_off[pair_ids[j]], pair_off[pair_ids[j] + 1]):
+        for j in range(lo[i], hi[i]):
+            pair = remap[ids[j]] if aset[i] < coded else plain_ids[j]
+            for k in range(pair_off[pair], pair_off[pair + 1]):
                 out[at] = pair_bytes[k]
                 at += 1
         if ended[i]:

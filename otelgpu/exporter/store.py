@@ -153,9 +153,9 @@ class CostStore:
         """The rows `record(..., sums, ...)` would add to, looked up now (an interval computed
         ahead of its close does this then, so that its close need not)."""
         with self._lock:
-            parts: dict = {}
-            return Plan(self._records, {metric: self._look_up(metric, series, parts) for metric, series in sums.items()},
-                        parts)
+            parts: dict = {}  # rows as int32: held from the computation ahead to the close (2 million at 100,000 GPUs)
+            return Plan(self._records, {metric: self._look_up(metric, series, parts).astype(np.int32)
+                                        for metric, series in sums.items()}, parts)
 
     def _look_up(self, metric: str, series: Mapping[Attrs, float], parts: dict) -> np.ndarray:
         """Each series' row, -1 for a new one. A series named by its parts (the cost models'

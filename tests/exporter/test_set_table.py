@@ -17,7 +17,7 @@ from otelgpu.core.attrs import attrs_of
 from otelgpu.exporter import attrtable, snapshot
 from otelgpu.exporter import store as store_module
 from otelgpu.exporter.attrtable import AttrTable
-from otelgpu.exporter.columns import Points, SetTable, merge
+from otelgpu.exporter.columns import Points, SetCodes, SetTable, merge
 from otelgpu.exporter.otlp import PAIRS_KEPT, RequestWriter, requests_reference
 from otelgpu.exporter.remote_write import SeriesWriter
 from otelgpu.exporter.store import CostStore, cost_metrics
@@ -281,3 +281,32 @@ def test_gathering_sets_runs_holds_a_few_thousand_sets_places_at_a_time():
         tracemalloc.stop()
     assert peak < 4 << 20, f"{peak / 2**20:.1f} MiB traced"
     assert np.array_equal(out[:20], ids[start[0]:start[0] + 20]) and np.array_equal(out[-20:], ids[:20])
+
+
+def test_writing_a_snapshot_copies_none_of_its_sets_pair_ids():
+    """The OTLP writer reads the store's sets where they are kept (the runs' ids, through a map of
+    the store's pair ids to its own): a snapshot of 200,000 sets of 20 pairs (16 MiB of pair ids)
+    starts its requests with under 8 MiB traced, where a copy of the ids, mapped, took 16 more.
+    Its requests are the reference's."""
+    n_sets, width = 200_000, 20
+    pairs = [(f"k{k}", f"v{v}") for k in range(width) for v in range(50)]
+    by_set = np.arange(width, dtype=np.uint32)[None, :] * 50 + (np.arange(n_sets, dtype=np.uint32) % 50)[:, None]
+    start = (np.arange(n_sets, dtype=np.uint32) * width)[::-1].copy()  # runs out of order, as after releases
+    codes = SetCodes(by_set[::-1].reshape(-1).copy(), start, np.full(n_sets, width, np.int32))
+    table = SetTable(codes, pairs, np.arange(n_sets, dtype=np.int64))
+    rows = np.arange(n_sets)
+    snapshot = Points(["allocated"], table, np.zeros(n_sets, np.uint16), rows, rows + 1, rows + 2,
+                      rows.astype(np.float64), np.zeros(n_sets, bool))
+    writer = RequestWriter(SPECS, "c1")
+    next(writer.requests(snapshot[:10]))  # the kernel loaded
+    tracemalloc.start()
+    try:
+        first = next(writer.requests(snapshot))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.1f} MiB traced"
+    few = snapshot.take(np.array([0, 1, n_sets - 1, 7]))
+    assert list(RequestWriter(SPECS, "c1").requests(few)) == [
+        r.SerializeToString() for r in requests_reference(list(few), SPECS, "c1")]
+    assert first == next(RequestWriter(SPECS, "c1").requests(snapshot[:4000]))
