@@ -636,7 +636,6 @@ class _AttrSets:
         self._serials = 0  # serials given
         self._bases, self._extras = _Parts(), _Parts()
         self._named = np.full(1024, -1, np.int64)  # [set] the key of the parts that last named it; -1: none
-        self._sorted: Optional[tuple[np.ndarray, np.ndarray]] = None  # `_by_name()`, until a set is (un)named
         self._table: Optional[SetTable] = None  # `snapshot()`'s, shared until a set comes or goes
 
     def add(self, attrs: Attrs) -> int:
@@ -725,7 +724,7 @@ class _AttrSets:
         """The index of the set each of `named` names by its parts, -1 when no set is named by
         them (a set named so before by other parts, or not at all, is found by value instead)."""
         wanted = self._keys(named, parts)
-        keys, sets = self._by_name()
+        keys, sets = self._by_name(parts)
         at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
         hit = (wanted >= 0) & (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), bool)
         return np.where(hit, sets[at] if len(keys) else -1, -1)
@@ -744,7 +743,7 @@ class _AttrSets:
             base_no[base] = self._bases.take(named.bases[base])
             extra_no[extra] = self._extras.take(named.extras[extra])
             self._named[index] = (int(base_no[base]) << _EXTRA_BITS) | int(extra_no[extra])
-        self._sorted = None
+        parts.pop("by name", None)
 
     def _keys(self, named: Extended, parts: dict) -> np.ndarray:
         """The key of each of `named`'s parts (base << _EXTRA_BITS | extra), -1 where a part has no number."""
@@ -760,16 +759,17 @@ class _AttrSets:
             self._bases.release(keys >> _EXTRA_BITS)
             self._extras.release(keys & ((1 << _EXTRA_BITS) - 1))
             self._named[sets] = -1
-            self._sorted = None
 
-    def _by_name(self) -> tuple[np.ndarray, np.ndarray]:
-        """The sets named by parts: their keys sorted, and the sets in that order."""
-        if self._sorted is None:
+    def _by_name(self, parts: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The sets named by parts: their keys sorted, and the sets in that order. Kept in `parts`
+        for one interval's look-ups (every metric's), not beyond: some 9 MiB at 100,000 GPUs."""
+        known = parts.get("by name")
+        if known is None:
             keys = self._named[:len(self._codes)]
             sets = np.flatnonzero(keys >= 0)
             order = np.argsort(keys[sets])
-            self._sorted = (keys[sets][order], sets[order])
-        return self._sorted
+            known = parts["by name"] = (keys[sets][order], sets[order])
+        return known
 
     def table(self, sets: list[int]) -> dict[str, np.ndarray]:
         """These sets as arrays: their pair ids end to end (4 bytes a pair, as kept), where each
