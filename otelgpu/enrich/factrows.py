@@ -208,8 +208,9 @@ def latest_rows(parts: list[FactRows], table: Optional[FactTable]) -> Optional[F
     table holds by their place in it, the others as own rows. Built from the rows' places, not
     from the rows (a fold of 1.25 times the cluster's series held them twice over, then the kept
     ones again). None unless every part refers to `table`: fold those the readable way, rows
-    built (enrich/window.py `_latest`)."""
-    if table is None or not parts or any(part.shared is not table.batch for part in parts):
+    built (enrich/window.py `_latest`). A part with no table (`FactRows.whole`: rows no table
+    held when they came, as a new pod's) refers to any: its rows are all its own."""
+    if table is None or not parts or any(part.shared is not table.batch and len(part.shared) for part in parts):
         return None
     n_table = len(table)
     place = np.empty(sum(map(len, parts)), np.int64)
@@ -217,7 +218,10 @@ def latest_rows(parts: list[FactRows], table: Optional[FactTable]) -> Optional[F
     for part in parts:  # each part's own rows come after the table, one part's after another's
         span = place[at:at + len(part)]
         span[:] = part.row
-        span[span >= n_table] += offset
+        if part.shared is table.batch:
+            span[span >= n_table] += offset
+        else:  # no table: each row's place in `own` is its number
+            span += n_table + offset
         at += len(part)
         if len(part.own):
             owns.append(part.own)

@@ -182,8 +182,9 @@ def test_rows_refer_to_a_table_where_it_holds_them_and_are_kept_whole_where_not(
        st.randoms(use_true_random=False))
 def test_a_fold_from_the_rows_places_is_the_fold_of_the_rows(table_rows, pieces, rng):
     """`latest_rows` of parts that refer to a table (their rows at any times, some of the table's
-    content, some not) gives the rows `latest` keeps of the parts' rows end to end, bit for bit,
-    referring to the table as `share` would; it declines parts that do not all refer to it."""
+    content, some not; a part none of whose rows the table holds refers to no table) gives the
+    rows `latest` keeps of the parts' rows end to end, bit for bit, referring to the table as
+    `share` would; it declines parts that refer to another table."""
     table = FactTable(latest(batch_of([(1, c) for c in table_rows])))
     reused = [(t, table_rows[t % len(table_rows)]) if table_rows and rng.random() < 0.5 else (t, c) for t, c in
               [(t, c) for piece in pieces for t, c in piece]]
@@ -193,7 +194,7 @@ def test_a_fold_from_the_rows_places_is_the_fold_of_the_rows(table_rows, pieces,
         at += len(piece)
         parts.append(share(rows, table)[0])
     folded = latest_rows(parts, table)
-    if not parts or any(part.shared is not table.batch for part in parts):
+    if not parts or any(part.shared is not table.batch and len(part.shared) for part in parts):
         assert folded is None
         return
     reference = latest(PointBatch.concat([part.batch() for part in parts]))
@@ -202,6 +203,18 @@ def test_a_fold_from_the_rows_places_is_the_fold_of_the_rows(table_rows, pieces,
     assert folded.row.tolist() == np.where(found >= 0, found, len(table) + np.cumsum(found < 0) - 1).tolist()
     assert identical(folded.own, reference.select(found < 0)) and folded.shared is table.batch
 
+
+
+def test_a_fold_of_parts_that_refer_to_another_table_builds_the_rows():
+    """Parts that refer to a table the fold is not given (one renewed since they came) are folded
+    from their rows; parts with no table are folded from their places with those that refer to it."""
+    old, new = FactTable(pod_rows(6, 1)), FactTable(pod_rows(4, 2))
+    stale = share(pod_rows(6, 3), old)[0]
+    assert stale.shared is old.batch and latest_rows([stale], new) is None
+    fresh, whole = share(pod_rows(4, 5), new)[0], FactRows.whole(pod_rows(6, 7).select(np.array([5, 4])))
+    folded = latest_rows([fresh, whole], new)
+    assert folded is not None and folded.shared is new.batch and len(folded.own) == 2
+    assert identical(folded.batch(), latest(PointBatch.concat([fresh.batch(), whole.batch()])))
 
 def test_a_steady_fold_builds_the_places_of_its_rows_not_the_rows():
     """A fold of a steady cluster's rows (each series resent, every row in the shared table) holds
