@@ -408,7 +408,7 @@ class Pipeline:
         return n_closed
 
     def _compute(self, interval: Interval) -> Costs:
-        self.facts.update(interval.facts)  # the kube-state-metrics rows stamped in this interval
+        self.facts.update(interval.fact_rows)  # the kube-state-metrics rows stamped in this interval, a piece at a time
         use, tokens = self.usage.use_and_tokens(interval.pods, interval.start_ns, interval.end_ns)
         return self.costs.compute(interval, use, tokens)
 

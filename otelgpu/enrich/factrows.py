@@ -22,7 +22,7 @@ read where it stands, in the table or in a part's own rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -177,6 +177,13 @@ class FactRows:
             out = PointBatch.concat([self.shared.select(self.row[~mine]),
                                      self.own.select(self.row[mine] - n_shared)]).select(at)
         return out if out.time_ns is self.time_ns else replace(out, time_ns=self.time_ns)
+
+    def pieces(self, rows: int) -> Iterator[PointBatch]:
+        """`batch()` a piece of at most `rows` rows at a time, in order: what reads them in turn
+        holds one piece of them, not every row (some 40 MiB at 100,000 GPUs)."""
+        for first in range(0, len(self), rows):
+            last = first + rows
+            yield FactRows(self.time_ns[first:last], self.row[first:last], self.shared, self.own).batch()
 
     def _all_own(self) -> bool:
         """Whether the rows are `own`'s, each once and in order (`whole`)."""

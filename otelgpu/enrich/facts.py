@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from otelgpu.enrich import factstate
-from otelgpu.enrich.factrows import last_of_each_in
+from otelgpu.enrich.factrows import FactRows, last_of_each_in
 from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
                                   merge, shared_map)
 from otelgpu.receiver.decode import PointBatch
@@ -29,6 +29,7 @@ _METRICS = {int(m): m for m in Metric}
 
 
 APPLY_CHUNK = 4096  # rows whose labels are turned into Python lists at once
+FACT_PIECE = 16 * APPLY_CHUNK  # an interval's fact rows built at once (`update`)
 
 
 class KsmFacts:
@@ -45,15 +46,26 @@ class KsmFacts:
         self.version = 0  # changes so far: what was computed from these facts knows whether they moved
         self._encoded: tuple[int, dict[str, Any]] | None = None  # `state()` as of a version, made ahead
 
-    def update(self, batch: PointBatch) -> int:
+    def update(self, batch: PointBatch | FactRows) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used.
 
         Rows in time order (an interval's) are applied once per series: of rows that differ only
         in their timestamp (every scrape repeats the whole state), only the last is applied. That
         is exact: the last one rewrites every field the earlier ones wrote, after them, and in
         time order every row is newer than what is known. Only the order in which new objects
-        (or a pod's requests, a node's capacities) are first met can change, never a value."""
+        (or a pod's requests, a node's capacities) are first met can change, never a value.
+
+        An interval's fact rows (`FactRows`, folded: each series' last already, in time order,
+        enrich/window.py) are read a piece at a time: their rows are never built all at once."""
         self.version += 1
+        if isinstance(batch, FactRows):
+            used = 0
+            for piece in batch.pieces(FACT_PIECE):
+                ksm = is_ksm(piece.metric)
+                rows = piece if ksm.all() else piece.select(ksm)
+                used += len(rows)
+                self._apply_rows(rows)
+            return used
         ksm = is_ksm(batch.metric)
         rows = batch if ksm.all() else batch.select(ksm)  # an interval's facts: all of them, no copy
         used = len(rows)

@@ -357,3 +357,28 @@ def test_the_facts_of_a_pods_phase_are_the_same_without_the_phases_it_is_not_in(
     strings = Interner()
     every, some = _phases_facts(_batch(strings, rows), strings)
     assert some == every
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scrapes(), st.integers(0, 12), st.integers(1, 5))
+def test_an_intervals_fact_rows_read_a_piece_at_a_time_give_the_facts_of_their_batch(rows, in_table, piece):
+    """`update` of an interval's fact rows (each series' last, some referring to a table the
+    intervals share, the rest their own), read `piece` rows at a time, gives the facts of the same
+    rows as one batch."""
+    from otelgpu.enrich import facts as facts_module
+    from otelgpu.enrich.factrows import FactTable, share
+
+    strings = Interner()
+    kept = latest(_batch(strings, rows))
+    table = FactTable(kept.select(np.arange(min(in_table, len(kept)))))  # a table that holds some of them
+    folded, _ = share(kept, table)
+    assert len(folded.own) == len(kept) - len(table)
+    whole, pieces = KsmFacts(strings, ttl_ns=NS), KsmFacts(strings, ttl_ns=NS)
+    whole.update(kept)
+    patch = facts_module.FACT_PIECE
+    facts_module.FACT_PIECE = piece
+    try:
+        assert pieces.update(folded) == len(kept)
+    finally:
+        facts_module.FACT_PIECE = patch
+    assert _canonical(pieces) == _canonical(whole)
