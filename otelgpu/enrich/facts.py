@@ -61,13 +61,11 @@ class KsmFacts:
         if isinstance(batch, FactRows):
             used = 0
             for piece in batch.pieces(FACT_PIECE):
-                ksm = is_ksm(piece.metric)
-                rows = piece if ksm.all() else piece.select(ksm)
+                rows = _ksm_rows(piece)
                 used += len(rows)
                 self._apply_rows(rows)
             return used
-        ksm = is_ksm(batch.metric)
-        rows = batch if ksm.all() else batch.select(ksm)  # an interval's facts: all of them, no copy
+        rows = _ksm_rows(batch)
         used = len(rows)
         if used > 1 and _in_time_order(rows):
             rows = _latest_in_order(rows)  # what latest() keeps of rows in time order already
@@ -287,6 +285,12 @@ def _latest_in_order(ordered: PointBatch) -> PointBatch:
     keep = last_of_each(np.arange(len(ordered), dtype=np.int64), ordered.metric, ordered.value.view(np.int64),
                         ordered.stale, ordered.attr_off, ordered.attr_key, ordered.attr_val)
     return ordered.select(keep)
+
+
+def _ksm_rows(batch: PointBatch) -> PointBatch:
+    """The kube-state-metrics rows of `batch` (an interval's facts: all of them, no copy)."""
+    ksm = is_ksm(batch.metric)
+    return batch if ksm.all() else batch.select(ksm)
 
 
 def _in_time_order(batch: PointBatch) -> bool:

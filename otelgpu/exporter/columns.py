@@ -19,7 +19,7 @@ from typing import Callable, Collection, Iterator, Mapping, Optional, Sequence, 
 import numpy as np
 
 from otelgpu.core.attrs import Attrs, BuiltOnRead
-from otelgpu.core.grouping import gather_runs, group_ids
+from otelgpu.core.grouping import RUN_SETS, gather_runs, group_ids
 
 
 def set_of(code: bytes, pairs: Sequence[tuple[str, str]]) -> Attrs:
@@ -75,6 +75,14 @@ class SetCodes(Sequence[bytes]):
         many each set has."""
         count = self.count[sets].astype(np.int64)
         return gather_runs(self.ids, self.start[sets], count, out), count
+
+    def used_pairs(self, sets: np.ndarray, pairs: int) -> np.ndarray:
+        """The ids of the pairs `sets` use, each once, ascending (`pairs`: how many ids there are):
+        their ids read RUN_SETS sets at a time, never all at once."""
+        present = np.zeros(pairs, bool)
+        for lo in range(0, len(sets), RUN_SETS):
+            present[self.joined(sets[lo:lo + RUN_SETS])[0]] = True
+        return np.flatnonzero(present)
 
 
 class SetTable(BuiltOnRead):
@@ -331,7 +339,7 @@ class _CodedTable:
             return None
         self._own_pairs()
         remap = np.zeros(len(table.pairs), np.uint32)
-        for i in np.unique(table.codes.joined(coded)[0]).tolist():
+        for i in table.codes.used_pairs(coded, len(table.pairs)).tolist():
             kv = table.pairs[i]
             index = self._pair_ids.get(kv)
             if index is None:

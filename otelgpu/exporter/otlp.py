@@ -40,7 +40,6 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.core.attrs import Attrs
-from otelgpu.core.grouping import RUN_SETS
 from otelgpu.core.jit import kernel
 from otelgpu.exporter.columns import SetTable
 from otelgpu.exporter.config import OtlpExporterConfig
@@ -173,19 +172,19 @@ class RequestWriter:
         store pair id's id in the writer (`remap`); the sets after them (plain tuples, a list's
         every set) as the writer's pair ids end to end (`plain_ids`, set i's from
         `plain_off[i - len(codes)]`). Which store pairs the used sets name is read some sets at a
-        time: no copy of the sets' pair ids (some 40 MiB at 100,000 GPUs) is built."""
+        time (`SetCodes.used_pairs`): no copy of the sets' pair ids (some 40 MiB at 100,000 GPUs)
+        is built."""
         codes = table.codes if isinstance(table, SetTable) else None
         coded = len(codes) if codes is not None else 0
-        present = np.zeros(len(table.pairs) if codes is not None else 0, bool)
-        sets = np.flatnonzero(used[:coded])
-        for lo in range(0, len(sets), RUN_SETS):
-            present[codes.joined(sets[lo:lo + RUN_SETS])[0]] = True
-        distinct = np.flatnonzero(present)  # the pairs the sets use, each once: mapped, not each use
+        n_pairs = len(table.pairs) if codes is not None else 0
+        distinct = np.zeros(0, np.int64)  # the pairs the sets use, each once: mapped, not each use
+        if codes is not None:
+            distinct = codes.used_pairs(np.flatnonzero(used[:coded]), n_pairs)
         store_pairs = [table.pairs[i] for i in distinct.tolist()]
         plain = [table[i] if u else () for i, u in enumerate(used[coded:].tolist(), coded)]
         plain_pairs = list(chain.from_iterable(plain))
         pairs = self._known(store_pairs, plain_pairs)
-        remap = np.zeros(len(present), np.int32)
+        remap = np.zeros(n_pairs, np.int32)
         remap[distinct] = np.fromiter(map(pairs.__getitem__, store_pairs), np.int32, len(store_pairs))
         plain_off = np.zeros(len(plain) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, plain), np.int64, len(plain)), out=plain_off[1:])

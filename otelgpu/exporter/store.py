@@ -153,7 +153,8 @@ class CostStore:
         """The rows `record(..., sums, ...)` would add to, looked up now (an interval computed
         ahead of its close does this then, so that its close need not)."""
         with self._lock:
-            parts: dict = {}  # rows as int32: held from the computation ahead to the close (2 million at 100,000 GPUs)
+            parts: dict = {}
+            # rows as int32: held from the computation ahead to the close (2 million at 100,000 GPUs)
             return Plan(self._records, {metric: self._look_up(metric, series, parts).astype(np.int32)
                                         for metric, series in sums.items()}, parts)
 
