@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -24,7 +25,7 @@ from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant
 from otelgpu.core.attrs import Attrs, with_attrs
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.model import FactsView
-from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.samples import AnySamples, plain
 from otelgpu.enrich.usage import PodUse, Tokens
 from otelgpu.enrich.window import Interval
 from otelgpu.exporter.store import Plan
@@ -87,24 +88,24 @@ class IntervalCosts:
                     costs.gauges["tenant_cost_per_mtok"] = per_mtok
         return costs
 
-    def _samples(self, interval: Interval, facts: FactsView) -> Samples:
+    def _samples(self, interval: Interval, facts: FactsView) -> AnySamples:
         """The interval's DCGM samples as the join reads them, the dark GPUs' staleness markers
         added (device memory remembers what they show: the same samples remember the same). The
         framebuffer's values are read only where grants share a GPU, and then from the steps."""
-        return self.joiner.devices.fill(interval.steps.unpack(memory=False), interval.start_ns, interval.end_ns,
-                                        set(facts.nodes))
+        return self.joiner.devices.fill(interval.steps.unpack(memory=False, indexed=True), interval.start_ns,
+                                        interval.end_ns, set(facts.nodes))
 
-    def _one(self, interval: Interval, samples: Callable[[], Samples], use, facts: FactsView,  # noqa: ANN001
+    def _one(self, interval: Interval, samples: Callable[[], AnySamples], use, facts: FactsView,  # noqa: ANN001
              only_node: Optional[str], split: Optional[Split] = None) -> Costs:
         """`samples`: called once, straight into the join (no frame here holds them)."""
         held = self.joiner.join(samples(), interval.start_ns, interval.end_ns, use, only_node=only_node, facts=facts,
-                                memory=interval.steps.memory)
+                                memory=partial(interval.steps.memory, indexed=True))
         costed = priced(held, self.pricer)
         sums, gauges = self.models.attribute(costed, interval.seconds, split)
         return Costs(sums, gauges, costed.unpriced_gpus, held.gpus_without_device_data,
                      fraction_problems=held.fraction_problems)
 
-    def _per_node(self, interval: Interval, samples: Samples, use, facts: FactsView,  # noqa: ANN001
+    def _per_node(self, interval: Interval, samples: AnySamples, use, facts: FactsView,  # noqa: ANN001
                   split: Optional[Split] = None) -> Costs:
         names = {self.strings.string(int(c)) for c in np.unique(samples.node) if c >= 0} | set(facts.nodes)
         total = Costs({}, {})
@@ -121,11 +122,11 @@ class IntervalCosts:
             _add(total, part)
         return total
 
-    def _capacity_only(self, interval: Interval, samples: Samples, name: str,
+    def _capacity_only(self, interval: Interval, samples: AnySamples, name: str,
                        facts: FactsView) -> Optional[Costs]:
         """The node's GPUs as nobody's (its samples without holders or activity), marked."""
         none = np.full(len(samples), -1, dtype=np.int32)
-        bare = replace(samples, value=np.full(len(samples), np.nan), namespace=none, pod=none, container=none,
+        bare = replace(plain(samples), value=np.full(len(samples), np.nan), namespace=none, pod=none, container=none,
                        pod_uid=none, vgpu=none)
         try:
             held = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True,

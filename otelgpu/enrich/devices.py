@@ -20,7 +20,7 @@ import numpy as np
 
 from otelgpu.checkpoint import string_ids, texts_of
 from otelgpu.core.grouping import group_ids
-from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.samples import AnySamples, Samples, joined
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
 
@@ -48,7 +48,7 @@ class DeviceMemory:
         self._nodes: dict[str, _Node] = {}
         self._holders: dict[Key, tuple[str, str]] = {}  # the pod that held each entity last
 
-    def fill(self, samples: Samples, start_ns: int, end_ns: int, known_nodes: set[str]) -> Samples:
+    def fill(self, samples: AnySamples, start_ns: int, end_ns: int, known_nodes: set[str]) -> AnySamples:
         """`s` plus one staleness marker at `start_ns` for each entity of each remembered node
         that sent nothing this interval; remembers what `s` shows."""
         st, code = self.strings.string, self.strings.code
@@ -71,9 +71,9 @@ class DeviceMemory:
         dark = Samples(np.full(n_row, Metric.GR_ENGINE_ACTIVE, np.int16), np.full(n_row, start_ns, np.int64),
                        np.full(n_row, np.nan), np.ones(n_row, bool), cols[0], cols[1], cols[2], cols[3], cols[4],
                        none, none, none, none, none)
-        return Samples.concat([samples, dark])
+        return joined(samples, dark)
 
-    def _remember(self, samples: Samples, present: set[str], end_ns: int) -> None:
+    def _remember(self, samples: AnySamples, present: set[str], end_ns: int) -> None:
         """The entities each node shows (in the order first seen) and who held each one last;
         strings are looked up column-wise, with code -1 reading "" (the table's extra last entry)."""
         text = np.array(self.strings.strings() + [""], dtype=object)

@@ -31,7 +31,7 @@ from otelgpu.enrich.nodes import NodeInfo
 from otelgpu.enrich.placement import holder_rows, unheld_rows
 from otelgpu.enrich.pods import cpu_only_nodes, pod_rows
 from otelgpu.enrich.reported import Hardware, Reported, Rows, reported
-from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.samples import AnySamples
 from otelgpu.enrich.scope import Scope
 from otelgpu.enrich.usage import PodUse
 from otelgpu.receiver.interner import Interner
@@ -50,10 +50,10 @@ class Joiner:
         self.strings, self.source, self.tags, self.hardware, self.devices = strings, facts, tags, hardware, devices
         self.pod_resources, self.cpu_only, self.kept = pod_resources, cpu_only, kept
 
-    def join(self, samples: Samples, start_ns: int, end_ns: int,
+    def join(self, samples: AnySamples, start_ns: int, end_ns: int,
              use: Mapping[tuple[int, int], PodUse] | None = None, only_node: str | None = None,
              without_pods: bool = False, facts: FactsView | None = None,
-             memory: Callable[[], Samples] | None = None) -> Holdings:
+             memory: Callable[[], AnySamples] | None = None) -> Holdings:
         """`only_node`: the join of that node alone (its samples must be the only ones given);
         `without_pods`: as if no pod were known (its capacity alone); `facts`: the facts as of
         `end_ns` when the caller has them already; `memory`: the interval's framebuffer samples,

@@ -19,7 +19,7 @@ from otelgpu.core.grouping import group_ids
 from otelgpu.core.mig import MigProfiles, normalise_per_gpu
 from otelgpu.enrich.holdings import GPU, MIG
 from otelgpu.enrich.nodes import NodeInfo, node_info
-from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.samples import AnySamples
 from otelgpu.enrich.scope import Scope
 from otelgpu.enrich.timeline import Entities, Readings, Tenures, dedupe, entities_of, id_type, tenures
 
@@ -94,7 +94,7 @@ class Rows:
 class Reported:
     """Per entity of the interval (a DCGM device or MIG instance), and the holdings of each."""
 
-    samples: Optional[Samples]  # the interval's DCGM samples, resent ones dropped (where `memory` is None)
+    samples: Optional[AnySamples]  # the interval's DCGM samples, resent ones dropped (where `memory` is None)
     sample_entity: Optional[np.ndarray]  # per sample: its entity (the same)
     entities: Entities
     tenures: Tenures  # per (entity, holder): how long held, how active
@@ -108,9 +108,9 @@ class Reported:
     fraction: np.ndarray  # per entity: its share of its GPU
     kind: np.ndarray  # int8 per entity: GPU or MIG
     profile: np.ndarray  # per entity: index into Scope.profiles
-    memory: Callable[[], Samples] | None = None  # the framebuffer samples, where `samples` leave them out
+    memory: Callable[[], AnySamples] | None = None  # the framebuffer samples, where `samples` leave them out
 
-    def memory_samples(self) -> tuple[Samples, np.ndarray]:
+    def memory_samples(self) -> tuple[AnySamples, np.ndarray]:
         """The interval's DCGM samples that hold the framebuffer's values, resent ones dropped,
         and each one's entity (-1: one this join has not, another node's)."""
         if self.memory is None:
@@ -138,7 +138,7 @@ class Reported:
         return out
 
 
-def reported(samples: Samples, scope: Scope, hardware: Hardware, memory: Callable[[], Samples] | None = None
+def reported(samples: AnySamples, scope: Scope, hardware: Hardware, memory: Callable[[], AnySamples] | None = None
              ) -> Reported:
     samples = dedupe(samples)
     entity, entities = entities_of(samples)
@@ -181,7 +181,7 @@ def _base_fractions(scope: Scope, hardware: Hardware, entities: Entities,
     return fraction, np.where(mig, MIG, GPU).astype(np.int8)
 
 
-def _held_by_several(samples: Samples, entity: np.ndarray, entities: int) -> np.ndarray:
+def _held_by_several(samples: AnySamples, entity: np.ndarray, entities: int) -> np.ndarray:
     """Per entity: whether DCGM showed it held by several pods at one sample time, as dcgm-exporter
     shows a device that a DRA ResourceClaim shared by several pods allocates, or one shared in a
     way the node's labels do not announce. Such a device is time-shared: it is split among them."""

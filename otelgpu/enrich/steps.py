@@ -33,7 +33,7 @@ import numpy as np
 
 from otelgpu.core.grouping import group_ids
 from otelgpu.core.jit import kernel
-from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.samples import AnySamples, IndexedSamples, Samples
 from otelgpu.receiver.interner import Coded
 from otelgpu.receiver.schema import Metric
 
@@ -122,7 +122,7 @@ class Steps(Coded):
             at += len(p)
         return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present, value, labels)
 
-    def unpack(self, memory: bool = True) -> Samples:
+    def unpack(self, memory: bool = True, indexed: bool = False) -> AnySamples:
         """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
         (value NaN) for a row with none.
 
@@ -131,34 +131,38 @@ class Steps(Coded):
         only say again who held what and when (the row's labels, time and staleness), and the
         join reads their values only for the device memory of GPUs that grants share
         (`memory()`). Every group of rows keeps its first sample and its last row: the same join
-        from about a third of the samples of dcgm-exporter's default fields."""
+        from about a third of the samples of dcgm-exporter's default fields. `indexed`: the
+        samples read their labels through this table (`IndexedSamples`), where each has its own."""
         bits = _bits(self.present)
         bits[:, PRESENT_ONLY] &= ~bits[:, :PRESENT_ONLY].any(axis=1)
         if not memory:
             active = bits[:, list(_ACTIVITY_CELLS)].any(axis=1)
             for cell in _MEMORY_CELLS:
                 bits[:, cell] &= ~active
-        return self._samples(bits)
+        return self._samples(bits, indexed)
 
-    def memory(self) -> Samples:
+    def memory(self, indexed: bool = False) -> AnySamples:
         """The framebuffer samples alone, in the order `unpack()` gives them."""
         bits = _bits(self.present)
         kept = np.zeros(PRESENT_ONLY + 1, bool)
         kept[list(_MEMORY_CELLS)] = True
         bits &= kept
-        return self._samples(bits)
+        return self._samples(bits, indexed)
 
     @staticmethod
     def empty() -> "Steps":
         return Steps.of(Samples.empty())
 
-    def _samples(self, bits: np.ndarray) -> Samples:
+    def _samples(self, bits: np.ndarray, indexed: bool = False) -> AnySamples:
         """A sample per bit set, row after row, each row's in the order of its columns."""
         at, cell = np.nonzero(bits)
         valued = cell < PRESENT_ONLY
         value = np.full(len(at), np.nan)
         value[valued] = self.value[at[valued], cell[valued]]
-        label = self.label[at]  # each label column gathered on its own: no [samples, columns] copy
+        label = self.label[at]
+        if indexed:
+            return IndexedSamples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at], label, self.labels)
+        # each label column gathered on its own: no [samples, columns] copy
         return Samples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at],
                        **{name: np.ascontiguousarray(self.labels[:, j])[label] for j, name in enumerate(Samples.CODES)})
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from otelgpu.core.grouping import group_ids
 from otelgpu.core.jit import kernel
-from otelgpu.enrich.samples import Columns, Samples
+from otelgpu.enrich.samples import LABEL_COLUMN, AnySamples, Columns, IndexedSamples
 from otelgpu.receiver.schema import Metric
 
 NONE = -1
@@ -38,15 +38,28 @@ class Readings(Columns):
     vgpu: np.ndarray
 
     @staticmethod
-    def of(samples: Samples) -> "Readings":
+    def of(samples: AnySamples) -> "Readings | IndexedSamples":
+        """Samples that read their labels through a table are read as they are: their label
+        columns are gathered where the timeline reads them, one at a time."""
+        if isinstance(samples, IndexedSamples):
+            return samples
         return Readings(samples.metric, samples.time_ns, samples.value, samples.stale, samples.namespace, samples.pod,
                         samples.pod_uid, samples.vgpu)
 
 
-def dedupe(samples: Samples) -> Samples:
+# A series is its metric and these labels (a device's profile and model name do not make it another)
+SERIES_LABELS = ("node", "uuid", "gi", "namespace", "pod", "container", "pod_uid", "vgpu")
+
+
+def dedupe(samples: AnySamples) -> AnySamples:
     """Drop samples resent with the same series and timestamp (a retried batch)."""
-    _, first = group_ids(samples.metric, samples.time_ns, samples.node, samples.uuid, samples.gi, samples.namespace,
-                         samples.pod, samples.container, samples.pod_uid, samples.vgpu, samples.stale)
+    if isinstance(samples, IndexedSamples):  # the series' labels grouped once per row of the table
+        labels = samples.labels
+        series, _ = group_ids(*(labels[:, LABEL_COLUMN[name]] for name in SERIES_LABELS), dtype=np.int32)
+        _, first = group_ids(samples.metric, samples.time_ns, series[samples.label], samples.stale)
+    else:
+        _, first = group_ids(samples.metric, samples.time_ns, *(getattr(samples, name) for name in SERIES_LABELS),
+                             samples.stale)
     return samples if len(first) == len(samples) else samples.take(np.sort(first))  # nothing resent: no copy
 
 
@@ -88,10 +101,32 @@ class Entities:
     model: np.ndarray
 
 
-def entities_of(samples: Samples) -> tuple[np.ndarray, Entities]:
-    ent, first = group_ids(samples.node, samples.uuid, samples.gi)
+ENTITY_LABELS = ("node", "uuid", "gi", "profile", "model")  # Entities' columns: an entity is the first three
+
+
+def entities_of(samples: AnySamples) -> tuple[np.ndarray, Entities]:
+    """Each sample's entity (numbered in the order of (node, uuid, gi)), and each entity with the
+    labels of its first sample."""
+    if isinstance(samples, IndexedSamples):
+        return _indexed_entities(samples)
+    ent, first = group_ids(samples.node, samples.uuid, samples.gi)  # ENTITY_LABELS[:3]
     return ent, Entities(samples.node[first], samples.uuid[first], samples.gi[first], samples.profile[first],
                          samples.model[first])
+
+
+def _indexed_entities(samples: IndexedSamples) -> tuple[np.ndarray, Entities]:
+    """`entities_of` grouping the rows of the table the samples use rather than the samples."""
+    if not len(samples):
+        return entities_of(samples.plain())
+    used, first_of_row = np.unique(samples.label, return_index=True)  # each used row's first sample
+    labels = samples.labels[used]
+    ent_of_used, _ = group_ids(*(labels[:, LABEL_COLUMN[name]] for name in ENTITY_LABELS[:3]))
+    first = np.full(int(ent_of_used.max()) + 1, len(samples), np.int64)
+    np.minimum.at(first, ent_of_used, first_of_row)
+    ent_of_row = np.full(len(samples.labels), -1, np.int64)
+    ent_of_row[used] = ent_of_used
+    row = samples.label[first]
+    return ent_of_row[samples.label], Entities(*(samples.labels[row, LABEL_COLUMN[name]] for name in ENTITY_LABELS))
 
 
 def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int,

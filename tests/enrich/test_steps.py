@@ -6,6 +6,7 @@ folded only at its close."""
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from otelgpu.enrich.claims import _device_memory_mib
 from otelgpu.enrich.reported import Reported
-from otelgpu.enrich.samples import Samples
+from otelgpu.enrich.samples import IndexedSamples, Samples, joined
 from otelgpu.enrich import steps as steps_module
 from otelgpu.enrich.steps import PRESENT_METRIC, LabelTable, Steps, _ordered, unpack_reference
 from otelgpu.enrich.timeline import Readings, dedupe, entities_of, tenures
@@ -273,6 +274,64 @@ def test_the_join_reads_the_same_without_the_framebuffer_samples_beside_an_activ
     framebuffer = np.isin(every.metric, [Metric.FB_USED, Metric.FB_FREE])
     assert len(slim) <= len(every) and len(steps.memory()) == framebuffer.sum()
     assert same(steps.memory(), every.take(np.flatnonzero(framebuffer)))  # in the same order
+
+
+@settings(max_examples=300, deadline=None)
+@given(dcgm_arrivals())
+def test_the_join_reads_the_same_from_samples_that_read_their_labels_through_the_steps_table(batches):
+    """What the interval's computation reads: samples holding a row of the steps' label table
+    each (`indexed`), not ten columns; the dark markers device memory adds extend the table."""
+    steps = Steps.merge([Steps.of(batch) for batch in batches])
+    dark = _samples([(Metric.GR_ENGINE_ACTIVE, 0, np.nan, True, 2, 9, -1, -1, 7, -1, -1, -1, -1, -1)])
+    indexed = joined(steps.unpack(memory=False, indexed=True), dark)
+    assert isinstance(indexed, IndexedSamples) and len(indexed.labels) == len(steps.labels) + 1
+    assert same(indexed.plain(), Samples.concat([steps.unpack(memory=False), dark]))
+    assert reading(indexed, partial(steps.memory, indexed=True)) == reading(Samples.concat([steps.unpack(), dark]))
+
+
+@st.composite
+def samples_of_near_combinations(draw: st.DrawFn) -> Samples:
+    """Samples whose label combinations differ in a column or two: one device under two profiles
+    or models, a series resent under another model, two holders of one device."""
+    combos = draw(st.lists(st.lists(code, min_size=10, max_size=10), min_size=1, max_size=3))
+    for _ in range(draw(st.integers(0, 4))):
+        variant = list(combos[draw(st.integers(0, len(combos) - 1))])
+        variant[draw(st.integers(0, 9))] = draw(code)
+        combos.append(variant)
+    n_sample = draw(st.integers(0, 30))
+    rows = np.array([combos[draw(st.integers(0, len(combos) - 1))] for _ in range(n_sample)],
+                    np.int32).reshape(n_sample, 10)
+    stale = np.array(draw(st.lists(st.booleans(), min_size=n_sample, max_size=n_sample)), bool)
+    return Samples(np.array(draw(st.lists(st.sampled_from(DCGM[:2]), min_size=n_sample, max_size=n_sample)), np.int16),
+                   np.array(draw(st.lists(st.integers(0, 2), min_size=n_sample, max_size=n_sample)), np.int64),
+                   np.arange(n_sample, dtype=np.float64), stale, *(rows[:, j].copy() for j in range(10)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(samples_of_near_combinations(), st.randoms(use_true_random=False), st.lists(st.integers(0, 40), max_size=6))
+def test_samples_read_through_a_table_drop_resends_and_find_entities_as_those_with_columns(samples, rng, copied):
+    """Resends dropped and entities numbered, each with its first sample's labels, from the
+    rows of a table (in any order, some twice, some that no sample reads): the same as from the
+    columns."""
+    rows = np.stack([getattr(samples, name) for name in Samples.CODES], axis=1).astype(np.int32).reshape(-1, 10)
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    copied = [i % len(rows) for i in copied] if len(rows) else []
+    table = np.concatenate([rows[order], rows[copied]]).astype(np.int32)
+    label = np.empty(len(rows), np.int32)
+    label[order] = np.arange(len(rows))
+    for j, i in enumerate(copied):  # a sample that reads the copy of its row, or the copy unread
+        if rng.random() < 0.5:
+            label[i] = len(rows) + j
+    indexed = IndexedSamples(samples.metric, samples.time_ns, samples.value, samples.stale, label, table)
+    assert same(indexed.plain(), samples)
+    assert same(dedupe(indexed).plain(), dedupe(samples))
+    (ent, entities), (ent_i, entities_i) = entities_of(samples), entities_of(indexed)
+    assert np.array_equal(ent, ent_i) and ent.dtype == ent_i.dtype
+    for name in ("node", "uuid", "gi", "profile", "model"):
+        assert np.array_equal(getattr(entities, name), getattr(entities_i, name))
+    backwards = np.arange(len(samples))[::-1]
+    assert same(indexed.take(backwards).plain(), samples.take(backwards))
 
 
 def test_an_activity_sample_stands_for_its_rows_framebuffer_samples():
