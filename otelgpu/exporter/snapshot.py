@@ -16,7 +16,7 @@ import json
 import struct
 import zlib
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -80,30 +80,45 @@ def encode(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = (),
 
 
 def encode_parts(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] = (),
-                 set_ids: Optional[np.ndarray] = None) -> list[bytes | memoryview]:
-    """`encode`'s bytes in pieces, the columns as views of the points' own arrays where their
-    type is the file's: written piece by piece, a snapshot is not copied whole (at 100,000 GPUs
-    some 60 MiB, which joining the pieces and appending the checksum held three times at once)."""
+                 set_ids: Optional[np.ndarray] = None) -> Iterator[bytes | memoryview]:
+    """`encode`'s bytes in pieces, made as they are read and the checksum last: each column a
+    run of points at a time (`PIECE_POINTS`), as views of the points' own arrays where their
+    type is the file's, the attribute sets mapped to the log's ids run by run. Written piece by
+    piece, a snapshot is not copied whole (at 100,000 GPUs some 60 MiB, which joining the pieces
+    and appending the checksum held three times at once), nor is its column of log ids built
+    whole (8 MiB, while the snapshot is staged)."""
     packed = Points.of(points)
     head = {"end_ns": end_ns, "absorbed": list(absorbed), "metrics": list(packed.metrics)}
     if set_ids is not None:
-        version, aset = 2, np.asarray(set_ids, np.uint32)[packed.aset]
+        version, aset_of = 2, np.asarray(set_ids, np.uint32)
     else:
         used = np.zeros(len(packed.attrs), dtype=bool)  # each attribute set the points use, once
         used[packed.aset] = True
         sets = np.flatnonzero(used)
-        local = np.zeros(len(packed.attrs), np.uint32)
-        local[sets] = np.arange(len(sets), dtype=np.uint32)
-        version, aset = 1, local[packed.aset]
+        aset_of = np.zeros(len(packed.attrs), np.uint32)
+        aset_of[sets] = np.arange(len(sets), dtype=np.uint32)
+        version = 1
         head["attrs"] = [packed.attrs[i] for i in sets.tolist()]
     table = json.dumps(head, separators=(",", ":")).encode()
-    columns = (packed.metric, aset, packed.start_ns, packed.time_ns, packed.value, packed.ended)
-    pieces: list[bytes | memoryview] = [_HEADER.pack(MAGIC, version, 0, len(table), len(packed)), table]
-    pieces += [memoryview(np.ascontiguousarray(c, dtype=d)).cast("B") for c, d in zip(columns, _COLUMNS)]
     crc = 0
-    for piece in pieces:
+    for piece in _pieces(packed, version, table, aset_of):
         crc = zlib.crc32(piece, crc)
-    return pieces + [_CRC.pack(crc)]
+        yield piece
+    yield _CRC.pack(crc)
+
+
+PIECE_POINTS = 1 << 16  # points of a column in one piece of a snapshot's file
+
+
+def _pieces(packed: Points, version: int, table: bytes, aset_of: np.ndarray) -> Iterator[bytes | memoryview]:
+    """The file's header, table and columns (the attribute sets through `aset_of`), a piece at a time."""
+    yield _HEADER.pack(MAGIC, version, 0, len(table), len(packed))
+    yield table
+    columns = (packed.metric, packed.aset, packed.start_ns, packed.time_ns, packed.value, packed.ended)
+    for j, (column, dtype) in enumerate(zip(columns, _COLUMNS)):
+        for at in range(0, len(packed), PIECE_POINTS):
+            run = column[at:at + PIECE_POINTS]
+            yield memoryview(np.ascontiguousarray(aset_of[run] if j == 1 else run, dtype=dtype)).cast("B")
 
 
 def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotFile:
