@@ -18,6 +18,7 @@ from otelgpu.core.attrs import Extended, with_attrs
 from otelgpu.core.byvalue import ByValue
 from otelgpu.enrich.attributes import SeriesAttributes
 from otelgpu.errors import ConfigError
+from otelgpu.exporter.columns import Points
 from otelgpu.exporter.store import CostStore
 from otelgpu.telemetry import total
 
@@ -295,6 +296,21 @@ def test_a_snapshot_taken_straight_into_its_columns_is_the_stacked_parts(
             sums[metric][pool[k]] = 1.0 + k + i / 8
         store.record(i * 60, (i + 1) * 60, sums, {"activity": {pool[k]: k / 8 for k in gauged}})
     assert store.checked == len(intervals)
+
+
+def test_the_points_of_a_snapshot_all_at_its_end_hold_one_time_not_a_column() -> None:
+    """Every point of an interval's snapshot is at its end: read as a column, held as one number
+    (8 bytes a point fewer from the record to the send); a part at another time, which `record`
+    never hands it, gets a column of its own."""
+    store = _Checked()
+    store.checked = 0
+    pod = _series(1)
+    snapshot = store.record(0, 60, {"allocated": {pod: 1.0}, "held": {pod: 2.0}}, {"activity": {pod: 0.5}})
+    assert snapshot.time_ns.strides == (0,) and snapshot.time_ns.tolist() == [60, 60, 60]
+    earlier = Points(store.metric_keys, [pod], np.zeros(1), np.zeros(1), np.zeros(1), np.full(1, 30), np.ones(1),
+                     np.zeros(1, bool))
+    mixed = store._snapshot(np.zeros(0, np.int64), 60, store._table(), [earlier])
+    assert mixed.time_ns.strides == (8,) and mixed.time_ns.tolist() == [30] and store.checked == 2
 
 
 class _Renumbering(CostStore):

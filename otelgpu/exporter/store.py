@@ -334,9 +334,14 @@ class CostStore:
         if any(part.metrics != self.metric_keys for part in after):
             raise ValueError("a snapshot's parts must name the store's metrics")
         n_row, n_point = len(rows), len(rows) + sum(map(len, after))
+        # An interval's points are all at its end: one number read as a column, where a column of
+        # it took 8 bytes a point (16 MiB at 100,000 GPUs, from the record to the snapshot's send)
+        at_end = all(bool(np.all(part.time_ns == end_ns)) for part in after)
+        time_ns = np.broadcast_to(np.int64(end_ns), (n_point,)) if at_end else np.full(n_point, end_ns, np.int64)
         columns = {"metric": np.empty(n_point, np.uint16), "aset": np.empty(n_point, np.uint32),
-                   "start_ns": np.empty(n_point, np.int64), "time_ns": np.full(n_point, end_ns, np.int64),
-                   "value": np.empty(n_point), "ended": np.zeros(n_point, bool)}
+                   "start_ns": np.empty(n_point, np.int64), "time_ns": time_ns, "value": np.empty(n_point),
+                   "ended": np.zeros(n_point, bool)}
+        copied = ("metric", "start_ns", "value", "ended") + (() if at_end else ("time_ns",))
         for name, column in (("metric", self._metric), ("aset", self._aset), ("start_ns", self._start),
                              ("value", self._value)):
             np.take(column, rows, out=columns[name][:n_row])
@@ -347,7 +352,7 @@ class CostStore:
                 plain.extend(part.attrs)
             points = slice(at, at + len(part))
             columns["aset"][points] = part.aset + placed[id(part.attrs)]
-            for name in ("metric", "start_ns", "time_ns", "value", "ended"):
+            for name in copied:
                 columns[name][points] = getattr(part, name)
             at += len(part)
         return Points(self.metric_keys, table.with_plain(plain) if plain else table, **columns)
