@@ -120,7 +120,7 @@ class Outbox:
         """Rewrite the attribute log with only what the snapshots on disk and the next ones use;
         a failure is logged and counted (the log only stays larger)."""
         try:
-            if self._table.compact(np.concatenate([self._newest, *self._uses.values()]).tolist()):
+            if self._table.compact(np.concatenate([self._newest, *self._uses.values()])):  # as ids: no int each
                 self._sync_directory()
         except OSError as exc:
             self._error(OutboxError.WRITE, f"attribute log {self._table.path} not compacted: {exc}")
