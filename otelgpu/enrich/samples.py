@@ -53,6 +53,10 @@ class Samples(Columns):
                        ints, ints, ints, ints, ints, ints, ints, ints, ints, ints)
 
 
+LABEL_COLUMN = {name: j for j, name in enumerate(Samples.CODES)}  # each label's column in a table of them
+_WIDTH = len(Samples.CODES)
+
+
 class IndexedSamples:
     """Samples whose ten label columns are read through a table of label combinations (the steps'
     own, `Steps.labels`): each sample holds its combination's row, 4 bytes where the columns took
@@ -97,8 +101,6 @@ class IndexedSamples:
                               np.concatenate([self.labels, rows]))
 
 
-LABEL_COLUMN = {name: j for j, name in enumerate(Samples.CODES)}
-_WIDTH = len(Samples.CODES)
 AnySamples = Samples | IndexedSamples  # what the join reads: the columns by the same names
 
 

@@ -109,7 +109,7 @@ def entities_of(samples: AnySamples) -> tuple[np.ndarray, Entities]:
     labels of its first sample."""
     if isinstance(samples, IndexedSamples):
         return _indexed_entities(samples)
-    ent, first = group_ids(samples.node, samples.uuid, samples.gi)  # ENTITY_LABELS[:3]
+    ent, first = group_ids(samples.node, samples.uuid, samples.gi)
     return ent, Entities(samples.node[first], samples.uuid[first], samples.gi[first], samples.profile[first],
                          samples.model[first])
 

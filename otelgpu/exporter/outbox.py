@@ -90,9 +90,9 @@ class Outbox:
         should the process die in between, recover() deletes them instead of sending them again.
         Returns what to keep in memory to read its points back."""
         columns = Points.of(points)
-        used = np.zeros(len(columns.attrs), bool)  # the sets the points use (a sort of their ids held 8 bytes a point)
-        used[columns.aset] = True
-        used = np.flatnonzero(used)
+        uses = np.zeros(len(columns.attrs), bool)  # which sets the points use: a sort of their ids took 8 B a point
+        uses[columns.aset] = True
+        used = np.flatnonzero(uses)
         with self._lock:
             ids = self._table.ids(columns.attrs, used)  # in the log before the file
             set_ids = np.zeros(len(columns.attrs), np.uint32)

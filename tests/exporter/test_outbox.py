@@ -93,6 +93,16 @@ def test_a_snapshot_file_decodes_to_the_same_points() -> None:
     assert decode(encode([], 7)) == (7, [], ())
 
 
+def _peak_writing(outbox: Outbox, end_ns: int, points: Points) -> int:
+    """The most memory traced while `outbox` writes the snapshot."""
+    tracemalloc.start()
+    try:
+        outbox.write(end_ns, points)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_snapshot_is_written_without_a_copy_of_it_whole(tmp_path: Path) -> None:
     """The outbox writes a snapshot's columns as they are, a run of points at a time: what it
     builds for the write (the file's set ids and flags, run by run, and which sets the points
@@ -107,13 +117,7 @@ def test_a_snapshot_is_written_without_a_copy_of_it_whole(tmp_path: Path) -> Non
                                      points.ended))
     outbox = Outbox(tmp_path, "otlp", SelfMetrics())
     outbox.write(10, points[:10])  # the attribute log's sets, met before
-    tracemalloc.start()
-    try:
-        outbox.write(20, points)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < columns / 10
+    assert _peak_writing(outbox, 20, points) < columns / 10
     assert outbox.recover(20)[0][-1].points == points
 
 
@@ -128,13 +132,7 @@ def test_a_snapshot_written_after_others_names_the_sets_on_disk_without_a_number
     first, second = store.record(0, 60, sums, {}), store.record(60, 120, sums, {})
     outbox = Outbox(tmp_path, "otlp", SelfMetrics())
     outbox.write(60, first)
-    tracemalloc.start()
-    try:
-        outbox.write(120, second)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 120 * n_set
+    assert _peak_writing(outbox, 120, second) < 120 * n_set
     assert outbox.recover(120)[0][-1].points == second
 
 
