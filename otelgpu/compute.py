@@ -25,7 +25,7 @@ from otelgpu.attribution.tenants import cost_per_million_tokens, split_by_tenant
 from otelgpu.core.attrs import Attrs, with_attrs
 from otelgpu.enrich.join import Joiner
 from otelgpu.enrich.model import FactsView
-from otelgpu.enrich.samples import AnySamples, plain
+from otelgpu.enrich.samples import AnySamples
 from otelgpu.enrich.usage import PodUse, Tokens
 from otelgpu.enrich.window import Interval
 from otelgpu.exporter.store import Plan
@@ -126,7 +126,7 @@ class IntervalCosts:
                        facts: FactsView) -> Optional[Costs]:
         """The node's GPUs as nobody's (its samples without holders or activity), marked."""
         none = np.full(len(samples), -1, dtype=np.int32)
-        bare = replace(plain(samples), value=np.full(len(samples), np.nan), namespace=none, pod=none, container=none,
+        bare = replace(samples.plain(), value=np.full(len(samples), np.nan), namespace=none, pod=none, container=none,
                        pod_uid=none, vgpu=none)
         try:
             held = self.joiner.join(bare, interval.start_ns, interval.end_ns, None, only_node=name, without_pods=True,

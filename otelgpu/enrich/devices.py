@@ -20,7 +20,7 @@ import numpy as np
 
 from otelgpu.checkpoint import string_ids, texts_of
 from otelgpu.core.grouping import group_ids
-from otelgpu.enrich.samples import AnySamples, Samples, joined
+from otelgpu.enrich.samples import AnySamples, Samples
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric
 
@@ -71,7 +71,7 @@ class DeviceMemory:
         dark = Samples(np.full(n_row, Metric.GR_ENGINE_ACTIVE, np.int16), np.full(n_row, start_ns, np.int64),
                        np.full(n_row, np.nan), np.ones(n_row, bool), cols[0], cols[1], cols[2], cols[3], cols[4],
                        none, none, none, none, none)
-        return joined(samples, dark)
+        return samples.with_samples(dark)
 
     def _remember(self, samples: AnySamples, present: set[str], end_ns: int) -> None:
         """The entities each node shows (in the order first seen) and who held each one last;

@@ -46,6 +46,14 @@ class Samples(Columns):
     pod_uid: np.ndarray
     vgpu: np.ndarray
 
+    def plain(self) -> "Samples":
+        """These samples, each with its label columns (`IndexedSamples.plain`): themselves."""
+        return self
+
+    def with_samples(self, more: "Samples") -> "Samples":
+        """These samples, then `more`'s."""
+        return Samples.concat([self, more])
+
     @staticmethod
     def empty() -> "Samples":
         ints = np.zeros(0, np.int32)
@@ -101,19 +109,7 @@ class IndexedSamples:
                               np.concatenate([self.labels, rows]))
 
 
-AnySamples = Samples | IndexedSamples  # what the join reads: the columns by the same names
-
-
-def plain(samples: AnySamples) -> Samples:
-    """`samples` with label columns of their own."""
-    return samples.plain() if isinstance(samples, IndexedSamples) else samples
-
-
-def joined(samples: AnySamples, more: Samples) -> AnySamples:
-    """`samples`, then `more`'s."""
-    if isinstance(samples, IndexedSamples):
-        return samples.with_samples(more)
-    return Samples.concat([samples, more])
+AnySamples = Samples | IndexedSamples  # what the join reads: the columns by the same names, `plain`, `with_samples`
 
 
 def _first_present(*cols: np.ndarray) -> np.ndarray:

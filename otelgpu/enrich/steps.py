@@ -159,12 +159,9 @@ class Steps(Coded):
         valued = cell < PRESENT_ONLY
         value = np.full(len(at), np.nan)
         value[valued] = self.value[at[valued], cell[valued]]
-        label = self.label[at]
-        if indexed:
-            return IndexedSamples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at], label, self.labels)
-        # each label column gathered on its own: no [samples, columns] copy
-        return Samples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at],
-                       **{name: np.ascontiguousarray(self.labels[:, j])[label] for j, name in enumerate(Samples.CODES)})
+        samples = IndexedSamples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at], self.label[at],
+                                 self.labels)
+        return samples if indexed else samples.plain()
 
 
 def merge_reference(parts: list[Steps]) -> Steps:

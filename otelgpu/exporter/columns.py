@@ -189,6 +189,13 @@ class Points(Sequence[Point]):
     def __repr__(self) -> str:
         return f"Points({len(self)} points, {len(self.attrs)} attribute sets)"
 
+    def used_sets(self) -> np.ndarray:
+        """The indices of the attribute sets the points use, ascending: a mark per set, where a
+        sort of the points' sets (`np.unique`) held a copy of the column."""
+        used = np.zeros(len(self.attrs), bool)
+        used[self.aset] = True
+        return np.flatnonzero(used)
+
     def take(self, rows: np.ndarray) -> Points:
         """These rows, in this order (the tables are shared)."""
         return Points(self.metrics, self.attrs, self.metric[rows], self.aset[rows], self.start_ns[rows],

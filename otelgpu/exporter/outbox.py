@@ -90,9 +90,7 @@ class Outbox:
         should the process die in between, recover() deletes them instead of sending them again.
         Returns what to keep in memory to read its points back."""
         columns = Points.of(points)
-        uses = np.zeros(len(columns.attrs), bool)  # which sets the points use: a sort of their ids took 8 B a point
-        uses[columns.aset] = True
-        used = np.flatnonzero(uses)
+        used = columns.used_sets()
         with self._lock:
             ids = self._table.ids(columns.attrs, used)  # in the log before the file
             set_ids = np.zeros(len(columns.attrs), np.uint32)

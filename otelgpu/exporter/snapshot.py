@@ -92,9 +92,7 @@ def encode_parts(points: Sequence[Point], end_ns: int, absorbed: Sequence[int] =
     if set_ids is not None:
         version, aset_of = 2, np.asarray(set_ids, np.uint32)
     else:
-        used = np.zeros(len(packed.attrs), dtype=bool)  # each attribute set the points use, once
-        used[packed.aset] = True
-        sets = np.flatnonzero(used)
+        sets = packed.used_sets()
         aset_of = np.zeros(len(packed.attrs), np.uint32)
         aset_of[sets] = np.arange(len(sets), dtype=np.uint32)
         version = 1

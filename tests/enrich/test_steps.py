@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from otelgpu.enrich.claims import _device_memory_mib
 from otelgpu.enrich.reported import Reported
-from otelgpu.enrich.samples import IndexedSamples, Samples, joined
+from otelgpu.enrich.samples import IndexedSamples, Samples
 from otelgpu.enrich import steps as steps_module
 from otelgpu.enrich.steps import PRESENT_METRIC, LabelTable, Steps, _ordered, unpack_reference
 from otelgpu.enrich.timeline import Readings, dedupe, entities_of, tenures
@@ -283,7 +283,7 @@ def test_the_join_reads_the_same_from_samples_that_read_their_labels_through_the
     each (`indexed`), not ten columns; the dark markers device memory adds extend the table."""
     steps = Steps.merge([Steps.of(batch) for batch in batches])
     dark = _samples([(Metric.GR_ENGINE_ACTIVE, 0, np.nan, True, 2, 9, -1, -1, 7, -1, -1, -1, -1, -1)])
-    indexed = joined(steps.unpack(memory=False, indexed=True), dark)
+    indexed = steps.unpack(memory=False, indexed=True).with_samples(dark)
     assert isinstance(indexed, IndexedSamples) and len(indexed.labels) == len(steps.labels) + 1
     assert same(indexed.plain(), Samples.concat([steps.unpack(memory=False), dark]))
     assert reading(indexed, partial(steps.memory, indexed=True)) == reading(Samples.concat([steps.unpack(), dark]))
