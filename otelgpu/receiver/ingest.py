@@ -70,9 +70,9 @@ def answer(consumer: Consumer, request: Request, telemetry: ReceiverTelemetry,
         accepted, rejected, message = consumer.consume(request)
     except RetryableError as err:
         telemetry.refused(err.reason)
-        return RequestOutcome.UNAVAILABLE, empty, err
+        return RequestOutcome.UNAVAILABLE, empty, err.with_traceback(None)
     except PermanentError as err:
-        return RequestOutcome.INVALID, empty, err
+        return RequestOutcome.INVALID, empty, err.with_traceback(None)
     except Exception as exc:  # never let one bad request take the server down
         log.exception("OTLP/%s export failed", telemetry.transport)
         return RequestOutcome.ERROR, empty, OtelgpuError(f"internal error: {type(exc).__name__}")

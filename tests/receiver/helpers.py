@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from otelgpu.errors import RetryableError
 from otelgpu.receiver.ingest import Ingest, Taken
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,3 +64,22 @@ def drain_points(ingest: Ingest) -> int:
     while (batch := ingest.get(timeout=0)) is not None:
         total += len(batch)
     return total
+
+
+@contextmanager
+def refusals_counted() -> Iterator[Callable[[], int]]:
+    """With the cyclic collector off, as the pipeline keeps it while it closes an interval (when
+    receivers refuse most): a count of the refusals (RetryableError) alive beyond those alive at
+    the start, to wait until none is. A refusal held in a reference cycle lives, with the request
+    its frames hold, until the collector runs again."""
+
+    def count() -> int:
+        return sum(isinstance(o, RetryableError) for o in gc.get_objects())
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = count()
+        yield lambda: count() - before
+    finally:
+        gc.enable()

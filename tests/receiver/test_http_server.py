@@ -13,11 +13,13 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
+from support import poll
+
 from otelgpu.receiver.config import HttpReceiverConfig
 from otelgpu.receiver.http_server import HttpReceiver
 from otelgpu.telemetry import by_label, total
 
-from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, spoil_dcgm
+from .helpers import DCGM1, KSM, VLLM, Exploding, drain_points, refusals_counted, spoil_dcgm
 
 PB, JSON = "application/x-protobuf", "application/json"
 
@@ -82,6 +84,17 @@ def test_full_queue_is_503_with_retry_after(http_receiver, make_ingest, otel_req
     assert response.headers["Retry-After"] == "3"  # whole seconds, rounded up
     assert status_of(response).code == 14  # UNAVAILABLE
     assert by_label(metrics.requests)[("http", "unavailable")] == 1
+
+
+def test_a_refused_request_is_let_go_once_answered(http_receiver, make_ingest, otel_request):
+    """As over gRPC: no refusal waits for the cyclic collector with the request it refused."""
+    receiver = http_receiver(make_ingest(queue_size=1))
+    body = otel_request(DCGM1).SerializeToString()
+    assert post(receiver, body).status_code == 200  # fills the queue; nothing drains it
+    with refusals_counted() as alive:
+        for _ in range(5):
+            assert post(receiver, body).status_code == 503
+        assert poll(lambda: alive() == 0), f"{alive()} refusals wait for the cyclic collector"
 
 
 @pytest.mark.parametrize(("body", "content_type", "gzipped"), [
