@@ -40,6 +40,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.core.attrs import Attrs
+from otelgpu.core.byvalue import ByValue
 from otelgpu.core.jit import kernel
 from otelgpu.exporter.columns import SetTable
 from otelgpu.exporter.config import OtlpExporterConfig
@@ -122,9 +123,14 @@ class RequestWriter:
             tail = b"\x10\x02\x18\x01" if spec.kind == "sum" else b""  # cumulative, monotonic
             self._heads[key] = (head, 7 if spec.kind == "sum" else 5, tail)
         self._rank = {key: i for i, key in enumerate(specs)}
-        self._pairs: dict[tuple[str, str], int] = {}  # each pair's id: its bytes are _pair_bytes[_pair_off[id]:...]
+        self._pairs: list[tuple[str, str]] = []  # by their id here: its bytes are _pair_bytes[_pair_off[id]:...]
+        self._index = ByValue(self._pairs)  # where a dict took some 20 MiB at 100,000 GPUs
         self._pair_bytes = np.zeros(0, np.uint8)
         self._pair_off = np.zeros(1, np.int64)
+        self._afresh = 0  # times the writer started afresh: the ids of before are not its own any more
+        # The last store table's list of pairs, and each one's id here (-1: not looked up); the store
+        # shares one list until a pair comes or goes, so the next snapshot looks up only new ones.
+        self._remap: tuple[Sequence[tuple[str, str]], np.ndarray] = ((), np.zeros(0, np.int32))
 
     def requests(self, points: Sequence[Point], max_points: int = MAX_POINTS_PER_REQUEST) -> Iterator[bytes]:
         columns = Points.of(points)
@@ -176,40 +182,57 @@ class RequestWriter:
         is built."""
         codes = table.codes if isinstance(table, SetTable) else None
         coded = len(codes) if codes is not None else 0
-        n_pairs = len(table.pairs) if codes is not None else 0
         distinct = np.zeros(0, np.int64)  # the pairs the sets use, each once: mapped, not each use
         if codes is not None:
-            distinct = codes.used_pairs(np.flatnonzero(used[:coded]), n_pairs)
-        store_pairs = [table.pairs[i] for i in distinct.tolist()]
+            distinct = codes.used_pairs(np.flatnonzero(used[:coded]), len(table.pairs))
         plain = [table[i] if u else () for i, u in enumerate(used[coded:].tolist(), coded)]
         plain_pairs = list(chain.from_iterable(plain))
-        pairs = self._known(store_pairs, plain_pairs)
-        remap = np.zeros(n_pairs, np.int32)
-        remap[distinct] = np.fromiter(map(pairs.__getitem__, store_pairs), np.int32, len(store_pairs))
+        remap, plain_ids = self._ids(table.pairs if codes is not None else (), distinct, plain_pairs)
         plain_off = np.zeros(len(plain) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, plain), np.int64, len(plain)), out=plain_off[1:])
-        plain_ids = np.fromiter(map(pairs.__getitem__, plain_pairs), np.int32, len(plain_pairs))
         if codes is None:
             return _NO_IDS, _NO_STARTS, _NO_COUNTS, remap, plain_ids, plain_off
         return (codes.ids, codes.start.astype(np.uint32, copy=False), codes.count.astype(np.int32, copy=False),
                 remap, plain_ids, plain_off)
 
-    def _known(self, *needed: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
-        """The writer's pair ids, with every pair of `needed` encoded. Past PAIRS_KEPT pairs the
-        writer starts afresh (pods come and go) with those needed now."""
-        pairs = self._pairs
-        new = dict.fromkeys(kv for kv in chain.from_iterable(needed) if kv not in pairs)
-        if not new:
-            return pairs
-        if len(pairs) + len(new) > PAIRS_KEPT:
-            pairs.clear()
+    def _ids(self, pairs: Sequence[tuple[str, str]], distinct: np.ndarray,
+             plain_pairs: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+        """The writer's id of each of the store's `pairs` at `distinct` (`remap`, by the store's
+        pair id: the others -1) and of each plain pair, every one encoded."""
+        if self._remap[0] is not pairs:
+            self._remap = (pairs, np.full(len(pairs), -1, np.int32))
+        remap = self._remap[1]
+        todo = distinct[remap[distinct] < 0]
+        afresh = self._afresh
+        ids = self._known([pairs[i] for i in todo.tolist()] + plain_pairs)
+        if self._afresh != afresh:  # the ids remap kept are gone with the pairs they named
+            self._remap = (pairs, np.full(len(pairs), -1, np.int32))
+            remap, todo = self._remap[1], distinct
+            ids = self._known([pairs[i] for i in todo.tolist()] + plain_pairs)
+        remap[todo] = ids[:len(todo)]
+        return remap, ids[len(todo):].astype(np.int32)
+
+    def _known(self, needed: list[tuple[str, str]]) -> np.ndarray:
+        """The writer's id of each pair of `needed`, those new to it encoded. Past PAIRS_KEPT pairs
+        the writer starts afresh (pods come and go) with those needed now."""
+        ids = np.fromiter(map(self._index.find, needed), np.int64, len(needed))
+        missing = np.flatnonzero(ids < 0)
+        if not len(missing):
+            return ids
+        new = list(dict.fromkeys(needed[i] for i in missing.tolist()))
+        if len(self._pairs) + len(new) > PAIRS_KEPT:
+            self._pairs.clear()
+            self._index = ByValue(self._pairs)
             self._pair_bytes, self._pair_off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
-            new = dict.fromkeys(chain.from_iterable(needed))
+            self._afresh += 1
+            new = list(dict.fromkeys(needed))
         encoded, offsets = arena([len_field(7, _keyvalue(*kv)) for kv in new])
-        pairs.update(zip(new, range(len(pairs), len(pairs) + len(new))))
+        for kv in new:
+            self._pairs.append(kv)
+            self._index.put(len(self._pairs) - 1, hash(kv))
         self._pair_bytes = np.concatenate([self._pair_bytes, encoded])
         self._pair_off = np.concatenate([self._pair_off, offsets[1:] + self._pair_off[-1]])
-        return pairs
+        return np.fromiter(map(self._index.find, needed), np.int64, len(needed))
 
     def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]

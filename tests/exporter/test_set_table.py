@@ -132,6 +132,23 @@ def test_past_its_bound_the_writer_starts_afresh_with_store_sets(monkeypatch) ->
         assert list(writer.requests(points)) == want
 
 
+def test_a_writer_started_afresh_by_a_gauges_pairs_lays_out_the_store_sets_again(monkeypatch) -> None:
+    """The writer keeps its ids of a store table's pairs while the store hands the same list (no
+    pair came or went); a gauge's new pairs that make it start afresh leave those ids naming
+    nothing: the store's sets are looked up again."""
+    sums = {"allocated": dict.fromkeys(POOL[:2], 1.0)}  # 3 distinct pairs (a node of "" is none)
+    monkeypatch.setattr("otelgpu.exporter.otlp.PAIRS_KEPT", 4)
+    store = CostStore()
+    writer = RequestWriter(SPECS, "c1")
+    first = store.record(T0, T0 + MIN, sums, {})
+    second = store.record(T0 + MIN, T0 + 2 * MIN, sums, {"activity": {attrs_of({"gpu": "0", "model": "m"}): 0.5}})
+    assert second.attrs.pairs is first.attrs.pairs
+    for points in (first, second, first):
+        want = [r.SerializeToString() for r in requests_reference(plain(points), SPECS, "c1")]
+        assert list(writer.requests(points)) == want
+    assert writer._afresh == 2  # the gauge's 2 pairs beside the 3, then the 3 again
+
+
 def _log_round_trip(table: AttrTable, log, points: Points, end_ns: int) -> np.ndarray:  # noqa: ANN001
     """Write `points`' sets through `table`, then read the snapshot back with a fresh read of the log."""
     used = np.unique(points.aset)
