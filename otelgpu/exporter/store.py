@@ -154,8 +154,9 @@ class CostStore:
         with self._lock:
             parts: dict = {}
             # rows as int32: held from the computation ahead to the close (2 million at 100,000 GPUs)
-            return Plan(self._records, {metric: self._look_up(metric, series, parts).astype(np.int32)
-                                        for metric, series in sums.items()}, parts)
+            rows = {metric: self._look_up(metric, series, parts).astype(np.int32) for metric, series in sums.items()}
+            parts.pop("by name", None)  # the look-ups' alone (`_by_name`, some 9 MiB): the close looks none up
+            return Plan(self._records, rows, parts)
 
     def _look_up(self, metric: str, series: Mapping[Attrs, float], parts: dict) -> np.ndarray:
         """Each series' row, -1 for a new one. A series named by its parts (the cost models'
