@@ -160,8 +160,10 @@ def test_values_found_by_value_as_a_dict_finds_them(ops: list[tuple[str, int]], 
             values[index] = None
             free.append(index)
         assert table.find(value) == reference.get(value, -1)
+        assert table.find_all([value, value + 1]).tolist() == [table.find(value), table.find(value + 1)]
     assert sorted(table.indices()) == sorted(reference.values())
     assert all(table.find(v) == i for v, i in reference.items())
+    assert table.find_all(list(range(42))).tolist() == [reference.get(v, -1) for v in range(42)]
 
 
 @settings(max_examples=40, deadline=None)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import operator
 from array import array
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 
 class ByValue:
@@ -38,14 +41,40 @@ class ByValue:
             at = (at + 1) & mask
         return -1
 
+    def find_all(self, values: Sequence) -> np.ndarray:
+        """`find` of each of `values` (int64, -1 where none is indexed), probing for all of them at
+        once: numpy over the slots, and the equality of each hash's match compared in one pass.
+        The caller keeps the table from changing meanwhile (its lock, or its one thread)."""
+        hashed = np.fromiter(map(self._hash_of, values), np.int64, len(values))
+        slots, hashes = np.frombuffer(self._slots, np.intc), np.frombuffer(self._hashes, np.int64)  # no copies
+        out = np.full(len(values), -1, np.int64)
+        pending, at = np.arange(len(values)), hashed & (len(slots) - 1)
+        while len(pending):
+            index = slots[at]
+            match = np.flatnonzero(index >= 0)
+            match = match[hashes[index[match]] == hashed[pending[match]]]
+            equal = np.fromiter(map(operator.eq, [self._values[i] for i in index[match].tolist()],
+                                    [values[k] for k in pending[match].tolist()]), bool, len(match))
+            out[pending[match[equal]]] = index[match[equal]]
+            going = index != self.EMPTY  # past a GONE slot or a value of another: on to the next slot
+            going[match[equal]] = False
+            pending, at = pending[going], (at[going] + 1) & (len(slots) - 1)
+        return out
+
     def put(self, index: int, hashed: int) -> None:
         """Index `index` (its value not indexed yet), whose value's hash is `hashed`."""
-        if index >= len(self._hashes):
-            self._hashes.extend([0] * (index + 1 - len(self._hashes)))
-        self._hashes[index] = hashed
-        if 2 * (self._used + 1) > len(self._slots):
-            self._rebuild(max(self._least, 1 << (3 * (self._live + 1)).bit_length()))
-        self._place(index, hashed)
+        self.put_all([index], [hashed])
+
+    def put_all(self, indices: Sequence[int], hashed: Sequence[int]) -> None:
+        """`put` of each index with its hash: the table grown once for them all."""
+        top = max(indices, default=-1)
+        if top >= len(self._hashes):
+            self._hashes.extend([0] * (top + 1 - len(self._hashes)))
+        if 2 * (self._used + len(indices)) > len(self._slots):
+            self._rebuild(max(self._least, 1 << (3 * (self._live + len(indices))).bit_length()))
+        for index, value_hash in zip(indices, hashed):
+            self._hashes[index] = value_hash
+            self._place(index, value_hash)
 
     def remove(self, index: int) -> None:
         """Index `index` no more (it is indexed)."""

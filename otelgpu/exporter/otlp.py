@@ -17,6 +17,7 @@ code is final. A server's RetryInfo delay is honoured.
 from __future__ import annotations
 
 import logging
+import operator
 from itertools import chain
 from typing import Iterator, Mapping, Optional, Sequence
 
@@ -199,8 +200,13 @@ class RequestWriter:
              plain_pairs: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
         """The writer's id of each of the store's `pairs` at `distinct` (`remap`, by the store's
         pair id: the others -1) and of each plain pair, every one encoded."""
-        if self._remap[0] is not pairs:
-            self._remap = (pairs, np.full(len(pairs), -1, np.int32))
+        if self._remap[0] is not pairs:  # pairs came or went: the ids of those at their place stay
+            known, kept = self._remap
+            remap = np.full(len(pairs), -1, np.int32)
+            common = min(len(known), len(pairs))
+            same = np.fromiter(map(operator.is_, known[:common], pairs[:common]), bool, common)
+            remap[:common][same] = kept[:common][same]
+            self._remap = (pairs, remap)
         remap = self._remap[1]
         todo = distinct[remap[distinct] < 0]
         afresh = self._afresh
@@ -215,7 +221,7 @@ class RequestWriter:
     def _known(self, needed: list[tuple[str, str]]) -> np.ndarray:
         """The writer's id of each pair of `needed`, those new to it encoded. Past PAIRS_KEPT pairs
         the writer starts afresh (pods come and go) with those needed now."""
-        ids = np.fromiter(map(self._index.find, needed), np.int64, len(needed))
+        ids = self._index.find_all(needed)
         missing = np.flatnonzero(ids < 0)
         if not len(missing):
             return ids
@@ -225,14 +231,15 @@ class RequestWriter:
             self._index = ByValue(self._pairs)
             self._pair_bytes, self._pair_off = np.zeros(0, np.uint8), np.zeros(1, np.int64)
             self._afresh += 1
-            new = list(dict.fromkeys(needed))
+            new, missing = list(dict.fromkeys(needed)), np.arange(len(needed))
         encoded, offsets = arena([len_field(7, _keyvalue(*kv)) for kv in new])
-        for kv in new:
-            self._pairs.append(kv)
-            self._index.put(len(self._pairs) - 1, hash(kv))
+        fresh = dict(zip(new, range(len(self._pairs), len(self._pairs) + len(new))))
+        self._pairs.extend(new)
+        self._index.put_all(list(fresh.values()), list(map(hash, new)))
         self._pair_bytes = np.concatenate([self._pair_bytes, encoded])
         self._pair_off = np.concatenate([self._pair_off, offsets[1:] + self._pair_off[-1]])
-        return np.fromiter(map(self._index.find, needed), np.int64, len(needed))
+        ids[missing] = [fresh[needed[i]] for i in missing.tolist()]
+        return ids
 
     def _metric(self, key: str, points: bytes) -> bytes:
         head, data_field, tail = self._heads[key]
