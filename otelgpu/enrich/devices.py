@@ -103,7 +103,10 @@ class DeviceMemory:
         last = held[order[latest]]
         node, uuid, gi, ns, pod = (text[c[last]].tolist() for c in (samples.node, samples.uuid, samples.gi,
                                                                     samples.namespace, samples.pod))
-        self._holders.update(zip(zip(node, uuid, gi), zip(ns, pod)))
+        holders = self._holders
+        for key, holder in zip(zip(node, uuid, gi), zip(ns, pod)):
+            if holders.get(key) != holder:  # else the tuples a mark shares stay: no second copy each interval
+                holders[key] = holder
 
     def _forget(self, name: str) -> None:
         del self._nodes[name]
