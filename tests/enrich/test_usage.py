@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from otelgpu.enrich.usage import CPU, MEMORY, RUNNING, PodSamples, PodUses, UsageTracker
+from otelgpu.enrich.usage import CPU, MAX_RATE_GAP_NS, MEMORY, PROMPT, RUNNING, PodSamples, PodUses, UsageTracker
 from otelgpu.receiver.interner import Interner
 
 S = 1_000_000_000
@@ -37,6 +39,42 @@ def test_rates_across_intervals_resets_and_stale_points() -> None:
     second = tracker.use(samples((CPU, 180, 1, 5, 9, 300.0), (CPU, 60, 1, 5, 9, 120.0), (CPU, 240, 1, 5, 9, 30.0)),
                          180 * S, 360 * S)
     assert second[(0, 1)].cpu_cores == pytest.approx((60 + 30) / 120)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.sets(st.integers(1, 6), min_size=1)), min_size=1, max_size=12))
+def test_counters_that_come_and_go_keep_their_own_last_points(intervals: list[tuple[int, set[int]]]) -> None:
+    """Pod p's counter grows p cores: every interval it sends two points in, it uses p cores,
+    whether its last point is an interval old, gone with a gap past MAX_RATE_GAP_NS (and its row
+    given to another series), put back by a mark's undo, or read back from a checkpoint."""
+    plain, driven = UsageTracker(interner()), UsageTracker(interner())
+    start = 0
+    for k, (gap, pods) in enumerate(intervals):
+        start += gap * 300 * S  # a pod away 15 minutes, or 10 and then 5, is forgotten
+        points = samples(*[(CPU, start // S + at, p, 5, 9, float(p * (start // S + at))) for p in pods for at in (10, 40)])
+        undo = driven.mark()
+        driven.use(points, start, start + 60 * S)  # computed ahead, then put back
+        undo()
+        if k % 2:
+            state, driven = driven.state(), UsageTracker(interner())
+            driven.restore(state)
+        for tracker in (plain, driven):
+            got = tracker.use(points, start, start + 60 * S)
+            assert {pod: got[(0, pod)].cpu_cores for pod in pods} == pytest.approx({pod: float(pod) for pod in pods})
+            tracker.expire(start + 60 * S)
+    assert (2 * 300 - 30) * S < MAX_RATE_GAP_NS < (3 * 300 - 30) * S  # from a point at 40 s to one at 10 s
+
+
+def test_token_series_that_read_alike_are_one_series_and_the_next_series_keeps_its_own_point() -> None:
+    """A token series' model code -1 reads "" as the code of "" does: both are one series with one
+    last point, and a series met later has a place of its own."""
+    strings = interner()
+    empty = strings.code("")
+    tracker = UsageTracker(strings)
+    tracker.use_and_tokens(samples((PROMPT, 10, 1, -1, -1, 100.0), (PROMPT, 20, 1, empty, -1, 150.0)), 0, 60 * S)
+    tracker.use(samples((CPU, 70, 2, 5, 9, 140.0), (CPU, 100, 2, 5, 9, 200.0)), 60 * S, 120 * S)
+    _, tokens = tracker.use_and_tokens(samples((PROMPT, 130, 1, empty, -1, 190.0)), 120 * S, 180 * S)
+    assert tokens[("s0", "s1")][("", "s0")] == [40.0, 0.0]  # since 150 at 20 s (no tenant label: the namespace)
 
 
 def test_running_share_and_memory_summed_over_containers() -> None:
