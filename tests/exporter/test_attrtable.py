@@ -111,6 +111,22 @@ def test_the_log_follows_the_live_series(tmp_path) -> None:
     assert {r.end_ns: list(r.points) for r in found} == kept
 
 
+def test_a_log_rewritten_again_after_more_sets_keeps_each_kept_set(tmp_path) -> None:
+    """A rewrite places each kept record right after the one before; the next rewrite, after
+    more appends, copies each record from where it now is."""
+    table = AttrTable(tmp_path / "attrs.log")
+    first = [(("pod", f"first-{i}"), ("team", "t" * (i % 7))) for i in range(COMPACT_FROM + 10)]
+    ids = table.ids(first)
+    keep = ids[1::3]
+    assert table.compact(keep)
+    second = [(("pod", f"second-{i}"),) for i in range(2 * COMPACT_FROM)]
+    more = table.ids(second)
+    kept_after = np.concatenate([keep[::2], more[-7:]])
+    assert table.compact(kept_after)
+    every = {int(i): attrs for i, attrs in zip(ids, first)} | {int(i): attrs for i, attrs in zip(more, second)}
+    assert AttrTable(tmp_path / "attrs.log").load()[0] == {int(i): every[int(i)] for i in kept_after}
+
+
 def test_columns_point_to_the_same_sets_after_a_rewrite(tmp_path) -> None:
     table = AttrTable(tmp_path / "attrs.log")
     sets = [(("pod", str(i)),) for i in range(COMPACT_FROM + 10)]
