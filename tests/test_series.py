@@ -125,7 +125,7 @@ def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(interva
         live = {p.attrs for p in store.points()}
         assert live == {_series(k) for k in keys}
         assert sorted(store._sets.indexed(), key=repr) == sorted(live, key=repr)
-        assert set(store._sets._pairs.keys()) == {kv for attrs in live for kv in attrs}
+        assert set(store._sets._pairs._ids) == {kv for attrs in live for kv in attrs}
         table = store._sets.table([])  # the checkpoint's pairs: the live ones, released ones empty
         text = texts_of(table["strings"], table["string_ends"])
         listed = [(text[k], text[v]) for k, v in table["pair_strings"].tolist()]

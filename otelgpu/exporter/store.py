@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from abc import ABC, abstractmethod
 from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Optional
@@ -20,7 +21,7 @@ from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.byvalue import ByValue
 from otelgpu.core.grouping import RUN_SETS, gather_runs
 from otelgpu.core.state import Undo, nothing_to_undo
-from otelgpu.exporter.columns import Point, Points, SetCodes, SetTable, set_of
+from otelgpu.exporter.columns import Point, Points, SetCodes, SetTable, code_of, set_of
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
@@ -816,81 +817,80 @@ def _cut(codes: np.ndarray, ends: np.ndarray, known: list[tuple[str, str]]) -> l
     return [tuple(pairs[a:b]) for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
 
 
-class _Counted:
+class _Counted(ABC):
     """Keys by id, each kept while something refers to it; a released id is reused by the next
-    new key. The keys are a list by id, found by value through a table of their hashes
-    (`ByValue`): a dict took some 60 bytes a key besides it, with an int object for its id (at
-    100,000 GPUs, for the pairs and the parts, some 30 MiB); this takes 12-20."""
+    new key. Subclasses keep what they need of each key by its id, and give it back (`_key`)."""
 
-    def __init__(self, empty: object) -> None:
-        self._keys: list = []  # [id] its key; a released id's is `empty`
-        self._index = ByValue(self._keys)
-        self._empty = empty
+    def __init__(self) -> None:
+        self._ids: dict = {}
         self._refs = array("i")  # [id] what refers to its key
         self._free = array("i")  # released ids, the next new key's the last
 
-    def _id(self, key) -> int:  # noqa: ANN001 - a pair or a set of them
-        """`key`'s id, -1 when it has none."""
-        return self._index.find(key)
-
-    def keys(self) -> list:
-        """The keys that have an id."""
-        return [self._keys[i] for i in self._index.indices()]
-
-    def _take(self, key) -> tuple[int, bool]:  # noqa: ANN001 - a pair or a set of them
+    def _take(self, key) -> tuple[int, bool]:  # noqa: ANN001 - a string or a pair
         """`key`'s id, with one reference more, and whether it is new (given an id now)."""
-        hashed = hash(key)
-        index = self._index.find(key, hashed)
-        new = index < 0
+        index = self._ids.get(key)
+        new = index is None
         if new:
             if self._free:
                 index = self._free.pop()
                 self._refs[index] = 0
-                self._keys[index] = key
             else:
                 index = len(self._refs)
                 self._refs.append(0)
-                self._keys.append(key)
-            self._index.put(index, hashed)
+            self._ids[key] = index
         self._refs[index] += 1
         return index, new
 
     def _let_go(self, codes: np.ndarray) -> list[int]:
         """One reference fewer per occurrence of an id in `codes`; the ids left without are
-        forgotten (their keys `empty`) and returned (ascending)."""
+        forgotten and returned (ascending)."""
         ids, counts = np.unique(codes, return_counts=True)
         gone = []
         for i, n in zip(ids.tolist(), counts.tolist()):
             self._refs[i] -= n
             if not self._refs[i]:
-                self._index.remove(i)
-                self._keys[i] = self._empty
+                del self._ids[self._key(i)]
                 gone.append(i)
         self._free.extend(gone)
         return gone
+
+    @abstractmethod
+    def _key(self, index: int):  # noqa: ANN202 - a string or a pair
+        """The key whose id is `index`."""
 
 
 class _Parts(_Counted):
     """The parts sets are named by (bases, extras), each counted by the sets it names."""
 
     def __init__(self) -> None:
-        super().__init__(())
+        super().__init__()
+        self._values: list[Attrs] = []
 
     def number(self, value: Attrs) -> int:
         """The part's number, -1 when no set is named by it."""
-        return self._id(value)
+        return self._ids.get(value, -1)
 
     def take(self, value: Attrs) -> int:
         """The part's number, counting one set more named by it."""
-        return self._take(value)[0]
+        index, new = self._take(value)
+        if new:
+            if index == len(self._values):
+                self._values.append(value)
+            else:
+                self._values[index] = value
+        return index
 
     def value(self, index: int) -> Attrs:
-        return self._keys[index]
+        return self._values[index]
 
     def release(self, numbers: np.ndarray) -> None:
         """One set fewer named by the part of each number (a number twice: two fewer); a part
         that names none is forgotten."""
-        self._let_go(numbers)
+        for i in self._let_go(numbers):
+            self._values[i] = ()
+
+    def _key(self, index: int) -> Attrs:
+        return self._values[index]
 
 
 class _Pairs(_Counted):
@@ -898,35 +898,42 @@ class _Pairs(_Counted):
     only for a checkpoint (`encoded`), not kept in a table of their own."""
 
     def __init__(self) -> None:
-        super().__init__(("", ""))
-        self._listed: Optional[list[tuple[str, str]]] = None  # a copy of the pairs until one comes or goes
+        super().__init__()
+        self._pairs: list[tuple[str, str]] = []
+        self._listed: Optional[list[tuple[str, str]]] = None  # a copy of `_pairs` until it changes
         self._encoded: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None  # `encoded()` until it changes
 
     def codes(self, attrs: Attrs) -> Optional[bytes]:
         """The ids of a set's pairs (uint32), None when one of them has none."""
-        ids = np.fromiter(map(self._id, attrs), np.int64, len(attrs))
-        return None if np.any(ids < 0) else ids.astype(np.uint32).tobytes()
+        return code_of(attrs, self._ids)
 
     def live(self) -> list[tuple[str, str]]:
         """Every pair by its id as it is now (the table's own list: read it, do not keep it)."""
-        return self._keys
+        return self._pairs
 
     def listed(self) -> list[tuple[str, str]]:
         """Every pair by its id (released ones as empty strings), as a list of its own that no
         later change touches: one copy shared until a pair comes or goes."""
         if self._listed is None:
-            self._listed = list(self._keys)
+            self._listed = list(self._pairs)
         return self._listed
 
     def add(self, kv: tuple[str, str]) -> int:
         index, new = self._take(kv)
         if new:
             self._listed = self._encoded = None
+            if index == len(self._pairs):
+                self._pairs.append(kv)
+            else:
+                self._pairs[index] = kv
         return index
 
     def release(self, codes: np.ndarray) -> None:
         """One reference fewer per occurrence of an id in `codes`; a pair left without is forgotten."""
-        if self._let_go(codes):
+        gone = self._let_go(codes)
+        for i in gone:
+            self._pairs[i] = ("", "")
+        if gone:
             self._listed = self._encoded = None
 
     def encoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -934,6 +941,9 @@ class _Pairs(_Counted):
         (each once, in the order the pairs name them first) as UTF-8 bytes and where each ends.
         Built again only once a pair has come or gone (the arrays are shared: do not change them)."""
         if self._encoded is None:
-            codes, strings, ends = string_ids((text for kv in self._keys for text in kv), 2 * len(self._keys))
+            codes, strings, ends = string_ids((text for kv in self._pairs for text in kv), 2 * len(self._pairs))
             self._encoded = (codes.reshape(-1, 2), strings, ends)
         return self._encoded
+
+    def _key(self, index: int) -> tuple[str, str]:
+        return self._pairs[index]
