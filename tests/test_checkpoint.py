@@ -4,6 +4,7 @@ checkpoint, continue with their start times, and a bad checkpoint is set aside, 
 from __future__ import annotations
 
 import gc
+import os
 import time
 import tracemalloc
 from pathlib import Path
@@ -18,7 +19,7 @@ from otlpsink import MetricsSink, received_rows, serve_sink
 from support import feed, make_config, offline_pipeline
 
 from otelgpu.checkpoint import (FILE, V1_FILE, VERSION, Checkpoint, CheckpointRejected, Identity, Pieces, decode,
-                                encode, string_arrays, text_arrays, texts_of)
+                                encode, spilled, string_arrays, text_arrays, texts_of)
 from otelgpu.enrich.window import NS
 from otelgpu.exporter.store import CostStore
 from otelgpu.errors import ConfigError
@@ -363,6 +364,53 @@ def test_a_checkpoint_of_pieces_is_written_without_a_copy_of_them_whole(tmp_path
         tracemalloc.stop()
     assert peak < (sum(map(len, codes)) + column.nbytes) / 10
     assert np.array_equal(checkpoint.load()["store"]["value"], column[::-1])
+    checkpoint.close()
+
+
+def _open_files() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if fd.isdigit()
+            and os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+@pytest.mark.parametrize("piece_rows", [1, 7, 1 << 16])
+def test_a_state_spilled_to_a_file_writes_the_checkpoint_the_state_would(tmp_path: Path, piece_rows: int) -> None:
+    """Arrays of every kind and shape the state has, nested, beside lists and numbers: spilled,
+    they write the very file the arrays in memory write, read back as them, and the state holds
+    none of them. The file has no name in the directory, and it is closed as soon as nothing
+    refers to the state, without the cyclic collector."""
+    identity = Identity("prod", "USD")
+    rng = np.random.default_rng(piece_rows)
+    state = {"facts": {"pods": {"keys": rng.integers(0, 2**40, (1000, 2)), "ended": rng.random(1000) < 0.5,
+                                "quantity": np.append(rng.random(99), np.nan), "none": np.zeros((0, 3), np.int32)},
+                       "strings": {"utf8": rng.integers(0, 255, 70_001).astype(np.uint8), "ends": np.arange(17, dtype=np.uint16)},
+                       "version": 2, "names": ["a", "b"]}}
+    before = _open_files()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("otelgpu.checkpoint.PIECE_ROWS", piece_rows)
+        kept = spilled(state, tmp_path)
+        assert list(tmp_path.iterdir()) == []
+        leaves = [*kept["facts"]["pods"].values(), *kept["facts"]["strings"].values()]
+        assert leaves and all(isinstance(leaf, Pieces) for leaf in leaves)
+        assert kept["facts"]["version"] == 2 and kept["facts"]["names"] == ["a", "b"]
+        assert encode(identity, kept, 7) == encode(identity, state, 7)
+        pods = kept["facts"]["pods"]
+        assert all(np.array_equal(np.asarray(pods[k]), a, equal_nan=True) and np.asarray(pods[k]).shape == a.shape
+                   for k, a in state["facts"]["pods"].items())
+    assert len(_open_files()) == len(before) + 1
+    gc.disable()
+    try:
+        del kept, leaves, pods
+        assert _open_files() == before
+    finally:
+        gc.enable()
+
+
+def test_state_that_cannot_be_spilled_stays_in_memory(tmp_path: Path, caplog) -> None:
+    checkpoint = Checkpoint(tmp_path / "c", Identity("prod", "USD"), SelfMetrics())
+    (tmp_path / "c" / ".lock").unlink()
+    (tmp_path / "c").rmdir()  # the volume went away
+    state = {"facts": {"pods": np.arange(5)}}
+    assert checkpoint.spill(state) is state and "kept in memory" in caplog.text
     checkpoint.close()
 
 

@@ -22,6 +22,7 @@ from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
 from otelgpu import compute
+from otelgpu.checkpoint import Checkpoint, Pieces
 from otelgpu.enrich import factstate, join
 from otelgpu.enrich.config import KubernetesConfig
 from otelgpu.enrich.window import NS
@@ -57,10 +58,11 @@ def cluster() -> Cluster:
     return Cluster([whole, mig, cpu], pods)
 
 
-def pipeline(ahead: bool, prices: Optional[Path] = None) -> Pipeline:
+def pipeline(ahead: bool, prices: Optional[Path] = None, checkpoint: Optional[Path] = None) -> Pipeline:
     """`prices`: a price file (read at the first close, then at each close after it changed)."""
     priced = {"file": str(prices)} if prices else {"gpu_hour_by_gpu_model": {A100: 4.0}}
     return offline_pipeline(make_config(
+        **({"checkpoint__directory": str(checkpoint)} if checkpoint else {}),
         attribution__interval_seconds=INTERVAL_S, attribution__lateness_seconds=30,
         attribution__cost_models=["request", "scad"], attribution__compute_ahead=ahead,
         attribution__prices=dict(priced, instance_hour_by_instance_type={"m5.4xlarge": 0.768}),
@@ -172,6 +174,29 @@ def test_an_interval_is_computed_ahead_once_all_its_targets_are_past_its_end() -
     assert series(p) == series(plain) and len(series(p)) > 20
     capacity = p.store.totals("capacity", (), {"cost_model": "request", "resource": "gpu"})[()]
     assert capacity > 2 * 4.0 / 60  # the two A100s for a minute, and the H100 at its catalog price
+
+
+def test_the_facts_encoded_ahead_wait_in_a_file_and_are_the_checkpoint_of_the_close(tmp_path: Path) -> None:
+    """Computed ahead with a checkpoint directory, an interval's facts wait for its close encoded
+    in a file (arrays read from it a piece at a time, none held), and the close writes them: the
+    facts of its checkpoint are those a pipeline that never computed ahead writes."""
+    c = cluster()
+    p, plain = pipeline(True, checkpoint=tmp_path / "ahead"), pipeline(False, checkpoint=tmp_path / "plain")
+    feed(p, *(c.scrape(t) for t in (0, 15, 30, 45, 60)))
+    assert p.compute_ahead()
+    waiting = p.facts._encoded[1]
+    leaves = [a for table in waiting.values() if isinstance(table, dict) for a in table.values()]
+    assert leaves and not any(isinstance(a, np.ndarray) for a in leaves)
+    assert all(isinstance(a, Pieces) for a in leaves)
+    del waiting, leaves
+    feed(p, c.scrape(90))
+    feed(plain, *(c.scrape(t) for t in (0, 15, 30, 45, 60, 90)))
+    assert by_label(p.metrics.intervals_ahead) == {"used": 1} and p.facts._encoded is None
+    facts = []
+    for pipe in (p, plain):
+        pipe.checkpoint.close()  # its lock: the file is read as the next start would
+        facts.append(Checkpoint(pipe.checkpoint.directory, pipe.checkpoint.identity, pipe.metrics).load()["facts"])
+    assert same_arrays(facts[0], facts[1]) and len(facts[0]["pods"]["key"]) > 3
 
 
 def test_a_facts_mark_puts_back_what_later_updates_changed_in_place() -> None:
