@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("otelgpu")
 
+WORKER_NOTICE_S = 5.0  # a stop logs every this many seconds it waits for the worker's step in progress
 FACT_TTL_INTERVALS = 10  # facts not refreshed for this many intervals are forgotten
 # The string interner is compacted once it holds this many strings and twice what the last
 # compaction kept: amortised, each string is copied a bounded number of times.
@@ -340,7 +341,7 @@ class Pipeline:
                 self.telemetry.batch_failed(len(batch))
             finally:
                 self.ingest.task_done()
-            if not self.ingest.depth and self.config.attribution.compute_ahead:
+            if not self.ingest.depth and self.config.attribution.compute_ahead and not self._stop.is_set():
                 self.compute_ahead()  # nothing waiting: the next close's work, while its data is all in
 
     def process(self, batch: PointBatch, replayed: bool = False) -> None:
@@ -532,6 +533,19 @@ class Pipeline:
         """Wait until every batch queued so far has been processed."""
         self.ingest.join()
 
+    def _join_worker(self) -> None:
+        """Wait for the worker to stop. Its step in progress (a close, or computing an interval
+        ahead: tens of seconds at 100,000 GPUs) changes the state that closing the open intervals
+        changes, so they are closed only once it has stopped, however long that takes."""
+        waited = 0.0
+        while self._worker is not None:
+            self._worker.join(timeout=WORKER_NOTICE_S)
+            if not self._worker.is_alive():
+                return
+            waited += WORKER_NOTICE_S
+            log.warning("shutting down: the open intervals close once the step in progress ends (%.0f s so far)",
+                        waited)
+
     def shutdown(self) -> None:
         """Stop taking traffic, process what is queued, close every open interval, export, stop."""
         began = time.monotonic()
@@ -542,9 +556,8 @@ class Pipeline:
         log.info("shutting down: receivers stopped after %.1f s, %d batches queued", time.monotonic() - began,
                  self.ingest.depth)
         if self._worker and self._worker.is_alive():
-            self.drain()
-            self._stop.set()
-            self._worker.join(timeout=10)
+            self._stop.set()  # the worker processes what is queued, computes nothing ahead, and stops
+            self._join_worker()
         closed = self.close_due(flush=True)
         ahead = self.windows.ahead()
         if ahead:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import threading
 import time
 import weakref
 from dataclasses import replace
@@ -22,6 +23,7 @@ from kubeapi import FakeKubeApi
 from support import eventually, feed, make_config, offline_pipeline
 
 from otelgpu import compute
+from otelgpu import pipeline as pipeline_module
 from otelgpu.checkpoint import Checkpoint, Pieces
 from otelgpu.enrich import factstate, join
 from otelgpu.enrich.config import KubernetesConfig
@@ -197,6 +199,47 @@ def test_the_facts_encoded_ahead_wait_in_a_file_and_are_the_checkpoint_of_the_cl
         pipe.checkpoint.close()  # its lock: the file is read as the next start would
         facts.append(Checkpoint(pipe.checkpoint.directory, pipe.checkpoint.identity, pipe.metrics).load()["facts"])
     assert same_arrays(facts[0], facts[1]) and len(facts[0]["pods"]["key"]) > 3
+
+
+def test_a_stop_closes_the_open_intervals_only_once_the_step_in_progress_has_ended(monkeypatch, caplog) -> None:
+    """A stop that comes while the worker computes an interval ahead (tens of seconds at 100,000
+    GPUs) waits for it, however long it takes, before it closes the open intervals: closing them
+    beside it would change the state it is changing. The money is that of a pipeline that never
+    computed ahead."""
+    monkeypatch.setattr(pipeline_module, "WORKER_NOTICE_S", 0.05)
+    computing, go_on, flushed_during = threading.Event(), threading.Event(), []
+    real_ahead, real_close = Pipeline.compute_ahead, Pipeline.close_due
+
+    def slow_ahead(self: Pipeline) -> bool:
+        if self.windows.next_complete() is not None and not go_on.is_set():
+            computing.set()
+            go_on.wait(timeout=60)
+        return real_ahead(self)
+
+    def close_due(self: Pipeline, flush: bool = False) -> int:
+        if flush:
+            flushed_during.append(computing.is_set() and not go_on.is_set())
+        return real_close(self, flush)
+
+    monkeypatch.setattr(Pipeline, "compute_ahead", slow_ahead)
+    monkeypatch.setattr(Pipeline, "close_due", close_due)
+    c, p = cluster(), pipeline(True)
+    p.start()
+    for t in (0, 15, 30, 45, 60):
+        p.ingest.consume(c.scrape(t))
+    eventually(computing.is_set, timeout=30)
+    stopping = threading.Thread(target=p.shutdown)
+    stopping.start()
+    eventually(lambda: "close once the step in progress ends" in caplog.text, timeout=30)
+    assert flushed_during == []  # still waiting
+    go_on.set()
+    stopping.join(timeout=60)
+    assert not stopping.is_alive() and flushed_during == [False]
+    plain = pipeline(False)
+    feed(plain, *(c.scrape(t) for t in (0, 15, 30, 45, 60)))
+    plain.close_due(flush=True)
+    assert series(p) == series(plain) and len(series(p)) > 20
+    assert by_label(p.metrics.intervals_ahead) == {"used": 1}
 
 
 def test_a_facts_mark_puts_back_what_later_updates_changed_in_place() -> None:
