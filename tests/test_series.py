@@ -125,7 +125,7 @@ def test_the_store_keeps_exactly_the_strings_and_sets_of_its_live_series(interva
         live = {p.attrs for p in store.points()}
         assert live == {_series(k) for k in keys}
         assert sorted(store._sets.indexed(), key=repr) == sorted(live, key=repr)
-        assert set(store._sets._pairs._ids) == {kv for attrs in live for kv in attrs}
+        assert set(store._sets._pairs.keys()) == {kv for attrs in live for kv in attrs}
         table = store._sets.table([])  # the checkpoint's pairs: the live ones, released ones empty
         text = texts_of(table["strings"], table["string_ends"])
         listed = [(text[k], text[v]) for k, v in table["pair_strings"].tolist()]
@@ -164,6 +164,43 @@ def test_values_found_by_value_as_a_dict_finds_them(ops: list[tuple[str, int]], 
     assert sorted(table.indices()) == sorted(reference.values())
     assert all(table.find(v) == i for v, i in reference.items())
     assert table.find_all(list(range(42))).tolist() == [reference.get(v, -1) for v in range(42)]
+
+
+POOL = [(), (("a", "1"),), (("a", "1"), ("b", "2")), (("a", "2"), ("b", "2")), (("b", "2"), ("c", "3")),
+        (("a", "1"), ("c", "3"), ("d", "4")), (("e", "5"),)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, len(POOL) - 1), max_size=8)), max_size=25))
+def test_sets_added_and_found_many_at_once_are_counted_as_one_by_one(steps: list[tuple[bool, list[int]]]) -> None:
+    """The store's sets added all at once (`add_all`: a set twice among them, equal sets as
+    distinct objects, the empty set) and released: each live set keeps one index, found by value
+    one at a time or all at once, counted by its users; the pairs are those of the live sets, each
+    counted by the sets that have it."""
+    sets = CostStore()._sets
+    users: dict[tuple, int] = {}
+    index: dict[tuple, int] = {}
+    for add, picks in steps:
+        chosen = [tuple(map(tuple, map(list, POOL[k]))) for k in picks]  # copies: equal, not the same objects
+        if add:
+            got = sets.add_all(chosen).tolist()
+            for attrs, at in zip(chosen, got):
+                assert index.setdefault(attrs, at) == at
+                users[attrs] = users.get(attrs, 0) + 1
+        else:
+            live = [attrs for attrs in chosen if users.get(attrs)][:1]
+            chosen = live * min(2, users[live[0]]) if live else []  # one set, let go of twice when it can be
+            sets.release([index[attrs] for attrs in chosen])
+            for attrs in chosen:
+                users[attrs] -= 1
+                if not users[attrs]:
+                    del users[attrs], index[attrs]
+        assert sets.find_all(POOL).tolist() == [index.get(attrs, -1) for attrs in POOL]
+        assert [sets.find(attrs) for attrs in POOL] == [index.get(attrs, -1) for attrs in POOL]
+        assert all(sets.value(at) == attrs and sets._users[at] == users[attrs] for attrs, at in index.items())
+        pairs = sets._pairs
+        assert sorted(pairs.keys()) == sorted({kv for attrs in users for kv in attrs})
+        assert all(pairs._refs[pairs.find(kv)] == sum(kv in attrs for attrs in users) for kv in pairs.keys())
 
 
 @settings(max_examples=40, deadline=None)
@@ -250,7 +287,7 @@ def test_an_ended_sets_parts_are_forgotten() -> None:
     assert store._sets.find_named(both, {}).tolist() == [0, 1]
     store.record(60, 120, {"allocated": Packed.columns(Extended(bases, EXTRAS, np.array([1]), np.array([1])),
                                                        np.ones(1))}, {})  # the first set ends
-    assert store._sets._bases.number(bases[0]) == -1 and store._sets._bases.number(bases[1]) >= 0
+    assert store._sets._bases.find(bases[0]) == -1 and store._sets._bases.find(bases[1]) >= 0
     other = Extended([_series(3), bases[1]], EXTRAS, np.array([0, 1]), np.array([2, 1]))
     store.record(120, 180, {"allocated": Packed.columns(other, np.ones(2))}, {})
     assert store._sets.find(other[0]) == 0  # the index the ended set left

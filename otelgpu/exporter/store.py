@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 import threading
-from abc import ABC, abstractmethod
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from otelgpu.core.attrs import Attrs, Extended, pair
 from otelgpu.core.byvalue import ByValue
 from otelgpu.core.grouping import RUN_SETS, gather_runs
 from otelgpu.core.state import Undo, nothing_to_undo
-from otelgpu.exporter.columns import Point, Points, SetCodes, SetTable, code_of, set_of
+from otelgpu.exporter.columns import Point, Points, SetCodes, SetTable, set_of
 
 __all__ = ["CostStore", "MetricSpec", "Point", "Points", "cost_metrics"]
 
@@ -168,7 +167,7 @@ class CostStore:
         sets = self._sets.find_named(named, parts) if named is not None else np.full(len(keys), -1, np.int64)
         missed = np.flatnonzero(sets < 0)
         if len(missed):
-            sets[missed] = np.fromiter((self._sets.find(keys[i]) for i in missed.tolist()), np.int64, len(missed))
+            sets[missed] = self._sets.find_all([keys[i] for i in missed.tolist()])
         return self._rows_of(sets, self._code[metric])
 
     def _rows_of(self, sets: np.ndarray, code: int) -> np.ndarray:
@@ -206,8 +205,9 @@ class CostStore:
                 named = _named(series)
                 if new:
                     keys = _Built(named, parts) if named is not None else list(series)
-                    for i in new:  # in the mapping's order, as they were found
-                        found[i] = self._add(metric, keys[i], start_ns, 0.0, 0)
+                    asets = self._sets.add_all([keys[i] for i in new]).tolist()
+                    for i, aset in zip(new, asets):  # in the mapping's order, as they were found
+                        found[i] = self._add(metric, aset, start_ns, 0.0, 0)
                 if named is not None:
                     self._sets.name(self._aset[found].astype(np.int64), named, parts)
                 rows.append(found)
@@ -224,7 +224,7 @@ class CostStore:
             self._drop(gone)
             kept = self._live_rows()
             old_gauges = self._gauges
-            self._gauges = {m: _Gauges(list(map(self._sets.kept, series)),
+            self._gauges = {m: _Gauges(self._sets.kept_all(list(series)),
                                        np.fromiter(series.values(), np.float64, len(series)))
                             for m, series in gauges.items() if len(series)}
             self._gauge_time = end_ns
@@ -251,7 +251,8 @@ class CostStore:
             index = self._sets.find(attrs)
             return self._sets.serial(index) if index >= 0 else -1
 
-    def _add(self, metric: str, attrs: Attrs, start_ns: int, value: float, quiet: int) -> int:
+    def _add(self, metric: str, aset: int, start_ns: int, value: float, quiet: int) -> int:
+        """A row of `metric` for the attribute set `aset` (`_AttrSets.add`: a user of it already)."""
         if self._n_freed:
             self._n_freed -= 1
             row = int(self._freed[self._n_freed])
@@ -262,7 +263,7 @@ class CostStore:
         if self._births >= self.BORN_LIMIT:
             self._renumber_births()
         self._metric[row] = self._code[metric]
-        self._aset[row] = aset = self._sets.add(attrs)
+        self._aset[row] = aset
         if aset >= len(self._head):
             self._head = np.concatenate([self._head, np.full(len(self._head) // 2, -1, np.int32)])
         self._next[row], self._head[aset] = self._head[aset], row
@@ -474,8 +475,9 @@ class CostStore:
         with self._lock:
             self._reset()
             self._records += 1
-            for m, attrs, start, value, quiet in restored:
-                self._add(m, attrs, start, value, quiet)
+            asets = self._sets.add_all([attrs for _, attrs, _, _, _ in restored]).tolist()
+            for (m, _, start, value, quiet), aset in zip(restored, asets):
+                self._add(m, aset, start, value, quiet)
             self.last_time_ns = last
 
 
@@ -645,26 +647,47 @@ class _AttrSets:
         self._named = np.full(1024, -1, np.int64)  # [set] the key of the parts that last named it; -1: none
         self._table: Optional[SetTable] = None  # `snapshot()`'s, shared until a set comes or goes
 
-    def add(self, attrs: Attrs) -> int:
-        known = self._pairs.codes(attrs)
-        index = self._index.find(known) if known is not None else -1
-        if index < 0:
-            codes = np.fromiter(map(self._pairs.add, attrs), np.uint32, len(attrs))
-            if self._free:
-                index = self._free.pop()
-            else:
-                index = len(self._codes)
-                if index == len(self._named):
-                    self._named = np.concatenate([self._named, np.full(index, -1, np.int64)])
-                    self._serial = np.concatenate([self._serial, np.zeros(index, np.int64)])
-                    self._users = np.concatenate([self._users, np.zeros(index, np.int32)])
-            self._users[index] = 0
-            self._codes.put(index, codes)
-            self._serial[index] = self._serials
-            self._serials += 1
-            self._index.put(index, hash(codes.tobytes()))
-            self._table = None
-        self._users[index] += 1
+    def add_all(self, sets: Sequence[Attrs]) -> np.ndarray:
+        """The index of the set equal to each of `sets`, in their order, counting one user more
+        each time (a new set is given one): the known ones found all at once, the new ones' pairs
+        too."""
+        out = self.find_all(sets)
+        known = out >= 0
+        users = self._users
+        for index in out[known].tolist():
+            users[index] += 1
+        new = np.flatnonzero(~known).tolist()
+        if not new:
+            return out
+        firsts: dict[Attrs, int] = {}  # each new set's first place among `sets`
+        for at in new:
+            firsts.setdefault(sets[at], at)
+        distinct = list(firsts)
+        ends = np.cumsum(np.fromiter(map(len, distinct), np.int64, len(distinct))).tolist()
+        codes = self._pairs.add_all([kv for attrs in distinct for kv in attrs]).astype(np.uint32)
+        indices = {attrs: self._new(codes[a:b]) for attrs, a, b in zip(distinct, [0, *ends[:-1]], ends)}
+        users = self._users  # grown, perhaps, for the new sets
+        for at in new:
+            out[at] = index = indices[sets[at]]
+            users[index] += 1
+        return out
+
+    def _new(self, codes: np.ndarray) -> int:
+        """The index of a new set of these pair ids (uint32, each counted already), without users."""
+        if self._free:
+            index = self._free.pop()
+        else:
+            index = len(self._codes)
+            if index == len(self._named):
+                self._named = np.concatenate([self._named, np.full(index, -1, np.int64)])
+                self._serial = np.concatenate([self._serial, np.zeros(index, np.int64)])
+                self._users = np.concatenate([self._users, np.zeros(index, np.int32)])
+        self._users[index] = 0
+        self._codes.put(index, codes)
+        self._serial[index] = self._serials
+        self._serials += 1
+        self._index.put(index, hash(codes.tobytes()))
+        self._table = None
         return index
 
     def release(self, sets: list[int]) -> None:
@@ -703,13 +726,26 @@ class _AttrSets:
     def kept(self, attrs: Attrs) -> Attrs:
         """The base the sets are named by equal to `attrs`, if there is one, else `attrs`: gauges
         keyed by the join's sets (activity) then hold the store's object rather than another copy."""
-        number = self._bases.number(attrs)
+        number = self._bases.find(attrs)
         return attrs if number < 0 else self._bases.value(number)
+
+    def kept_all(self, sets: Sequence[Attrs]) -> list[Attrs]:
+        """`kept` of each of `sets`, found all at once."""
+        numbers, value = self._bases.find_all(sets).tolist(), self._bases.value
+        return [attrs if number < 0 else value(number) for attrs, number in zip(sets, numbers)]
 
     def find(self, attrs: Attrs) -> int:
         """The index of the set equal to `attrs`, -1 when no live series uses one."""
         known = self._pairs.codes(attrs)  # None: a pair no set has
         return self._index.find(known) if known is not None else -1
+
+    def find_all(self, sets: Sequence[Attrs]) -> np.ndarray:
+        """`find` of each of `sets` (int64), their pairs, then the sets, found all at once."""
+        codes = self._pairs.codes_all(sets)
+        have = [at for at, code in enumerate(codes) if code is not None]
+        out = np.full(len(sets), -1, np.int64)
+        out[have] = self._index.find_all([codes[at] for at in have])
+        return out
 
     def indexed(self) -> list[Attrs]:
         """The sets found by value."""
@@ -723,7 +759,7 @@ class _AttrSets:
         for values, table in ((named.bases, self._bases), (named.extras, self._extras)):
             known = parts.get(id(values))
             if known is None or known[0] is not values:
-                known = parts[id(values)] = (values, np.fromiter(map(table.number, values), np.int64, len(values)))
+                known = parts[id(values)] = (values, table.find_all(values))
             out.append(known[1])
         return out[0], out[1]
 
@@ -817,80 +853,101 @@ def _cut(codes: np.ndarray, ends: np.ndarray, known: list[tuple[str, str]]) -> l
     return [tuple(pairs[a:b]) for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
 
 
-class _Counted(ABC):
+class _Counted:
     """Keys by id, each kept while something refers to it; a released id is reused by the next
-    new key. Subclasses keep what they need of each key by its id, and give it back (`_key`)."""
+    new key. The keys are a list by id, found by value through a table of their hashes
+    (`ByValue`): a dict took some 60 bytes a key besides it, with an int object for its id (at
+    100,000 GPUs, for the pairs and the parts, some 30 MiB); this takes 12-20. Many keys are
+    found at once (`find_all`, `take_all`): found one by one, each would be a probe in Python."""
 
-    def __init__(self) -> None:
-        self._ids: dict = {}
+    def __init__(self, empty: object) -> None:
+        self._keys: list = []  # [id] its key; a released id's is `empty`
+        self._index = ByValue(self._keys)
+        self._empty = empty
         self._refs = array("i")  # [id] what refers to its key
         self._free = array("i")  # released ids, the next new key's the last
 
-    def _take(self, key) -> tuple[int, bool]:  # noqa: ANN001 - a string or a pair
-        """`key`'s id, with one reference more, and whether it is new (given an id now)."""
-        index = self._ids.get(key)
-        new = index is None
-        if new:
-            if self._free:
-                index = self._free.pop()
-                self._refs[index] = 0
-            else:
-                index = len(self._refs)
-                self._refs.append(0)
-            self._ids[key] = index
+    def find(self, key) -> int:  # noqa: ANN001 - a pair or a set of them
+        """`key`'s id, -1 when it has none."""
+        return self._index.find(key)
+
+    def find_all(self, keys: Sequence) -> np.ndarray:
+        """Each key's id (int64), -1 where it has none."""
+        return self._index.find_all(keys)
+
+    def keys(self) -> list:
+        """The keys that have an id."""
+        return [self._keys[i] for i in self._index.indices()]
+
+    def take_all(self, keys: Sequence) -> tuple[np.ndarray, bool]:
+        """Each key's id, with one reference more per time it is among `keys` (a key without an
+        id is given one), and whether any was given one."""
+        ids = self._index.find_all(keys)
+        given: dict = {}  # the keys given an id now, in the order first met
+        for at in np.flatnonzero(ids < 0).tolist():
+            index = given.get(keys[at])
+            ids[at] = given[keys[at]] = self._give(keys[at]) if index is None else index
+        if given:
+            self._index.put_all(list(given.values()), list(map(hash, given)))
+        refs = self._refs
+        for index in ids.tolist():
+            refs[index] += 1
+        return ids, bool(given)
+
+    def _take(self, key) -> int:  # noqa: ANN001 - a pair or a set of them
+        """`key`'s id, with one reference more (a key without an id is given one)."""
+        hashed = hash(key)
+        index = self._index.find(key, hashed)
+        if index < 0:
+            index = self._give(key)
+            self._index.put(index, hashed)
         self._refs[index] += 1
-        return index, new
+        return index
+
+    def _give(self, key) -> int:  # noqa: ANN001 - a pair or a set of them
+        """A free id for `key`, without references, not indexed yet."""
+        if self._free:
+            index = self._free.pop()
+            self._refs[index] = 0
+            self._keys[index] = key
+        else:
+            index = len(self._refs)
+            self._refs.append(0)
+            self._keys.append(key)
+        return index
 
     def _let_go(self, codes: np.ndarray) -> list[int]:
         """One reference fewer per occurrence of an id in `codes`; the ids left without are
-        forgotten and returned (ascending)."""
+        forgotten (their keys `empty`) and returned (ascending)."""
         ids, counts = np.unique(codes, return_counts=True)
         gone = []
         for i, n in zip(ids.tolist(), counts.tolist()):
             self._refs[i] -= n
             if not self._refs[i]:
-                del self._ids[self._key(i)]
+                self._index.remove(i)
+                self._keys[i] = self._empty
                 gone.append(i)
         self._free.extend(gone)
         return gone
-
-    @abstractmethod
-    def _key(self, index: int):  # noqa: ANN202 - a string or a pair
-        """The key whose id is `index`."""
 
 
 class _Parts(_Counted):
     """The parts sets are named by (bases, extras), each counted by the sets it names."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._values: list[Attrs] = []
-
-    def number(self, value: Attrs) -> int:
-        """The part's number, -1 when no set is named by it."""
-        return self._ids.get(value, -1)
+        super().__init__(())
 
     def take(self, value: Attrs) -> int:
         """The part's number, counting one set more named by it."""
-        index, new = self._take(value)
-        if new:
-            if index == len(self._values):
-                self._values.append(value)
-            else:
-                self._values[index] = value
-        return index
+        return self._take(value)
 
     def value(self, index: int) -> Attrs:
-        return self._values[index]
+        return self._keys[index]
 
     def release(self, numbers: np.ndarray) -> None:
         """One set fewer named by the part of each number (a number twice: two fewer); a part
         that names none is forgotten."""
-        for i in self._let_go(numbers):
-            self._values[i] = ()
-
-    def _key(self, index: int) -> Attrs:
-        return self._values[index]
+        self._let_go(numbers)
 
 
 class _Pairs(_Counted):
@@ -898,42 +955,44 @@ class _Pairs(_Counted):
     only for a checkpoint (`encoded`), not kept in a table of their own."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._pairs: list[tuple[str, str]] = []
-        self._listed: Optional[list[tuple[str, str]]] = None  # a copy of `_pairs` until it changes
+        super().__init__(("", ""))
+        self._listed: Optional[list[tuple[str, str]]] = None  # a copy of the pairs until one comes or goes
         self._encoded: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None  # `encoded()` until it changes
 
     def codes(self, attrs: Attrs) -> Optional[bytes]:
         """The ids of a set's pairs (uint32), None when one of them has none."""
-        return code_of(attrs, self._ids)
+        ids = [self._index.find(kv) for kv in attrs]
+        return None if -1 in ids else array("I", ids).tobytes()
+
+    def codes_all(self, sets: Sequence[Attrs]) -> list[Optional[bytes]]:
+        """`codes` of each of `sets`, their pairs found all at once."""
+        ids = self.find_all([kv for attrs in sets for kv in attrs])
+        ends = np.cumsum(np.fromiter(map(len, sets), np.int64, len(sets))).tolist()
+        missing = [0, *np.cumsum(ids < 0).tolist()]  # the pairs without an id before each
+        raw = ids.astype(np.uint32).tobytes()
+        return [None if missing[b] != missing[a] else raw[4 * a:4 * b] for a, b in zip([0, *ends[:-1]], ends)]
 
     def live(self) -> list[tuple[str, str]]:
         """Every pair by its id as it is now (the table's own list: read it, do not keep it)."""
-        return self._pairs
+        return self._keys
 
     def listed(self) -> list[tuple[str, str]]:
         """Every pair by its id (released ones as empty strings), as a list of its own that no
         later change touches: one copy shared until a pair comes or goes."""
         if self._listed is None:
-            self._listed = list(self._pairs)
+            self._listed = list(self._keys)
         return self._listed
 
-    def add(self, kv: tuple[str, str]) -> int:
-        index, new = self._take(kv)
-        if new:
+    def add_all(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """The id of each of `pairs`, each counting one reference more (`take_all`)."""
+        ids, given = self.take_all(pairs)
+        if given:
             self._listed = self._encoded = None
-            if index == len(self._pairs):
-                self._pairs.append(kv)
-            else:
-                self._pairs[index] = kv
-        return index
+        return ids
 
     def release(self, codes: np.ndarray) -> None:
         """One reference fewer per occurrence of an id in `codes`; a pair left without is forgotten."""
-        gone = self._let_go(codes)
-        for i in gone:
-            self._pairs[i] = ("", "")
-        if gone:
+        if self._let_go(codes):
             self._listed = self._encoded = None
 
     def encoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -941,9 +1000,6 @@ class _Pairs(_Counted):
         (each once, in the order the pairs name them first) as UTF-8 bytes and where each ends.
         Built again only once a pair has come or gone (the arrays are shared: do not change them)."""
         if self._encoded is None:
-            codes, strings, ends = string_ids((text for kv in self._pairs for text in kv), 2 * len(self._pairs))
+            codes, strings, ends = string_ids((text for kv in self._keys for text in kv), 2 * len(self._keys))
             self._encoded = (codes.reshape(-1, 2), strings, ends)
         return self._encoded
-
-    def _key(self, index: int) -> tuple[str, str]:
-        return self._pairs[index]

@@ -132,20 +132,19 @@ def test_the_models_name_their_series_by_parts_and_the_store_finds_them_so() -> 
     p = offline_pipeline(make_config(attribution__interval_seconds=900, attribution__lateness_seconds=3600,
                                      attribution__cost_models=["request", "scad"]))
     sets, store = p.store._sets, p.store
-    find, add, record, attribute = sets.find, sets.add, store.record, p.models.attribute
+    find, add, record, attribute = sets.find_all, sets.add_all, store.record, p.models.attribute
     by_value: list[set] = []  # per record: the sets looked up by value
     new: list[set] = []  # per record: the sets the store had not met
     named: list[bool] = []
     narrow: list[bool] = []
 
-    def counted_find(attrs):  # noqa: ANN001, ANN202
-        by_value[-1].add(attrs)
-        return find(attrs)
+    def counted_find(many):  # noqa: ANN001, ANN202
+        by_value[-1].update(many)
+        return find(many)
 
-    def counted_add(attrs):  # noqa: ANN001, ANN202
-        if find(attrs) < 0:
-            new[-1].add(attrs)
-        return add(attrs)
+    def counted_add(many):  # noqa: ANN001, ANN202
+        new[-1].update(attrs for attrs, at in zip(many, find(many).tolist()) if at < 0)
+        return add(many)
 
     def counted_record(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         by_value.append(set())
@@ -161,7 +160,7 @@ def test_the_models_name_their_series_by_parts_and_the_store_finds_them_so() -> 
         narrow[-1] &= isinstance(gauges["activity"], Packed)
         return sums, gauges
 
-    sets.find, sets.add, store.record, p.models.attribute = counted_find, counted_add, counted_record, spy
+    sets.find_all, sets.add_all, store.record, p.models.attribute = counted_find, counted_add, counted_record, spy
     feed(p, *random_cluster(random.Random(7)).scrapes(300, 3600))
     p.close_due(flush=True)
     assert len(named) == len(by_value) == 4 and all(named)
@@ -171,7 +170,7 @@ def test_the_models_name_their_series_by_parts_and_the_store_finds_them_so() -> 
     assert sum(map(len, by_value[1:])) < len(by_value[0])
     assert len(p.models._extras._kept) < 20  # the extras a model adds, not a set per series
     activity, bases = p.store._gauges["activity"].keys, p.store._sets._bases
-    assert activity and all(bases.value(bases.number(a)) is a for a in activity)  # the store's objects: held once
+    assert activity and all(bases.value(bases.find(a)) is a for a in activity)  # the store's objects: held once
 
 
 EXTRAS = ((), (("cost_model", "request"),), (("team", "override"),), (("cost_model", "scad"), ("node", "")))
