@@ -105,8 +105,8 @@ class Outbox:
         its columns read from its file, checked against the checksum. Raises OSError or
         SnapshotFormatError when the file is gone, unreadable or not that snapshot
         (`set_aside` it)."""
-        columns = read_columns(self.path(end_ns), end_ns, kept.metrics, len(kept))
-        columns[1] = kept.aset
+        columns = read_columns(self.path(end_ns), end_ns, kept.metrics, len(kept), sets=False)
+        columns[1] = kept.aset  # the file's ids are only checked: the queue kept each point's set
         return Points(kept.metrics, kept.attrs, *columns)
 
     def set_aside(self, end_ns: int, exc: Exception) -> None:

@@ -152,12 +152,16 @@ def decode(data: bytes, sets: Optional[Mapping[int, Attrs]] = None) -> SnapshotF
     return SnapshotFile(end_ns, Points(metrics, attrs, *columns), absorbed)
 
 
-def read_columns(path: Path, end_ns: int, metrics: Sequence[str], n_point: int) -> list[np.ndarray]:
+def read_columns(path: Path, end_ns: int, metrics: Sequence[str], n_point: int,
+                 sets: bool = True) -> list[Optional[np.ndarray]]:
     """The columns of the snapshot file at `path`, each read into an array of its own (the file is
     never held whole) and checked against its checksum. SnapshotFormatError when the file is not
     the snapshot ending `end_ns` of `n_point` points of these `metrics`; OSError when it cannot be
     read. The attribute sets' column comes as the file has it: ids that only the queue's attribute
-    log (format 2) or the file's table (format 1) resolve."""
+    log (format 2) or the file's table (format 1) resolve; without `sets`, it is only checked (None).
+    The time and `ended` columns, read a piece at a time, are one value read as a column
+    (`np.broadcast_to`, read-only) when every point has it, as an interval's snapshot does: some
+    12 MiB fewer while a snapshot of 100,000 GPUs is sent."""
     with open(path, "rb") as file:
         head = file.read(_HEADER.size)
         if len(head) < _HEADER.size or head[:len(MAGIC)] != MAGIC:
@@ -171,17 +175,57 @@ def read_columns(path: Path, end_ns: int, metrics: Sequence[str], n_point: int) 
             raise SnapshotFormatError(OutboxError.CORRUPT, f"holds the snapshot ending {written_end} of {points} "
                                       f"points, not the one ending {end_ns} of {n_point} written there")
         crc = zlib.crc32(table, zlib.crc32(head))
-        columns = []
-        for dtype in _COLUMNS:
-            column = np.empty(n_point, dtype)
-            if file.readinto(memoryview(column).cast("B")) != column.nbytes:
-                raise SnapshotFormatError(OutboxError.CORRUPT, "cut short")
-            crc = zlib.crc32(column, crc)
-            columns.append(column)
+        columns: list[Optional[np.ndarray]] = []
+        for at, dtype in enumerate(_COLUMNS):
+            if at == 1 and not sets:
+                _, crc = _read_pieces(file, dtype, n_point, crc)
+                columns.append(None)
+            elif at in _OFTEN_ONE and n_point:
+                start = file.tell()
+                one, crc_after = _read_pieces(file, dtype, n_point, crc)
+                if one is None:  # values of their own: read again, whole
+                    file.seek(start)
+                    column, crc = _whole(file, dtype, n_point, crc)
+                else:
+                    column, crc = np.broadcast_to(one.astype(bool) if at == _ENDED else one, (n_point,)), crc_after
+                columns.append(column)
+            else:
+                column, crc = _whole(file, dtype, n_point, crc)
+                columns.append(column)
         tail = file.read(_CRC.size + 1)
     if len(tail) != _CRC.size or _CRC.unpack(tail)[0] != crc:
         raise SnapshotFormatError(OutboxError.CORRUPT, "checksum mismatch: the file is truncated or altered")
     return columns
+
+
+_TIME, _ENDED = 3, 5
+_OFTEN_ONE = (_TIME, _ENDED)  # the columns every point of an interval's snapshot has one value of
+_PIECE = 1 << 20  # bytes of a column read at a time where it is not read whole
+
+
+def _whole(file: Any, dtype: np.dtype, n_point: int, crc: int) -> tuple[np.ndarray, int]:
+    """The column at the file's position, read into an array, and the checksum with it."""
+    column = np.empty(n_point, dtype)
+    if file.readinto(memoryview(column).cast("B")) != column.nbytes:
+        raise SnapshotFormatError(OutboxError.CORRUPT, "cut short")
+    return column, zlib.crc32(column, crc)
+
+
+def _read_pieces(file: Any, dtype: np.dtype, n_point: int, crc: int) -> tuple[Optional[np.ndarray], int]:
+    """The column at the file's position read a piece at a time: its value as a 0-d array when
+    every point has that one (None otherwise), and the checksum with it."""
+    left, one = n_point * dtype.itemsize, None
+    same = n_point > 0
+    while left:
+        piece = file.read(min(left, _PIECE // dtype.itemsize * dtype.itemsize))
+        if not piece:
+            raise SnapshotFormatError(OutboxError.CORRUPT, "cut short")
+        crc, left = zlib.crc32(piece, crc), left - len(piece)
+        if same:
+            values = np.frombuffer(piece, dtype)
+            one = values[:1].copy().reshape(()) if one is None else one
+            same = bool((values == one).all())
+    return (one if same else None), crc
 
 
 def _table(raw: bytes, with_attrs: bool) -> tuple[int, tuple[int, ...], list[str], list[Attrs]]:

@@ -136,6 +136,36 @@ def test_a_snapshot_written_after_others_names_the_sets_on_disk_without_a_number
     assert outbox.recover(120)[0][-1].points == second
 
 
+@pytest.mark.parametrize("odd", [None, "time", "ended"])
+def test_a_snapshot_read_back_to_be_sent_holds_a_time_and_a_flag_its_points_share_as_one_value(
+        tmp_path: Path, odd) -> None:
+    """Read back to be sent, a snapshot whose points are all at its end and none ended (an
+    interval's) holds its times and flags as one value each, not a column; one whose last point
+    is at another time, or ends, reads them back as columns. Either reads back as it was written,
+    and a byte changed in the column read a piece at a time is refused as a checksum mismatch."""
+    n = 300_000  # more than a piece of either column
+    sets = [(("pod", f"p{i}"),) for i in range(100)]
+    time_ns, ended = np.full(n, 20), np.zeros(n, bool)
+    if odd == "time":
+        time_ns[-1] = 19
+    elif odd == "ended":
+        ended[-1] = True
+    points = Points(["allocated"], sets, np.zeros(n), np.arange(n) % len(sets), np.full(n, 10), time_ns,
+                    np.arange(n, dtype=np.float64), ended)
+    outbox = Outbox(tmp_path, "otlp", SelfMetrics())
+    kept = outbox.write(20, points)
+    back = outbox.read_back(20, kept)
+    assert back.time_ns.strides == ((8,) if odd == "time" else (0,))
+    assert back.ended.strides == ((1,) if odd == "ended" else (0,)) and back.ended.dtype == bool
+    assert back == points
+    data = bytearray(outbox.path(20).read_bytes())
+    time_at = len(data) - 4 - n * (8 + 8 + 1)  # the time column: before the values, the flags and the checksum
+    data[time_at + 8 * (n - 2)] ^= 1
+    outbox.path(20).write_bytes(bytes(data))
+    with pytest.raises(SnapshotFormatError, match="checksum"):
+        outbox.read_back(20, kept)
+
+
 @pytest.mark.parametrize("damage, reason", [
     (lambda d: d[:-1], "corrupt"),  # truncated
     (lambda d: d[:40] + bytes([d[40] ^ 1]) + d[41:], "corrupt"),  # one bit flipped
