@@ -542,6 +542,7 @@ _EXTRA_BITS = 24  # a set's key: the number of its base, then that of its extra 
 
 
 FIRST_IDS = 1 << 14  # the sets' pair ids: room for this many at first, and at the least
+SETS_AT_ONCE = 1 << 12  # sets whose pairs are looked up at once (some 40,000 pairs)
 
 
 class _Runs:
@@ -662,10 +663,12 @@ class _AttrSets:
         firsts: dict[Attrs, int] = {}  # each new set's first place among `sets`
         for at in new:
             firsts.setdefault(sets[at], at)
-        distinct = list(firsts)
-        ends = np.cumsum(np.fromiter(map(len, distinct), np.int64, len(distinct))).tolist()
-        codes = self._pairs.add_all([kv for attrs in distinct for kv in attrs]).astype(np.uint32)
-        indices = {attrs: self._new(codes[a:b]) for attrs, a, b in zip(distinct, [0, *ends[:-1]], ends)}
+        distinct, indices = list(firsts), {}
+        for at in range(0, len(distinct), SETS_AT_ONCE):  # their pairs found and given ids a piece at a time
+            piece = distinct[at:at + SETS_AT_ONCE]
+            ends = np.cumsum(np.fromiter(map(len, piece), np.int64, len(piece))).tolist()
+            codes = self._pairs.add_all([kv for attrs in piece for kv in attrs]).astype(np.uint32)
+            indices.update({attrs: self._new(codes[a:b]) for attrs, a, b in zip(piece, [0, *ends[:-1]], ends)})
         users = self._users  # grown, perhaps, for the new sets
         for at in new:
             out[at] = index = indices[sets[at]]
@@ -965,7 +968,10 @@ class _Pairs(_Counted):
         return None if -1 in ids else array("I", ids).tobytes()
 
     def codes_all(self, sets: Sequence[Attrs]) -> list[Optional[bytes]]:
-        """`codes` of each of `sets`, their pairs found all at once."""
+        """`codes` of each of `sets`, their pairs found all at once, SETS_AT_ONCE sets at a time."""
+        if len(sets) > SETS_AT_ONCE:
+            pieces = (sets[at:at + SETS_AT_ONCE] for at in range(0, len(sets), SETS_AT_ONCE))
+            return [code for piece in pieces for code in self.codes_all(piece)]
         ids = self.find_all([kv for attrs in sets for kv in attrs])
         ends = np.cumsum(np.fromiter(map(len, sets), np.int64, len(sets))).tolist()
         missing = [0, *np.cumsum(ids < 0).tolist()]  # the pairs without an id before each
