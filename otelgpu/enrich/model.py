@@ -43,11 +43,11 @@ class PodFacts:
         quantity are shared objects (`shared`)."""
         key = shared((container, resource))
         known = self.requests.get(key)
-        if known is None or not _same(known, quantity):
+        if known is None or not same_number(known, quantity):
             self.requests = shared_map({**self.requests, key: shared(quantity) if quantity > 0 else quantity})
 
 
-def _same(known: float, new: float) -> bool:
+def same_number(known: float, new: float) -> bool:
     """The same number, the sign of a zero included (NaN is never the same)."""
     return known == new and (known != 0 or math.copysign(1.0, known) == math.copysign(1.0, new))
 
