@@ -68,7 +68,7 @@ def shared_map(items: dict) -> dict:
     return _maps.by(tuple(items.items()), items)
 
 
-@dataclass
+@dataclass(slots=True)  # no dict per node: 17,647 nodes at 100,000 GPUs, and a mark's copies of them
 class NodeFacts:
     labels: dict[str, str] = field(default_factory=dict)
     capacity: dict[str, float] = field(default_factory=dict)
@@ -76,7 +76,7 @@ class NodeFacts:
     provider_id: str = ""  # the cloud's id of the machine (`aws:///us-east-1a/i-0abc...`)
 
 
-@dataclass
+@dataclass(slots=True)
 class NamespaceFacts:
     labels: dict[str, str] = field(default_factory=dict)
     seen_ns: int = 0

@@ -58,14 +58,18 @@ def test_facts_come_back_from_a_checkpoint_as_they_were(tables):
     assert _tables(restored) == _tables(facts)  # the same objects, in the same order
 
 
+def _fields(facts) -> dict:  # noqa: ANN001 - a dataclass of facts
+    return {f.name: getattr(facts, f.name) for f in dataclasses.fields(facts)}
+
+
 def test_the_json_lists_of_older_checkpoints_are_still_read():
     pod = PodFacts(uid="u", node="n1", phase="Running", labels={"label_team": "a"},
                    requests={("c", "nvidia_com_gpu"): 1.0}, seen_ns=5, info_node="n1")
     facts = _facts(({("ns", "p"): pod}, {"n1": NodeFacts({"label_x": "y"}, {"nvidia_com_gpu": 8.0}, 4)},
                     {"ns": NamespaceFacts({"label_team": "b"}, 3)}, {("ns", "ReplicaSet", "rs"): OwnerFacts("Deployment", "d", 2)}))
     plain = dict({f.name: getattr(pod, f.name) for f in dataclasses.fields(pod)}, requests=[[c, r, q] for (c, r), q in pod.requests.items()])
-    older = {"pods": [["ns", "p", plain]], "nodes": [["n1", vars(facts.nodes["n1"])]],
-             "namespaces": [["ns", vars(facts.namespaces["ns"])]],
+    older = {"pods": [["ns", "p", plain]], "nodes": [["n1", _fields(facts.nodes["n1"])]],
+             "namespaces": [["ns", _fields(facts.namespaces["ns"])]],
              "owners": [[["ns", "ReplicaSet", "rs"], vars(facts.owners[("ns", "ReplicaSet", "rs")])]]}
     restored = KsmFacts(Interner(), ttl_ns=1)
     restored.restore(older)
