@@ -93,7 +93,6 @@ class Pieces:
                 yield np.ascontiguousarray(column[rows[at:at + PIECE_ROWS]])
         return Pieces(column.dtype, len(rows), pieces)
 
-
     @staticmethod
     def read(file: BinaryIO, offset: int, dtype: np.dtype, shape: Sequence[int]) -> Pieces:
         """The array of `dtype` and `shape` that `file` holds from `offset`, read PIECE_ROWS rows

@@ -238,9 +238,9 @@ def fact_rows(batch: PointBatch) -> np.ndarray:
 
 
 def _replace(facts: Any, name: str, new: dict) -> None:
-    """`facts.name = new` unless it holds the same already: replaced, never changed in place, and
-    only when it changed, a mark's copy (`mark`) shares it while it stays (at 100,000 GPUs some
-    17,000 nodes' labels)."""
+    """Set `facts.name` to `new` unless it equals it already: maps are replaced, never changed in
+    place, and only when they change, so a mark's copies (`mark`) share them while they stay (at
+    100,000 GPUs, some 17,000 nodes' labels)."""
     if getattr(facts, name) != new:
         setattr(facts, name, new)
 
