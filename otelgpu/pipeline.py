@@ -135,6 +135,8 @@ class Pipeline:
                                       self.metrics) if directory else None)
         # What the worker keeps from one interval to the next, in the order it restores.
         self.states = States([self.store, self.tag_values, self.facts, self.usage, self.devices, self.windows])
+        if self.checkpoint is not None:
+            self.facts.spill = self.checkpoint.spill  # a mark's facts wait in its directory (KsmFacts.mark)
         log_from = self._restore() if directory else None
         self.wal = Wal(directory / "wal", self.metrics) if directory else None
         self.deliveries = self._deliveries(directory)

@@ -27,6 +27,7 @@ from otelgpu import pipeline as pipeline_module
 from otelgpu.checkpoint import Checkpoint, Pieces
 from otelgpu.enrich import factstate, join
 from otelgpu.enrich.config import KubernetesConfig
+from otelgpu.enrich.model import PodFacts
 from otelgpu.enrich.window import NS
 from otelgpu.pipeline import Pipeline
 from otelgpu.telemetry import by_label, total
@@ -97,10 +98,11 @@ def events(seed: int) -> list[tuple[str, float]]:
     return out
 
 
-def run(ahead: bool, seed: int, tmp: Path) -> Pipeline:
+def run(ahead: bool, seed: int, tmp: Path, checkpoint: bool = False) -> Pipeline:
+    """`checkpoint`: with a checkpoint directory (a mark's facts wait in a file of it)."""
     prices = tmp / f"prices-{ahead}.yaml"
     prices.write_text("gpu_hour_by_gpu_model: {NVIDIA A100-SXM4-40GB: 4.0}\n")
-    c, p = cluster(), pipeline(ahead, prices)
+    c, p = cluster(), pipeline(ahead, prices, tmp / f"checkpoint-{ahead}" if checkpoint else None)
     busy = cluster()
     for pod in busy.pods:
         pod.activity = 0.95
@@ -134,7 +136,9 @@ def counted(p: Pipeline) -> dict:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_computing_ahead_gives_what_computing_at_the_close_gives(tmp_path: Path, seed: int) -> None:
-    plain, ahead = run(False, seed, tmp_path), run(True, seed, tmp_path)
+    """Odd seeds with a checkpoint directory: what puts the facts back waits in a file of it."""
+    plain, ahead = run(False, seed, tmp_path, seed % 2 == 1), run(True, seed, tmp_path, seed % 2 == 1)
+    assert (ahead.facts.spill is not None) == (seed % 2 == 1)
     a, b = series(plain), series(ahead)
     assert a.keys() == b.keys()
     assert all(a[k] == pytest.approx(b[k], rel=1e-12, abs=1e-12) for k in a)
@@ -191,6 +195,11 @@ def test_the_facts_encoded_ahead_wait_in_a_file_and_are_the_checkpoint_of_the_cl
     assert leaves and not any(isinstance(a, np.ndarray) for a in leaves)
     assert all(isinstance(a, Pieces) for a in leaves)
     del waiting, leaves
+    undo = p.facts.mark()  # as computing ahead marks them: encoded into a file, no copy of a pod
+    held = [cell.cell_contents for cell in undo.__closure__]
+    assert not any(isinstance(v, dict) and any(isinstance(x, PodFacts) for x in v.values()) for v in held)
+    assert any(isinstance(v, dict) and isinstance(v["pods"]["key"], Pieces) for v in held)
+    del undo, held
     feed(p, c.scrape(90))
     feed(plain, *(c.scrape(t) for t in (0, 15, 30, 45, 60, 90)))
     assert by_label(p.metrics.intervals_ahead) == {"used": 1} and p.facts._encoded is None

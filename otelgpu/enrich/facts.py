@@ -12,7 +12,7 @@ them (`label_team`, `annotation_example_com_team`), whichever source they came f
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -45,6 +45,8 @@ class KsmFacts:
         self.reported_ns = 0  # the newest pod row applied: whether it reported pods after one ended
         self.version = 0  # changes so far: what was computed from these facts knows whether they moved
         self._encoded: tuple[int, dict[str, Any]] | None = None  # `state()` as of a version, made ahead
+        # What keeps a mark's facts in a file (the checkpoint's `spill`); None: copies in memory
+        self.spill: Optional[Callable[[dict[str, Any]], Mapping[str, Any]]] = None
 
     def update(self, batch: PointBatch | FactRows) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used.
@@ -159,9 +161,14 @@ class KsmFacts:
             pod.node = pod.info_node or pod.request_node
 
     def mark(self) -> Callable[[], None]:
-        """What puts the facts back as they are now (updates mutate objects in place: each one
-        that can change is copied; the dicts in them are replaced, never changed, so the copies
-        share them)."""
+        """What puts the facts back as they are now. With `spill`, the facts are encoded as a
+        checkpoint encodes them into its file, and read back only to be put back (an interval
+        computed ahead and then redone: rare); else updates mutate objects in place, so each one
+        that can change is copied (the dicts in them are replaced, never changed: the copies share
+        them). At 100,000 GPUs the copies are some 15 MiB, held while an interval is computed ahead
+        and until its close."""
+        if self.spill is not None:
+            return self._mark_in_file(self.spill)
         pods = {k: _copy(p) for k, p in self.pods.items()}  # labels and requests are replaced, not changed
         nodes = {k: _copy(n) for k, n in self.nodes.items()}  # labels and capacities alike
         namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
@@ -170,6 +177,16 @@ class KsmFacts:
 
         def undo() -> None:
             self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
+            self.reported_ns = reported
+            self.version += 1  # not the facts anything computed since the mark read
+
+        return undo
+
+    def _mark_in_file(self, spill: Callable[[dict[str, Any]], Mapping[str, Any]]) -> Callable[[], None]:
+        state, reported = spill(factstate.encode(self.pods, self.nodes, self.namespaces, self.owners)), self.reported_ns
+
+        def undo() -> None:
+            self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)
             self.reported_ns = reported
             self.version += 1  # not the facts anything computed since the mark read
 
