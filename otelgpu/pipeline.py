@@ -413,9 +413,6 @@ class Pipeline:
     def _compute(self, interval: Interval) -> Costs:
         self.facts.update(interval.fact_rows)  # the kube-state-metrics rows stamped in this interval, a piece at a time
         use, tokens = self.usage.use_and_tokens(interval.pods, interval.start_ns, interval.end_ns)
-        # What applying the facts (and a mark before it) built and dropped, handed back before the join: its
-        # arrays are mapped apart (heap.py), so they would not reuse it, and the two would add up at the peak.
-        give_back()
         return self.costs.compute(interval, use, tokens)
 
     def compute_ahead(self) -> bool:
