@@ -367,9 +367,15 @@ def test_a_checkpoint_of_pieces_is_written_without_a_copy_of_them_whole(tmp_path
     checkpoint.close()
 
 
-def _open_files() -> set[str]:
-    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if fd.isdigit()
-            and os.path.exists(f"/proc/self/fd/{fd}")}
+def _open_in(directory: Path) -> list[str]:
+    """The files of `directory` this process has open (a file without a name included)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    return [link for link in links if link.startswith(str(directory) + os.sep)]
 
 
 @pytest.mark.parametrize("piece_rows", [1, 7, 1 << 16])
@@ -382,9 +388,9 @@ def test_a_state_spilled_to_a_file_writes_the_checkpoint_the_state_would(tmp_pat
     rng = np.random.default_rng(piece_rows)
     state = {"facts": {"pods": {"keys": rng.integers(0, 2**40, (1000, 2)), "ended": rng.random(1000) < 0.5,
                                 "quantity": np.append(rng.random(99), np.nan), "none": np.zeros((0, 3), np.int32)},
-                       "strings": {"utf8": rng.integers(0, 255, 70_001).astype(np.uint8), "ends": np.arange(17, dtype=np.uint16)},
+                       "strings": {"utf8": rng.integers(0, 255, 70_001).astype(np.uint8),
+                                   "ends": np.arange(17, dtype=np.uint16)},
                        "version": 2, "names": ["a", "b"]}}
-    before = _open_files()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("otelgpu.checkpoint.PIECE_ROWS", piece_rows)
         kept = spilled(state, tmp_path)
@@ -396,11 +402,11 @@ def test_a_state_spilled_to_a_file_writes_the_checkpoint_the_state_would(tmp_pat
         pods = kept["facts"]["pods"]
         assert all(np.array_equal(np.asarray(pods[k]), a, equal_nan=True) and np.asarray(pods[k]).shape == a.shape
                    for k, a in state["facts"]["pods"].items())
-    assert len(_open_files()) == len(before) + 1
+    assert len(_open_in(tmp_path)) == 1  # open, with no name in the directory
     gc.disable()
     try:
         del kept, leaves, pods
-        assert _open_files() == before
+        assert _open_in(tmp_path) == []
     finally:
         gc.enable()
 
