@@ -436,7 +436,7 @@ class Pipeline:
                     costs: Optional[Costs] = self._compute(interval).packed()  # held until the close
                     costs.plan = self.store.plan(costs.sums)  # no other interval is recorded before its close
                     if self.checkpoint is not None:
-                        self.facts.encode_ahead(self.checkpoint.spill)  # the close's checkpoint, in a file
+                        self.facts.encode_ahead()  # the close's checkpoint, in a file (facts.spill)
                 except Exception:  # noqa: BLE001 - the close computes it again and reports what fails
                     log.debug("interval ending %d not computed ahead", interval.end_ns, exc_info=True)
                     costs = None

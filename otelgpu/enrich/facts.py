@@ -216,11 +216,12 @@ class KsmFacts:
 
         return factstate.encode(self.pods, self.nodes, self.namespaces, self.owners)
 
-    def encode_ahead(self, keep: Callable[[dict[str, Any]], dict[str, Any]] = lambda state: state) -> None:
+    def encode_ahead(self) -> None:
         """Make the next `state()` now (an interval computed ahead of its close: its checkpoint
-        then has the facts ready), kept only while the facts do not change. `keep`: what keeps it
-        meanwhile (the checkpoint's `spill`: a file, not memory)."""
-        self._encoded = (self.version, keep(self.state()))
+        then has the facts ready), kept only while the facts do not change: in a file with
+        `spill`, else in memory."""
+        state = self.state()
+        self._encoded = (self.version, self.spill(state) if self.spill is not None else state)
 
     def restore(self, state: Mapping[str, Any] | None) -> None:
         """Raises KeyError, TypeError or ValueError on a malformed state (nothing is changed then).
