@@ -252,7 +252,7 @@ class CostStore:
             return self._sets.serial(index) if index >= 0 else -1
 
     def _add(self, metric: str, aset: int, start_ns: int, value: float, quiet: int) -> int:
-        """A row of `metric` for the attribute set `aset` (`_AttrSets.add`: a user of it already)."""
+        """A row of `metric` for the attribute set `aset` (`_AttrSets.add_all`: a user of it already)."""
         if self._n_freed:
             self._n_freed -= 1
             row = int(self._freed[self._n_freed])
@@ -653,26 +653,16 @@ class _AttrSets:
         each time (a new set is given one): the known ones found all at once, the new ones' pairs
         too."""
         out = self.find_all(sets)
-        known = out >= 0
-        users = self._users
-        for index in out[known].tolist():
-            users[index] += 1
-        new = np.flatnonzero(~known).tolist()
-        if not new:
-            return out
-        firsts: dict[Attrs, int] = {}  # each new set's first place among `sets`
-        for at in new:
-            firsts.setdefault(sets[at], at)
-        distinct, indices = list(firsts), {}
+        new = np.flatnonzero(out < 0).tolist()
+        distinct, indices = list(dict.fromkeys(sets[at] for at in new)), {}  # each new set once, as first met
         for at in range(0, len(distinct), SETS_AT_ONCE):  # their pairs found and given ids a piece at a time
             piece = distinct[at:at + SETS_AT_ONCE]
             ends = np.cumsum(np.fromiter(map(len, piece), np.int64, len(piece))).tolist()
             codes = self._pairs.add_all([kv for attrs in piece for kv in attrs]).astype(np.uint32)
             indices.update({attrs: self._new(codes[a:b]) for attrs, a, b in zip(piece, [0, *ends[:-1]], ends)})
-        users = self._users  # grown, perhaps, for the new sets
         for at in new:
-            out[at] = index = indices[sets[at]]
-            users[index] += 1
+            out[at] = indices[sets[at]]
+        np.add.at(self._users, out, 1)  # grown, perhaps, for the new sets: read after them
         return out
 
     def _new(self, codes: np.ndarray) -> int:
