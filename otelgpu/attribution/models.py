@@ -35,6 +35,7 @@ from otelgpu.core.attrs import Attrs, Extended, attrs_of, with_attrs
 from otelgpu.core.grouping import Numbering, group_ids
 from otelgpu.core.settings import TAG_NAMES
 from otelgpu.enrich.holdings import ACTIVE, NOBODY, POD_UNKNOWN
+from otelgpu.enrich.timeline import id_type
 from otelgpu.telemetry import IntervalScope, IntervalTelemetry, SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -135,17 +136,22 @@ class _Sums:
             self._parts[metric].append((sets, extras, values))
 
     def series(self, merge: Callable[[Sequence[Attrs], np.ndarray], Mapping[Attrs, float]],
-               metrics: Optional[tuple[str, ...]] = None) -> Series:
-        """Every metric's series (or only `metrics`'), each merged by `merge`."""
+               metrics: Optional[tuple[str, ...]] = None, keep: bool = False) -> Series:
+        """Every metric's series (or only `metrics`'), each merged by `merge`. Unless `keep`, a
+        metric's parts are let go once its series are made (at 100,000 GPUs the parts of every
+        metric, held to the last, were the peak of the interval's attribution)."""
         width = len(self.extras)
         bases = self._joined + self._added.values  # the sets every metric's series name by index
         out: Series = {}
-        for metric, parts in self._parts.items():
+        for metric in list(self._parts):
+            parts = self._parts[metric] if keep else self._parts.pop(metric)
             if not parts or (metrics is not None and metric not in metrics):
                 continue
             keys = np.concatenate([sets.astype(np.int64, copy=False) * width + extras for sets, extras, _ in parts])
-            named, totals = _first_named(keys, np.concatenate([values for _, _, values in parts]))
-            del keys
+            values = np.concatenate([part[2] for part in parts])
+            del parts
+            named, totals = _first_named(keys, values)
+            del keys, values
             out[metric] = merge(Extended(bases, self.extras.values, named // width, named % width), totals)
         return out
 
@@ -181,7 +187,7 @@ class CostModels:
         for model in self.config.cost_models:
             self._model(model, priced, dt, base, node_set, out)
         self._unattributed(priced, base, out)
-        sums = out.series(self._merged)
+        sums = out.series(self._merged, keep=split is not None and bool(self.dropped))  # kept for `full`
         if split is not None and "allocated" in sums:
             full = out.series(Packed.columns, CHARGED) if self.dropped else sums
             charged: dict[Attrs, float] = defaultdict(float)  # what the pods are charged: allocated + unused
@@ -441,11 +447,14 @@ def shared_idle(scope: str, row_node: np.ndarray, row_weight: np.ndarray,
 def _first_named(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct keys in the order they are first named, and the sum of each one's values in
     the order they come."""
-    distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    ids = id_type(len(keys))  # ids and places in 4 bytes where they fit
+    inverse, first = group_ids(keys, dtype=ids)
     order = np.argsort(first, kind="stable")
-    rank = np.empty(len(order), np.int64)
-    rank[order] = np.arange(len(order))
-    return distinct[order], np.bincount(rank[inverse.reshape(-1)], weights=values, minlength=len(order))
+    rank = np.empty(len(order), ids)
+    rank[order] = np.arange(len(order), dtype=ids)
+    rank = rank[inverse]
+    del inverse
+    return keys[first[order]], np.bincount(rank, weights=values, minlength=len(order))
 
 
 class _Extras:

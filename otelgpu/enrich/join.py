@@ -74,6 +74,7 @@ class Joiner:
         if claims:
             rows = claims.with_claims(rows, units, whole)
         gpus, blind_rows, blind = without_device_data(scope, claims, self.hardware, self._reported_gpus(scope, units))
+        del units, whole  # read no more: what DCGM reported per entity (at 100,000 GPUs some 45 MiB) is let go
         rows = Rows.concat([rows, blind_rows])
         problems = claims.problems()  # after the nodes without device data: their grants placed too
         attributes = SeriesAttributes(scope, self.tags, self.kept)

@@ -9,7 +9,7 @@ seconds and the time-weighted activity, all with array operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from otelgpu.receiver.schema import Metric
 
 NONE = -1
 DARK = -2  # holder of the time an entity had no live series: its exporter's scrape failed or went silent
+ENTITIES_AT_ONCE = 32_768  # the tenures of so many entities worked out at a time
 
 
 @dataclass
@@ -76,6 +77,18 @@ class Tenures:
     act_integral: np.ndarray  # integral of unit activity over act_s
     replicas: np.ndarray  # distinct vgpu indices seen for the holder (time-slicing), 0 if none
     per_pod_activity: np.ndarray  # bool: activity came from the holder's own series
+
+    @staticmethod
+    def joined(parts: list["Tenures"]) -> "Tenures":
+        """The parts' rows one after the other, a column at a time: each part's column is let go
+        once joined (the parts are the caller's to give up), so no second copy of all of them is
+        held at once."""
+        columns = {}
+        for column in fields(Tenures):
+            columns[column.name] = np.concatenate([getattr(part, column.name) for part in parts])
+            for part in parts:
+                setattr(part, column.name, None)
+        return Tenures(**columns)
 
     @property
     def mean_activity(self) -> np.ndarray:
@@ -146,16 +159,37 @@ def _steps(ent: np.ndarray, time_ns: np.ndarray, start: int, end: int,
     return (nxt - begin) / 1e9, row_step, st_ent
 
 
-def tenures(samples: Readings, ent: np.ndarray, shared: np.ndarray, start: int, end: int) -> Tenures:
+def tenures(samples: Readings, ent: np.ndarray, shared: np.ndarray, start: int, end: int,
+            piece: int = ENTITIES_AT_ONCE) -> Tenures:
     """`shared[e]` marks time-sliced entities: several holders at once, activity per pod.
 
     For shared entities `act_integral` integrates the holder's share of device time (its own
     per-process GPU_UTIL series, else the device activity split equally among the holders
     present); the caller turns that into activity of the replicas held.
 
-    A column is let go once read: at 100,000 GPUs an interval is a million samples, and the
-    columns per sample held at once here were the interval's computation's peak.
+    Entities are worked out `piece` at a time (ids in ranges): an entity's tenures read its own
+    samples only, and the ids number holdings in the order of their entity, so the pieces' rows
+    one after the other are the rows of all at once (the dark holdings after all others, as
+    `_with_dark` puts them). At 100,000 GPUs the columns per sample built for all entities at
+    once were the interval's computation's peak.
     """
+    n_entity = int(ent.max()) + 1 if len(ent) else 0
+    if n_entity <= piece:
+        return _with_dark(*_tenures(samples, ent, shared, start, end))
+    held, dark = [], []
+    for lo in range(0, n_entity, piece):
+        mine = np.flatnonzero((ent >= lo) & (ent < lo + piece))
+        part, *steps = _tenures(samples.take(mine), ent[mine], shared, start, end)
+        held.append(part)
+        dark.append(_dark(part, *steps))
+    return Tenures.joined(held + dark)
+
+
+def _tenures(samples: Readings, ent: np.ndarray, shared: np.ndarray, start: int,
+             end: int) -> tuple[Tenures, np.ndarray, np.ndarray, np.ndarray]:
+    """The tenures of the entities of `ent` but the dark ones, and what `_with_dark` adds those
+    from: each step's duration, whether it has a live row, and its entity. A column is let go
+    once read."""
     ids = id_type(len(samples))  # every row, entity, step, holding and pair number is below it
     dur, row_step, step_ent = _steps(ent, samples.time_ns, start, end, ids)
     rows, by_pod, step_live = _holder_rows(samples, row_step, len(dur), ids)
@@ -190,7 +224,7 @@ def tenures(samples: Readings, ent: np.ndarray, shared: np.ndarray, start: int, 
         replicas=replicas,
         per_pod_activity=np.bincount(pair_hold, weights=own, minlength=n_hold) > 0,
     )
-    return _with_dark(out, dur, step_live, step_ent)
+    return out, dur, step_live, step_ent
 
 
 def _holder_rows(samples: Readings, row_step: np.ndarray, n_steps: int,
@@ -321,19 +355,19 @@ def warm_up() -> str:
 def _with_dark(held: Tenures, dur: np.ndarray, step_live: np.ndarray, step_ent: np.ndarray) -> Tenures:
     """Steps in which an entity has no live series at all (only staleness markers: a failed
     scrape) become one DARK holding per entity: time someone may well have held it, unmeasured."""
+    dark = _dark(held, dur, step_live, step_ent)
+    return Tenures.joined([held, dark]) if len(dark.entity) else held
+
+
+def _dark(held: Tenures, dur: np.ndarray, step_live: np.ndarray, step_ent: np.ndarray) -> Tenures:
+    """The DARK holdings of `_with_dark`, in the columns' types of `held`'s."""
     dark = np.flatnonzero(~step_live & (dur > 0))
-    if not len(dark):
-        return held
     ents, inverse = np.unique(step_ent[dark], return_inverse=True)
     n_entity = len(ents)
     zeros, marks = np.zeros(n_entity), np.full(n_entity, DARK, dtype=held.holder_ns.dtype)
-    return Tenures(
-        np.concatenate([held.entity, ents.astype(held.entity.dtype)]), np.concatenate([held.holder_ns, marks]),
-        np.concatenate([held.holder_pod, marks]),
-        np.concatenate([held.held_s, np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n_entity)]),
-        np.concatenate([held.act_s, zeros]), np.concatenate([held.act_integral, zeros]),
-        np.concatenate([held.replicas, np.zeros(n_entity, held.replicas.dtype)]),
-        np.concatenate([held.per_pod_activity, np.zeros(n_entity, bool)]))
+    return Tenures(ents.astype(held.entity.dtype), marks, marks.astype(held.holder_pod.dtype),
+                   np.bincount(inverse.reshape(-1), weights=dur[dark], minlength=n_entity), zeros, zeros.copy(),
+                   np.zeros(n_entity, held.replicas.dtype), np.zeros(n_entity, bool))
 
 
 def _mean_by(group: np.ndarray, value: np.ndarray, groups: int, reduce_sum: bool = False) -> np.ndarray:

@@ -6,6 +6,7 @@ folded only at its close."""
 
 from __future__ import annotations
 
+import tracemalloc
 from functools import partial
 from types import SimpleNamespace
 from typing import Callable
@@ -19,7 +20,7 @@ from otelgpu.enrich.reported import Reported
 from otelgpu.enrich.samples import IndexedSamples, Samples
 from otelgpu.enrich import steps as steps_module
 from otelgpu.enrich.steps import PRESENT_METRIC, LabelTable, Steps, _ordered, unpack_reference
-from otelgpu.enrich.timeline import Readings, dedupe, entities_of, tenures
+from otelgpu.enrich.timeline import Readings, Tenures, dedupe, entities_of, tenures
 from otelgpu.enrich.usage import PodSamples
 from otelgpu.enrich.window import NS, Windows
 from otelgpu.receiver.decode import PointBatch, empty_batch
@@ -251,6 +252,39 @@ def reading(samples: Samples, memory: Callable[[], Samples] | None = None) -> tu
     units.memory_samples = lambda: Reported.memory_samples(units)  # type: ignore[arg-type]
     mib = _device_memory_mib(units, np.arange(len(names)))  # type: ignore[arg-type]
     return out, {names[e]: m for e, m in mib.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(dcgm_arrivals(), st.integers(1, 3), st.booleans())
+def test_tenures_worked_out_a_piece_of_the_entities_at_a_time_are_those_of_all_at_once(batches, piece, indexed):
+    """Holders shown and not, time-sliced replicas, per-pod series, staleness markers (the dark
+    holdings), resends: the same rows in the same order, the same figures to the bit."""
+    samples = dedupe(Samples.concat(batches))
+    if indexed:  # as the interval's computation hands them: labels read through the steps' table
+        samples = Steps.of(samples).unpack(indexed=True)
+    entity, entities = entities_of(samples)
+    shared = entities.uuid == 2
+    whole = tenures(Readings.of(samples), entity, shared, 0, 60 * NS)
+    pieces = tenures(Readings.of(samples), entity, shared, 0, 60 * NS, piece=piece)
+    for name in ("entity", "holder_ns", "holder_pod", "held_s", "act_s", "act_integral", "replicas",
+                 "per_pod_activity"):
+        got, want = getattr(pieces, name), getattr(whole, name)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=got.dtype.kind == "f"), name
+
+
+def test_tenures_joined_hold_one_copy_of_their_rows_and_a_column_at_the_peak():
+    tracemalloc.start()
+    try:
+        parts = [Tenures(*(np.arange(50_000).astype(dtype) for dtype in (np.int64, np.int32, np.int32, float, float,
+                                                                         float, np.int64, bool))) for _ in range(4)]
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        joined = Tenures.joined(parts)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(joined.entity) == 200_000 and joined.held_s[50_000:100_000].tolist() == list(range(50_000))
+    assert peak < 1.25 * held  # the parts' columns let go as each one is joined (both at once: twice)
 
 
 @settings(max_examples=300, deadline=None)
