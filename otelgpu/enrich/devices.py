@@ -83,11 +83,11 @@ class DeviceMemory:
         node_of, node_first = group_ids(samples.node[rows])
         order = np.argsort(node_of, kind="stable")  # nodes as first seen, each one's entities in order
         ends = np.cumsum(np.bincount(node_of, minlength=len(node_first))).tolist()
-        fields = np.stack([self._named(c[rows[order]]) for c in (samples.uuid, samples.gi, samples.profile,
-                                                                  samples.model)],
-                          axis=1).reshape(-1).tolist()  # entity after entity, four fields each
+        # each field of the entities, node after node: a list each (no array or list of all four)
+        fields = [self._named(c[rows[order]]).tolist() for c in (samples.uuid, samples.gi, samples.profile,
+                                                                 samples.model)]
         for name, lo, hi in zip(self._named(samples.node[rows[node_first]]).tolist(), [0, *ends[:-1]], ends):
-            entities = tuple(fields[4 * lo:4 * hi])
+            entities = tuple(chain.from_iterable(zip(*(field[lo:hi] for field in fields))))  # four fields each
             known = self._nodes.get(name)
             if known is not None and known.entities == entities:
                 entities = known.entities  # the same GPUs: one tuple, not one more each interval a mark keeps

@@ -156,8 +156,8 @@ def reported(samples: AnySamples, scope: Scope, hardware: Hardware, memory: Call
     kept, kept_entity = (samples, entity) if memory is None else (None, None)
     readings = Readings.of(samples)
     del samples
-    if memory is not None:  # entity ids in 4 bytes where they fit (an 8-byte copy is not kept)
-        entity = entity.astype(id_type(n_entity))
+    if memory is not None:  # entity ids in 4 bytes where they fit (`entities_of` gives them so: no copy)
+        entity = entity.astype(id_type(n_entity), copy=False)
     held = tenures(readings, entity, shared, scope.start_ns, scope.end_ns)
     del readings, entity
     gpu, gpu_first = group_ids(entities.node, entities.uuid)

@@ -57,10 +57,11 @@ def dedupe(samples: AnySamples) -> AnySamples:
     if isinstance(samples, IndexedSamples):  # the series' labels grouped once per row of the table
         labels = samples.labels
         series, _ = group_ids(*(labels[:, LABEL_COLUMN[name]] for name in SERIES_LABELS), dtype=np.int32)
-        _, first = group_ids(samples.metric, samples.time_ns, series[samples.label], samples.stale)
+        _, first = group_ids(samples.metric, samples.time_ns, series[samples.label], samples.stale,
+                             dtype=id_type(len(samples)))
     else:
         _, first = group_ids(samples.metric, samples.time_ns, *(getattr(samples, name) for name in SERIES_LABELS),
-                             samples.stale)
+                             samples.stale, dtype=id_type(len(samples)))
     return samples if len(first) == len(samples) else samples.take(np.sort(first))  # nothing resent: no copy
 
 
@@ -118,11 +119,11 @@ ENTITY_LABELS = ("node", "uuid", "gi", "profile", "model")  # Entities' columns:
 
 
 def entities_of(samples: AnySamples) -> tuple[np.ndarray, Entities]:
-    """Each sample's entity (numbered in the order of (node, uuid, gi)), and each entity with the
-    labels of its first sample."""
+    """Each sample's entity (numbered in the order of (node, uuid, gi), in 4 bytes where they fit),
+    and each entity with the labels of its first sample."""
     if isinstance(samples, IndexedSamples):
         return _indexed_entities(samples)
-    ent, first = group_ids(samples.node, samples.uuid, samples.gi)
+    ent, first = group_ids(samples.node, samples.uuid, samples.gi, dtype=id_type(len(samples)))
     return ent, Entities(samples.node[first], samples.uuid[first], samples.gi[first], samples.profile[first],
                          samples.model[first])
 
@@ -136,7 +137,7 @@ def _indexed_entities(samples: IndexedSamples) -> tuple[np.ndarray, Entities]:
     ent_of_used, _ = group_ids(*(labels[:, LABEL_COLUMN[name]] for name in ENTITY_LABELS[:3]))
     first = np.full(int(ent_of_used.max()) + 1, len(samples), np.int64)
     np.minimum.at(first, ent_of_used, first_of_row)
-    ent_of_row = np.full(len(samples.labels), -1, np.int64)
+    ent_of_row = np.full(len(samples.labels), -1, id_type(len(samples)))
     ent_of_row[used] = ent_of_used
     row = samples.label[first]
     return ent_of_row[samples.label], Entities(*(samples.labels[row, LABEL_COLUMN[name]] for name in ENTITY_LABELS))
