@@ -77,16 +77,15 @@ class DeviceMemory:
         """The entities each node shows (in the order first seen) and who held each one last;
         strings are looked up once per distinct code (`_named`), not through a copy of the table."""
         live = np.flatnonzero(~samples.stale)  # a node with only staleness markers still has what it had
-        _, first = group_ids(samples.node[live], samples.uuid[live], samples.gi[live])
+        _, first = group_ids(*(samples.at(name, live) for name in ("node", "uuid", "gi")))
         rows = live[first]
         del live, first
-        node_of, node_first = group_ids(samples.node[rows])
+        node_of, node_first = group_ids(samples.at("node", rows))
         order = np.argsort(node_of, kind="stable")  # nodes as first seen, each one's entities in order
         ends = np.cumsum(np.bincount(node_of, minlength=len(node_first))).tolist()
         # each field of the entities, node after node: a list each (no array or list of all four)
-        fields = [self._named(c[rows[order]]).tolist() for c in (samples.uuid, samples.gi, samples.profile,
-                                                                 samples.model)]
-        for name, lo, hi in zip(self._named(samples.node[rows[node_first]]).tolist(), [0, *ends[:-1]], ends):
+        fields = [self._named(samples.at(name, rows[order])).tolist() for name in ("uuid", "gi", "profile", "model")]
+        for name, lo, hi in zip(self._named(samples.at("node", rows[node_first])).tolist(), [0, *ends[:-1]], ends):
             entities = tuple(chain.from_iterable(zip(*(field[lo:hi] for field in fields))))  # four fields each
             known = self._nodes.get(name)
             if known is not None and known.entities == entities:
@@ -96,7 +95,7 @@ class DeviceMemory:
         held = np.flatnonzero(~samples.stale & (samples.pod >= 0))
         if not len(held):
             return
-        key, _ = group_ids(samples.node[held], samples.uuid[held], samples.gi[held])
+        key, _ = group_ids(*(samples.at(name, held) for name in ("node", "uuid", "gi")))
         order = np.argsort(samples.time_ns[held], kind="stable")  # the latest sample wins, the last of equal times
         rank = np.empty(len(held), np.int64)
         rank[order] = np.arange(len(held))
@@ -104,8 +103,8 @@ class DeviceMemory:
         np.maximum.at(latest, key, rank)
         last = held[order[latest]]
         del held, key, order, rank, latest
-        node, uuid, gi, ns, pod = (self._named(c[last]).tolist() for c in (samples.node, samples.uuid, samples.gi,
-                                                                           samples.namespace, samples.pod))
+        node, uuid, gi, ns, pod = (self._named(samples.at(name, last)).tolist()
+                                   for name in ("node", "uuid", "gi", "namespace", "pod"))
         holders = self._holders
         for key, holder in zip(zip(node, uuid, gi), zip(ns, pod)):
             if holders.get(key) != holder:  # else the tuples a mark shares stay: no second copy each interval

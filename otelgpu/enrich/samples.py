@@ -54,6 +54,10 @@ class Samples(Columns):
         """These samples, then `more`'s."""
         return Samples.concat([self, more])
 
+    def at(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """The label column `name` at `rows` (`IndexedSamples.at`)."""
+        return getattr(self, name)[rows]
+
     @staticmethod
     def empty() -> "Samples":
         ints = np.zeros(0, np.int32)
@@ -90,6 +94,10 @@ class IndexedSamples:
         if column is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return self.labels[self.label, column]
+
+    def at(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """The label column `name` at `rows`, gathered for those rows alone (not the whole column)."""
+        return self.labels[self.label[rows], LABEL_COLUMN[name]]
 
     def take(self, idx: np.ndarray) -> "IndexedSamples":
         return IndexedSamples(self.metric[idx], self.time_ns[idx], self.value[idx], self.stale[idx], self.label[idx],

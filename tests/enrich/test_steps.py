@@ -366,6 +366,10 @@ def test_samples_read_through_a_table_drop_resends_and_find_entities_as_those_wi
         assert np.array_equal(getattr(entities, name), getattr(entities_i, name))
     backwards = np.arange(len(samples))[::-1]
     assert same(indexed.take(backwards).plain(), samples.take(backwards))
+    some = backwards[::2]
+    for name in Samples.CODES:  # a label column at some rows, gathered for them alone
+        assert np.array_equal(indexed.at(name, some), samples.at(name, some))
+        assert np.array_equal(indexed.at(name, some), getattr(samples, name)[some])
 
 
 def test_an_activity_sample_stands_for_its_rows_framebuffer_samples():
