@@ -32,10 +32,9 @@ from otelgpu.attribution.config import AttributionConfig
 from otelgpu.attribution.engine import Attribution, UnitRows, attribute_request, hybrid, scad, share
 from otelgpu.attribution.pricing import Priced
 from otelgpu.core.attrs import Attrs, Extended, attrs_of, with_attrs
-from otelgpu.core.grouping import Numbering, group_ids
+from otelgpu.core.grouping import Numbering, group_ids, id_type
 from otelgpu.core.settings import TAG_NAMES
 from otelgpu.enrich.holdings import ACTIVE, NOBODY, POD_UNKNOWN
-from otelgpu.enrich.timeline import id_type
 from otelgpu.telemetry import IntervalScope, IntervalTelemetry, SelfMetrics
 
 log = logging.getLogger(__name__)

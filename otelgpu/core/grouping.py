@@ -37,6 +37,12 @@ class Numbering(Generic[T]):
         return len(self.values)
 
 
+def id_type(rows: int) -> type:
+    """Numbers below `rows` as 4-byte integers where they fit: the interval's samples at 100,000
+    GPUs are a million rows, and a dozen columns of such numbers are held at once in its join."""
+    return np.int32 if rows < 2**31 else np.int64
+
+
 def group_ids(*cols: np.ndarray, dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
     """Ids of the distinct tuples of `cols` (row-wise) and the index of each tuple's first row,
     both as `dtype` (np.int32 where the caller knows the rows fit: no 8-byte copy is made).

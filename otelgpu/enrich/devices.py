@@ -75,7 +75,7 @@ class DeviceMemory:
 
     def _remember(self, samples: AnySamples, present: set[str], end_ns: int) -> None:
         """The entities each node shows (in the order first seen) and who held each one last;
-        strings are looked up once per distinct code (`_named`), not through a copy of the table."""
+        strings are looked up once per distinct code (`Interner.texts`)."""
         live = np.flatnonzero(~samples.stale)  # a node with only staleness markers still has what it had
         _, first = group_ids(*(samples.at(name, live) for name in ("node", "uuid", "gi")))
         rows = live[first]
@@ -84,8 +84,9 @@ class DeviceMemory:
         order = np.argsort(node_of, kind="stable")  # nodes as first seen, each one's entities in order
         ends = np.cumsum(np.bincount(node_of, minlength=len(node_first))).tolist()
         # each field of the entities, node after node: a list each (no array or list of all four)
-        fields = [self._named(samples.at(name, rows[order])).tolist() for name in ("uuid", "gi", "profile", "model")]
-        for name, lo, hi in zip(self._named(samples.at("node", rows[node_first])).tolist(), [0, *ends[:-1]], ends):
+        texts = self.strings.texts
+        fields = [texts(samples.at(name, rows[order])).tolist() for name in ("uuid", "gi", "profile", "model")]
+        for name, lo, hi in zip(texts(samples.at("node", rows[node_first])).tolist(), [0, *ends[:-1]], ends):
             entities = tuple(chain.from_iterable(zip(*(field[lo:hi] for field in fields))))  # four fields each
             known = self._nodes.get(name)
             if known is not None and known.entities == entities:
@@ -103,21 +104,12 @@ class DeviceMemory:
         np.maximum.at(latest, key, rank)
         last = held[order[latest]]
         del held, key, order, rank, latest
-        node, uuid, gi, ns, pod = (self._named(samples.at(name, last)).tolist()
+        node, uuid, gi, ns, pod = (texts(samples.at(name, last)).tolist()
                                    for name in ("node", "uuid", "gi", "namespace", "pod"))
         holders = self._holders
         for key, holder in zip(zip(node, uuid, gi), zip(ns, pod)):
             if holders.get(key) != holder:  # else the tuples a mark shares stay: no second copy each interval
                 holders[key] = holder
-
-    def _named(self, codes: np.ndarray) -> np.ndarray:
-        """The strings of `codes` (-1 reads ""), each distinct code looked up once: a copy of the
-        interner's whole table, as an array, took some 20 MiB at 100,000 GPUs."""
-        distinct, inverse = np.unique(codes, return_inverse=True)
-        st = self.strings.string
-        text = np.empty(len(distinct), dtype=object)
-        text[:] = [st(c) if c >= 0 else "" for c in distinct.tolist()]
-        return text[inverse.reshape(-1)]
 
     def _forget(self, name: str) -> None:
         del self._nodes[name]

@@ -15,13 +15,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from otelgpu.core.catalog import InstanceType, gpu_model_key
-from otelgpu.core.grouping import group_ids
+from otelgpu.core.grouping import group_ids, id_type
 from otelgpu.core.mig import MigProfiles, normalise_per_gpu
 from otelgpu.enrich.holdings import GPU, MIG
 from otelgpu.enrich.nodes import NodeInfo, node_info
 from otelgpu.enrich.samples import AnySamples
 from otelgpu.enrich.scope import Scope
-from otelgpu.enrich.timeline import Entities, Readings, Tenures, dedupe, entities_of, id_type, tenures
+from otelgpu.enrich.timeline import Entities, Readings, Tenures, dedupe, entities_of, tenures
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from otelgpu.core.grouping import group_ids
+from otelgpu.core.grouping import group_ids, id_type
 from otelgpu.core.jit import kernel
 from otelgpu.enrich.samples import LABEL_COLUMN, AnySamples, Columns, IndexedSamples
 from otelgpu.receiver.schema import Metric
@@ -241,12 +241,6 @@ def _holder_rows(samples: Readings, row_step: np.ndarray, n_steps: int,
     step_has_pod[row_step[has_pod]] = True
     rows = np.flatnonzero(live & (has_pod | ~step_has_pod[row_step])).astype(ids)
     return rows, has_pod[rows], step_live
-
-
-def id_type(rows: int) -> type:
-    """Numbers below `rows` as 4-byte integers where they fit: the interval's samples at 100,000
-    GPUs are a million rows, and a dozen columns of such numbers are held at once here."""
-    return np.int32 if rows < 2**31 else np.int64
 
 
 def _replicas(hold: np.ndarray, vgpu: np.ndarray, n_hold: int) -> np.ndarray:

@@ -95,3 +95,13 @@ def test_a_string_interned_before_is_found_while_other_threads_grow_the_table() 
         sys.setswitchinterval(switch)
     assert not missed
     assert len(strings) == 153_000
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=3), min_size=1, max_size=8, unique=True), st.lists(st.integers(-1, 7), max_size=30))
+def test_texts_of_codes_are_the_strings_one_at_a_time(words: list[str], picks: list[int]) -> None:
+    interner = Interner()
+    known = [interner.code(w) for w in words]
+    codes = np.array([known[p % len(known)] if p >= 0 else -1 for p in picks], np.int32)
+    assert interner.texts(codes).tolist() == [interner.string(int(c)) for c in codes.tolist()]
+    assert [t for t, c in zip(interner.texts(codes).tolist(), codes.tolist()) if c < 0] == [""] * int((codes < 0).sum())
