@@ -45,7 +45,7 @@ from otelgpu.core.byvalue import ByValue
 from otelgpu.core.jit import kernel
 from otelgpu.exporter.columns import SetTable
 from otelgpu.exporter.config import OtlpExporterConfig
-from otelgpu.exporter.protowire import arena, len_field, put_fixed64, put_varint, varint_size
+from otelgpu.exporter.protowire import arena, len_field, len_head, put_fixed64, put_varint, varint_size
 from otelgpu.exporter.sending import DELIVERED, Progress, SendResult
 from otelgpu.exporter.store import MetricSpec, Point, Points
 from otelgpu.telemetry import ExporterTelemetry, SelfMetrics
@@ -148,7 +148,7 @@ class RequestWriter:
                 data = write_points(self._pair_bytes, self._pair_off, *sets, columns.aset[run].astype(np.int64),
                                     columns.start_ns[run], columns.time_ns[run], bits[run], columns.ended[run],
                                     self.specs[key].kind == "sum")
-                body.append(self._metric(key, data.tobytes()))
+                body.extend(self._metric(key, data))
                 room -= len(run)
                 if not room:
                     yield self._request(body)
@@ -169,8 +169,14 @@ class RequestWriter:
             if len(rows):
                 yield key, rows
 
-    def _request(self, body: list[bytes]) -> bytes:
-        return len_field(1, self._resource + len_field(2, self._scope + b"".join(body)))
+    def _request(self, body: list) -> bytes:
+        """The request of the metrics whose pieces are `body` (`_metric`'s), its bytes laid out
+        once: each field's length is summed from its pieces', where nesting the fields would copy
+        every point's bytes once per level."""
+        scope = len(self._scope) + sum(map(len, body))
+        head = len_head(2, scope)
+        return b"".join([len_head(1, len(self._resource) + len(head) + scope), self._resource, head, self._scope,
+                         *body])
 
     def _sets(self, table: Sequence[Attrs], used: np.ndarray) -> tuple[np.ndarray, ...]:
         """What `write_points` reads of `table`'s sets, with every pair the `used` ones name
@@ -241,9 +247,12 @@ class RequestWriter:
         ids[missing] = [fresh[needed[i]] for i in missing.tolist()]
         return ids
 
-    def _metric(self, key: str, points: bytes) -> bytes:
+    def _metric(self, key: str, points: np.ndarray) -> list:
+        """The pieces of a Metric field (ScopeMetrics field 2) holding `points` (`write_points`'),
+        in order: its bytes are the pieces joined."""
         head, data_field, tail = self._heads[key]
-        return len_field(2, head + len_field(data_field, points + tail))
+        data = len_head(data_field, len(points) + len(tail))
+        return [len_head(2, len(head) + len(data) + len(points) + len(tail)), head, data, points, tail]
 
 
 @kernel

@@ -18,7 +18,12 @@ def varint(value: int) -> bytes:
 
 
 def len_field(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
+    return len_head(number, len(payload)) + payload
+
+
+def len_head(number: int, length: int) -> bytes:
+    """What comes before a length-delimited field's `length` bytes: its tag and its length."""
+    return varint(number << 3 | 2) + varint(length)
 
 
 def arena(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
