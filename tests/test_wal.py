@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import otlp_fixture
 
-from otelgpu.receiver.decode import decode_reference
+from otelgpu.receiver.decode import PointBatch, decode_reference
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.record import RecordError, decode_batch, encode_batch
 from otelgpu.telemetry import SelfMetrics, by_label, total
@@ -109,6 +111,23 @@ def test_a_batch_record_replays_to_the_same_rows_in_another_process(fixture: str
     for name in ("attr_key", "attr_val", "resource_node", "resource_pod"):
         assert [there.string(int(c)) for c in getattr(back, name)] == [here.string(int(c)) for c in getattr(batch, name)]
     assert back.sources == batch.sources and batch.sources
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=6), min_size=1, max_size=6, unique=True), st.text(max_size=6))
+def test_labels_and_sources_of_any_text_come_back_as_they_were(texts: list[str], source: str) -> None:
+    """A record's strings are encoded all at once when they are ASCII, one by one when not:
+    either way each comes back whole (a label value of accents, a pod named in another script)."""
+    here, there = Interner(), Interner()
+    codes = np.array([here.code(t) for t in texts], np.int32)
+    n_point = len(texts)
+    batch = PointBatch(np.zeros(n_point, np.int16), np.arange(n_point, dtype=np.int64), np.zeros(n_point),
+                       np.zeros(n_point, bool), codes, codes[::-1].copy(), np.arange(n_point + 1, dtype=np.int64),
+                       codes[::-1].copy(), codes, sources={source: 7})
+    back = decode_batch(encode_batch(batch, here), there)
+    for name in ("attr_key", "attr_val", "resource_node", "resource_pod"):
+        assert [there.string(int(c)) for c in getattr(back, name)] == [here.string(int(c)) for c in getattr(batch, name)]
+    assert back.sources == {source: 7}
 
 
 def test_a_damaged_record_is_refused_not_misread() -> None:
