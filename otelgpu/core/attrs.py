@@ -105,6 +105,14 @@ class Extended(BuiltOnRead):
     def _built(self, at: int) -> Attrs:
         return with_attrs(self.bases[int(self.base[at])], dict(self.extras[int(self.extra[at])]))
 
+    def label(self, key: str) -> Iterator[str]:
+        """Each set's value of label `key` ("" where it has none), read from its parts: an
+        extra's value replaces its base's (`with_attrs`)."""
+        base_values = [dict(attrs).get(key, "") for attrs in self.bases]
+        extra_values = [dict(attrs).get(key) for attrs in self.extras]  # None: the base's stays
+        return (base_values[b] if extra_values[e] is None else extra_values[e]
+                for b, e in zip(self.base.tolist(), self.extra.tolist()))
+
     def __iter__(self) -> Iterator[Attrs]:
         bases, extras = self.bases, [dict(e) for e in self.extras]
         return (with_attrs(bases[b], extras[e]) for b, e in zip(self.base.tolist(), self.extra.tolist()))
