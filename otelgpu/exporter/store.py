@@ -643,6 +643,7 @@ class _AttrSets:
         self._free = array("i")  # released sets' indices, the next new set's the last
         self._pairs = _Pairs()
         self._serial = np.zeros(1024, np.int64)  # [set] its serial
+        self._serial_lent = False  # whether a table reads `_serial` itself: copied before a serial is written
         self._serials = 0  # serials given
         self._bases, self._extras = _Parts(), _Parts()
         self._named = np.full(1024, -1, np.int64)  # [set] the key of the parts that last named it; -1: none
@@ -677,6 +678,8 @@ class _AttrSets:
                 self._users = np.concatenate([self._users, np.zeros(index, np.int32)])
         self._users[index] = 0
         self._codes.put(index, codes)
+        if self._serial_lent:  # a table reads the serials as they were: it keeps them so
+            self._serial, self._serial_lent = self._serial.copy(), False
         self._serial[index] = self._serials
         self._serials += 1
         self._index.put(index, hash(codes.tobytes()))
@@ -712,8 +715,10 @@ class _AttrSets:
         table is shared by the snapshots of the intervals that follow until a set comes or goes:
         queued through an outage, each would otherwise hold its own (some 30 MiB at 100,000 GPUs)."""
         if self._table is None:
-            self._table = SetTable(self._codes.view(), self._pairs.listed(), self._serial[:len(self._codes)].copy(),
-                                   serial_of=serial_of)
+            serials = self._serial[:len(self._codes)]  # read where they are kept until a serial is written
+            serials.flags.writeable = False
+            self._serial_lent = True
+            self._table = SetTable(self._codes.view(), self._pairs.listed(), serials, serial_of=serial_of)
         return self._table
 
     def kept(self, attrs: Attrs) -> Attrs:

@@ -327,3 +327,20 @@ def test_writing_a_snapshot_copies_none_of_its_sets_pair_ids():
     assert list(RequestWriter(SPECS, "c1").requests(few)) == [
         r.SerializeToString() for r in requests_reference(list(few), SPECS, "c1")]
     assert first == next(RequestWriter(SPECS, "c1").requests(snapshot[:4000]))
+
+
+def test_snapshots_read_the_serials_where_the_store_keeps_them_until_a_set_comes() -> None:
+    """No copy of every set's serial (8 bytes a set) is held while no set comes or goes; a set
+    that takes a released one's place leaves the serials a snapshot read as they were."""
+    store = CostStore()
+    sets = [attrs_of({"pod": f"p{k}"}) for k in range(3)]
+    first = store.record(T0, T0 + MIN, {"allocated": {a: 1.0 for a in sets}}, {})
+    second = store.record(T0 + MIN, T0 + 2 * MIN, {"allocated": {a: 1.0 for a in sets}}, {})
+    assert second.attrs is first.attrs and np.shares_memory(second.attrs.serials, store._sets._serial)
+    read = second.attrs.serials.copy()
+    for k in range(3, 7):  # p0 left out until it ends, p3.. take the places the ended ones leave
+        last = store.record(T0 + (k - 1) * MIN, T0 + k * MIN,
+                            {"allocated": {a: 1.0 for a in [*sets[1:], attrs_of({"pod": f"p{k}"})]}}, {})
+    assert np.array_equal(second.attrs.serials, read)
+    assert len(set(last.attrs.serials.tolist())) == len(last.attrs.serials)
+    assert set(last.attrs.serials.tolist()) != set(read.tolist())
