@@ -52,16 +52,41 @@ _MEMORY_CELLS = (VALUED.index(Metric.FB_USED), VALUED.index(Metric.FB_FREE))
 class Steps(Coded):
     """Rows of (label combination, timestamp, staleness), each with its values (NaN where absent)
     and a bit per column present (and `PRESENT_ONLY`'s). `labels` holds each combination once,
-    as the ten label columns of `Samples`; 46 bytes a row, where the samples it stands for took
-    23 bytes each."""
+    as the ten label columns of `Samples`; 34 bytes a row (46 where the counts are not whole
+    numbers), where the samples it stands for took 23 bytes each. Rows are made from their values
+    by `made`, and `value` gives them back as they came, bit for bit."""
 
     CODES: ClassVar[tuple[str, ...]] = ("labels",)
     time_ns: np.ndarray  # int64 [n]
     stale: np.ndarray  # bool [n]
     label: np.ndarray  # int32 [n]: row of `labels`
     present: np.ndarray  # uint8 [n]: bit c set where column c (or PRESENT_ONLY) has a value
-    value: np.ndarray  # float64 [n, len(VALUED)]
+    activity: np.ndarray  # float64 [n]: the first column (GR_ENGINE_ACTIVE)
+    # [n, len(VALUED) - 1]: the others (GPU_UTIL, FB_USED, FB_FREE), which dcgm-exporter sends as
+    # whole numbers: float32 where that keeps every one of them as it came, else float64
+    counts: np.ndarray
     labels: np.ndarray  # int32 [k, len(Samples.CODES)]
+
+    @staticmethod
+    def made(time_ns: np.ndarray, stale: np.ndarray, label: np.ndarray, present: np.ndarray, value: np.ndarray,
+             labels: np.ndarray) -> "Steps":
+        """Rows whose values are `value` (float64 [n, len(VALUED)], a column each)."""
+        return Steps(time_ns, stale, label, present, np.ascontiguousarray(value[:, 0]), _narrowed(value[:, 1:]), labels)
+
+    @property
+    def value(self) -> np.ndarray:
+        """float64 [n, len(VALUED)]: the values as they were made, built at each read."""
+        out = np.empty((len(self), len(VALUED)))
+        out[:, 0], out[:, 1:] = self.activity, self.counts
+        return out
+
+    def values_at(self, rows: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        """float64: the value of each row's cell (< PRESENT_ONLY), without building `value`."""
+        out = np.empty(len(rows))
+        first = cells == 0
+        out[first] = self.activity[rows[first]]
+        out[~first] = self.counts[rows[~first], cells[~first] - 1]
+        return out
 
     def __len__(self) -> int:
         return len(self.time_ns)
@@ -84,7 +109,8 @@ class Steps(Coded):
         found = known.find(self.labels)
         if found is None:
             return self
-        return Steps(self.time_ns, self.stale, found[self.label], self.present, self.value, known.labels)
+        return Steps(self.time_ns, self.stale, found[self.label], self.present, self.activity, self.counts,
+                     known.labels)
 
     @staticmethod
     def of(samples: Samples) -> "Steps":
@@ -96,8 +122,9 @@ class Steps(Coded):
         value[valued, cell[valued]] = samples.value[valued]
         labels = np.stack([getattr(samples, name) for name in Samples.CODES], axis=1).astype(np.int32, copy=False)
         label_of, first = group_ids(*labels.T) if n_sample else (np.zeros(0, np.int64),) * 2
-        one = Steps(samples.time_ns, samples.stale, label_of.astype(np.int32),
-                    (np.uint8(1) << cell.astype(np.uint8)).astype(np.uint8), value, np.ascontiguousarray(labels[first]))
+        one = Steps.made(samples.time_ns, samples.stale, label_of.astype(np.int32),
+                         (np.uint8(1) << cell.astype(np.uint8)).astype(np.uint8), value,
+                         np.ascontiguousarray(labels[first]))
         return Steps.merge([one])
 
     @staticmethod
@@ -120,7 +147,7 @@ class Steps(Coded):
             _first_cells(row[at:at + len(p)], np.ascontiguousarray(p.present, np.uint8),
                          np.ascontiguousarray(p.value, np.float64), present, value)
             at += len(p)
-        return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present, value, labels)
+        return Steps.made(time_ns[first], stale[first], label[first].astype(np.int32), present, value, labels)
 
     def unpack(self, memory: bool = True, indexed: bool = False) -> AnySamples:
         """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
@@ -158,7 +185,7 @@ class Steps(Coded):
         at, cell = np.nonzero(bits)
         valued = cell < PRESENT_ONLY
         value = np.full(len(at), np.nan)
-        value[valued] = self.value[at[valued], cell[valued]]
+        value[valued] = self.values_at(at[valued], cell[valued])
         samples = IndexedSamples(_METRIC_OF_CELL[cell], self.time_ns[at], value, self.stale[at], self.label[at],
                                  self.labels)
         return samples if indexed else samples.plain()
@@ -182,7 +209,8 @@ def merge_reference(parts: list[Steps]) -> Steps:
     valued = merged_cell < PRESENT_ONLY
     value[merged_row[valued], merged_cell[valued]] = \
         np.concatenate([p.value for p in parts])[at[first_cell[valued]], merged_cell[valued]]
-    return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value, labels)
+    return Steps.made(time_ns[first], stale[first], label[first].astype(np.int32), present.astype(np.uint8), value,
+                      labels)
 
 
 @kernel
@@ -208,6 +236,13 @@ def warm_up() -> str:
     _first_cells(np.zeros(1, np.int32), np.zeros(1, np.uint8), np.zeros((1, len(VALUED))), np.zeros(1, np.uint8),
                  np.zeros((1, len(VALUED))))
     return how_loaded(_first_cells)
+
+
+def _narrowed(counts: np.ndarray) -> np.ndarray:
+    """`counts` in float32 when that keeps each as it is (NaN where absent), else as they are."""
+    with np.errstate(over="ignore"):  # a value past float32's range becomes inf there: not kept so
+        narrow = counts.astype(np.float32)
+    return narrow if np.array_equal(narrow.astype(np.float64), counts, equal_nan=True) else np.ascontiguousarray(counts)
 
 
 def _labels_of(parts: list[Steps]) -> tuple[np.ndarray, np.ndarray]:

@@ -200,6 +200,31 @@ def test_a_row_with_only_presence_fields_unpacks_as_one_sample():
     assert np.isnan(out.value).all()
 
 
+def test_whole_counts_are_kept_in_four_bytes_and_any_other_value_as_it_came():
+    """dcgm-exporter's GPU_UTIL, FB_USED and FB_FREE are whole numbers: kept in float32, 12 bytes a
+    row less; a part with a count float32 does not hold (a fraction, a number past its range or
+    too small for it) keeps its counts in float64. Either way every value unpacks as it came,
+    and parts of both kinds merge so."""
+    one = np.zeros(4, np.int32)
+
+    def part(time_ns: int, util: float) -> Steps:
+        metrics = np.array([Metric.GR_ENGINE_ACTIVE, Metric.GPU_UTIL, Metric.FB_USED, Metric.FB_FREE], np.int16)
+        values = np.array([0.123456789, util, 81_559.0, 0.0])
+        return Steps.of(Samples(metrics, np.full(4, time_ns, np.int64), values, np.zeros(4, bool),
+                                *(one for _ in Samples.CODES)))
+
+    whole, odd = part(5, 97.0), [part(6, util) for util in (97.3, 1e300, 5e-324)]
+    assert whole.counts.dtype == np.float32 and whole.activity.dtype == np.float64
+    assert all(p.counts.dtype == np.float64 for p in odd)
+    merged = Steps.merge([whole, *odd])
+    assert merged.counts.dtype == np.float64
+    assert Steps.merge([whole, part(7, 3.0)]).counts.dtype == np.float32
+    for steps, util in ((whole, 97.0), *zip(odd, (97.3, 1e300, 5e-324))):
+        assert steps.unpack().value.tolist() == [0.123456789, util, 81_559.0, 0.0]
+    assert merged.value[:, 1].tolist() == [97.0, 97.3]  # resends of one time merged: the first value
+    assert np.array_equal(merged.value, steps_module.merge_reference([whole, *odd]).value)
+
+
 # The join's reading of the samples: consistent devices (a device's profile and model are its
 # own), holders shown and not, time-sliced replicas, per-pod series, staleness markers, resends.
 DEVICES = [(0, 1, -1, -1, 7), (0, 2, 3, 4, 8), (0, 2, 5, 4, 8), (1, 1, -1, -1, 7)]  # node, uuid, gi, profile, model
