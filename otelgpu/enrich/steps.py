@@ -141,13 +141,16 @@ class Steps(Coded):
         stale = np.concatenate([p.stale for p in parts])
         row, first = group_ids(label, time_ns, stale, dtype=np.int32)
         present = np.zeros(len(first), np.uint8)
-        value = np.full((len(first), len(VALUED)), np.nan)
+        activity = np.full(len(first), np.nan)
+        # float32 when every part's are: a value laid from them is as it came
+        counts = np.full((len(first), len(VALUED) - 1), np.nan, np.result_type(*(p.counts for p in parts)))
         at = 0
         for p in parts:
             _first_cells(row[at:at + len(p)], np.ascontiguousarray(p.present, np.uint8),
-                         np.ascontiguousarray(p.value, np.float64), present, value)
+                         np.ascontiguousarray(p.activity), np.ascontiguousarray(p.counts),
+                         present, activity, counts)
             at += len(p)
-        return Steps.made(time_ns[first], stale[first], label[first].astype(np.int32), present, value, labels)
+        return Steps(time_ns[first], stale[first], label[first].astype(np.int32), present, activity, counts, labels)
 
     def unpack(self, memory: bool = True, indexed: bool = False) -> AnySamples:
         """The samples the join reads: a sample per value present, and one of `PRESENT_METRIC`
@@ -214,17 +217,19 @@ def merge_reference(parts: list[Steps]) -> Steps:
 
 
 @kernel
-def _first_cells(row: np.ndarray, present: np.ndarray, value: np.ndarray, merged_present: np.ndarray,
-                 merged_value: np.ndarray) -> None:
+def _first_cells(row: np.ndarray, present: np.ndarray, activity: np.ndarray, counts: np.ndarray,
+                 merged_present: np.ndarray, merged_activity: np.ndarray, merged_counts: np.ndarray) -> None:
     """Lay rows, in order, into the merged rows `row` names: each merged row takes the bits of its
-    rows, and each value cell from the first of them that has it."""
+    rows, and each value cell (the activity, then the counts) from the first of them that has it."""
     for i in range(len(row)):
         m = row[i]
         new = present[i] & ~merged_present[m]
         if new:
-            for c in range(merged_value.shape[1]):
-                if (new >> c) & 1:
-                    merged_value[m, c] = value[i, c]
+            if new & 1:
+                merged_activity[m] = activity[i]
+            for c in range(merged_counts.shape[1]):
+                if (new >> (c + 1)) & 1:
+                    merged_counts[m, c] = counts[i, c]
             merged_present[m] |= new
 
 
@@ -233,8 +238,10 @@ def warm_up() -> str:
     returns how it was (otelgpu.core.jit.how_loaded)."""
     from otelgpu.core.jit import how_loaded
 
-    _first_cells(np.zeros(1, np.int32), np.zeros(1, np.uint8), np.zeros((1, len(VALUED))), np.zeros(1, np.uint8),
-                 np.zeros((1, len(VALUED))))
+    one = np.zeros(1, np.int32), np.zeros(1, np.uint8), np.zeros(1)
+    for part, merged in ((np.float32, np.float32), (np.float32, np.float64), (np.float64, np.float64)):
+        _first_cells(*one, np.zeros((1, len(VALUED) - 1), part), np.zeros(1, np.uint8), np.zeros(1),
+                     np.zeros((1, len(VALUED) - 1), merged))
     return how_loaded(_first_cells)
 
 
