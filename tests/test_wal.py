@@ -126,7 +126,8 @@ def test_labels_and_sources_of_any_text_come_back_as_they_were(texts: list[str],
                        codes[::-1].copy(), codes, sources={source: 7})
     back = decode_batch(encode_batch(batch, here), there)
     for name in ("attr_key", "attr_val", "resource_node", "resource_pod"):
-        assert [there.string(int(c)) for c in getattr(back, name)] == [here.string(int(c)) for c in getattr(batch, name)]
+        assert [there.string(int(c)) for c in getattr(back, name)] == [here.string(int(c))
+                                                                         for c in getattr(batch, name)]
     assert back.sources == {source: 7}
 
 

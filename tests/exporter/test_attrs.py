@@ -35,7 +35,8 @@ def test_the_pairs_kept_are_the_same_objects() -> None:
 def test_a_label_of_sets_named_by_parts_is_the_built_sets(bases, extras, parts, key) -> None:
     bases, extras = [attrs_of(b) for b in bases], [attrs_of(e) for e in extras]
     parts = [(b % len(bases), e % len(extras)) for b, e in parts]
-    named = Extended(bases, extras, np.array([b for b, _ in parts], np.int64), np.array([e for _, e in parts], np.int64))
+    named = Extended(bases, extras, np.array([b for b, _ in parts], np.int64),
+                     np.array([e for _, e in parts], np.int64))
     assert list(named.label(key)) == [dict(attrs).get(key, "") for attrs in named]
     assert list(label_of_each(Packed.columns(named, np.ones(len(parts))), key)) == list(named.label(key))
 
