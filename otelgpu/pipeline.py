@@ -19,7 +19,7 @@ from otelgpu.commit import Committer
 from otelgpu.compute import Costs, IntervalCosts
 from otelgpu.config import Config
 from otelgpu.core import jit
-from otelgpu.core.attrs import Attrs
+from otelgpu.core.attrs import Attrs, named_sets
 from otelgpu.core.mig import MigProfiles
 from otelgpu.core.state import States, Undo
 from otelgpu.enrich import sharing
@@ -100,7 +100,7 @@ def label_of_each(series: Mapping[Attrs, float], key: str) -> Iterator[str]:
     """Each series' value of label `key` ("" where it has none), in the series' order; of sets
     named by their parts (the cost models' `Packed`), read from the parts, so that no set is
     built (at 100,000 GPUs, building them took half a second of each interval's close)."""
-    named = getattr(series, "named", lambda: None)()
+    named = named_sets(series)
     return named.label(key) if named is not None else (dict(attrs).get(key, "") for attrs in series)
 
 

@@ -6,7 +6,7 @@ sums by them, the store and the exporters write them."""
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Iterator, Mapping, Sequence, overload
+from typing import Iterator, Mapping, Optional, Sequence, overload
 
 import numpy as np
 
@@ -116,3 +116,9 @@ class Extended(BuiltOnRead):
     def __iter__(self) -> Iterator[Attrs]:
         bases, extras = self.bases, [dict(e) for e in self.extras]
         return (with_attrs(bases[b], extras[e]) for b, e in zip(self.base.tolist(), self.extra.tolist()))
+
+
+def named_sets(series: Mapping[Attrs, float]) -> Optional[Extended]:
+    """The sets of `series` by their parts, when it names them so (the cost models' `Packed`)."""
+    named = getattr(series, "named", None)
+    return named() if named is not None else None

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from otelgpu.checkpoint import Pieces, string_ids, texts_of
-from otelgpu.core.attrs import Attrs, Extended, pair
+from otelgpu.core.attrs import Attrs, Extended, named_sets, pair
 from otelgpu.core.byvalue import ByValue
 from otelgpu.core.grouping import RUN_SETS, gather_runs
 from otelgpu.core.state import Undo, nothing_to_undo
@@ -162,7 +162,7 @@ class CostStore:
         """Each series' row, -1 for a new one. A series named by its parts (the cost models'
         `Extended`) is found by them, all at once (`_AttrSets.find_named`); the others, and
         those whose set was not named so yet, by value."""
-        named = _named(series)
+        named = named_sets(series)
         keys = _Built(named, parts) if named is not None else list(series)
         sets = self._sets.find_named(named, parts) if named is not None else np.full(len(keys), -1, np.int64)
         missed = np.flatnonzero(sets < 0)
@@ -202,7 +202,7 @@ class CostStore:
             for metric, series in sums.items():
                 found = np.array(looked_up[metric], np.int64)
                 new = np.flatnonzero(found < 0).tolist()
-                named = _named(series)
+                named = named_sets(series)
                 if new:
                     keys = _Built(named, parts) if named is not None else list(series)
                     asets = self._sets.add_all([keys[i] for i in new]).tolist()
@@ -479,12 +479,6 @@ class CostStore:
             for (m, _, start, value, quiet), aset in zip(restored, asets):
                 self._add(m, aset, start, value, quiet)
             self.last_time_ns = last
-
-
-def _named(series: Mapping[Attrs, float]) -> Optional[Extended]:
-    """The sets of `series` by their parts, when it names them so (the cost models' `Packed`)."""
-    named = getattr(series, "named", None)
-    return named() if named is not None else None
 
 
 class _Built:
