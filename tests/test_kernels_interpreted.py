@@ -66,8 +66,8 @@ def test_fixed64_for_python_reads_what_the_kernel_reads(raw, data):
     buf = np.frombuffer(raw, np.uint8)
     i = data.draw(st.integers(0, len(raw) - 8))
     want = np.uint64(int.from_bytes(raw[i:i + 8], "little"))
-    assert wire._fixed64(buf, i) == want  # compiled
-    assert wire._fixed64.py_func(buf, i) == want  # the kernel as written, run by Python
+    assert wire._fixed64(buf, i) == want  # compiled: one unaligned load
+    assert wire.fixed64_as_written(buf, i) == want  # the bytes one by one, run by Python
     got = wire._fixed64_interpreted(buf, i)
     assert got == want and isinstance(got, np.uint64)
 

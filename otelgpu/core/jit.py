@@ -12,6 +12,7 @@ The figures are the same either way (tests/test_kernels_interpreted.py); the tim
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, Callable, Optional
 
@@ -57,6 +58,32 @@ def kernel(fn: Optional[Callable[..., Any]] = None, *, inline: bool = False,
 
 def _as_written(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
+
+
+def load_u64() -> Optional[Callable[..., Any]]:
+    """For the compiled kernels: `load(buf, at)`, the eight bytes buf[at:at + 8] of a uint8 array as
+    one little-endian uint64, read by one unaligned load. LLVM keeps a loop of eight byte loads,
+    shifts and ors as written (some 24 instructions where one does), and the wire kernels read
+    every attribute's bytes eight at a time. The caller keeps at + 8 within the array. None when
+    the kernels are interpreted: numba is then never imported."""
+    _mode["fixed"] = True
+    if _mode["chosen"] == "interpreted":
+        return None
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def load(typingctx: Any, buf: Any, at: Any) -> Any:  # noqa: ARG001 - numba's signature
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            pointer = builder.bitcast(builder.gep(array.data, [args[1]]), ir.IntType(64).as_pointer())
+            word = builder.load(pointer, align=1)
+            return builder.bswap(word) if sys.byteorder == "big" else word
+
+        return types.uint64(buf, at), codegen
+
+    return load
 
 
 def how_loaded(compiled: Any) -> str:

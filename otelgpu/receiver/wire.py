@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otelgpu.core.jit import kernel
+from otelgpu.core.jit import kernel, load_u64
 
 OK, UNSURE = 0, 1
 
@@ -122,18 +122,26 @@ def _varint(buf, i, end):  # noqa: ANN001, ANN202 - numba
     return np.uint64(0), -1
 
 
+def fixed64_as_written(buf, at):  # noqa: ANN001, ANN202
+    """The little-endian unsigned 64-bit integer at buf[at:at + 8]: what `_fixed64` reads, byte by byte."""
+    word = np.uint64(0)
+    for k in range(8):
+        word |= np.uint64(buf[at + k]) << np.uint64(8 * k)
+    return word
+
+
 def _fixed64_interpreted(buf, at):  # noqa: ANN001, ANN202
-    """_fixed64 in one step for Python (the loop below is one load compiled, 40 operations interpreted)."""
+    """_fixed64 in one step for Python (the loop above takes 40 operations interpreted)."""
     return np.uint64(int.from_bytes(buf[at:at + 8].tobytes(), "little"))
+
+
+_load_u64 = load_u64()  # one unaligned load compiled; None when the kernels are interpreted
 
 
 @kernel(interpreted=_fixed64_interpreted)
 def _fixed64(buf, i):  # noqa: ANN001, ANN202
-    """The little-endian unsigned 64-bit integer at buf[i:i + 8]."""
-    v = np.uint64(0)
-    for k in range(8):
-        v |= np.uint64(buf[i + k]) << np.uint64(8 * k)
-    return v
+    """The little-endian unsigned 64-bit integer at buf[i:i + 8] (`fixed64_as_written`), in one load."""
+    return _load_u64(buf, i)
 
 
 @kernel
@@ -368,31 +376,33 @@ def _metric_head(buf, a, b, kind):  # noqa: ANN001, ANN202
 
 
 @kernel(inline=True)
-def _read_point(buf, a, b, kind, spans, max_attributes, seed):  # noqa: ANN001, ANN202
-    """The NumberDataPoint at buf[a:b]: (sure, time, value, flags, attribute fields, their hash),
-    the first max_attributes + 1 attribute fields' spans written into `spans`. Value is as_double,
-    or as_int as a float, NaN without either. Not sure when a singular field comes twice or both
-    values are given (protobuf keeps the last)."""
+def _read_point(buf, a, b, kind, spans, max_attributes):  # noqa: ANN001, ANN202
+    """The NumberDataPoint at buf[a:b]: (sure, time, value, flags, attribute fields, adjacent),
+    the first max_attributes + 1 attribute fields' spans written into `spans`; adjacent when each
+    of those fields begins where the one before it ends (the attributes are one run of bytes).
+    Value is as_double, or as_int as a float, NaN without either. Not sure when a singular field
+    comes twice or both values are given (protobuf keeps the last)."""
     t = np.uint64(0)
     value = np.nan
     flags = np.uint64(0)
     seen = 0
     nattr = 0
-    h = seed
+    adjacent = True
     while a < b:
         number, _, va, vb, nxt = _next_known(buf, a, b, kind, T_NDP)
         if nxt < 0:
-            return False, t, value, flags, nattr, h
+            return False, t, value, flags, nattr, adjacent
         if number == 7:
             if nattr <= max_attributes:
                 spans[nattr, 0] = a
                 spans[nattr, 1] = nxt
-                h = hash_span(buf, a, nxt, h)
+                if nattr and spans[nattr - 1, 1] != a:
+                    adjacent = False
             nattr += 1
         elif number != 0 and number != 5:  # exemplars are not read
             bit = 1 << (4 if number == 6 else number)  # as_double and as_int: one value oneof
             if seen & bit:
-                return False, t, value, flags, nattr, h
+                return False, t, value, flags, nattr, adjacent
             seen |= bit
             if number == 3:
                 t = _fixed64(buf, va)
@@ -404,7 +414,31 @@ def _read_point(buf, a, b, kind, spans, max_attributes, seed):  # noqa: ANN001, 
                 v, _ = _varint(buf, va, vb)
                 flags = v & np.uint64(0xFFFFFFFF)
         a = nxt
-    return True, t, value, flags, nattr, h
+    return True, t, value, flags, nattr, adjacent
+
+
+@kernel(inline=True)
+def _hash_spans(buf, spans, n, seed):  # noqa: ANN001, ANN202
+    """The hash of a point's attribute fields: each of the n spans mixed in, in order."""
+    h = seed
+    for k in range(n):
+        h = hash_span(buf, spans[k, 0], spans[k, 1], h)
+    return h
+
+
+@kernel(inline=True)
+def _same_run(buf, a, b, c):  # noqa: ANN001, ANN202
+    """Whether buf[a:b] is buf[c:c + b - a]: every word compared, one branch at the end."""
+    diff = np.uint64(0)
+    while a + 8 <= b:
+        diff |= _fixed64(buf, a) ^ _fixed64(buf, c)
+        a += 8
+        c += 8
+    while a < b:
+        diff |= np.uint64(buf[a] ^ buf[c])
+        a += 1
+        c += 1
+    return diff == 0
 
 
 @kernel
@@ -437,9 +471,18 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
     set, -1 if not in the table, -2 if more than max_attributes), p_hash (of the attribute
     fields), p_dp (the point's byte span). Per target: r_res (span of its Resource, -1 without
     one), r_live (newest liveness `up` time within floor..horizon, else 0). wrong[name's entry,
-    which] counts points of consumed metrics that arrived as another kind of data (see WHICH)."""
+    which] counts points of consumed metrics that arrived as another kind of data (see WHICH).
+
+    A scrape target's metrics list its series in one order (dcgm-exporter's: each GPU and MIG
+    instance in turn, the Collector keeping the order), so a point's attributes are most often
+    those of the point at its place in the target's largest metric before it. Where they are,
+    byte for byte (both one run of bytes, `_same_run`: a comparison of bytes just read), the point
+    takes that point's set and hash; elsewhere its attributes are hashed and looked up in the
+    table (`find_set`, which reads the set's pieces where they lie). The rows are the same either
+    way: only the bytes compared decide."""
     cap, rcap = len(p_metric), len(r_live)
     spans = np.empty((max_attributes + 1, 2), np.int64)
+    run = np.empty((cap, 2), np.int64)  # each row's attributes as one run of bytes; start -1 if not one
     npts = 0
     nres = 0
     ignored = 0
@@ -461,6 +504,7 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
             r_live[r] = 0
         j = a
         seen_resource = False
+        model, model_n = 0, 0  # the rows of the target's largest metric yet (the latest of them)
         while j < b:  # ResourceMetrics
             number, wire, c, d, j = _next_known(buf, j, b, kind, T_RM)
             if j < 0:
@@ -507,13 +551,14 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
                         ignored += n if numeric else 1
                     continue
                 s = data_a
+                first = npts
                 while s < data_b:  # Gauge or Sum
                     number, wire, pa, pb, s = _next_known(buf, s, data_b, kind, dtype)
                     if s < 0:
                         return UNSURE, 0, 0, 0
                     if number != 1:  # unknown fields, aggregation_temporality, is_monotonic
                         continue
-                    ok, t, value, flags, nattr, hsh = _read_point(buf, pa, pb, kind, spans, max_attributes, seed)
+                    ok, t, value, flags, nattr, adjacent = _read_point(buf, pa, pb, kind, spans, max_attributes)
                     if not ok:
                         return UNSURE, 0, 0, 0
                     if code == LIVENESS:
@@ -529,15 +574,26 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
                         p_time[npts] = np.int64(t) if t <= np.uint64(0x7FFFFFFFFFFFFFFF) else BEYOND
                         p_value[npts] = value
                         p_flags[npts] = np.int64(flags)
-                        p_hash[npts] = hsh
                         p_dp[npts, 0] = pa
                         p_dp[npts, 1] = pb
-                        if nattr > max_attributes:
-                            p_set[npts] = -2
+                        one_run = adjacent and nattr <= max_attributes
+                        ra, rb = (spans[0, 0], spans[nattr - 1, 1]) if one_run and nattr else (pa, pa)
+                        run[npts, 0] = ra if one_run else -1
+                        run[npts, 1] = rb
+                        like = model + npts - first
+                        if (one_run and npts - first < model_n
+                                and run[like, 0] >= 0 and run[like, 1] - run[like, 0] == rb - ra
+                                and _same_run(buf, ra, rb, run[like, 0])):
+                            p_set[npts] = p_set[like]
+                            p_hash[npts] = p_hash[like]
                         else:
-                            p_set[npts] = find_set(buf, spans, nattr, hsh, slots, set_hash, set_pieces, set_off,
-                                                   pieces, piece_off)
+                            hashed = _hash_spans(buf, spans, min(nattr, max_attributes + 1), seed)
+                            p_hash[npts] = hashed
+                            p_set[npts] = -2 if nattr > max_attributes else find_set(
+                                buf, spans, nattr, hashed, slots, set_hash, set_pieces, set_off, pieces, piece_off)
                     npts += 1
+                if npts - first >= model_n:  # the largest yet: the next metrics' model
+                    model, model_n = first, npts - first
     return OK, npts, nres, ignored
 
 

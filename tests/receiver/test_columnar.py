@@ -18,6 +18,8 @@ from typing import Optional
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -436,6 +438,64 @@ def test_sets_with_one_hash_are_told_apart_by_their_bytes():
     assert wire.find_set(buf, spans, 2, np.uint64(42), *table) == 2
     assert wire.find_set(buf, spans[::-1].copy(), 2, np.uint64(42), *table) == -1  # cd ab: no such set
     assert wire.find_set(buf, spans, 2, np.uint64(41), *table) == -1  # another hash
+
+
+def _attribute(key: str, value: str) -> bytes:
+    return _ld(7, KeyValue(key=key, value=AnyValue(string_value=value)).SerializeToString())
+
+
+def _point(labels: list[tuple[str, str]], value: float, apart: bool = False) -> bytes:
+    """A NumberDataPoint's bytes: its attributes as one run, or (`apart`) the time between the first and the rest."""
+    fields = [_attribute(k, v) for k, v in labels]
+    when, what = b"\x19" + struct.pack("<Q", T), b"\x21" + struct.pack("<d", value)
+    if apart and len(fields) > 1:
+        return fields[0] + when + b"".join(fields[1:]) + what
+    return b"".join(fields) + when + what
+
+
+def _target(*metrics: tuple[str, list[bytes]]) -> bytes:
+    """One scrape target's request: each metric a gauge of the given points' bytes, in order."""
+    resource = ExportMetricsServiceRequest()
+    resource.resource_metrics.add().resource.attributes.add(key="k8s.node.name", value=AnyValue(string_value="n1"))
+    body = b"".join(_ld(2, _ld(1, name.encode()) + _ld(5, b"".join(_ld(1, p) for p in points)))
+                    for name, points in metrics)
+    return _ld(1, _ld(1, resource.resource_metrics[0].resource.SerializeToString()) + _ld(2, body))
+
+
+def test_a_point_takes_the_set_of_the_point_at_its_place_only_where_their_bytes_are_the_same():
+    """The scan tries each point against the point at its place in the target's largest metric
+    before it: the same length and one byte apart, the other order, attributes not one run of
+    bytes, a smaller metric between: each point keeps its own labels, as the reference reads them."""
+    a, b = [("UUID", "GPU-a"), ("pod", "p")], [("UUID", "GPU-b"), ("pod", "p")]
+    raw = _target(("DCGM_FI_DEV_FB_USED", [_point(a, 1), _point(b, 2)]),
+                  ("DCGM_FI_DEV_FB_FREE", [_point(b, 3), _point(a, 4)]),
+                  ("DCGM_FI_DEV_GPU_UTIL", [_point(b, 5)]),
+                  ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", [_point(a, 0.6, apart=True), _point(a, 0.7)]),
+                  ("DCGM_FI_DEV_POWER_USAGE", [_point(a, 8), _point(b, 9, apart=True)]))
+    both = Both(Limits())
+    for _ in range(2):  # the labels' sets new to the table, then known
+        rows = both.same(raw)[0]
+        assert [(row[2], dict(row[6])["UUID"]) for row in rows] == [
+            (float(v).hex(), u) for v, u in ((1, "GPU-a"), (2, "GPU-b"), (3, "GPU-b"), (4, "GPU-a"), (5, "GPU-b"),
+                                             (0.6, "GPU-a"), (0.7, "GPU-a"), (8, "GPU-a"), (9, "GPU-b"))]
+    assert both.unsure == 0
+
+
+_SERIES = [[("UUID", f"GPU-{k}"), ("pod", pod), ("namespace", "ml")] for k in "ab" for pod in ("p1", "p2")] + [
+    [("UUID", "GPU-a"), ("pod", "p1")], []]  # the first one's attributes cut short; none
+_DCGM = ["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_DCGM), st.lists(st.tuples(st.integers(0, len(_SERIES) - 1), st.booleans()),
+                                                              max_size=7)), min_size=1, max_size=5))
+def test_points_of_any_order_and_layout_keep_their_own_labels(metrics):
+    """Metrics listing a target's series in any order, any subset, any repeat, each point's
+    attributes one run of bytes or not: the columnar decoder reads what the reference reads."""
+    raw = _target(*[(name, [_point(_SERIES[k], 50.0, apart) for k, apart in points]) for name, points in metrics])
+    both = Both(Limits())
+    assert both.same(raw) == both.same(raw)  # the labels' sets new to the table, then known
+    assert both.unsure == 0
 
 
 def test_each_distinct_attribute_field_is_kept_once_and_sets_refer_to_it():
