@@ -1,13 +1,17 @@
 """Ids of the distinct rows of a few integer columns: the grouping every stage does on columns
 (holders of a GPU, series of a snapshot, pods of a node), with one sort and no Python per row;
 `Numbering`, distinct values numbered as they are met (holders, profiles, attribute sets); and
-`gather_runs`, runs of an array packed end to end (the decoder's label sets, the store's)."""
+`gather_runs`, runs of an array packed end to end (the decoder's label sets, the store's);
+`first_seen`, the distinct codes of a column numbered as met, with no sort and no array the size
+of the codes' range (a write-ahead log record's strings)."""
 
 from __future__ import annotations
 
 from typing import Callable, Generic, Hashable, Optional, TypeVar
 
 import numpy as np
+
+from otelgpu.core.jit import kernel
 
 T = TypeVar("T", bound=Hashable)
 
@@ -132,3 +136,41 @@ def gather_runs(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
         out[at:at + taken] = values[np.repeat(begin - (ends - size), size) + np.arange(taken, dtype=np.int64)]
         at += taken
     return out
+
+
+@kernel
+def first_seen(values):  # noqa: ANN001, ANN201 - numba
+    """(distinct, place): the distinct non-negative values of an integer array in the order first
+    met, and each value's place among them (-1 for a negative value). One pass over an
+    open-addressing table of at least twice their count: the distinct codes of a batch of some
+    30,000 labels among 440,000 strings (100,000 GPUs) without sorting them or zeroing a table
+    of every string (`first_seen_reference`)."""
+    n = len(values)
+    bits = 4
+    while (1 << bits) < 2 * n:
+        bits += 1
+    slots = np.full(1 << bits, -1, np.int64)
+    distinct = np.empty(n, values.dtype)
+    place = np.empty(n, np.int32)
+    count = 0
+    for i in range(n):
+        v = values[i]
+        if v < 0:
+            place[i] = -1
+            continue
+        at = np.int64((np.uint64(v) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits))
+        while slots[at] >= 0 and distinct[slots[at]] != v:
+            at = (at + 1) & ((1 << bits) - 1)
+        if slots[at] < 0:
+            slots[at] = count
+            distinct[count] = v
+            count += 1
+        place[i] = slots[at]
+    return distinct[:count], place
+
+
+def first_seen_reference(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`first_seen` the plain way: a dict numbering the values as met."""
+    numbers: dict[int, int] = {}
+    place = np.array([numbers.setdefault(v, len(numbers)) if v >= 0 else -1 for v in values.tolist()], np.int32)
+    return np.array(list(numbers), values.dtype), place

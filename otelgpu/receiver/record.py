@@ -12,6 +12,7 @@ import struct
 
 import numpy as np
 
+from otelgpu.core.grouping import first_seen
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 
@@ -24,33 +25,31 @@ class RecordError(ValueError):
 
 
 def encode_batch(batch: PointBatch, strings: Interner) -> bytes:
-    used = np.concatenate([batch.attr_key, batch.attr_val, batch.resource_node, batch.resource_pod])
-    used = used[used >= 0]
-    present = np.zeros(int(used.max()) + 1 if len(used) else 0, dtype=bool)  # codes are dense: no sort
-    present[used] = True
-    codes = np.flatnonzero(present)
-    table = strings.strings()
-    text = [table[c].encode() for c in codes.tolist()] + [s.encode() for s in batch.sources]
-    n_point, na = len(batch), len(batch.attr_key)
-    where = np.full(len(present), -1, dtype=np.int32)
-    where[codes] = np.arange(len(codes), dtype=np.int32)
-
-    def local_of(col: np.ndarray) -> np.ndarray:
-        out = np.full(len(col), -1, dtype=np.int32)
-        out[col >= 0] = where[col[col >= 0]]
-        return out
-
+    columns = (batch.attr_key, batch.attr_val, batch.resource_node, batch.resource_pod)
+    codes, local = first_seen(np.concatenate(columns))  # the codes the rows use, each once; where each row's is
+    key, val, node, pod = np.split(local, np.cumsum([len(c) for c in columns[:-1]]))
+    lengths, blob = _string_table(list(map(strings.strings().__getitem__, codes.tolist())) + list(batch.sources))
     parts = [
-        _HEAD.pack(VERSION, n_point, na, len(codes), len(batch.sources)),
-        np.array([len(t) for t in text], dtype="<u4").tobytes(), b"".join(text),
+        _HEAD.pack(VERSION, len(batch), len(batch.attr_key), len(codes), len(batch.sources)),
+        lengths, blob,
         batch.metric.astype("<i2").tobytes(), batch.time_ns.astype("<i8").tobytes(),
         batch.value.astype("<f8").tobytes(), batch.stale.astype(np.uint8).tobytes(),
-        local_of(batch.resource_node).astype("<i4").tobytes(), local_of(batch.resource_pod).astype("<i4").tobytes(),
-        np.diff(batch.attr_off).astype("<u4").tobytes(),
-        local_of(batch.attr_key).astype("<i4").tobytes(), local_of(batch.attr_val).astype("<i4").tobytes(),
+        node.astype("<i4").tobytes(), pod.astype("<i4").tobytes(), np.diff(batch.attr_off).astype("<u4").tobytes(),
+        key.astype("<i4").tobytes(), val.astype("<i4").tobytes(),
         np.array(list(batch.sources.values()), dtype="<i8").tobytes(),
     ]
     return b"".join(parts)
+
+
+def _string_table(text: list[str]) -> tuple[bytes, bytes]:
+    """The strings' UTF-8 lengths (u32 each) and their bytes end to end: encoded at once where
+    every one is ASCII (the lengths are then their lengths in characters), else one by one."""
+    blob = "".join(text).encode()
+    lengths = np.fromiter(map(len, text), "<u4", len(text))
+    if len(blob) != int(lengths.sum()):  # some character takes more than a byte
+        encoded = [t.encode() for t in text]
+        blob, lengths = b"".join(encoded), np.fromiter(map(len, encoded), "<u4", len(encoded))
+    return lengths.tobytes(), blob
 
 
 class _Reader:

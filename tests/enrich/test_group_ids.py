@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelgpu.core.grouping import group_ids, group_ids_reference
+from otelgpu.core.grouping import first_seen, first_seen_reference, group_ids, group_ids_reference
 
 COLUMN_KINDS = {
     "code": lambda rng, n: rng.integers(-1, 6, n).astype(np.int32),  # interned strings, -1 for none
@@ -52,3 +52,24 @@ def test_many_narrow_columns_need_several_keys():
 def test_empty():
     ids, first = group_ids(np.zeros(0, np.int32), np.zeros(0, np.int64))
     assert len(ids) == 0 and len(first) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-3, 2**31 - 1) | st.sampled_from([-1, 0, 7, 2**31 - 1]), max_size=400),
+       st.sampled_from([np.int32, np.int64]))
+def test_first_seen_numbers_the_codes_as_met(values, dtype):
+    column = np.array(values, dtype)
+    distinct, place = first_seen(column)
+    want_distinct, want_place = first_seen_reference(column)
+    assert distinct.tolist() == want_distinct.tolist() and distinct.dtype == dtype
+    assert place.tolist() == want_place.tolist() and place.dtype == np.int32
+    assert np.array_equal(np.where(place >= 0, distinct[np.maximum(place, 0)] if len(distinct) else -1, -1),
+                          np.where(column >= 0, column, -1))  # each value found again at its place
+
+
+def test_first_seen_keeps_each_of_many_codes_once():
+    """Five thousand codes spread over a range far larger than the table, each met three times."""
+    column = np.tile(np.arange(0, 64 * 5000, 64, dtype=np.int64), 3)
+    distinct, place = first_seen(column)
+    assert distinct.tolist() == column[:5000].tolist()
+    assert place.tolist() == list(range(5000)) * 3
