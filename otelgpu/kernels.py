@@ -23,6 +23,10 @@ def warm_up(config: Optional["Config"] = None) -> dict[str, str]:
     kernels["facts"] = facts.warm_up()
     kernels["timeline"] = timeline.warm_up()
     kernels["steps"] = steps.warm_up()
+    if config is None or config.checkpoint.directory:  # the write-ahead log's records
+        from otelgpu.receiver import record
+
+        kernels["wal"] = record.warm_up()
     if config is None or config.exporter.otlp:
         from otelgpu.exporter import otlp
 

@@ -104,9 +104,9 @@ def test_serve_maps_llvm_only_when_its_kernels_are_compiled(tmp_path, kernels):
         how = "interpreted" if kernels == "interpreted" else ("cached", "compiled")
         assert "kernels ready: " in log
         ready = log.split("kernels ready: ")[1].splitlines()[0]
-        # only what the node's models (request and scad) and its OTLP exporter call
+        # only what the node's models (request and scad), its write-ahead log and its OTLP exporter call
         assert [part.split()[0] for part in ready.split(", ")] == [
-            "request", "scad", "share", "decode", "facts", "timeline", "steps", "otlp"]
+            "request", "scad", "share", "decode", "facts", "timeline", "steps", "wal", "otlp"]
         assert all(part.split()[1] in how for part in ready.split(", "))
         serve.export(next(iter(scrape_requests(DEMO_START_NS, 60))))
         eventually(lambda: serve.metric("otelgpu_receiver_accepted_metric_points_total") > 0, 30)

@@ -101,3 +101,11 @@ def decode_batch(data: bytes, strings: Interner) -> PointBatch:
         raise RecordError("trailing bytes after the record")
     return PointBatch(metric, time_ns, value, stale, node, pod, off, key, val,
                       sources=dict(zip(text[ns:], newest.tolist())))
+
+
+def warm_up() -> str:
+    """Compile (or load from numba's cache) the records' kernel; returns how (otelgpu.core.jit.how_loaded)."""
+    from otelgpu.core.jit import how_loaded
+
+    first_seen(np.zeros(1, np.int32))
+    return how_loaded(first_seen)
