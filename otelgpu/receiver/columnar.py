@@ -36,6 +36,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import NumberDataPoint
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otelgpu.core.grouping import gather_runs
+from otelgpu.core.jit import kernel
 from otelgpu.receiver import wire
 from otelgpu.receiver.decode import (
     _RESOURCE_KEYS,
@@ -388,10 +389,9 @@ def _untrusted(cols: dict[str, np.ndarray], resources: list[tuple[int, int, str,
     cols["untrusted"] = untrusted
 
 
-def _labels(chosen: np.ndarray, set_off: np.ndarray, set_pieces: np.ndarray, piece_key: np.ndarray,
-            piece_val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The labels of the sets `chosen` (sets of usable points: every piece of theirs is read), as
-    a batch's offsets, key codes and value codes: each set's pieces otelgpu reads, in order."""
+def _labels_numpy(chosen: np.ndarray, set_off: np.ndarray, set_pieces: np.ndarray, piece_key: np.ndarray,
+                  piece_val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_labels` in numpy's operations: what interpreted kernels run, and its reference."""
     pieces, off = _gather(set_pieces, set_off, chosen)
     keys, vals = piece_key[pieces], piece_val[pieces]
     wanted = keys >= 0
@@ -400,6 +400,32 @@ def _labels(chosen: np.ndarray, set_off: np.ndarray, set_pieces: np.ndarray, pie
     kept = np.zeros(len(pieces) + 1, np.int64)  # pieces read before each
     np.cumsum(wanted, out=kept[1:])
     return kept[off], keys[wanted], vals[wanted]
+
+
+@kernel(interpreted=_labels_numpy)
+def _labels(chosen, set_off, set_pieces, piece_key, piece_val):  # noqa: ANN001, ANN202 - numba
+    """The labels of the sets `chosen` (sets of usable points: every piece of theirs is read), as
+    a batch's offsets, key codes and value codes: each set's pieces otelgpu reads, in order. Two
+    passes over the sets' pieces, counting then copying, where numpy gathered every piece's
+    place, then its key and value, then the ones read."""
+    n = len(chosen)
+    off = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        wanted = 0
+        for at in range(set_off[chosen[i]], set_off[chosen[i] + 1]):
+            wanted += piece_key[set_pieces[at]] >= 0
+        off[i + 1] = off[i] + wanted
+    keys = np.empty(off[n], piece_key.dtype)
+    vals = np.empty(off[n], piece_val.dtype)
+    for i in range(n):
+        out = off[i]
+        for at in range(set_off[chosen[i]], set_off[chosen[i] + 1]):
+            piece = set_pieces[at]
+            if piece_key[piece] >= 0:
+                keys[out] = piece_key[piece]
+                vals[out] = piece_val[piece]
+                out += 1
+    return off, keys, vals
 
 
 def _seconds(time_ns: np.ndarray | int) -> np.ndarray:

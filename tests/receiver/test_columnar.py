@@ -634,3 +634,19 @@ def test_token_counters_belong_to_the_pod_that_exposes_them_in_both():
     assert rows == [] and told(rejected) == {
         f"{name} from a scrape target without k8s.namespace.name and k8s.pod.name": 1
         for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 11), max_size=6), min_size=1, max_size=8), st.data())
+def test_the_labels_of_chosen_sets_are_the_numpy_gathering_s(sets, data):
+    """The kernel that lays out the labels of a batch's sets, against numpy's gathering (what
+    interpreted kernels run): pieces otelgpu reads and pieces it does not, any set chosen any
+    number of times, in any order."""
+    piece_key = np.array(data.draw(st.lists(st.integers(-1, 3), min_size=12, max_size=12)), np.int32)
+    piece_val = np.arange(100, 112, dtype=np.int32)
+    set_off = np.concatenate([[0], np.cumsum([len(s) for s in sets])]).astype(np.int32)
+    set_pieces = np.array([p for s in sets for p in s], np.int32)
+    chosen = np.array(data.draw(st.lists(st.integers(0, len(sets) - 1), max_size=12)), np.int64)
+    got = columnar._labels(chosen, set_off, set_pieces, piece_key, piece_val)
+    want = columnar._labels_numpy(chosen, set_off, set_pieces, piece_key, piece_val)
+    assert [(a.dtype, a.tolist()) for a in got] == [(b.dtype, b.tolist()) for b in want]
