@@ -43,8 +43,8 @@ def kernel(fn: Optional[Callable[..., Any]] = None, *, inline: bool = False,
            interpreted: Optional[Callable[..., Any]] = None) -> Any:
     """`@kernel`, or `@kernel(inline=True)` for a helper that the kernels calling it inline.
     `interpreted`: what runs instead when the kernels are interpreted, for a helper whose loop
-    compiles to one instruction but costs Python dozens of operations; it must return the same
-    values (its test holds the two together)."""
+    costs Python far more than numpy's operations (or one call) doing the same; it must return
+    the same values (its test holds the two together)."""
     _mode["fixed"] = True
     if _mode["chosen"] == "interpreted":
         if interpreted is not None:

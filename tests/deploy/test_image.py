@@ -102,7 +102,8 @@ def test_a_cache_built_for_a_generic_cpu_loads_from_a_copy(tmp_path):
     built, copied = tmp_path / "image", tmp_path / "pod"
     first = _warm_up(built, NUMBA_CPU_NAME="generic")
     assert set(first.values()) == {"compiled"}
-    assert set(first) == {"request", "share", "hybrid", "scad", "decode", "otlp", "remote_write", "facts", "timeline", "steps"}
+    assert set(first) == {"request", "share", "hybrid", "scad", "decode", "otlp", "remote_write", "facts", "timeline", "steps",
+                          "wal"}
     shutil.copytree(built, copied)
     assert set(_warm_up(copied, NUMBA_CPU_NAME="generic").values()) == {"cached"}
     # (Loaded without NUMBA_CPU_NAME=generic, numba takes that cache for another CPU's and compiles
