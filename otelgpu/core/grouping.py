@@ -138,7 +138,20 @@ def gather_runs(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     return out
 
 
-@kernel
+def _first_seen_numpy(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`first_seen` in numpy's operations (one sort): what interpreted kernels run, where a loop
+    per value in Python would cost far more."""
+    known = values >= 0
+    distinct, first, inverse = np.unique(values[known], return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # the distinct values as first met
+    rank = np.empty(len(order), np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    place = np.full(len(values), -1, np.int32)
+    place[known] = rank[inverse.reshape(-1)]
+    return distinct[order], place
+
+
+@kernel(interpreted=_first_seen_numpy)
 def first_seen(values):  # noqa: ANN001, ANN201 - numba
     """(distinct, place): the distinct non-negative values of an integer array in the order first
     met, and each value's place among them (-1 for a negative value). One pass over an
