@@ -426,21 +426,6 @@ def _hash_spans(buf, spans, n, seed):  # noqa: ANN001, ANN202
     return h
 
 
-@kernel(inline=True)
-def _same_run(buf, a, b, c):  # noqa: ANN001, ANN202
-    """Whether buf[a:b] is buf[c:c + b - a]: every word compared, one branch at the end."""
-    diff = np.uint64(0)
-    while a + 8 <= b:
-        diff |= _fixed64(buf, a) ^ _fixed64(buf, c)
-        a += 8
-        c += 8
-    while a < b:
-        diff |= np.uint64(buf[a] ^ buf[c])
-        a += 1
-        c += 1
-    return diff == 0
-
-
 @kernel
 def _metric_code(buf, a, b, names, names_off, names_code):  # noqa: ANN001, ANN202
     n = b - a
@@ -476,7 +461,7 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
     A scrape target's metrics list its series in one order (dcgm-exporter's: each GPU and MIG
     instance in turn, the Collector keeping the order), so a point's attributes are most often
     those of the point at its place in the target's largest metric before it. Where they are,
-    byte for byte (both one run of bytes, `_same_run`: a comparison of bytes just read), the point
+    byte for byte (both one run of bytes, `_same_bytes`: a comparison of bytes just read), the point
     takes that point's set and hash; elsewhere its attributes are hashed and looked up in the
     table (`find_set`, which reads the set's pieces where they lie). The rows are the same either
     way: only the bytes compared decide."""
@@ -583,7 +568,7 @@ def scan(buf, names, names_off, names_code, kind,  # noqa: ANN001, ANN201, C901
                         like = model + npts - first
                         if (one_run and npts - first < model_n
                                 and run[like, 0] >= 0 and run[like, 1] - run[like, 0] == rb - ra
-                                and _same_run(buf, ra, rb, run[like, 0])):
+                                and _same_bytes(buf, ra, rb, buf, run[like, 0])):
                             p_set[npts] = p_set[like]
                             p_hash[npts] = p_hash[like]
                         else:
