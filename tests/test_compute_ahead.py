@@ -326,6 +326,43 @@ def test_facts_encoded_ahead_serve_the_next_checkpoint_only_while_the_facts_stay
     assert same_arrays(facts.state(), fresh()) and not facts.pods
 
 
+def test_a_mark_reads_the_facts_where_they_were_last_spilled_only_while_they_stay_as_they_were(tmp_path: Path) -> None:
+    """With a checkpoint directory, a mark after `encode_ahead` puts back the facts from the file
+    that encoded them (nothing encoded again); once the facts changed, it encodes them anew."""
+    c = cluster()
+    p = pipeline(False, checkpoint=tmp_path)
+    facts, spills = p.facts, []
+    facts.spill = lambda state: spills.append(state) or p.checkpoint.spill(state)
+    p.ingest.consume(c.scrape(0))
+    facts.update(p.ingest.get(timeout=0))
+
+    def now() -> dict:
+        return factstate.encode(facts.pods, facts.nodes, facts.namespaces, facts.owners)
+
+    later = cluster()
+    later.pods[0].labels["team"] = "audio"
+    p.ingest.consume(later.scrape(30))
+    facts.encode_ahead()
+    first = now()
+    undo = facts.mark()
+    assert len(spills) == 1  # the mark read the file encode_ahead wrote
+    facts.update(p.ingest.get(timeout=0))  # a label changes
+    assert not same_arrays(now(), first)
+    undo()
+    assert same_arrays(now(), first)
+
+    p.ingest.consume(later.scrape(60))
+    facts.update(p.ingest.get(timeout=0))
+    changed = now()
+    assert not same_arrays(changed, first)
+    undo = facts.mark()  # the facts moved since they were spilled: encoded anew
+    assert len(spills) == 2
+    p.ingest.consume(c.scrape(90))
+    facts.update(p.ingest.get(timeout=0))
+    undo()
+    assert same_arrays(now(), changed)
+
+
 def test_kubernetes_api_facts_of_the_interval_that_change_before_its_close_make_it_computed_again() -> None:
     """A pod created before the interval's end but seen by the watch only after it was computed
     ahead (watch lag): the facts as of its end changed, so the close computes it again."""
