@@ -125,12 +125,13 @@ def _row_sets(rows: Rows, gpus: Gpus, attributes: SeriesAttributes) -> tuple[np.
         key, first = group_ids(rows.holder, rows.attribution, pair, rows.kind, rows.profile, rows.basis)
         # In the order of their first rows: holders' tag values are admitted under the caps
         # (tag_values) in the order their units come, whatever the order of their names.
+        order = np.argsort(first)
+        row = first[order]  # each holding's first row, as plain lists: no numpy scalar per value
         sets = np.zeros(len(first), np.int64)
-        for k in np.argsort(first).tolist():
-            row = int(first[k])
-            sets[k] = attributes.holding(int(rows.holder[row]), int(rows.attribution[row]), int(pair_set[pair[row]]),
-                                         int(gpu_node[rows.gpu[row]]), int(rows.kind[row]), int(rows.profile[row]),
-                                         int(rows.basis[row]))
+        sets[order] = [attributes.holding(*holding) for holding in zip(
+            rows.holder[row].tolist(), rows.attribution[row].tolist(), pair_set[pair[row]].tolist(),
+            gpu_node[rows.gpu[row]].tolist(), rows.kind[row].tolist(), rows.profile[row].tolist(),
+            rows.basis[row].tolist())]
         row_set = sets[key]
     return row_set, gpu_node, nodes
 
