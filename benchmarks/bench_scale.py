@@ -14,6 +14,8 @@ Measured from outside the sidecar:
 - CPU: its user+system seconds per interval of data, and what that is in cores in real time;
   the points per CPU-second it sustains end to end (decode, join, attribution, export, checkpoint);
   CPU milliseconds per GPU per hour of data, as a ratio to the smallest size (flat = 1.0).
+  Steady: from the scrape after the first close on (every label set met); settled, in runs of 8
+  minutes or more: from the fifth interval's close on, once no cost series comes or goes.
 - close to exported: for each interval, from the moment the scrape that closes it (its end plus
   the lateness) was received (its last request accepted: the interval cannot close before the
   data that moves the watermark is in) to the moment the last point stamped with its end reached
@@ -88,6 +90,11 @@ INTERVAL_S, LATENESS_S = 60, 30  # k8s/gateway/otelgpu.yaml
 # The first scrape of the steady part of a run: the first interval has closed, and every label set
 # and series of the cluster has been met (the first scrapes learn them all, once per process).
 STEADY_FROM = (INTERVAL_S + LATENESS_S) // SCRAPE_S + 1
+# The first scrape once the store's series have settled too: scad's per-pod series come in the
+# second and third intervals (memory use, then the CPU rate once a counter has two points) and the
+# ones they replace end two intervals later; from the fifth interval's close on no set comes or
+# goes (docs/memory.md). Runs of 8 minutes or more (`--minutes`) have such a part.
+SETTLED_FROM = (5 * INTERVAL_S + LATENESS_S) // SCRAPE_S + 1
 KINDS = 3  # kinds of node in the fleet (the demo cluster's: p4d with MIG, p5 time-sliced, g5), in turn
 COMPRESSION = {"gzip": grpc.Compression.Gzip, "none": grpc.Compression.NoCompression}
 
@@ -348,7 +355,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         accepted: dict[int, float] = {}  # scrape time -> when its first request was accepted
         received: dict[int, float] = {}  # scrape time -> when its last request was accepted
         rss, sent, retries = [], 0, 0
-        cpu_steady0 = float("nan")  # runs too short to have a steady part
+        cpu_steady0 = cpu_settled0 = float("nan")  # runs too short to have a steady part
         sampler = Sampler(child.pid)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=COMPRESSION[args.compression],
                                    options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
@@ -358,6 +365,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 time.sleep(max(0.0, due - time.monotonic()))
                 if k == STEADY_FROM:
                     cpu_steady0 = bf.cpu_seconds(child.pid)
+                if k == SETTLED_FROM:
+                    cpu_settled0 = bf.cpu_seconds(child.pid)
                 t = t0 + (k + 1) * SCRAPE_S * NS
                 for i, (raw, n) in enumerate(load.at(t, with_kubelet=k % 2 == 1)):
                     retries += export(call, raw)
@@ -383,6 +392,9 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         cpu = bf.cpu_seconds(child.pid) - cpu0
         steady_s = (n_scrapes - STEADY_FROM) * SCRAPE_S  # its closes: as many as its intervals of data
         cpu_steady = (bf.cpu_seconds(child.pid) - cpu_steady0) / steady_s * INTERVAL_S if steady_s > 0 else float("nan")
+        settled_s = (n_scrapes - SETTLED_FROM) * SCRAPE_S
+        cpu_settled = ((bf.cpu_seconds(child.pid) - cpu_settled0) / settled_s * INTERVAL_S if settled_s > 0
+                       else float("nan"))
         status = bf.proc_status(child.pid)
         latency, after_first = [], []
         for end in closes:
@@ -410,7 +422,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         "points_per_scrape": sum(n for _, n in load.every), "sent": sent, "retries": retries,
         "cost_points": sink.points, "intervals": len(closes), "delivered": len(latency),
         "cpu_s": cpu, "data_s": data_s, "cores": cpu / data_s, "cpu_per_interval": cpu / data_s * INTERVAL_S,
-        "cpu_per_interval_steady": cpu_steady,
+        "cpu_per_interval_steady": cpu_steady, "cpu_per_interval_settled": cpu_settled,
         "points_per_cpu_s": sent / cpu if cpu else float("inf"),
         "cpu_ms_per_gpu_hour": cpu / load.gpus / (data_s / 3600) * 1000,
         "latency": latency, "after_first": after_first, "rss_ready": rss_ready,
@@ -585,6 +597,10 @@ def main() -> None:
         print(f"  {r['gpus']:,} GPUs: steady, from the scrape at {STEADY_FROM * SCRAPE_S + SCRAPE_S} s of data on (every "
               f"label set and series already met): {r['cpu_per_interval_steady']:.2f} CPU-s an interval, "
               f"{r['cpu_per_interval_steady'] / INTERVAL_S:.3f} cores")
+        if r["cpu_per_interval_settled"] == r["cpu_per_interval_settled"]:  # not NaN: the run was long enough
+            print(f"  {r['gpus']:,} GPUs: settled, from the scrape at {SETTLED_FROM * SCRAPE_S + SCRAPE_S} s of data on "
+                  f"(no series comes or goes): {r['cpu_per_interval_settled']:.2f} CPU-s an interval, "
+                  f"{r['cpu_per_interval_settled'] / INTERVAL_S:.3f} cores")
         first = r["after_first"][len(r["after_first"]) // 2:] or [float("nan")]
         print(f"  {r['gpus']:,} GPUs: from the first request of the scrape that closes an interval instead: "
               f"{statistics.median(first):.2f} s median, {max(first):.2f} s worst")
