@@ -110,8 +110,8 @@ class Extended(BuiltOnRead):
         extra's value replaces its base's (`with_attrs`). Only the bases whose value is read are
         looked into: the cost models' series share the interval's list of every set."""
         extra_values = [dict(attrs).get(key) for attrs in self.extras]  # None: the base's stays
-        keeps = np.array([value is None for value in extra_values], bool).reshape(-1)
-        read = np.unique(self.base[keeps[self.extra]]).tolist() if len(self.extras) else []
+        keeps = np.array([value is None for value in extra_values], bool)
+        read = np.unique(self.base[keeps[self.extra]]).tolist()
         base_values = {b: dict(self.bases[b]).get(key, "") for b in read}
         return (base_values[b] if extra_values[e] is None else extra_values[e]
                 for b, e in zip(self.base.tolist(), self.extra.tolist()))

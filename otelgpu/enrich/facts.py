@@ -181,7 +181,7 @@ class KsmFacts:
         them). At 100,000 GPUs the copies are some 15 MiB, held while an interval is computed ahead
         and until its close."""
         if self.spill is not None:
-            return self._mark_in_file(self.spill)
+            return self._mark_in_file()
         pods = {k: _copy(p) for k, p in self.pods.items()}  # labels and requests are replaced, not changed
         nodes = {k: _copy(n) for k, n in self.nodes.items()}  # labels and capacities alike
         namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
@@ -195,14 +195,14 @@ class KsmFacts:
 
         return undo
 
-    def _mark_in_file(self, spill: Callable[[dict[str, Any]], Mapping[str, Any]]) -> Callable[[], None]:
+    def _mark_in_file(self) -> Callable[[], None]:
         """The facts encoded into a file, or the file they were last encoded into if they have not
         changed since (the interval computed ahead before encoded them for its close's checkpoint:
         at 100,000 GPUs some 0.5 CPU-s an interval, and 24 MiB of arrays built, not built again)."""
         if self._spilled is not None and self._spilled[0] == self.version:
             state = self._spilled[1]
         else:
-            state = self._spill(spill, factstate.encode(self.pods, self.nodes, self.namespaces, self.owners))
+            state = self._spill(factstate.encode(self.pods, self.nodes, self.namespaces, self.owners))
         reported = self.reported_ns
 
         def undo() -> None:
@@ -241,12 +241,12 @@ class KsmFacts:
         then has the facts ready), kept only while the facts do not change: in a file with
         `spill`, else in memory."""
         state = self.state()
-        self._encoded = (self.version, self._spill(self.spill, state) if self.spill is not None else state)
+        self._encoded = (self.version, self._spill(state) if self.spill is not None else state)
 
-    def _spill(self, spill: Callable[[dict[str, Any]], Mapping[str, Any]], state: dict[str, Any]) -> Mapping[str, Any]:
-        """`state` in a file, kept for the next mark while the facts stay as they are now; where
-        the file cannot be written `state` itself, kept no longer than its use."""
-        spilled = spill(state)
+    def _spill(self, state: dict[str, Any]) -> Mapping[str, Any]:
+        """`state` in a file (`spill`), kept for the next mark while the facts stay as they are
+        now; where the file cannot be written `state` itself, kept no longer than its use."""
+        spilled = self.spill(state)
         self._spilled = (self.version, spilled) if spilled is not state else None
         return spilled
 
