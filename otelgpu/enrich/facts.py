@@ -20,6 +20,7 @@ from otelgpu.enrich import factstate
 from otelgpu.enrich.factrows import FactRows, last_of_each_in
 from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
                                   merge, same_number, shared_map)
+from otelgpu.enrich.repeats import NODE, POD, Found, Repeats
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm
@@ -38,6 +39,7 @@ _POD_LABELS, _POD_ANNOTATIONS, _POD_INFO, _POD_PHASE, _POD_REQUESTS = (Metric.PO
                                                                        Metric.POD_REQUESTS)
 
 
+_CODE_MASK = (1 << 31) - 1  # a code in an object's key (enrich/repeats.py)
 APPLY_CHUNK = 4096  # rows whose labels are turned into Python lists at once
 FACT_PIECE = 16 * APPLY_CHUNK  # an interval's fact rows built at once (`update`)
 
@@ -60,6 +62,7 @@ class KsmFacts:
         self._spilled: tuple[int, Mapping[str, Any]] | None = None
         # What keeps a mark's facts in a file (the checkpoint's `spill`); None: copies in memory
         self.spill: Optional[Callable[[dict[str, Any]], Mapping[str, Any]]] = None
+        self.repeats = Repeats()  # what the last update applied, object by object
 
     def update(self, batch: PointBatch | FactRows) -> int:
         """Apply the kube-state-metrics rows of `batch`; returns how many rows were used.
@@ -74,18 +77,60 @@ class KsmFacts:
         enrich/window.py) are read a piece at a time: their rows are never built all at once."""
         self.version += 1
         if isinstance(batch, FactRows):
-            used = 0
-            for piece in batch.pieces(FACT_PIECE):
-                rows = _ksm_rows(piece)
-                used += len(rows)
-                self._apply_rows(rows)
-            return used
+            return self._update_rows(batch)
+        if len(batch):
+            self.repeats.forget(int(batch.time_ns.max()))
         rows = _ksm_rows(batch)
         used = len(rows)
         if used > 1 and _in_time_order(rows):
             rows = _latest_in_order(rows)  # what latest() keeps of rows in time order already
         self._apply_rows(rows)
         return used
+
+    def _update_rows(self, rows: FactRows) -> int:
+        """`update` of an interval's rows: the objects whose rows repeat what the last update
+        applied to them have their times moved (enrich/repeats.py), the other rows are applied."""
+        found = self.repeats.find(rows, self._names(), self._strings.epoch)
+        moved = self._move_times(found)
+        apply = np.ones(len(rows), bool)
+        apply[found.rows[np.repeat(moved, np.diff(found.start))]] = False
+        if not apply.all():
+            rows = FactRows(rows.time_ns[apply], rows.row[apply], rows.shared, rows.own)
+        used = int(np.count_nonzero(~apply))
+        for piece in rows.pieces(FACT_PIECE):
+            ksm = _ksm_rows(piece)
+            used += len(ksm)
+            self._apply_rows(ksm)
+        return used
+
+    def _names(self) -> tuple[int, int, int]:
+        return self._strings.find("namespace"), self._strings.find("pod"), self._strings.find("node")
+
+    def _move_times(self, found: Found) -> np.ndarray:
+        """Move the times of the objects that repeat (what applying their rows again would
+        change); returns which objects moved: one no longer known (forgotten since) is applied."""
+        moved = found.repeat.copy()
+        strings = self._strings.strings()
+        pods, nodes, namespaces = self.pods, self.nodes, self.namespaces
+        for i, key, newest in zip(np.flatnonzero(moved).tolist(), found.keys[moved].tolist(),
+                                  found.newest_ns[moved].tolist()):
+            kind, first, second = key >> 62, (key >> 31) & _CODE_MASK, key & _CODE_MASK
+            if kind == POD:
+                pod = pods.get((strings[first], strings[second]))
+                if pod is None:
+                    moved[i] = False
+                    continue
+                # Every row of both updates is applied (Repeats): none is older than it, and the
+                # last update's cleared its end (a staleness marker is never a repeat).
+                pod.seen_ns = newest
+                self.reported_ns = max(self.reported_ns, newest)
+            else:
+                known = (nodes if kind == NODE else namespaces).get(strings[first])
+                if known is None:
+                    moved[i] = False
+                    continue
+                known.seen_ns = newest
+        return moved
 
     def _apply_rows(self, rows: PointBatch) -> None:
         strings = self._strings.strings()
@@ -186,11 +231,12 @@ class KsmFacts:
         nodes = {k: _copy(n) for k, n in self.nodes.items()}  # labels and capacities alike
         namespaces = {k: _copy(n) for k, n in self.namespaces.items()}
         owners = dict(self.owners)  # replaced whole, never changed in place
-        reported = self.reported_ns
+        reported, repeats = self.reported_ns, self.repeats.mark()
 
         def undo() -> None:
             self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
             self.reported_ns = reported
+            repeats()
             self.version += 1  # not the facts anything computed since the mark read
 
         return undo
@@ -203,11 +249,12 @@ class KsmFacts:
             state = self._spilled[1]
         else:
             state = self._spill(factstate.encode(self.pods, self.nodes, self.namespaces, self.owners))
-        reported = self.reported_ns
+        reported, repeats = self.reported_ns, self.repeats.mark()
 
         def undo() -> None:
             self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)
             self.reported_ns = reported
+            repeats()
             self.version += 1  # not the facts anything computed since the mark read
 
         return undo
@@ -258,7 +305,7 @@ class KsmFacts:
         self.version += 1
         if state.get("version") == factstate.VERSION:
             self.pods, self.nodes, self.namespaces, self.owners = factstate.decode(state)
-            self.reported_ns = max((p.seen_ns for p in self.pods.values()), default=0)
+            self._restored()
             return
         pods = {(str(ns), str(name)): _pod(d) for ns, name, d in state["pods"]}
         nodes = {str(name): NodeFacts(dict(d["labels"]), {str(k): float(v) for k, v in d["capacity"].items()},
@@ -267,7 +314,13 @@ class KsmFacts:
         owners = {(str(k[0]), str(k[1]), str(k[2])): OwnerFacts(str(d["kind"]), str(d["name"]), int(d["seen_ns"]))
                   for k, d in state["owners"]}
         self.pods, self.nodes, self.namespaces, self.owners = pods, nodes, namespaces, owners
-        self.reported_ns = max((p.seen_ns for p in pods.values()), default=0)
+        self._restored()
+
+    def _restored(self) -> None:
+        self.reported_ns = max((p.seen_ns for p in self.pods.values()), default=0)
+        self.repeats = Repeats()
+        self.repeats.forget(max((f.seen_ns for table in (self.pods, self.nodes, self.namespaces, self.owners)
+                                 for f in table.values()), default=0))
 
 
 def fact_rows(batch: PointBatch) -> np.ndarray:

@@ -382,3 +382,109 @@ def test_an_intervals_fact_rows_read_a_piece_at_a_time_give_the_facts_of_their_b
     finally:
         facts_module.FACT_PIECE = patch
     assert _canonical(pieces) == _canonical(whole)
+
+
+# Objects whose rows repeat what the last update applied to them (enrich/repeats.py): only their
+# times move. The facts must come out exactly as if every row had been applied again.
+
+@st.composite
+def _intervals(draw: st.DrawFn) -> list[tuple[list, str]]:
+    """A cluster's intervals, its state changing a little between them (objects come, go, change
+    a field or the order of their series), and what happens at each one's update: nothing, the
+    update put back (its mark) and done again, facts forgotten after it, rows applied apart (late
+    ones, or newer than the next interval's), the checkpoint of two intervals before restored, the
+    interner compacted between the update and its redo."""
+    state = draw(st.lists(_row(), min_size=1, max_size=10))
+    out = []
+    for k in range(draw(st.integers(2, 6))):
+        if draw(st.booleans()):
+            state = state + draw(st.lists(_row(), max_size=2))
+        if draw(st.integers(0, 2)) == 0 and len(state) > 1:
+            state = state[:-1] if draw(st.booleans()) else state[1:]
+        if draw(st.integers(0, 2)) == 0:
+            state = [*state[:-1], draw(_row())]
+        rows = []
+        for scrape in range(draw(st.integers(1, 2))):
+            order = draw(st.permutations(range(len(state)))) if draw(st.integers(0, 3)) == 0 else range(len(state))
+            rows += [(k * 60 * NS + scrape * 15 * NS, *state[i]) for i in order]
+        event = draw(st.sampled_from(["", "", "", "undo", "expire", "late", "restore", "compact"]))
+        when = k * 60 * NS + draw(st.sampled_from([-5, 100])) * NS  # before the interval, or past the next one's rows
+        late = [(when, *row) for row in draw(st.lists(_row(), max_size=3))]
+        out.append((rows, event, late))
+    return out
+
+
+def _replayed(intervals: list[tuple[list, str, list]], repeats: bool, alone: bool) -> list:
+    """The facts after each interval's update, its rows referring to a table the intervals share
+    as the open intervals keep them; without `repeats`, every row applied each time."""
+    from otelgpu.enrich.factrows import share
+
+    strings = Interner()
+    strings.code("dropped at a compaction")  # every code after it moves
+    facts = KsmFacts(strings, ttl_ns=30 * NS)
+    table, seen, states = None, [], []
+    for k, (rows, event, late) in enumerate(intervals):
+        folded, table = share(latest(_batch(strings, rows)), table, fold=True, alone=alone)
+
+        def update() -> int:
+            if not repeats:
+                facts.repeats.forget(0)
+            return facts.update(folded)
+
+        undo = facts.mark()
+        used = update()
+        if event == "compact":  # the rows' tables rewritten in place, as the open intervals' are
+            remap = strings.compact(np.concatenate([a for b in folded.tables() for a in b.codes()]))
+            for b in {id(b): b for b in folded.tables()}.values():
+                b.remap(remap)
+            table = None
+        if event in ("compact", "undo"):
+            undo()
+            used = update()
+        elif event == "expire":
+            facts.expire(k * 60 * NS + 45 * NS)
+        elif event == "late" and late:
+            facts.update(_batch(strings, late))
+        elif event == "restore" and len(states) >= 2:
+            facts.restore(states[-2])
+        states.append(facts.state())
+        seen.append((used, _canonical(facts), list(facts.pods), facts.reported_ns))
+    return seen
+
+
+@settings(max_examples=300, deadline=None)
+@given(_intervals(), st.booleans())
+def test_objects_whose_rows_repeat_come_out_as_if_every_row_were_applied_again(intervals, alone):
+    assert _replayed(intervals, repeats=True, alone=alone) == _replayed(intervals, repeats=False, alone=alone)
+
+
+def test_a_steady_cluster_applies_only_the_rows_of_the_objects_that_changed(monkeypatch):
+    """Of 40 pods whose rows come back each interval, one changes phase: its rows are applied,
+    the other pods' times move. Its new row is kept whole beside the table the intervals share
+    (which lacks it) and is applied each time, as a row no table holds. Each pod's phase and
+    time are as the rows say."""
+    strings = Interner()
+    facts = KsmFacts(strings, ttl_ns=600 * NS)
+    applied: list[int] = []
+    apply_rows = KsmFacts._apply_rows
+    monkeypatch.setattr(KsmFacts, "_apply_rows", lambda self, rows: (applied.append(len(rows)),
+                                                                     apply_rows(self, rows))[1])
+    from otelgpu.enrich.factrows import share
+
+    def interval(k: int, phase_of_p7: str) -> list:
+        rows = []
+        for p in range(40):
+            ident = {"namespace": "ml", "pod": f"p{p}", "uid": f"u{p}"}
+            phase = phase_of_p7 if p == 7 else "Running"
+            rows += [(k * 60 * NS, int(Metric.POD_PHASE), {**ident, "phase": phase}, 1.0, False),
+                     (k * 60 * NS, int(Metric.POD_LABELS), {**ident, "label_team": "x"}, 1.0, False)]
+        return rows
+
+    table = None
+    for k, phase in enumerate(["Pending", "Pending", "Running", "Running"]):
+        applied.clear()
+        folded, table = share(latest(_batch(strings, interval(k, phase))), table, fold=True)
+        assert facts.update(folded) == 80
+        assert sum(applied) == [80, 0, 2, 2][k]
+        assert facts.pods[("ml", "p7")].phase == phase and facts.pods[("ml", "p3")].phase == "Running"
+        assert {p.seen_ns for p in facts.pods.values()} == {k * 60 * NS} == {facts.reported_ns}
