@@ -55,11 +55,10 @@ def object_keys(batch: PointBatch, names: tuple[int, int, int]) -> np.ndarray:
     row_of = np.repeat(np.arange(n), np.diff(batch.attr_off))
     found = []
     for code in names:
-        value, count = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+        value = np.full(n, -1, np.int64)
         at = np.flatnonzero(batch.attr_key == code) if code >= 0 else np.zeros(0, np.int64)
         value[row_of[at]] = batch.attr_val[at]
-        np.add.at(count, row_of[at], 1)
-        value[count > 1] = -1
+        value[np.bincount(row_of[at], minlength=n) > 1] = -1
         found.append(value)
     namespace, pod, node = found
     kind = _KIND[batch.metric]
@@ -122,13 +121,9 @@ class Repeats:
     def find(self, rows: FactRows, names: tuple[int, int, int], epoch: int) -> Found:
         """The objects of `rows` and whether each one repeats. Remembers `rows` as the last
         update's: call once per update, and apply what it says."""
-        keys = self._table_keys(rows.shared, names, epoch)
-        n_table = len(rows.shared)
-        own = object_keys(rows.own, names) if len(rows.own) else np.zeros(0, np.uint64)
-        place = rows.row.astype(np.int64)
-        row_keys = np.where(place < n_table, keys[np.minimum(place, max(n_table - 1, 0))] if n_table else 0,
-                            own[np.clip(place - n_table, 0, max(len(own) - 1, 0))] if len(own) else 0)
-        stale = _stale(rows, place, n_table)
+        n_table, place = len(rows.shared), rows.row.astype(np.int64)
+        row_keys = _by_place(place, n_table, self._table_keys(rows.shared, names, epoch), object_keys(rows.own, names))
+        stale = _by_place(place, n_table, rows.shared.stale, rows.own.stale)
         keyed = np.flatnonzero(row_keys >= FIRST_KEY)
         order = keyed[np.argsort(row_keys[keyed], kind="stable")]  # by object, each one's rows in their order
         object_of, first = np.unique(row_keys[order], return_index=True)
@@ -156,12 +151,13 @@ class Repeats:
         return keys
 
 
-def _stale(rows: FactRows, place: np.ndarray, n_table: int) -> np.ndarray:
-    """Per row, whether it is a staleness marker."""
-    out = np.zeros(len(place), bool)
+def _by_place(place: np.ndarray, n_table: int, of_table: np.ndarray, of_own: np.ndarray) -> np.ndarray:
+    """Per row, its value in `of_table` (a place in the table) or in `of_own` (a place beyond it:
+    the rows' own rows)."""
+    out = np.zeros(len(place), of_table.dtype)
     mine = place >= n_table
-    out[~mine] = rows.shared.stale[place[~mine]]
-    out[mine] = rows.own.stale[place[mine] - n_table]
+    out[~mine] = of_table[place[~mine]]
+    out[mine] = of_own[place[mine] - n_table]
     return out
 
 
