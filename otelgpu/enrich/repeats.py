@@ -51,14 +51,14 @@ def object_keys(batch: PointBatch, names: tuple[int, int, int]) -> np.ndarray:
     """uint64 per row: its object's key, or 0 for a row of none or one missing its name (a row
     that names its namespace, pod or node twice too). `names`: the codes of `namespace`, `pod`
     and `node` (-1: never interned, so no row names it)."""
-    n = len(batch)
-    row_of = np.repeat(np.arange(n), np.diff(batch.attr_off))
+    rows = len(batch)
+    row_of = np.repeat(np.arange(rows), np.diff(batch.attr_off))
     found = []
     for code in names:
-        value = np.full(n, -1, np.int64)
+        value = np.full(rows, -1, np.int64)
         at = np.flatnonzero(batch.attr_key == code) if code >= 0 else np.zeros(0, np.int64)
         value[row_of[at]] = batch.attr_val[at]
-        value[np.bincount(row_of[at], minlength=n) > 1] = -1
+        value[np.bincount(row_of[at], minlength=rows) > 1] = -1
         found.append(value)
     namespace, pod, node = found
     kind = _KIND[batch.metric]
