@@ -12,6 +12,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otelgpu.enrich.factrows import share
 from otelgpu.enrich.facts import KsmFacts, last_of_each, last_of_each_reference, latest
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
@@ -366,7 +367,7 @@ def test_an_intervals_fact_rows_read_a_piece_at_a_time_give_the_facts_of_their_b
     intervals share, the rest their own), read `piece` rows at a time, gives the facts of the same
     rows as one batch."""
     from otelgpu.enrich import facts as facts_module
-    from otelgpu.enrich.factrows import FactTable, share
+    from otelgpu.enrich.factrows import FactTable
 
     strings = Interner()
     kept = latest(_batch(strings, rows))
@@ -388,7 +389,7 @@ def test_an_intervals_fact_rows_read_a_piece_at_a_time_give_the_facts_of_their_b
 # times move. The facts must come out exactly as if every row had been applied again.
 
 @st.composite
-def _intervals(draw: st.DrawFn) -> list[tuple[list, str]]:
+def _intervals(draw: st.DrawFn) -> list[tuple[list, str, list]]:
     """A cluster's intervals, its state changing a little between them (objects come, go, change
     a field or the order of their series), and what happens at each one's update: nothing, the
     update put back (its mark) and done again, facts forgotten after it, rows applied apart (late
@@ -414,14 +415,14 @@ def _intervals(draw: st.DrawFn) -> list[tuple[list, str]]:
     return out
 
 
-def _replayed(intervals: list[tuple[list, str, list]], repeats: bool, alone: bool) -> list:
+def _replayed(intervals: list[tuple[list, str, list]], repeats: bool, alone: bool, spill: bool) -> list:
     """The facts after each interval's update, its rows referring to a table the intervals share
-    as the open intervals keep them; without `repeats`, every row applied each time."""
-    from otelgpu.enrich.factrows import share
-
+    as the open intervals keep them; without `repeats`, every row applied each time. `spill`: a
+    mark keeps the facts encoded, as with a checkpoint directory, and puts them back decoded."""
     strings = Interner()
     strings.code("dropped at a compaction")  # every code after it moves
     facts = KsmFacts(strings, ttl_ns=30 * NS)
+    facts.spill = (lambda state: state) if spill else None
     table, seen, states = None, [], []
     for k, (rows, event, late) in enumerate(intervals):
         folded, table = share(latest(_batch(strings, rows)), table, fold=True, alone=alone)
@@ -453,9 +454,9 @@ def _replayed(intervals: list[tuple[list, str, list]], repeats: bool, alone: boo
 
 
 @settings(max_examples=300, deadline=None)
-@given(_intervals(), st.booleans())
-def test_objects_whose_rows_repeat_come_out_as_if_every_row_were_applied_again(intervals, alone):
-    assert _replayed(intervals, repeats=True, alone=alone) == _replayed(intervals, repeats=False, alone=alone)
+@given(_intervals(), st.booleans(), st.booleans())
+def test_objects_whose_rows_repeat_come_out_as_if_every_row_were_applied_again(intervals, alone, spill):
+    assert _replayed(intervals, True, alone, spill) == _replayed(intervals, False, alone, spill)
 
 
 def test_a_steady_cluster_applies_only_the_rows_of_the_objects_that_changed(monkeypatch):
@@ -469,7 +470,6 @@ def test_a_steady_cluster_applies_only_the_rows_of_the_objects_that_changed(monk
     apply_rows = KsmFacts._apply_rows
     monkeypatch.setattr(KsmFacts, "_apply_rows", lambda self, rows: (applied.append(len(rows)),
                                                                      apply_rows(self, rows))[1])
-    from otelgpu.enrich.factrows import share
 
     def interval(k: int, phase_of_p7: str) -> list:
         rows = []
