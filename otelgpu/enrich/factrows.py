@@ -21,6 +21,7 @@ read where it stands, in the table or in a part's own rows.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 from typing import Iterator, Optional
 
@@ -205,9 +206,56 @@ def share(batch: PointBatch, table: Optional[FactTable], fold: bool = False,
     if fold:
         missing = len(batch) if found is None else int((found < 0).sum())
         if missing and (alone or found is None or missing * RENEW_OWN > len(batch)):
-            table = FactTable(_untimed(batch))
-            return FactRows(batch.time_ns, np.arange(len(batch), dtype=np.int32), table.batch, _NONE), table
+            renewed = FactTable(_untimed(batch))
+            if table is not None:
+                _renewed(table.batch, renewed)
+            return FactRows(batch.time_ns, np.arange(len(batch), dtype=np.int32), renewed.batch, _NONE), renewed
     return (FactRows.whole(batch) if found is None else FactRows.of(batch, table, found)), table
+
+
+# Tables whose rows something reads by their places from one interval to the next (`follow`:
+# enrich/repeats.py), as weak references (the same objects as any other to them, alive or not);
+# and for each table renewed since one of them, where each row of that one stands in it (-1:
+# nowhere), kept while the new table lives. A fold may renew the table several times between two
+# reads (each fold's rows renew a table that lacks more than an eighth of them): each renewal
+# carries the places over from the one before.
+_FOLLOWED: list[weakref.ref] = []
+FOLLOWED_KEPT = 4
+_RENEWALS: dict[int, tuple[weakref.ref, list[tuple[weakref.ref, np.ndarray]]]] = {}
+
+
+def follow(table: PointBatch) -> weakref.ref:
+    """Carry the places of `table`'s rows over the renewals that come after it (`renewals_of`);
+    returns its weak reference."""
+    known = weakref.ref(table)
+    if not any(t is known for t in _FOLLOWED):  # by identity: a weak reference's == compares its table
+        _FOLLOWED[:] = [t for t in _FOLLOWED if t() is not None][-(FOLLOWED_KEPT - 1):] + [known]
+    return known
+
+
+def _renewed(old: PointBatch, new: FactTable) -> None:
+    """Where the rows of each followed table stand in `new`, which renews `old`: found in it while
+    the followed table is there to read, else carried over from where `old` had them."""
+    for key in [k for k, (table, _) in _RENEWALS.items() if table() is None]:
+        del _RENEWALS[key]
+    carried = {id(followed): places for followed, places in renewals_of(old)}
+    moved: list[tuple[weakref.ref, np.ndarray]] = []
+    for followed in _FOLLOWED:
+        table = followed()
+        if table is not None:
+            moved.append((followed, new.find(table).astype(np.int32)))
+        elif id(followed) in carried:
+            places, from_old = carried[id(followed)], new.find(old)
+            moved.append((followed, np.where(places >= 0, from_old[np.maximum(places, 0)], -1).astype(np.int32)))
+    if moved:
+        _RENEWALS[id(new.batch)] = (weakref.ref(new.batch), moved)
+
+
+def renewals_of(table: PointBatch) -> list[tuple[weakref.ref, np.ndarray]]:
+    """The followed tables `table` renewed (directly or through renewals between), each with where
+    each of its rows stands in `table`: empty when it renewed none."""
+    known = _RENEWALS.get(id(table))
+    return known[1] if known is not None and known[0]() is table else []
 
 
 def _untimed(batch: PointBatch) -> PointBatch:

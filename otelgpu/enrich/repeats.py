@@ -18,6 +18,9 @@ Why moving the times alone is exact, object by object:
   a staleness marker, the one row whose effect depends on time alone, is never a repeat;
 - every row of both updates was applied: they are all at or after the newest time any row had
   been applied at before them (`Repeats.newest_ns`), else nothing is a repeat;
+- the places compared are of one table: where a fold renewed the table since the last update,
+  that update's places are carried into the new one (enrich/factrows.py `renewals_of`), a row it
+  does not hold matching none;
 - nothing else changed the facts since the last update: whatever else writes them (a mark put
   back, a checkpoint restored, late rows applied directly) forgets what the last update applied
   (`forget`), or puts back what was known at the mark; an object forgotten since (its grace period
@@ -27,12 +30,12 @@ Why moving the times alone is exact, object by object:
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
 
-from otelgpu.enrich.factrows import FactRows
+from otelgpu.enrich.factrows import FactRows, follow, renewals_of
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.schema import Metric
 
@@ -131,11 +134,11 @@ class Repeats:
         places = place[order].astype(np.int32)
         every_row_applied = not len(rows) or int(rows.time_ns.min()) >= self.newest_ns
         repeat = np.zeros(len(object_of), bool)
-        last = self.last
-        if every_row_applied and last is not None and last.table() is rows.shared and last.epoch == epoch:
+        last = _in_table(self.last, rows.shared)
+        if every_row_applied and last is not None and last.epoch == epoch:
             repeat = _same_rows(object_of, start, places, last) & ~_any(stale[order] | (places >= n_table), start)
         newest = np.maximum.reduceat(rows.time_ns[order], first) if len(order) else np.zeros(0, np.int64)
-        self.last = Applied(weakref.ref(rows.shared), epoch, object_of, start, places) if every_row_applied else None
+        self.last = Applied(follow(rows.shared), epoch, object_of, start, places) if every_row_applied else None
         if len(rows):
             self.newest_ns = max(self.newest_ns, int(rows.time_ns.max()))
         return Found(object_of, start, order, repeat, newest)
@@ -149,6 +152,20 @@ class Repeats:
         keys = object_keys(table, names)
         self._keys = (weakref.ref(table), epoch, keys)
         return keys
+
+
+def _in_table(last: Optional[Applied], table: PointBatch) -> Optional[Applied]:
+    """`last` with its places in `table`: as they are when they are that table's; where `table`
+    renewed the table they are in (enrich/factrows.py), each row's place in it (-1 for a row it
+    does not hold, or one beyond the table then: a row its update held apart); else None."""
+    if last is None or last.table() is table:
+        return last
+    moved = next((places for old, places in renewals_of(table) if old is last.table), None)  # the same table
+    if moved is None:
+        return None
+    places = np.where(last.places < len(moved), moved[np.minimum(last.places, max(len(moved) - 1, 0))]
+                      if len(moved) else -1, -1)
+    return replace(last, table=weakref.ref(table), places=places.astype(np.int32))
 
 
 def _by_place(place: np.ndarray, n_table: int, of_table: np.ndarray, of_own: np.ndarray) -> np.ndarray:

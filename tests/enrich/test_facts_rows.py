@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import weakref
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -389,12 +391,13 @@ def test_an_intervals_fact_rows_read_a_piece_at_a_time_give_the_facts_of_their_b
 # times move. The facts must come out exactly as if every row had been applied again.
 
 @st.composite
-def _intervals(draw: st.DrawFn) -> list[tuple[list, str, list]]:
+def _intervals(draw: st.DrawFn) -> list[tuple[list, str, list, list]]:
     """A cluster's intervals, its state changing a little between them (objects come, go, change
     a field or the order of their series), and what happens at each one's update: nothing, the
     update put back (its mark) and done again, facts forgotten after it, rows applied apart (late
     ones, or newer than the next interval's), the checkpoint of two intervals before restored, the
-    interner compacted between the update and its redo."""
+    interner compacted between the update and its redo. An interval's rows are folded as they
+    come, each fold of the rows so far (which may renew the table the intervals share)."""
     state = draw(st.lists(_row(), min_size=1, max_size=10))
     out = []
     for k in range(draw(st.integers(2, 6))):
@@ -411,11 +414,12 @@ def _intervals(draw: st.DrawFn) -> list[tuple[list, str, list]]:
         event = draw(st.sampled_from(["", "", "", "undo", "expire", "late", "restore", "compact"]))
         when = k * 60 * NS + draw(st.sampled_from([-5, 100])) * NS  # before the interval, or past the next one's rows
         late = [(when, *row) for row in draw(st.lists(_row(), max_size=3))]
-        out.append((rows, event, late))
+        folds = sorted(draw(st.lists(st.integers(1, len(rows)), max_size=3)))  # the rows folded so far, each time
+        out.append((rows, event, late, folds))
     return out
 
 
-def _replayed(intervals: list[tuple[list, str, list]], repeats: bool, alone: bool, spill: bool) -> list:
+def _replayed(intervals: list[tuple[list, str, list, list]], repeats: bool, alone: bool, spill: bool) -> list:
     """The facts after each interval's update, its rows referring to a table the intervals share
     as the open intervals keep them; without `repeats`, every row applied each time. `spill`: a
     mark keeps the facts encoded, as with a checkpoint directory, and puts them back decoded."""
@@ -424,8 +428,9 @@ def _replayed(intervals: list[tuple[list, str, list]], repeats: bool, alone: boo
     facts = KsmFacts(strings, ttl_ns=30 * NS)
     facts.spill = (lambda state: state) if spill else None
     table, seen, states = None, [], []
-    for k, (rows, event, late) in enumerate(intervals):
-        folded, table = share(latest(_batch(strings, rows)), table, fold=True, alone=alone)
+    for k, (rows, event, late, folds) in enumerate(intervals):
+        for cut in [*folds, len(rows)]:
+            folded, table = share(latest(_batch(strings, rows[:cut])), table, fold=True, alone=alone)
 
         def update() -> int:
             if not repeats:
@@ -459,6 +464,26 @@ def test_objects_whose_rows_repeat_come_out_as_if_every_row_were_applied_again(i
     assert _replayed(intervals, True, alone, spill) == _replayed(intervals, False, alone, spill)
 
 
+def _forty_pods(k: int, phase_of_p7: str) -> list:
+    """Interval k's scrape of 40 running pods, pod p7 (first) in `phase_of_p7`: a phase and a
+    labels row each."""
+    rows = []
+    for p in [7, *(p for p in range(40) if p != 7)]:
+        ident = {"namespace": "ml", "pod": f"p{p}", "uid": f"u{p}"}
+        rows += [(k * 60 * NS, int(Metric.POD_PHASE), {**ident, "phase": phase_of_p7 if p == 7 else "Running"},
+                  1.0, False), (k * 60 * NS, int(Metric.POD_LABELS), {**ident, "label_team": "x"}, 1.0, False)]
+    return rows
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of rows of each `_apply_rows` call from now on."""
+    applied: list[int] = []
+    apply_rows = KsmFacts._apply_rows
+    monkeypatch.setattr(KsmFacts, "_apply_rows", lambda self, rows: (applied.append(len(rows)),
+                                                                     apply_rows(self, rows))[1])
+    return applied
+
+
 def test_a_steady_cluster_applies_only_the_rows_of_the_objects_that_changed(monkeypatch):
     """Of 40 pods whose rows come back each interval, one changes phase: its rows are applied,
     the other pods' times move. Its new row is kept whole beside the table the intervals share
@@ -466,25 +491,41 @@ def test_a_steady_cluster_applies_only_the_rows_of_the_objects_that_changed(monk
     time are as the rows say."""
     strings = Interner()
     facts = KsmFacts(strings, ttl_ns=600 * NS)
-    applied: list[int] = []
-    apply_rows = KsmFacts._apply_rows
-    monkeypatch.setattr(KsmFacts, "_apply_rows", lambda self, rows: (applied.append(len(rows)),
-                                                                     apply_rows(self, rows))[1])
-
-    def interval(k: int, phase_of_p7: str) -> list:
-        rows = []
-        for p in range(40):
-            ident = {"namespace": "ml", "pod": f"p{p}", "uid": f"u{p}"}
-            phase = phase_of_p7 if p == 7 else "Running"
-            rows += [(k * 60 * NS, int(Metric.POD_PHASE), {**ident, "phase": phase}, 1.0, False),
-                     (k * 60 * NS, int(Metric.POD_LABELS), {**ident, "label_team": "x"}, 1.0, False)]
-        return rows
-
+    applied = _counted(monkeypatch)
     table = None
     for k, phase in enumerate(["Pending", "Pending", "Running", "Running"]):
         applied.clear()
-        folded, table = share(latest(_batch(strings, interval(k, phase))), table, fold=True)
+        folded, table = share(latest(_batch(strings, _forty_pods(k, phase))), table, fold=True)
         assert facts.update(folded) == 80
         assert sum(applied) == [80, 0, 2, 2][k]
         assert facts.pods[("ml", "p7")].phase == phase and facts.pods[("ml", "p3")].phase == "Running"
         assert {p.seen_ns for p in facts.pods.values()} == {k * 60 * NS} == {facts.reported_ns}
+
+
+@pytest.mark.parametrize("held, applied_rows", [(True, 2), (False, 72)])
+def test_objects_repeat_across_the_renewals_of_the_table_between_two_updates(monkeypatch, held, applied_rows):
+    """A fold renews the table the intervals share when it lacks some of the fold's rows (more than
+    an eighth while another interval reads it), and the folds of one interval may renew it several
+    times (each of the rows so far). The places the last update read are carried into the table
+    the next one reads. While the rows the last update read are held (by the interval that waits
+    for its lateness), each renewal finds them all: of 40 pods, only the one that changed has its
+    rows applied. Once they are not, a renewal carries over what the one before it had: the 4
+    pods the first fold held repeat, the others are applied."""
+    strings = Interner()
+    facts = KsmFacts(strings, ttl_ns=600 * NS)
+    applied = _counted(monkeypatch)
+    first, table = share(latest(_batch(strings, _forty_pods(0, "Pending"))), None, fold=True)
+    facts.update(first)
+    kept = [first] if held else []
+    del first
+    batches = [weakref.ref(table.batch)]
+    for cut in (10, 40, 80):  # each fold lacks rows of its table, which no other interval reads: each renews it
+        folded, table = share(latest(_batch(strings, _forty_pods(1, "Running")[:cut])), table, fold=True,
+                              alone=True)
+        batches.append(weakref.ref(table.batch))
+    assert len({id(b) for b in batches}) == 4 and len(kept) == held
+    batches.clear()
+    applied.clear()
+    assert facts.update(folded) == 80
+    assert sum(applied) == applied_rows
+    assert facts.pods[("ml", "p7")].phase == "Running" and {p.seen_ns for p in facts.pods.values()} == {60 * NS}
