@@ -529,3 +529,20 @@ def test_objects_repeat_across_the_renewals_of_the_table_between_two_updates(mon
     assert facts.update(folded) == 80
     assert sum(applied) == applied_rows
     assert facts.pods[("ml", "p7")].phase == "Running" and {p.seen_ns for p in facts.pods.values()} == {60 * NS}
+
+
+def test_a_row_the_last_update_held_beside_the_table_matches_no_row_of_a_renewed_one(monkeypatch):
+    """Pod p7's row is new in interval 1 and kept beside the table; in interval 2 it changes again
+    and a fold renews the table with it first. Its row there is not the one applied before: p7 is
+    applied, not taken as a repeat."""
+    strings = Interner()
+    facts = KsmFacts(strings, ttl_ns=600 * NS)
+    applied = _counted(monkeypatch)
+    table = None
+    for k, phase in enumerate(["Pending", "Running", "Failed"]):
+        folded, table = share(latest(_batch(strings, _forty_pods(k, phase))), table, fold=True, alone=k == 2)
+        assert len(folded.own) == (k == 1)
+        applied.clear()
+        facts.update(folded)
+        assert facts.pods[("ml", "p7")].phase == phase
+    assert sum(applied) == 2
