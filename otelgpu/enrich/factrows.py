@@ -240,15 +240,25 @@ def _renewed(old: PointBatch, new: FactTable) -> None:
         del _RENEWALS[key]
     carried = {id(followed): places for followed, places in renewals_of(old)}
     moved: list[tuple[weakref.ref, np.ndarray]] = []
+    from_old: Optional[np.ndarray] = None
     for followed in _FOLLOWED:
         table = followed()
         if table is not None:
             moved.append((followed, new.find(table).astype(np.int32)))
         elif id(followed) in carried:
-            places, from_old = carried[id(followed)], new.find(old)
-            moved.append((followed, np.where(places >= 0, from_old[np.maximum(places, 0)], -1).astype(np.int32)))
+            from_old = new.find(old) if from_old is None else from_old
+            moved.append((followed, carry(carried[id(followed)], from_old)))
     if moved:
         _RENEWALS[id(new.batch)] = (weakref.ref(new.batch), moved)
+
+
+def carry(places: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    """int32: each of `places` (rows of a table) where `moved` (that table's rows' places in
+    another) puts it; -1 for a place -1 or beyond `moved` (a row no table held)."""
+    held = (places >= 0) & (places < len(moved))
+    out = np.full(len(places), -1, np.int32)
+    out[held] = moved[places[held]]
+    return out
 
 
 def renewals_of(table: PointBatch) -> list[tuple[weakref.ref, np.ndarray]]:

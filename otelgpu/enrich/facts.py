@@ -20,7 +20,7 @@ from otelgpu.enrich import factstate
 from otelgpu.enrich.factrows import FactRows, last_of_each_in
 from otelgpu.enrich.model import (FactSource, FactsView, NamespaceFacts, NodeFacts, OwnerFacts, OwnerKey, PodFacts,
                                   merge, same_number, shared_map)
-from otelgpu.enrich.repeats import NODE, POD, Found, Repeats
+from otelgpu.enrich.repeats import NODE, POD, Found, Repeats, key_parts
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.interner import Interner
 from otelgpu.receiver.schema import Metric, is_ksm
@@ -39,7 +39,6 @@ _POD_LABELS, _POD_ANNOTATIONS, _POD_INFO, _POD_PHASE, _POD_REQUESTS = (Metric.PO
                                                                        Metric.POD_REQUESTS)
 
 
-_CODE_MASK = (1 << 31) - 1  # a code in an object's key (enrich/repeats.py)
 APPLY_CHUNK = 4096  # rows whose labels are turned into Python lists at once
 FACT_PIECE = 16 * APPLY_CHUNK  # an interval's fact rows built at once (`update`)
 
@@ -114,7 +113,7 @@ class KsmFacts:
         pods, nodes, namespaces = self.pods, self.nodes, self.namespaces
         for i, key, newest in zip(np.flatnonzero(moved).tolist(), found.keys[moved].tolist(),
                                   found.newest_ns[moved].tolist()):
-            kind, first, second = key >> 62, (key >> 31) & _CODE_MASK, key & _CODE_MASK
+            kind, first, second = key_parts(key)
             if kind == POD:
                 pod = pods.get((strings[first], strings[second]))
                 if pod is None:

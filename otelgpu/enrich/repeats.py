@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from otelgpu.enrich.factrows import FactRows, follow, renewals_of
+from otelgpu.enrich.factrows import FactRows, carry, follow, renewals_of
 from otelgpu.receiver.decode import PointBatch
 from otelgpu.receiver.schema import Metric
 
@@ -48,6 +48,13 @@ _KIND[[Metric.NODE_INFO, Metric.NODE_LABELS, Metric.NODE_CAPACITY]] = NODE
 _KIND[Metric.NAMESPACE_LABELS] = NAMESPACE
 FIRST_KEY = np.uint64(POD) << np.uint64(62)  # keys below: no object
 _CODE_BITS = np.uint64(31)  # an interned string's code is below 2**31
+_CODE_MASK = (1 << 31) - 1
+
+
+def key_parts(key: int) -> tuple[int, int, int]:
+    """An object's key (`object_keys`) as its kind and the codes of its two names (the second 0
+    but for a pod's)."""
+    return key >> 62, (key >> 31) & _CODE_MASK, key & _CODE_MASK
 
 
 def object_keys(batch: PointBatch, names: tuple[int, int, int]) -> np.ndarray:
@@ -163,9 +170,7 @@ def _in_table(last: Optional[Applied], table: PointBatch) -> Optional[Applied]:
     moved = next((places for old, places in renewals_of(table) if old is last.table), None)  # the same table
     if moved is None:
         return None
-    places = np.where(last.places < len(moved), moved[np.minimum(last.places, max(len(moved) - 1, 0))]
-                      if len(moved) else -1, -1)
-    return replace(last, table=weakref.ref(table), places=places.astype(np.int32))
+    return replace(last, table=weakref.ref(table), places=carry(last.places, moved))
 
 
 def _by_place(place: np.ndarray, n_table: int, of_table: np.ndarray, of_own: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelgpu.enrich import window
-from otelgpu.enrich.factrows import FactRows, FactTable, find_reference, latest_rows, share
+from otelgpu.enrich.factrows import FactRows, FactTable, carry, find_reference, latest_rows, share
 from otelgpu.enrich.facts import latest
 from otelgpu.enrich.samples import Samples
 from otelgpu.enrich.usage import PodSamples
@@ -246,3 +246,12 @@ def test_a_steady_fold_builds_the_places_of_its_rows_not_the_rows():
             tracemalloc.stop()
         assert identical(rows.batch(), latest(PointBatch.concat([part.batch() for part in parts])))
     assert peaks[0] < peaks[1] / 2
+
+
+def test_places_carried_into_a_renewed_table():
+    """A place the old table's rows had becomes the row's place in the new table; a row the new
+    table does not hold (-1 in the map), a place -1 and a place beyond the old table (a row held
+    beside it) become -1."""
+    moved = np.array([3, -1, 0], np.int32)  # the old table's rows 0, 1, 2 in the new one
+    assert carry(np.array([-1, 0, 1, 2, 3, 7], np.int32), moved).tolist() == [-1, 3, -1, 0, -1, -1]
+    assert carry(np.array([0, 5], np.int32), np.zeros(0, np.int32)).tolist() == [-1, -1]
