@@ -6,7 +6,8 @@ log on; facts from kube-state-metrics, as no API server runs here), exporting ov
 that file says (uncompressed, as over the pod's loopback) to a real gRPC server in this process. Every 30 s of data it sends what a Collector's
 prometheus receiver sends for the cluster: dcgm-exporter's default counters for every whole GPU,
 MIG instance and time-slicing replica, kube-state-metrics, and the kubelet's cAdvisor every 60 s,
-in requests of at most the Collector's batch size, gzip-compressed. The requests of a scrape are
+in requests of at most the Collector's batch size, uncompressed as the shipped collector-config
+sends them over the pod's loopback (`--compression gzip`: compressed). The requests of a scrape are
 built once and re-stamped for each scrape time, so building them costs this process nothing per
 scrape; `--speed` sends scrapes that many times faster than real time.
 
@@ -528,9 +529,9 @@ def main() -> None:
                     help="serve the cost series on /metrics too (the gateway config does not)")
     ap.add_argument("--no-compute-ahead", action="store_true",
                     help="attribution.compute_ahead off: every interval computed when it closes")
-    ap.add_argument("--compression", choices=sorted(COMPRESSION), default="gzip",
-                    help="the requests' compression (gzip, as a Collector's otlp exporter sends by default; none "
-                         "spares the load generator compressing every request of a large fleet each scrape)")
+    ap.add_argument("--compression", choices=sorted(COMPRESSION), default="none",
+                    help="the requests' compression (none, as the shipped collector-config sends over the pod's "
+                         "loopback; gzip, as a Collector's otlp exporter does by default)")
     ap.add_argument("--node-pods", action="store_true",
                     help="also run a per-node pod (k8s/node) for each kind of node, and print per-node mode's "
                          "CPU and memory at each size beside the gateway's")
