@@ -45,6 +45,14 @@ Measured from outside the sidecar:
   sending; printed: each step's highest RSS over the run's second half, so that a peak is told
   apart by what made it.
 
+Churn (`--churn-nodes N`): every `--churn-minutes` of data (1 by default) the pods of the next N
+nodes are replaced, a group of N nodes after another: new names in every series that names them
+(dcgm-exporter's, kube-state-metrics', the kubelet's), so new facts, series and attribute sets
+come and the old ones end, as in a cluster whose jobs finish and whose Deployments roll. The
+requests are then packed a group of nodes at a time (each group's bytes renamed on their own),
+which makes a few more of them: `--churn-minutes 0` packs them so and replaces nothing, the
+baseline to compare with.
+
 Per-node mode (`--node-pods`): a pod of k8s/node's otelgpu.yaml for each kind of node in the
 fleet, side by side in real time for the same minutes, each fed its own node's scrapes; per-node
 mode at each size is then the fleet's nodes, each kind at what its pod took, printed beside the
@@ -52,7 +60,7 @@ gateway: CPU and steady memory of all pods together, and per GPU.
 
 Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
        [--no-compute-ahead] [--compression gzip|none] [--node-pods [--node-kernels compiled|interpreted]]
-       [--sidecar-cpus 0] [--rss-by-step DIR]
+       [--sidecar-cpus 0] [--rss-by-step DIR] [--churn-nodes N [--churn-minutes 1]]
 """
 
 from __future__ import annotations
@@ -123,16 +131,50 @@ class Scrapes:
 
     SLICE = 500  # nodes whose scrapes are built at once
 
-    def __init__(self, nodes: list, ns_labels: dict[str, dict[str, str]]) -> None:
+    def __init__(self, nodes: list, ns_labels: dict[str, dict[str, str]], churn_nodes: int = 0) -> None:
+        """`churn_nodes`: the scrapes in groups of that many nodes, each group's requests its own,
+        so that `churn` replaces one group's pods in their bytes."""
         self.gpus = sum(physical_gpus(n) for n in nodes)
         self.units = sum(len(n.devices) for n in nodes)
         self.nodes = len(nodes)
         self.stamp = (time.time_ns() // NS - 10 * 86400) * NS  # a time no other field of a request holds
-        slices = [nodes[lo:lo + self.SLICE] for lo in range(0, len(nodes), self.SLICE)]
-        self.every = encoded(target for k, part in enumerate(slices) for target in
-                             [self._ksm(part, ns_labels, first=k == 0)] + [bf.dcgm(n, self.stamp, 0.3) for n in part])
-        self.kubelet = encoded(scrapes.cadvisor(n, self.stamp, 3600) for n in nodes)
+        size = churn_nodes or self.SLICE
+        slices = [nodes[lo:lo + size] for lo in range(0, len(nodes), size)]
+        def every(k: int, part: list) -> Iterator[ResourceMetrics]:  # made as the requests take them
+            yield self._ksm(part, ns_labels, first=k == 0)
+            yield from (bf.dcgm(n, self.stamp, 0.3) for n in part)
+
+        def kubelet(part: list) -> Iterator[ResourceMetrics]:
+            return (scrapes.cadvisor(n, self.stamp, 3600) for n in part)
+
+        # Each group's (requests every scrape, the kubelet's every other): one group of the whole
+        # fleet unless it churns, its targets packed into requests across the slices
+        self.groups = ([(encoded(every(k, part)), encoded(kubelet(part))) for k, part in enumerate(slices)]
+                       if churn_nodes else
+                       [(encoded(t for k, part in enumerate(slices) for t in every(k, part)),
+                         encoded(t for part in slices for t in kubelet(part)))])
+        self.group_pods = [len({p.name for n in part for p in [d.holder for d in n.devices] + n.shared if p})
+                           for part in slices]
+        self._churned, self._generation = 0, [0] * len(self.groups)
         self._old = struct.pack("<Q", self.stamp)
+
+    @property
+    def every(self) -> list[tuple[bytes, int]]:
+        """The requests of every scrape (the kubelet's, every other scrape, not among them)."""
+        return [request for every, _ in self.groups for request in every]
+
+    def churn(self) -> int:
+        """Replace the pods of the next group of nodes, in turn: each gets a new name (the
+        generation in its name, `-gN`, moved on: the same width, so the bytes stay a valid
+        request), as when a Deployment rolls or a job's pods are done and new ones take their
+        GPUs. Returns how many pods were replaced."""
+        at = self._churned % len(self.groups)
+        old, new = (f"-g{self._generation[at] % 10}".encode(), f"-g{(self._generation[at] + 1) % 10}".encode())
+        self.groups[at] = tuple([(raw.replace(old, new), n) for raw, n in requests]  # type: ignore[assignment]
+                                for requests in self.groups[at])
+        self._generation[at] += 1
+        self._churned += 1
+        return self.group_pods[at]
 
     def _ksm(self, nodes: list, ns_labels: dict[str, dict[str, str]], first: bool) -> ResourceMetrics:
         """kube-state-metrics' series of these nodes; the namespaces' and its own `up` with the first."""
@@ -147,7 +189,8 @@ class Scrapes:
     def at(self, time_ns: int, with_kubelet: bool) -> Iterator[tuple[bytes, int]]:
         """The scrape's requests stamped `time_ns`, each made as it is taken."""
         new = struct.pack("<Q", time_ns)
-        return ((raw.replace(self._old, new), n) for raw, n in self.every + (self.kubelet if with_kubelet else []))
+        kubelet = [request for _, requests in self.groups for request in requests] if with_kubelet else []
+        return ((raw.replace(self._old, new), n) for raw, n in self.every + kubelet)
 
 
 def encoded(targets: Iterable[ResourceMetrics]) -> list[tuple[bytes, int]]:
@@ -332,7 +375,8 @@ def export(channel_export, raw: bytes) -> int:  # noqa: ANN001
 
 
 def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict:
-    load = Scrapes(*bf.fleet(nodes_for(gpus), 0))
+    load = Scrapes(*bf.fleet(nodes_for(gpus), 0), churn_nodes=args.churn_nodes)
+    churn_every = round(args.churn_minutes * 60 / SCRAPE_S) if args.churn_nodes else 0  # scrapes between churns
     sink = Receiver()
     grpc_port, metrics_port = bf.free_port(), bf.free_port()
     work = Path(tempfile.mkdtemp(dir=tmp))
@@ -355,7 +399,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
         cpu0, wall0 = bf.cpu_seconds(child.pid), time.monotonic()
         accepted: dict[int, float] = {}  # scrape time -> when its first request was accepted
         received: dict[int, float] = {}  # scrape time -> when its last request was accepted
-        rss, sent, retries = [], 0, 0
+        rss, sent, retries, replaced = [], 0, 0, 0
         cpu_steady0 = cpu_settled0 = float("nan")  # runs too short to have a steady part
         sampler = Sampler(child.pid)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", compression=COMPRESSION[args.compression],
@@ -369,6 +413,8 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
                 if k == SETTLED_FROM:
                     cpu_settled0 = bf.cpu_seconds(child.pid)
                 t = t0 + (k + 1) * SCRAPE_S * NS
+                if churn_every and k and k % churn_every == 0:
+                    replaced += load.churn()
                 for i, (raw, n) in enumerate(load.at(t, with_kubelet=k % 2 == 1)):
                     retries += export(call, raw)
                     sent += n
@@ -421,6 +467,7 @@ def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]
     return {
         "gpus": load.gpus, "nodes": load.nodes, "units": load.units, "ready_s": ready_s,
         "points_per_scrape": sum(n for _, n in load.every), "sent": sent, "retries": retries,
+        "pods": sum(load.group_pods), "replaced": replaced, "requests_per_scrape": len(load.every),
         "cost_points": sink.points, "intervals": len(closes), "delivered": len(latency),
         "cpu_s": cpu, "data_s": data_s, "cores": cpu / data_s, "cpu_per_interval": cpu / data_s * INTERVAL_S,
         "cpu_per_interval_steady": cpu_steady, "cpu_per_interval_settled": cpu_settled,
@@ -537,6 +584,14 @@ def main() -> None:
                          "CPU and memory at each size beside the gateway's")
     ap.add_argument("--node-kernels", choices=("compiled", "interpreted"),
                     help="with --node-pods: run the pods' kernels so instead of as k8s/node's otelgpu.yaml says")
+    ap.add_argument("--churn-nodes", type=int, default=0, metavar="N",
+                    help="replace the pods of N nodes every --churn-minutes of data, a group of N nodes after "
+                         "another (new pod names: new series, facts and attribute sets), as a cluster whose "
+                         "jobs and rollouts come and go; default 0, the same pods throughout. The requests "
+                         "are then packed a group at a time")
+    ap.add_argument("--churn-minutes", type=float, default=1.0,
+                    help="with --churn-nodes: minutes of data between replacements (a multiple of the 30 s "
+                         "scrape); 0 replaces none, the requests packed as for churn: its baseline")
     ap.add_argument("--rss-by-step", metavar="DIR",
                     help="sample the sidecar's RSS every 50 ms by the step its pipeline is in (serve_by_step.py), "
                          "logs in DIR, and print each step's highest from the run's second half")
@@ -609,6 +664,12 @@ def main() -> None:
               + ", ".join(f"{step} {seconds:.2f}" for step, seconds in sorted(r["work"].items()))
               + "; intervals computed ahead: " + (", ".join(f"{n} {o}" for o, n in sorted(r["ahead"].items()))
                                                   or "none"))
+        if args.churn_nodes:
+            minutes = r["data_s"] / 60
+            print(f"  {r['gpus']:,} GPUs: churn: {r['replaced']:,} pods replaced over {minutes:g} min of data, "
+                  f"{r['replaced'] / minutes / r['pods']:.1%} of the fleet's {r['pods']:,} pods a minute "
+                  f"(those of {args.churn_nodes} nodes every {args.churn_minutes:g} min; requests packed "
+                  f"{args.churn_nodes} nodes at a time, {r['requests_per_scrape']} a scrape)")
         if r["retries"] or r["rejected"] or r["late"] or r["delivered"] < r["intervals"]:
             print(f"  {r['gpus']:,} GPUs: {r['retries']} requests retried (sidecar busy), {r['rejected']:.0f} points "
                   f"rejected, {r['late']:.0f} late, {r['delivered']}/{r['intervals']} intervals delivered")

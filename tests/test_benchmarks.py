@@ -135,3 +135,46 @@ def test_scale_benchmark_splits_a_large_target_as_the_batch_processor_does():
     assert all(0 < n <= bf.BATCH_POINTS for _, n in requests)
     assert [n for _, n in requests] == [sum(map(bf.points, r.resource_metrics)) for r, _ in requests]
     assert points_of([rm for r, _ in requests for rm in r.resource_metrics]) == points_of(targets)
+
+
+def test_scale_benchmark_churn_renames_one_group_of_nodes_pods_and_nothing_else():
+    """bench_scale.py's --churn-nodes: a churn gives the pods of one group of nodes new names in
+    every request that names them (dcgm-exporter, kube-state-metrics, the kubelet), in turn, and
+    changes no other value, point or count; without churn the same points are sent."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_footprint as bf
+    import bench_scale
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    nodes, ns_labels = bf.fleet(12, 0)
+    plain, churning = bench_scale.Scrapes(nodes, ns_labels), bench_scale.Scrapes(nodes, ns_labels, churn_nodes=5)
+    assert len(churning.groups) == 3 and len(plain.groups) == 1
+
+    def values(load: bench_scale.Scrapes) -> list[tuple]:
+        """Every point of a scrape with the kubelet's, each as its target, metric and labels."""
+        return sorted((rm.resource.SerializeToString(), metric.name, point.time_unix_nano,
+                       tuple((kv.key, kv.value.string_value) for kv in point.attributes))
+                      for raw, _ in load.at(1_790_000_000 * 10**9, with_kubelet=True)  # both stamped so
+                      for rm in ExportMetricsServiceRequest.FromString(raw).resource_metrics
+                      for scope in rm.scope_metrics for metric in scope.metrics
+                      for point in getattr(metric, metric.WhichOneof("data")).data_points)
+
+    before = values(churning)
+    assert before == values(plain)
+    pods_of_group = {p.name for n in nodes[:5] for p in [d.holder for d in n.devices] + n.shared if p}
+    assert churning.churn() == len(pods_of_group) > 0
+    after = values(churning)
+    assert len(after) == len(before)
+    renamed = set()
+    for old, new in zip(before, after):
+        assert old[:3] == new[:3]
+        for (key, was), (key_now, now) in zip(old[3], new[3]):
+            assert key == key_now
+            if was != now:
+                assert key == "pod" and was in pods_of_group and now == was[:-1] + "1", (key, was, now)
+                renamed.add(was)
+    assert renamed == pods_of_group
+    assert not {value for point in after for key, value in point[3] if key == "pod"} & pods_of_group  # none left
+    assert sum(n for _, n in churning.every) == sum(n for _, n in plain.every)
+    churning.churn()  # the next group's turn: the first keeps its new names
+    assert {v for point in values(churning) for k, v in point[3] if k == "pod"} >= {p[:-1] + "1" for p in pods_of_group}
