@@ -38,13 +38,13 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests")]
 import bench_footprint as bf  # noqa: E402 - the fleet and its scrapes
-from sidecar import free_port  # noqa: E402
-from support import eventually  # noqa: E402
+from support import eventually, poll  # noqa: E402
 
 from otelgpu.demo import scrapes  # noqa: E402
 from otelgpu.enrich.window import NS  # noqa: E402
 
 TO_OTELGPU = "otlp_grpc/otelgpu"  # the shipped gateway's exporter to otelgpu (collector-config/gateway.yaml)
+
 
 def serve(kind: str, port_file: str) -> None:
     """Child process: one server of `kind` until stdin closes."""
@@ -113,11 +113,15 @@ def server(kind: str) -> Iterator[tuple[subprocess.Popen, int]]:
     child = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port-file", port_file],
                              stdin=subprocess.PIPE, text=True)
     try:
-        while not (os.path.exists(port_file) and Path(port_file).read_text()):
+        def written() -> str:
             if child.poll() is not None:
                 raise SystemExit(f"{kind} server exited")
-            time.sleep(0.05)
-        yield child, int(Path(port_file).read_text())
+            return Path(port_file).read_text() if os.path.exists(port_file) else ""
+
+        port = poll(written, 120)
+        if not port:
+            raise SystemExit(f"{kind} server gave no port in 120 s")
+        yield child, int(port)
     finally:
         child.stdin.close()
         child.wait(timeout=30)
@@ -183,7 +187,7 @@ def measure_through_collector(kind: str, payloads: list[bytes], points_each: lis
 
     binary()  # built before anything is timed
     with server(kind) as (child, port), tempfile.TemporaryDirectory(prefix="otelgpu-bench-hop-") as work:
-        port_in = free_port()
+        port_in = bf.free_port()
         collector = Collector(Path(work), collector_config(port_in, port, "gzip" if gzip else "none"), {})
         try:
             collector.start()

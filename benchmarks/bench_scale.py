@@ -140,6 +140,7 @@ class Scrapes:
         self.stamp = (time.time_ns() // NS - 10 * 86400) * NS  # a time no other field of a request holds
         size = churn_nodes or self.SLICE
         slices = [nodes[lo:lo + size] for lo in range(0, len(nodes), size)]
+
         def every(k: int, part: list) -> Iterator[ResourceMetrics]:  # made as the requests take them
             yield self._ksm(part, ns_labels, first=k == 0)
             yield from (bf.dcgm(n, self.stamp, 0.3) for n in part)
@@ -153,9 +154,10 @@ class Scrapes:
                        if churn_nodes else
                        [(encoded(t for k, part in enumerate(slices) for t in every(k, part)),
                          encoded(t for part in slices for t in kubelet(part)))])
+        groups = slices if churn_nodes else [nodes]
         self.group_pods = [len({p.name for n in part for p in [d.holder for d in n.devices] + n.shared if p})
-                           for part in slices]
-        self._churned, self._generation = 0, [0] * len(self.groups)
+                           for part in groups]
+        self._churned = 0  # groups churn in turn: group k has been churned churned // groups times
         self._old = struct.pack("<Q", self.stamp)
 
     @property
@@ -168,11 +170,10 @@ class Scrapes:
         generation in its name, `-gN`, moved on: the same width, so the bytes stay a valid
         request), as when a Deployment rolls or a job's pods are done and new ones take their
         GPUs. Returns how many pods were replaced."""
-        at = self._churned % len(self.groups)
-        old, new = (f"-g{self._generation[at] % 10}".encode(), f"-g{(self._generation[at] + 1) % 10}".encode())
+        at, generation = self._churned % len(self.groups), self._churned // len(self.groups)
+        old, new = f"-g{generation % 10}".encode(), f"-g{(generation + 1) % 10}".encode()
         self.groups[at] = tuple([(raw.replace(old, new), n) for raw, n in requests]  # type: ignore[assignment]
                                 for requests in self.groups[at])
-        self._generation[at] += 1
         self._churned += 1
         return self.group_pods[at]
 

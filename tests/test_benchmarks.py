@@ -177,4 +177,5 @@ def test_scale_benchmark_churn_renames_one_group_of_nodes_pods_and_nothing_else(
     assert not {value for point in after for key, value in point[3] if key == "pod"} & pods_of_group  # none left
     assert sum(n for _, n in churning.every) == sum(n for _, n in plain.every)
     churning.churn()  # the next group's turn: the first keeps its new names
-    assert {v for point in values(churning) for k, v in point[3] if k == "pod"} >= {p[:-1] + "1" for p in pods_of_group}
+    assert ({value for point in values(churning) for key, value in point[3] if key == "pod"}
+            >= {pod[:-1] + "1" for pod in pods_of_group})
