@@ -47,6 +47,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from otelgpu.demo import scenario, scrapes
 from otelgpu.demo.otlp import request, send  # not demo.run: this process must not load numba's LLVM
 from otelgpu.enrich.window import NS
+from otelgpu.receiver.schema import READ_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
@@ -103,6 +104,16 @@ def dcgm(node: scenario.Node, time_ns: int, hour: float) -> ResourceMetrics:
         points = m.sum.data_points if name in DCGM_COUNTERS else m.gauge.data_points
         for attrs in labels:
             points.add(time_unix_nano=time_ns, as_double=1.0).attributes.extend(attrs)
+    return rm
+
+
+def forwarded(rm: ResourceMetrics) -> ResourceMetrics:
+    """The target as the shipped Collector sends it on to otelgpu: its metrics otelgpu does not
+    read (most of dcgm-exporter's default counters) dropped by filter/otelgpu."""
+    for scope in rm.scope_metrics:
+        kept = [m for m in scope.metrics if m.name in READ_NAMES]
+        del scope.metrics[:]
+        scope.metrics.extend(kept)
     return rm
 
 

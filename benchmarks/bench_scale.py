@@ -3,13 +3,16 @@
 For each size it starts `otelgpu serve` in its own process with the gateway's otelgpu.yaml
 (k8s/gateway: request and scad models, 60 s intervals, 30 s lateness, checkpoint and write-ahead
 log on; facts from kube-state-metrics, as no API server runs here), exporting over OTLP/gRPC as
-that file says (uncompressed, as over the pod's loopback) to a real gRPC server in this process. Every 30 s of data it sends what a Collector's
-prometheus receiver sends for the cluster: dcgm-exporter's default counters for every whole GPU,
-MIG instance and time-slicing replica, kube-state-metrics, and the kubelet's cAdvisor every 60 s,
-in requests of at most the Collector's batch size, uncompressed as the shipped collector-config
-sends them over the pod's loopback (`--compression gzip`: compressed). The requests of a scrape are
-built once and re-stamped for each scrape time, so building them costs this process nothing per
-scrape; `--speed` sends scrapes that many times faster than real time.
+that file says (uncompressed, as over the pod's loopback) to a real gRPC server in this process.
+Every 30 s of data it sends what the shipped Collector sends on for the cluster: of
+dcgm-exporter's default counters for every whole GPU, MIG instance and time-slicing replica,
+kube-state-metrics, and the kubelet's cAdvisor every 60 s, the series otelgpu reads
+(collector-config's filter/otelgpu; `--unfiltered`: every series, as a Collector without that
+filter sends them), in requests of at most the Collector's batch size, uncompressed as the
+shipped collector-config sends them over the pod's loopback (`--compression gzip`: compressed).
+The requests of a scrape are built once and re-stamped for each scrape time, so building them
+costs this process nothing per scrape; `--speed` sends scrapes that many times faster than real
+time.
 
 Measured from outside the sidecar:
 - CPU: its user+system seconds per interval of data, and what that is in cores in real time;
@@ -59,7 +62,7 @@ mode at each size is then the fleet's nodes, each kind at what its pod took, pri
 gateway: CPU and steady memory of all pods together, and per GPU.
 
 Usage: python benchmarks/bench_scale.py [--gpus 100 1000 10000] [--minutes 5] [--speed 1] [--metrics-cost-series]
-       [--no-compute-ahead] [--compression gzip|none] [--node-pods [--node-kernels compiled|interpreted]]
+       [--no-compute-ahead] [--compression gzip|none] [--unfiltered] [--node-pods [--node-kernels compiled|interpreted]]
        [--sidecar-cpus 0] [--rss-by-step DIR] [--churn-nodes N [--churn-minutes 1]]
 """
 
@@ -131,9 +134,12 @@ class Scrapes:
 
     SLICE = 500  # nodes whose scrapes are built at once
 
-    def __init__(self, nodes: list, ns_labels: dict[str, dict[str, str]], churn_nodes: int = 0) -> None:
+    def __init__(self, nodes: list, ns_labels: dict[str, dict[str, str]], churn_nodes: int = 0,
+                 unfiltered: bool = False) -> None:
         """`churn_nodes`: the scrapes in groups of that many nodes, each group's requests its own,
-        so that `churn` replaces one group's pods in their bytes."""
+        so that `churn` replaces one group's pods in their bytes. `unfiltered`: every series of
+        the scrapes, as a Collector without collector-config's filter/otelgpu sends them (by
+        default only what that filter forwards: the series otelgpu reads)."""
         self.gpus = sum(physical_gpus(n) for n in nodes)
         self.units = sum(len(n.devices) for n in nodes)
         self.nodes = len(nodes)
@@ -141,12 +147,14 @@ class Scrapes:
         size = churn_nodes or self.SLICE
         slices = [nodes[lo:lo + size] for lo in range(0, len(nodes), size)]
 
+        sent = (lambda target: target) if unfiltered else bf.forwarded
+
         def every(k: int, part: list) -> Iterator[ResourceMetrics]:  # made as the requests take them
-            yield self._ksm(part, ns_labels, first=k == 0)
-            yield from (bf.dcgm(n, self.stamp, 0.3) for n in part)
+            yield sent(self._ksm(part, ns_labels, first=k == 0))
+            yield from (sent(bf.dcgm(n, self.stamp, 0.3)) for n in part)
 
         def kubelet(part: list) -> Iterator[ResourceMetrics]:
-            return (scrapes.cadvisor(n, self.stamp, 3600) for n in part)
+            return (sent(scrapes.cadvisor(n, self.stamp, 3600)) for n in part)
 
         # Each group's (requests every scrape, the kubelet's every other): one group of the whole
         # fleet unless it churns, its targets packed into requests across the slices
@@ -376,7 +384,7 @@ def export(channel_export, raw: bytes) -> int:  # noqa: ANN001
 
 
 def run_size(gpus: int, args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict:
-    load = Scrapes(*bf.fleet(nodes_for(gpus), 0), churn_nodes=args.churn_nodes)
+    load = Scrapes(*bf.fleet(nodes_for(gpus), 0), churn_nodes=args.churn_nodes, unfiltered=args.unfiltered)
     churn_every = round(args.churn_minutes * 60 / SCRAPE_S) if args.churn_nodes else 0  # scrapes between churns
     sink = Receiver()
     grpc_port, metrics_port = bf.free_port(), bf.free_port()
@@ -501,7 +509,8 @@ def run_node_pods(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> l
         config = bf.sidecar_config("node", Path(tempfile.mkdtemp(dir=tmp)), grpc_port, sink.port, metrics_port,
                                    args.node_kernels)
         child, _ = start(config, {**env, "NODE_NAME": node.name}, metrics_port)
-        pods.append({"load": Scrapes([node], ns_labels), "sink": sink, "child": child, "node": node,
+        pods.append({"load": Scrapes([node], ns_labels, unfiltered=args.unfiltered), "sink": sink, "child": child,
+                     "node": node,
                      "channel": grpc.insecure_channel(f"127.0.0.1:{grpc_port}"),
                      "ready": bf.proc_status(child.pid)["VmRSS"] / 1024, "cpu0": bf.cpu_seconds(child.pid),
                      "sampler": Sampler(child.pid)})
@@ -580,6 +589,10 @@ def main() -> None:
     ap.add_argument("--compression", choices=sorted(COMPRESSION), default="none",
                     help="the requests' compression (none, as the shipped collector-config sends over the pod's "
                          "loopback; gzip, as a Collector's otlp exporter does by default)")
+    ap.add_argument("--unfiltered", action="store_true",
+                    help="send every series of the scrapes (all of dcgm-exporter's default counters), as a "
+                         "Collector without collector-config's filter/otelgpu does; by default only the series "
+                         "otelgpu reads, as the shipped Collector forwards them")
     ap.add_argument("--node-pods", action="store_true",
                     help="also run a per-node pod (k8s/node) for each kind of node, and print per-node mode's "
                          "CPU and memory at each size beside the gateway's")

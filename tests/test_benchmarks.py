@@ -179,3 +179,30 @@ def test_scale_benchmark_churn_renames_one_group_of_nodes_pods_and_nothing_else(
     churning.churn()  # the next group's turn: the first keeps its new names
     assert ({value for point in values(churning) for key, value in point[3] if key == "pod"}
             >= {pod[:-1] + "1" for pod in pods_of_group})
+
+
+def test_scale_benchmark_sends_what_the_shipped_collector_forwards():
+    """bench_scale.py's load by default: the points of the metrics otelgpu reads (filter/otelgpu's
+    READ_NAMES), each as the unfiltered load has it; `unfiltered`: dcgm-exporter's other default
+    counters too."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_footprint as bf
+    import bench_scale
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otelgpu.receiver.schema import READ_NAMES
+
+    nodes, ns_labels = bf.fleet(6, 0)
+
+    def points_of(load: bench_scale.Scrapes) -> list[tuple]:
+        return sorted((rm.resource.SerializeToString(), metric.name, point.SerializeToString())
+                      for raw, _ in load.at(1_790_000_000 * 10**9, with_kubelet=True)
+                      for rm in ExportMetricsServiceRequest.FromString(raw).resource_metrics
+                      for scope in rm.scope_metrics for metric in scope.metrics
+                      for point in getattr(metric, metric.WhichOneof("data")).data_points)
+
+    forwarded = points_of(bench_scale.Scrapes(nodes, ns_labels))
+    everything = points_of(bench_scale.Scrapes(nodes, ns_labels, unfiltered=True))
+    assert forwarded == [p for p in everything if p[1] in READ_NAMES]
+    assert {p[1] for p in everything} - READ_NAMES >= set(bf.DCGM_GAUGES) - READ_NAMES
+    assert len(everything) > 2 * len(forwarded)

@@ -63,6 +63,7 @@ from otelgpu.receiver.rejection import Rejection
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, SourceTrust, untrusted_reason
 from otelgpu.receiver.schema import (
     KNOWN_METRICS,
+    LIVENESS_METRIC,
     METRIC_NAME,
     OWN_POD_METRICS,
     REQUIRED_LABELS,
@@ -95,7 +96,7 @@ UNSEEN, UNWANTED = -2, -1  # a piece's key code: not yet read (only sets with a 
 def _names() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The metric names the kernel recognises: the consumed ones, each reported as its index in
     KNOWN_METRICS (its metric and unit are looked up after the scan), and the liveness metric."""
-    names = [(n.encode(), i) for i, n in enumerate(KNOWN_METRICS)] + [(b"up", wire.LIVENESS)]
+    names = [(n.encode(), i) for i, n in enumerate(KNOWN_METRICS)] + [(LIVENESS_METRIC.encode(), wire.LIVENESS)]
     blob = np.frombuffer(b"".join(n for n, _ in names), np.uint8).copy()
     off = np.zeros(len(names) + 1, np.int64)
     np.cumsum([len(n) for n, _ in names], out=off[1:])

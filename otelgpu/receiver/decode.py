@@ -24,14 +24,11 @@ from otelgpu.core.jit import kernel
 from otelgpu.receiver.interner import Coded, Interner
 from otelgpu.receiver.limits import IDENTITY_KEYS, Limits, value_problem
 from otelgpu.receiver.rejection import Rejection, rejection
-from otelgpu.receiver.schema import (KNOWN_METRICS, LABEL_CHECKS, METRIC_NAME, OWN_POD_METRICS, REQUIRED_KEYS,
-                                    REQUIRED_LABELS, TO_STORED_UNIT)
+from otelgpu.receiver.schema import (KNOWN_METRICS, LABEL_CHECKS, LIVENESS_METRIC, METRIC_NAME, OWN_POD_METRICS,
+                                    REQUIRED_KEYS, REQUIRED_LABELS, TO_STORED_UNIT)
 from otelgpu.receiver.sources import CLOCK, EVERY, KIND_OF_METRIC, untrusted_reason
 
 NO_RECORDED_VALUE = 1
-# A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
-# intervals close while a target is down.
-LIVENESS_METRIC = "up"
 
 
 @dataclass

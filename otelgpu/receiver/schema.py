@@ -101,6 +101,11 @@ VLLM_METRICS = {
 OWN_POD_METRICS = frozenset(VLLM_METRICS.values())
 
 KNOWN_METRICS = {**DCGM_METRICS, **KSM_METRICS, **CADVISOR_METRICS, **VLLM_METRICS}
+# A failed scrape still sends `up` (0) with the scrape's time: it moves the source's clock on, so
+# intervals close while a target is down.
+LIVENESS_METRIC = "up"
+# Every metric name otelgpu reads: collector-config's filter/otelgpu forwards these and no other.
+READ_NAMES = frozenset(KNOWN_METRICS) | {LIVENESS_METRIC}
 # Each code's name in rejection reasons: its first name (vLLM's, not the escaped one)
 METRIC_NAME: dict[int, str] = {}
 for _name, _code in KNOWN_METRICS.items():

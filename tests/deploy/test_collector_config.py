@@ -5,6 +5,7 @@ inside the manifests accepted by `otelgpu serve`'s validator."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,10 @@ from manifests import (
     pod,
     render,
 )
+from prometheus_client.parser import text_string_to_metric_families
+from support import fixtures_dir
+
+from otelgpu.receiver.schema import KSM_METRICS
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PODS = combinations()
@@ -289,3 +294,27 @@ def test_dollar_signs_are_only_env_references(path):
     """The Collector expands `$` itself: a Prometheus `$1` must be written `$$1`."""
     text = ENV_REF.sub("", path.read_text()).replace("$$", "")
     assert "$" not in text
+
+
+@pytest.mark.parametrize("mode,components", PODS, ids=IDS)
+def test_the_collector_sends_otelgpu_only_what_it_reads(mode, components):
+    """filter/otelgpu stands in metrics/gpu before the batch (tests/test_collector_filter.py runs it
+    in the real Collector); the same processor whichever components the pod adds."""
+    config = collector_config(pod(render(mode, components)))
+    assert config["service"]["pipelines"]["metrics/gpu"]["processors"] == ["memory_limiter", "filter/otelgpu", "batch"]
+    shipped = yaml.safe_load((COLLECTOR_CONFIG / f"{mode}.yaml").read_text())
+    assert config["processors"]["filter/otelgpu"] == shipped["processors"]["filter/otelgpu"]
+
+
+def test_kube_state_metrics_is_kept_to_the_families_otelgpu_reads():
+    """The gateway's kube-state-metrics job keeps, at the scrape, each family otelgpu reads and no
+    other the fixtures' kube-state-metrics serves (Prometheus anchors a relabel regex at both ends)."""
+    jobs = {job["job_name"]: job for job in collector_config(pod(render("gateway")))["receivers"]["prometheus"]
+            ["config"]["scrape_configs"]}
+    (keep,) = jobs["kube-state-metrics"]["metric_relabel_configs"]
+    assert keep["source_labels"] == ["__name__"] and keep["action"] == "keep"
+    served = {s.name for path in (fixtures_dir() / "ksm").iterdir()
+              for family in text_string_to_metric_families(path.read_text()) for s in family.samples}
+    assert len(served - set(KSM_METRICS)) > 20
+    kept = {name for name in served | set(KSM_METRICS) if re.fullmatch(keep["regex"], name)}
+    assert kept == set(KSM_METRICS)
