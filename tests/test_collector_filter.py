@@ -92,18 +92,12 @@ def collector_config(mode: str, targets: dict[str, Target], sink: CollectorSink)
                                                       "exporters": ["otlp_grpc/otelgpu"]}}}}
 
 
-def serving(targets: dict[str, Target], collector: otelcol.Collector, sink: CollectorSink) -> None:
-    """Until three scrapes of every target have gone through to `sink` (each sends `up`): whatever
-    else those scrapes held has gone through with them."""
-    eventually(lambda: received_names(sink).get(LIVENESS_METRIC, 0) >= 3 * len(targets), 60,
-               message=lambda: f"{received_names(sink)}\n{collector.tail(3000)}")
-
-
 @contextmanager
 def scraped(tmp_path: Path, mode: str, raw: Optional[CollectorSink] = None) -> Iterator[tuple]:
-    """The fixtures' targets and the one with every name read, scraped by the mode's metrics/gpu
-    pipeline into a sink (and with `raw`, raw-gpu-to-amp.yaml's pipeline into that one):
-    (what was served, the sink, the Collector)."""
+    """The fixtures' targets, the default counters' and the one with every name read, scraped by
+    the mode's metrics/gpu pipeline into a sink (and with `raw`, raw-gpu-to-amp.yaml's pipeline
+    into that one) until three scrapes of each have gone through: (what was served, the sink,
+    the Collector)."""
     texts = {job: (fixtures_dir() / path).read_text() for job, path in FIXTURES.items()}
     served = set().union(*(names(text) for text in texts.values()))
     targets = {job: Target(job, "127.0.0.1", free_port(), "/metrics", lambda ms, text=text: text)
@@ -122,7 +116,9 @@ def scraped(tmp_path: Path, mode: str, raw: Optional[CollectorSink] = None) -> I
     collector = otelcol.Collector(tmp_path, config, {})
     try:
         collector.start()
-        serving(targets, collector, sink)
+        # Each scrape sends `up`: whatever else the scrapes held has gone through with it
+        eventually(lambda: received_names(sink).get(LIVENESS_METRIC, 0) >= 3 * len(targets), 60,
+                   message=lambda: f"{received_names(sink)}\n{collector.tail(3000)}")
         yield served, sink, collector
     finally:
         collector.close()
